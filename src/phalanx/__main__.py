@@ -1,0 +1,5 @@
+import sys
+
+from phalanx.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,153 @@
+"""The argparse parser: torchrun 2.13's flags in both spellings, ``PET_*`` fallbacks, and
+phalanx's own additions. Values stay strings here; ``cli.convert`` validates and types them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from phalanx.errors import UsageError
+
+DESCRIPTION = """\
+phalanx: launch and supervise distributed PyTorch training. A drop-in for torchrun:
+the same flags (dash or underscore spelling), the same worker environment (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). Every console line is prefixed with the
+worker's global rank and every rank's output is kept in the run directory. When a
+worker fails, the others are stopped at once and one report names the root cause;
+--max-restarts restarts the whole group on a fresh port."""
+
+EPILOG = """\
+examples:
+  phalanx --standalone --nproc-per-node 2 train.py --lr 0.1
+  phalanx --nproc-per-node 4 --dry-run train.py        # print the plan, start nothing
+  phalanx --standalone --nproc-per-node 2 --max-restarts 3 train.py
+exit status: 0 success; the root-cause worker's exit code (128+N for signal N) on failure;
+2 usage error; 130/143 when interrupted by SIGINT/SIGTERM."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports usage errors as a ``UsageError`` (one line, exit 2) instead of printing usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _spellings(flag: str) -> list[str]:
+    dashed = f"--{flag}"
+    underscored = f"--{flag.replace('-', '_')}"
+    return [dashed] if dashed == underscored else [dashed, underscored]
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """Build the parser; ``PET_<DEST>`` in ``environ`` supplies a flag's default, as in torchrun."""
+    parser = _Parser(
+        prog="phalanx",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+
+    def option(flag: str, default: Any, help: str, *names: str, **kwargs: Any) -> None:
+        dest = flag.replace("-", "_")
+        env_default = environ.get(f"PET_{dest.upper()}")
+        parser.add_argument(
+            *names,
+            *_spellings(flag),
+            dest=dest,
+            default=env_default if env_default is not None else default,
+            help=help,
+            **kwargs,
+        )
+
+    def switch(flag: str, help: str, *names: str) -> None:
+        dest = flag.replace("-", "_")
+        env_value = environ.get(f"PET_{dest.upper()}", "")
+        parser.add_argument(
+            *names,
+            *_spellings(flag),
+            dest=dest,
+            action="store_true",
+            default=env_value.strip().lower() in {"1", "true", "yes"},
+            help=help,
+        )
+
+    option("nnodes", "1", "Number of nodes, or MIN:MAX for an elastic job.")
+    option("nproc-per-node", "1", "Workers per node: an integer, auto, cpu or gpu.")
+    option("rdzv-backend", "c10d", "Rendezvous backend: c10d, static, etcd or etcd-v2.")
+    option("rdzv-endpoint", "", "Rendezvous endpoint, host[:port] ([ipv6]:port for IPv6).")
+    option("rdzv-id", "none", "Job id; jobs with different ids never mix on one endpoint.")
+    option("rdzv-conf", "", "Rendezvous settings, key=value[,key=value...].")
+    switch("standalone", "Single node: a local rendezvous on a free port (rdzv flags are ignored).")
+    option("max-restarts", "0", "Restarts of the whole worker group before the job fails.")
+    option(
+        "monitor-interval",
+        "0.1",
+        "Seconds between rendezvous checks. Local worker exits are noticed as events, not by polling.",
+    )
+    option(
+        "start-method",
+        "spawn",
+        "Accepted for torchrun compatibility; phalanx always execs workers.",
+        choices=["spawn", "fork", "forkserver"],
+    )
+    option("event-log-handler", "null", "Accepted for torchrun compatibility (null or console).")
+    option("role", "default", "Role name of the workers (ROLE_NAME).")
+    switch("module", "Run the program as a module, like python -m.", "-m")
+    switch("no-python", "Execute the program directly instead of with python.")
+    switch("run-path", "Run the script with runpy.run_path inside phalanx's worker bootstrap.")
+    option(
+        "log-dir",
+        None,
+        "Base directory for run directories (default: a temp dir, printed at start).",
+    )
+    option(
+        "redirects",
+        "0",
+        "Streams to keep out of the console (log file only): 0-3 or RANK:N,...",
+        "-r",
+    )
+    option(
+        "tee",
+        "0",
+        "Accepted for torchrun compatibility: phalanx always tees to the log files.",
+        "-t",
+    )
+    option("local-ranks-filter", "", "Show only these local ranks on the console, e.g. 0,1.")
+    option(
+        "duplicate-stdout-filters",
+        "",
+        "Also copy stdout lines containing any of these words to a file.",
+    )
+    option(
+        "duplicate-stderr-filters",
+        "",
+        "Also copy stderr lines containing any of these words to a file.",
+    )
+    option("node-rank", "0", "Rank of this node (static rendezvous).")
+    option("master-addr", "127.0.0.1", "Address of node 0 (static rendezvous).")
+    option("master-port", "29500", "Port of node 0's rendezvous store (static rendezvous).")
+    option("local-addr", None, "Address other nodes reach this node at (default: its hostname).")
+    option(
+        "logs-specs", None, "Accepted for torchrun compatibility; only the built-in logging exists."
+    )
+    option(
+        "numa-binding",
+        None,
+        "Accepted for torchrun compatibility; not applied on this platform.",
+        choices=["node", "socket", "exclusive", "core-complex"],
+    )
+    option(
+        "signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "Signals forwarded to the workers."
+    )
+    option("shutdown-timeout", "5", "Seconds between SIGTERM and SIGKILL when stopping workers.")
+    switch("virtual-local-rank", "LOCAL_RANK=0 for every worker, each seeing only its GPU.")
+    switch("dry-run", "Print the plan (ranks, argv, environment per worker) and exit.")
+    parser.add_argument("training_script", help="The script (or module, or program) to run.")
+    parser.add_argument(
+        "training_script_args",
+        nargs=argparse.REMAINDER,
+        help="Arguments for the script, passed through untouched.",
+    )
+    return parser

@@ -1,0 +1,56 @@
+"""The launch configuration: plain, frozen, validated data. argparse never gets past ``cli``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+
+class LaunchMode(Enum):
+    SCRIPT = "script"  # python -u script.py args
+    MODULE = "module"  # python -u -m module args
+    NO_PYTHON = "no_python"  # the program is executed directly
+    RUN_PATH = "run_path"  # runpy.run_path(script) inside phalanx's worker bootstrap
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    program: str
+    program_args: tuple[str, ...] = ()
+    mode: LaunchMode = LaunchMode.SCRIPT
+    nproc_per_node: int = 1
+    min_nodes: int = 1
+    max_nodes: int = 1
+    standalone: bool = False
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str = ""
+    rdzv_id: str = "none"
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    local_addr: str | None = None
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    shutdown_timeout: float = 5.0
+    role: str = "default"
+    log_dir: Path | None = None
+    # Streams per local rank that go to the log file only, not to the console (torchrun's -r).
+    redirects: dict[int, frozenset[str]] = field(default_factory=dict)
+    local_ranks_filter: frozenset[int] | None = None
+    # Lines containing any of these words are also copied to filtered_std{out,err}.log.
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
+    signals_to_handle: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    virtual_local_rank: bool = False
+    start_method: str = "spawn"
+    dry_run: bool = False
+
+    @property
+    def is_multi_node(self) -> bool:
+        return self.max_nodes > 1
+
+    @property
+    def rdzv_conf_dict(self) -> dict[str, str]:
+        return dict(self.rdzv_conf)

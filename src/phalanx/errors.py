@@ -1,0 +1,42 @@
+"""Error types. Every error carries the exit code the launcher should end with."""
+
+from __future__ import annotations
+
+
+class PhalanxError(Exception):
+    """Root of every error phalanx raises on purpose."""
+
+    exit_code: int = 1
+
+
+class UsageError(PhalanxError):
+    """Bad command line or configuration. Reported as one line per problem, never a traceback."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class RendezvousError(PhalanxError):
+    """The nodes could not agree on membership (timeout, store lost, too few nodes)."""
+
+    exit_code = 1
+
+
+class JobFailed(PhalanxError):
+    """A worker failed and the restart budget is spent; ``exit_code`` is the root cause's code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Interrupted(PhalanxError):
+    """The launcher was asked to stop by a signal; exit code is 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+        self.exit_code = 128 + signum

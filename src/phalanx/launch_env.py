@@ -1,0 +1,187 @@
+"""What a launcher tells its workers, read as plain data from an environment mapping.
+
+``read_launch_env(env)`` is pure (no ``os.environ``, no torch). Launchers only rename the
+same few facts, so they are rows of one table, tried in order; the first whose marker
+variable is set wins, so a torchrun started inside ``srun`` counts as torchrun:
+
+========  ===============================================  =================================
+launcher  rank / local rank / world size                   MASTER_ADDR / MASTER_PORT
+========  ===============================================  =================================
+env       RANK / LOCAL_RANK / WORLD_SIZE (phalanx,         required (these launchers set
+          torchrun, ``phalanx.spawn``)                     both)
+slurm     SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS,     default: first host of the step's
+          only inside an ``srun`` step (SLURM_STEP_ID      nodelist / 15000 + SLURM_JOB_ID
+          set): the batch script itself also has           mod 10000 (reported in ``notes``)
+          SLURM_PROCID=0 but is not a worker
+openmpi   OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE       default addr ``localhost`` when all
+                                                           ranks share one node; port required
+pmi       PMI_RANK / MPI_LOCALRANKID / PMI_SIZE (MPICH,    as openmpi (``MPI_LOCALNRANKS``)
+          Intel MPI)
+========  ===============================================  =================================
+
+``MASTER_ADDR``/``MASTER_PORT`` in the environment always win over a derived default
+(``mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500``; ``export`` before ``srun``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from phalanx.errors import UsageError
+
+
+def check_count(name: str, value: int) -> list[str]:
+    """Problems with a count that must be >= 1 (empty when fine)."""
+    return [] if value >= 1 else [f"{name} must be >= 1, got {value}"]
+
+
+def check_index(name: str, value: int, bound_name: str, bound: int) -> list[str]:
+    """Problems with an index that must be >= 0 and, when ``bound >= 1``, < ``bound``."""
+    if value < 0:
+        return [f"{name} must be >= 0, got {value}"]
+    if bound >= 1 and value >= bound:
+        return [f"{name} must be < {bound_name} ({bound}), got {value}"]
+    return []
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What a launcher told one worker: plain data read from an environment mapping."""
+
+    launcher: str
+    rank: int
+    local_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    notes: tuple[str, ...] = ()  # defaults that were derived, for the caller to log
+
+
+Derive = Callable[[Mapping[str, str]], "str | None"]
+
+
+@dataclass(frozen=True)
+class LauncherVars:
+    """The variable names one launcher exports. A table, because launchers only rename."""
+
+    name: str
+    marker: str  # set only in processes this launcher started
+    rank: str
+    local_rank: str
+    world_size: str
+    default_addr: Derive  # None when no default can be derived
+    default_port: Derive
+    hint: str  # how to pass MASTER_ADDR/MASTER_PORT under this launcher
+
+
+def _no_default(env: Mapping[str, str]) -> str | None:
+    return None
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm nodelist: ``'gpu[07-09,12],cpu1'`` -> ``'gpu07'``."""
+    out: list[str] = []
+    i = 0
+    while i < len(nodelist) and nodelist[i] != ",":
+        if nodelist[i] == "[":
+            end = nodelist.index("]", i)
+            out.append(nodelist[i + 1 : end].split(",")[0].split("-")[0])
+            i = end + 1
+        else:
+            out.append(nodelist[i])
+            i += 1
+    return "".join(out)
+
+
+def _slurm_addr(env: Mapping[str, str]) -> str | None:
+    for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        if env.get(var):
+            return first_host(env[var])
+    return None
+
+
+def _slurm_port(env: Mapping[str, str]) -> str | None:
+    # Every task of the job derives the same port, and jobs sharing a node rarely collide.
+    job = env.get("SLURM_JOB_ID", "")
+    return str(15000 + int(job) % 10000) if job.isdigit() else None
+
+
+def _localhost_if_one_node(local_size: str, size: str) -> Derive:
+    def derive(env: Mapping[str, str]) -> str | None:
+        one_node = local_size in env and env.get(local_size) == env.get(size)
+        return "localhost" if one_node else None
+
+    return derive
+
+
+_MPI_HINT = "pass them with mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<free port>"
+
+LAUNCHERS: tuple[LauncherVars, ...] = (
+    LauncherVars(
+        "env", "RANK", "RANK", "LOCAL_RANK", "WORLD_SIZE", _no_default, _no_default,
+        "phalanx, torchrun and phalanx.spawn always set them",
+    ),
+    LauncherVars(
+        "slurm", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS",
+        _slurm_addr, _slurm_port, "export MASTER_ADDR and MASTER_PORT before srun",
+    ),
+    LauncherVars(
+        "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
+        _localhost_if_one_node("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"),
+        _no_default, _MPI_HINT,
+    ),
+    LauncherVars(
+        "pmi", "PMI_RANK", "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE",
+        _localhost_if_one_node("MPI_LOCALNRANKS", "PMI_SIZE"), _no_default,
+        "pass them with mpiexec -genv MASTER_ADDR <host of rank 0> -genv MASTER_PORT <port>",
+    ),
+)  # fmt: skip
+
+
+def read_launch_env(env: Mapping[str, str]) -> LaunchEnv | None:
+    """Pure: the launch facts in ``env``, or None when no known launcher started this process.
+
+    Raises ``UsageError`` listing every problem (missing or non-integer variables, ranks out
+    of range, no master address/port and none derivable).
+    """
+    lv = next((lv for lv in LAUNCHERS if lv.marker in env), None)
+    if lv is None:
+        return None
+    problems: list[str] = []
+    notes: list[str] = []
+
+    def integer(var: str) -> int:
+        raw = env.get(var)
+        if raw is None:
+            problems.append(f"{lv.name} launcher: {var} is not set")
+        else:
+            try:
+                return int(raw)
+            except ValueError:
+                problems.append(f"{lv.name} launcher: {var}={raw!r} is not an integer")
+        return 0
+
+    def master(var: str, derive: Derive) -> str:
+        if env.get(var):
+            return env[var]
+        value = derive(env)
+        if value is None:
+            problems.append(f"{var} is not set and cannot be derived; hint: {lv.hint}")
+            return ""
+        notes.append(f"{var} not set; derived {value} from the {lv.name} environment")
+        return value
+
+    rank, local_rank, size = integer(lv.rank), integer(lv.local_rank), integer(lv.world_size)
+    problems += check_count(lv.world_size, size) if lv.world_size in env else []
+    problems += check_index(lv.rank, rank, lv.world_size, size)
+    problems += check_index(lv.local_rank, local_rank, "", 0)
+    addr = master("MASTER_ADDR", lv.default_addr)
+    port_text = master("MASTER_PORT", lv.default_port)
+    port = int(port_text) if port_text.isascii() and port_text.isdigit() else -1
+    if port_text and not 0 < port < 65536:
+        problems.append(f"MASTER_PORT must be a TCP port (1-65535), got {port_text!r}")
+    if problems:
+        raise UsageError(problems)
+    return LaunchEnv(lv.name, rank, local_rank, size, addr, port, tuple(notes))

@@ -1,0 +1,102 @@
+"""What a rendezvous hands the agent, and the interface every rendezvous implements.
+
+The agent's loop is: ``next_round()`` -> start workers -> while they run, call ``poll()``
+every monitor tick -> on a local failure ``report_failure()``; on a remote event stop the
+local workers -> ``next_round()`` again (restart) or ``shutdown()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One member of a round."""
+
+    node_rank: int
+    hostname: str
+    addr: str  # the address other nodes reach this node at
+    local_world_size: int
+
+
+@dataclass(frozen=True)
+class RendezvousResult:
+    """The membership the nodes agreed on for one round.
+
+    ``master_addr``/``master_port`` are where global rank 0 hosts the workers' store
+    (phalanx sets ``TORCHELASTIC_USE_AGENT_STORE=False``); the port is fresh every round so
+    a restarted worker never sees a dead worker's address.
+    """
+
+    run_id: str
+    round: int
+    restart_count: int
+    node_rank: int
+    nodes: tuple[NodeInfo, ...]
+    master_addr: str
+    master_port: int
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.local_world_size for n in self.nodes)
+
+    @property
+    def rank_offset(self) -> int:
+        """Global rank of this node's local rank 0."""
+        return sum(n.local_world_size for n in self.nodes if n.node_rank < self.node_rank)
+
+    @property
+    def this_node(self) -> NodeInfo:
+        return self.nodes[self.node_rank]
+
+
+class EventKind(Enum):
+    PEER_FAILED = "peer_failed"  # another node's workers failed this round
+    NODE_LOST = "node_lost"  # another node stopped heartbeating
+    NODE_WAITING = "node_waiting"  # a new node wants in (elastic scale-up at the next round)
+    JOB_STOPPED = "job_stopped"  # some node gave up for good (budget spent, fatal error)
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    kind: EventKind
+    node_rank: int | None = None
+    detail: str = ""
+    failure: dict[str, object] = field(default_factory=dict)
+
+
+class RendezvousHandler(Protocol):
+    @property
+    def run_id(self) -> str: ...
+
+    def next_round(self, local_world_size: int) -> RendezvousResult:
+        """Join the next round and block until it forms (raises ``RendezvousError`` on timeout).
+
+        Called for the first start and for every restart; ``restart_count`` in the result is
+        job-wide, the same on every node.
+        """
+
+    def poll(self) -> JobEvent | None:
+        """Non-blocking check for a job-wide event; also keeps this node's liveness fresh."""
+
+    def report_failure(self, failure: dict[str, object]) -> None:
+        """Tell every node that this node's workers failed this round (``failure`` is JSON-able)."""
+
+    def failures(self) -> list[dict[str, object]]:
+        """Every failure reported in this job so far, from all nodes (for the root-cause report)."""
+
+    def claim_restart(self, max_restarts: int) -> bool:
+        """Whether the job-wide budget allows another round; idempotent per round across nodes."""
+
+    def report_done(self, ok: bool) -> None:
+        """This node's workers finished (``ok``) or the node gives up; peers see ``JOB_STOPPED``."""
+
+    def shutdown(self) -> None:
+        """Leave the rendezvous and release the store."""

@@ -1,0 +1,317 @@
+"""etcd v3 as the rendezvous store: ``--rdzv-backend etcd`` (and its alias ``etcd-v2``).
+
+torchrun's etcd backends speak the v2 API, which etcd 3.6 removed; this one speaks v3 through
+etcd's JSON gateway (see ``etcd_client``). Every key of a run lives under
+``/phalanx/runs/<run id>/``, so runs sharing one etcd never see each other.
+
+Liveness: ``set_ephemeral`` binds a key to this store's lease, which a daemon thread renews
+every ``lease_ttl / 3`` s. When the process dies, or cannot reach etcd for ``lease_ttl``
+seconds, etcd deletes every such key: that is how peers learn this node is gone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from phalanx.rendezvous import etcd_client as wire
+from phalanx.rendezvous.etcd_client import EtcdClient, EtcdRequestError, StreamBroken
+from phalanx.rendezvous.etcd_conf import (
+    EtcdOptions,
+    etcd_options_from_conf,
+    parse_endpoints,
+    run_prefix,
+)
+from phalanx.rendezvous.store import StoreUnavailable
+
+__all__ = [
+    "BACKEND_NAMES",
+    "EtcdOptions",
+    "EtcdRequestError",
+    "EtcdStore",
+    "LeaseExpired",
+    "create_etcd_store",
+    "etcd_options_from_conf",
+]
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAMES = ("etcd", "etcd-v2")  # etcd-v2 is torchrun's name; both mean etcd v3 here
+_CLOSE_TIMEOUT = 3.0  # close() is best effort: an unreachable etcd expires the lease anyway
+_LEASE_NOT_FOUND = 5  # gRPC NOT_FOUND: etcd's "requested lease not found"
+
+
+class LeaseExpired(StoreUnavailable):
+    """This store's lease expired: its ephemeral keys are gone and peers consider it dead."""
+
+
+def create_etcd_store(endpoint: str, run_id: str, conf: dict[str, str]) -> EtcdStore:
+    """Connect to etcd for ``--rdzv-backend etcd``/``etcd-v2``; the rendezvous registry calls this.
+
+    ``endpoint`` is ``--rdzv-endpoint`` (``host[:port][,host[:port]...]``, default port
+    2379, ``http(s)://`` allowed); ``conf`` is ``--rdzv-conf``. Raises ``UsageError`` for bad
+    options, ``StoreUnavailable`` when no endpoint answers and ``EtcdRequestError`` when etcd
+    refuses (credentials, permissions). Makes one request, so that such problems show at once.
+    """
+    options = etcd_options_from_conf(conf)
+    endpoints = parse_endpoints(endpoint, scheme=options.scheme)
+    store = EtcdStore(endpoints, run_prefix(run_id), options)
+    try:
+        store.check()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+@dataclass(frozen=True)
+class _Found:
+    value: bytes
+    mod_revision: int
+
+
+class EtcdStore:
+    """``KVStore`` on etcd v3, plus ``set_ephemeral``. Thread-safe; constructing it does no I/O.
+
+    Data key ``k`` is stored at ``<prefix>kv/<k>``. Conditional writes (``add``,
+    ``compare_set``, ``delete``) are transactions that also write this store's receipt key
+    ``<prefix>receipts/<store id>`` with a fresh token, and read it back when the condition
+    fails: when a reply is lost and the client resends the request to another member, the
+    receipt tells whether the first attempt took effect, so no write is applied twice.
+    """
+
+    def __init__(self, endpoints: Sequence[str], prefix: str, options: EtcdOptions) -> None:
+        self.prefix = prefix
+        self.options = options
+        self._client = EtcdClient(endpoints, options)
+        self._receipt = f"{prefix}receipts/{uuid.uuid4().hex}".encode()
+        self._tokens = itertools.count()
+        self._txn_lock = (
+            threading.Lock()
+        )  # one receipt key per store: one conditional write at a time
+        self._lease_lock = threading.Lock()
+        self._lease_id: int | None = None
+        self._lease_lost = False
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def current_endpoint(self) -> str:
+        """The etcd endpoint that answered last."""
+        return self._client.current_endpoint
+
+    def check(self) -> None:
+        """One cheap request: an endpoint answers and the credentials may read the prefix."""
+        self._client.call("kv/range", {"key": wire.b64(self._receipt), "count_only": True})
+
+    def get(self, key: str) -> bytes | None:
+        kv = wire.first_kv(self._client.call("kv/range", {"key": wire.b64(self._key(key))}))
+        return None if kv is None else wire.kv_value(kv)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._client.call("kv/put", wire.put_op(self._key(key), value)["request_put"])
+
+    def set_ephemeral(self, key: str, value: bytes) -> None:
+        """Set ``key`` bound to this store's lease.
+
+        etcd deletes the key ``lease_ttl`` seconds after this process stops renewing (it died,
+        hung, or lost etcd); ``close`` deletes it at once. The lease is granted on first use.
+        Raises ``LeaseExpired`` once the lease has lapsed (the node should leave the job).
+        """
+        body = wire.put_op(self._key(key), value)["request_put"] | {"lease": str(self._lease())}
+        try:
+            self._client.call("kv/put", body)
+        except EtcdRequestError as exc:
+            if exc.code != _LEASE_NOT_FOUND:
+                raise
+            self._lease_lost = True
+            raise LeaseExpired(f"the etcd lease of this node expired: {exc}") from None
+
+    def add(self, key: str, amount: int) -> int:
+        full = self._key(key)
+        compare, base = wire.compare_absent(full), 0  # guess "absent"; a miss returns the value
+        while True:
+            done, found = self._conditional_put(full, compare, str(base + amount).encode())
+            if done:
+                return base + amount
+            if found is None:
+                compare, base = wire.compare_absent(full), 0
+            else:
+                compare, base = (
+                    wire.compare_mod(full, found.mod_revision),
+                    _as_int(key, found.value),
+                )
+
+    def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes
+    ) -> tuple[bool, bytes | None]:
+        full = self._key(key)
+        if expected is None:
+            compare = wire.compare_absent(full)
+        else:
+            compare = wire.compare_value(full, expected)
+        done, found = self._conditional_put(full, compare, desired)
+        if done:
+            return True, desired
+        return False, None if found is None else found.value
+
+    def delete(self, key: str) -> bool:
+        full = self._key(key)
+        with self._txn_lock:
+            token = self._token()
+            reply = self._client.call(
+                "kv/txn",
+                {
+                    "compare": [wire.compare_present(full)],
+                    "success": [wire.delete_op(full), wire.put_op(self._receipt, token)],
+                    "failure": [wire.range_op(self._receipt)],
+                },
+            )
+        return bool(reply.get("succeeded")) or _is_token(wire.txn_kv(reply, 0), token)
+
+    def wait(self, keys: list[str], timeout: float) -> bool:
+        """Read the keys, then follow a ``/v3/watch`` stream from that revision: never polls.
+
+        A watch broken by a lost member is resumed on another one. Raises ``StoreUnavailable``
+        when no endpoint answers within ``request_timeout`` before ``timeout`` is up.
+        """
+        deadline = time.monotonic() + timeout
+        wanted = sorted({self._key(k) for k in keys})
+        while wanted:
+            reads = [wire.range_op(k, keys_only=True) for k in wanted]
+            reply = self._client.call("kv/txn", {"success": reads})
+            present = {k: wire.txn_kv(reply, i) is not None for i, k in enumerate(wanted)}
+            if all(present.values()) or time.monotonic() >= deadline:
+                return all(present.values())
+            try:
+                return self._watch(present, int(reply["header"]["revision"]) + 1, deadline)
+            except StreamBroken as exc:
+                log.info("etcd: watch interrupted (%s); reading again", exc)
+            except StoreUnavailable:
+                if time.monotonic() < deadline:
+                    raise
+                return False
+        return True
+
+    def close(self) -> None:
+        """Stop renewing, revoke the lease (its ephemeral keys vanish), drop the receipt key.
+
+        Bounded (a few seconds) even when etcd is gone; idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout=_CLOSE_TIMEOUT)
+        deadline = time.monotonic() + _CLOSE_TIMEOUT
+        try:
+            receipt = {"key": wire.b64(self._receipt)}
+            self._client.call("kv/deleterange", receipt, timeout=_CLOSE_TIMEOUT)
+            if self._lease_id is not None and not self._lease_lost:
+                left = max(0.1, deadline - time.monotonic())
+                self._client.call("lease/revoke", {"ID": str(self._lease_id)}, timeout=left)
+        except (StoreUnavailable, EtcdRequestError) as exc:
+            log.info("etcd: cleanup on close skipped (%s); the lease will expire", exc)
+        finally:
+            self._client.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _key(self, key: str) -> bytes:
+        return f"{self.prefix}kv/{key}".encode()
+
+    def _token(self) -> bytes:
+        return self._receipt + f"#{next(self._tokens)}".encode()
+
+    def _conditional_put(
+        self, full: bytes, compare: wire.JSON, value: bytes
+    ) -> tuple[bool, _Found | None]:
+        """Put ``value`` if ``compare`` holds; otherwise report what the key holds."""
+        with self._txn_lock:
+            token = self._token()
+            reply = self._client.call(
+                "kv/txn",
+                {
+                    "compare": [compare],
+                    "success": [wire.put_op(full, value), wire.put_op(self._receipt, token)],
+                    "failure": [wire.range_op(full), wire.range_op(self._receipt)],
+                },
+            )
+        if reply.get("succeeded") or _is_token(wire.txn_kv(reply, 1), token):
+            return True, None  # (a resent request that found its own receipt: the first one won)
+        kv = wire.txn_kv(reply, 0)
+        return False, None if kv is None else _Found(wire.kv_value(kv), int(kv["mod_revision"]))
+
+    def _watch(self, present: dict[bytes, bool], start_revision: int, deadline: float) -> bool:
+        """Follow the keys' range from ``start_revision`` until all exist or time is up."""
+        request = {
+            "key": wire.b64(min(present)),
+            "range_end": wire.b64(max(present) + b"\0"),
+            "start_revision": str(start_revision),
+        }
+        for result in self._client.stream("watch", {"create_request": request}, deadline):
+            if result.get("canceled"):
+                reason = str(result.get("cancel_reason") or "history compacted")
+                if "PermissionDenied" in reason:
+                    raise EtcdRequestError(f"etcd refused to watch {self.prefix}: {reason}")
+                if "Unauthenticated" in reason:
+                    self._client.invalidate_token()
+                raise StreamBroken(f"etcd cancelled the watch: {reason}")
+            for event in result.get("events", []):
+                key = wire.unb64(event["kv"]["key"])
+                if key in present:
+                    present[key] = event.get("type") != "DELETE"
+            if all(present.values()):
+                return True
+        return False
+
+    def _lease(self) -> int:
+        with self._lease_lock:
+            if self._lease_lost:
+                raise LeaseExpired("the etcd lease of this node expired")
+            if self._lease_id is None:
+                ttl = max(1, round(self.options.lease_ttl))
+                reply = self._client.call("lease/grant", {"TTL": str(ttl)})
+                self._lease_id = int(reply["ID"])
+                # etcd raises a TTL below its minimum (1.5 election timeouts): renew by its figure.
+                interval = int(reply.get("TTL", ttl)) / 3
+                self._keeper = threading.Thread(
+                    target=self._keep_alive,
+                    args=(self._lease_id, interval),
+                    name="phalanx-etcd-lease",
+                    daemon=True,
+                )
+                self._keeper.start()
+            return self._lease_id
+
+    def _keep_alive(self, lease_id: int, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                reply = self._client.call(
+                    "lease/keepalive", {"ID": str(lease_id)}, timeout=interval
+                )
+            except (StoreUnavailable, EtcdRequestError) as exc:
+                log.warning("etcd: could not renew the lease (%s); retrying", exc)
+                continue
+            if int(reply.get("result", reply).get("TTL", 0)) <= 0:
+                log.error("etcd: the lease of this node expired; peers will consider it gone")
+                self._lease_lost = True
+                return
+
+
+def _is_token(kv: wire.JSON | None, token: bytes) -> bool:
+    return kv is not None and wire.kv_value(kv) == token
+
+
+def _as_int(key: str, value: bytes) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"add({key!r}): the key holds {value!r}, not an integer") from None

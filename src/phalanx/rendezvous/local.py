@@ -1,0 +1,63 @@
+"""Single-node rendezvous: no store and no peers; every round gets a fresh master port."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+
+from phalanx.net import free_port
+from phalanx.rendezvous.api import JobEvent, NodeInfo, RendezvousResult
+
+
+class LocalRendezvous:
+    """The whole job is this node. Used for ``--standalone`` and ``--nnodes 1``."""
+
+    def __init__(
+        self,
+        run_id: str | None = None,
+        master_addr: str = "localhost",
+        first_port: int | None = None,
+    ) -> None:
+        """``first_port``: the port for round 0 (a static ``--master-port``); later rounds
+        always take a fresh port so no restarted worker meets a dead worker's address."""
+        # torchrun's --standalone makes a random run id; a user-given --rdzv-id is kept.
+        self._run_id = run_id if run_id and run_id != "none" else str(uuid.uuid4())
+        self._master_addr = master_addr
+        self._first_port = first_port
+        self._round = -1
+        self._failures: list[dict[str, object]] = []
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    def next_round(self, local_world_size: int) -> RendezvousResult:
+        self._round += 1
+        node = NodeInfo(0, socket.gethostname(), self._master_addr, local_world_size)
+        return RendezvousResult(
+            run_id=self._run_id,
+            round=self._round,
+            restart_count=self._round,
+            node_rank=0,
+            nodes=(node,),
+            master_addr=self._master_addr,
+            master_port=self._first_port if self._round == 0 and self._first_port else free_port(),
+        )
+
+    def poll(self) -> JobEvent | None:
+        return None
+
+    def report_failure(self, failure: dict[str, object]) -> None:
+        self._failures.append(failure)
+
+    def failures(self) -> list[dict[str, object]]:
+        return list(self._failures)
+
+    def claim_restart(self, max_restarts: int) -> bool:
+        return self._round < max_restarts
+
+    def report_done(self, ok: bool) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass

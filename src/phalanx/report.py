@@ -1,0 +1,106 @@
+"""Worker exits as data, and the framed root-cause report."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    rank: int
+    local_rank: int
+    host: str
+    pid: int
+    returncode: int  # negative: killed by that signal
+    time: float  # wall clock, when the launcher noticed
+    stopped_by_launcher: bool
+    stderr_tail: tuple[str, ...] = ()
+    error_message: str = ""  # from TORCHELASTIC_ERROR_FILE, when the worker wrote one
+    log_dir: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.returncode != 0 and not self.stopped_by_launcher
+
+    @property
+    def exit_code(self) -> int:
+        """What a shell would report: the code, or 128+N for a death by signal N."""
+        return self.returncode if self.returncode >= 0 else 128 - self.returncode
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    def describe_exit(self) -> str:
+        name = self.signal_name
+        return f"killed by {name}" if name else f"exit code {self.returncode}"
+
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = asdict(self)
+        data["stderr_tail"] = list(self.stderr_tail)
+        data["exit_code"] = self.exit_code
+        data["signal"] = self.signal_name
+        return data
+
+
+def read_error_file(path: Path) -> str:
+    """The message a worker left in its error file (torch's ``@record`` format), if any."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    message = data.get("message", "") if isinstance(data, dict) else ""
+    if isinstance(message, dict):
+        return str(message.get("message", ""))
+    return str(message)
+
+
+def root_cause(exits: list[WorkerExit]) -> WorkerExit | None:
+    failures = [e for e in exits if e.failed]
+    return min(failures, key=lambda e: e.time) if failures else None
+
+
+def format_report(exits: list[WorkerExit], attempts: int, width: int = 78) -> str:
+    """One framed summary: the root cause first, then the others marked as collateral."""
+    cause = root_cause(exits)
+    rule = "=" * width
+    lines = [rule]
+    if cause is None:
+        lines.append("phalanx: job stopped; no worker failed on its own")
+    else:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cause.time))
+        lines += [
+            f"phalanx: job failed after {attempts} attempt(s). Root cause: rank {cause.rank} "
+            f"(local rank {cause.local_rank}) on {cause.host}",
+            f"  pid {cause.pid}, {cause.describe_exit()}, at {when}",
+            f"  logs: {cause.log_dir}",
+        ]
+        if cause.error_message:
+            lines.append(f"  error: {cause.error_message}")
+        if cause.stderr_tail:
+            lines.append(
+                "  last lines of its stderr (this error came from the worker, not phalanx):"
+            )
+            lines += [f"    {line}" for line in cause.stderr_tail]
+    others = sorted((e for e in exits if e is not cause), key=lambda e: e.rank)
+    if others:
+        lines.append("-" * width)
+        for other in others:
+            if other.stopped_by_launcher:
+                state = f"stopped by phalanx ({other.describe_exit()})"
+            elif other.failed:
+                state = f"also failed afterwards ({other.describe_exit()})"
+            else:
+                state = "finished (exit code 0)"
+            lines.append(f"  rank {other.rank} on {other.host}: {state}")
+    lines.append(rule)
+    return "\n".join(lines)

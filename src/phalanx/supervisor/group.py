@@ -1,0 +1,254 @@
+"""Running one round of local workers: start, watch, stop -- all driven by events.
+
+Worker exits arrive as readable pidfds and log output as readable pipes, in one ``select``
+loop; the only timer is the rendezvous poll. Shutdown order is fixed: the stop signal to
+every worker's process group, wait to a ``time.monotonic()`` deadline, SIGKILL, bounded wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import BinaryIO
+
+from phalanx.plan import RoundPlan, WorkerPlan
+from phalanx.rendezvous.api import JobEvent
+from phalanx.report import WorkerExit, read_error_file
+from phalanx.supervisor.guardian import Guardian
+from phalanx.supervisor.logs import LogStream, tail_lines
+from phalanx.supervisor.process import RunningWorker, exec_worker
+from phalanx.supervisor.signals import SignalWatcher
+
+# After SIGKILL a process normally vanishes at once; one stuck in an uninterruptible call
+# (a GPU driver call, a dead NFS mount) cannot be reaped, so the wait is bounded.
+_KILL_WAIT = 5.0
+_DRAIN_WAIT = 1.0
+
+
+class Outcome(Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    REMOTE = "remote"  # an event from another node (peer failure, node lost, scale-up)
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    outcome: Outcome
+    exits: tuple[WorkerExit, ...]
+    event: JobEvent | None = None
+    signum: int | None = None
+
+
+Launch = Callable[[WorkerPlan], RunningWorker]
+
+
+@dataclass
+class _Slot:
+    plan: WorkerPlan
+    proc: RunningWorker
+    files: list[BinaryIO]
+    exit: WorkerExit | None = None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        guardian: Guardian,
+        *,
+        shutdown_timeout: float,
+        monitor_interval: float,
+        launch: Launch = exec_worker,
+        console: tuple[BinaryIO, BinaryIO] | None = None,
+        duplicate_filters: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ()),
+        host: str | None = None,
+    ) -> None:
+        self._guardian = guardian
+        self._shutdown_timeout = shutdown_timeout
+        self._monitor_interval = monitor_interval
+        self._launch = launch
+        self._console = console
+        self._duplicate_filters = duplicate_filters
+        self._host = host or socket.gethostname()
+
+    def run(
+        self,
+        plan: RoundPlan,
+        signals: SignalWatcher,
+        poll: Callable[[], JobEvent | None] = lambda: None,
+    ) -> RoundResult:
+        selector = selectors.DefaultSelector()
+        selector.register(signals.fd, selectors.EVENT_READ, None)
+        slots: list[_Slot] = []
+        streams: dict[int, LogStream] = {}
+        stopping = False
+        try:
+            for worker in plan.workers:
+                slots.append(self._start(worker, plan, selector, streams))
+            next_poll = time.monotonic() + self._monitor_interval
+            while True:
+                timeout = max(0.0, next_poll - time.monotonic())
+                self._handle_events(selector.select(timeout), slots, streams, selector, stopping)
+                signum = signals.pending()
+                if signum is not None:
+                    signals.drain()
+                    stopping = True
+                    self._stop(slots, streams, selector, signum)
+                    return RoundResult(Outcome.INTERRUPTED, self._exits(slots), signum=signum)
+                if any(s.exit is not None and s.exit.failed for s in slots):
+                    stopping = True
+                    self._stop(slots, streams, selector, signal.SIGTERM)
+                    return RoundResult(Outcome.FAILED, self._exits(slots))
+                if all(s.exit is not None for s in slots):
+                    self._stop(slots, streams, selector, signal.SIGKILL)  # leftover children only
+                    return RoundResult(Outcome.SUCCEEDED, self._exits(slots))
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + self._monitor_interval
+                    event = poll()
+                    if event is not None:
+                        stopping = True
+                        self._stop(slots, streams, selector, signal.SIGTERM)
+                        return RoundResult(Outcome.REMOTE, self._exits(slots), event=event)
+        finally:
+            # Whatever happened above (even an exception in our own code), nothing survives.
+            self._kill_all(slots)
+            self._drain(streams, selector)
+            for slot in slots:
+                slot.proc.close()
+                for handle in slot.files:
+                    handle.close()
+                self._guardian.forget(slot.proc.pid)
+            selector.close()
+
+    def _start(
+        self,
+        worker: WorkerPlan,
+        plan: RoundPlan,
+        selector: selectors.BaseSelector,
+        streams: dict[int, LogStream],
+    ) -> _Slot:
+        worker.log_dir.mkdir(parents=True, exist_ok=True)
+        proc = self._launch(worker)
+        self._guardian.watch(proc.pid)  # the worker leads its own process group
+        slot = _Slot(worker, proc, [])
+        selector.register(proc.exit_fd, selectors.EVENT_READ, slot)
+        prefix = f"[rank{worker.global_rank}]: ".encode()
+        for index, (name, fd, path) in enumerate(
+            (
+                ("stdout", proc.stdout_fd, worker.stdout_path),
+                ("stderr", proc.stderr_fd, worker.stderr_path),
+            )
+        ):
+            handle = open(path, "ab")  # noqa: SIM115 -- closed with the slot
+            slot.files.append(handle)
+            console = (
+                self._console[index] if self._console and name in worker.console_streams else None
+            )
+            duplicate = None
+            if self._duplicate_filters[index]:
+                dup = open(plan.attempt_dir / f"filtered_{name}.log", "ab")  # noqa: SIM115
+                slot.files.append(dup)
+                duplicate = (dup, self._duplicate_filters[index])
+            os.set_blocking(fd, False)
+            streams[fd] = LogStream(fd, handle, prefix, console, duplicate)
+            selector.register(fd, selectors.EVENT_READ, streams[fd])
+        return slot
+
+    def _handle_events(
+        self,
+        events: list[tuple[selectors.SelectorKey, int]],
+        slots: list[_Slot],
+        streams: dict[int, LogStream],
+        selector: selectors.BaseSelector,
+        stopping: bool,
+    ) -> None:
+        for key, _ in events:
+            data = key.data
+            if isinstance(data, LogStream):
+                if not data.pump():
+                    selector.unregister(data.fd)
+                    del streams[data.fd]
+            elif isinstance(data, _Slot):
+                selector.unregister(key.fd)
+                data.exit = self._record_exit(data, data.proc.reap(), stopping)
+
+    def _record_exit(self, slot: _Slot, returncode: int, stopping: bool) -> WorkerExit:
+        noticed = time.time()
+        return WorkerExit(
+            rank=slot.plan.global_rank,
+            local_rank=slot.plan.local_rank,
+            host=self._host,
+            pid=slot.proc.pid,
+            returncode=returncode,
+            time=noticed,
+            stopped_by_launcher=stopping and returncode != 0,
+            log_dir=str(slot.plan.log_dir),
+        )
+
+    def _stop(
+        self,
+        slots: list[_Slot],
+        streams: dict[int, LogStream],
+        selector: selectors.BaseSelector,
+        first_signal: int,
+    ) -> None:
+        """Signal every group, wait to the deadline, then SIGKILL and wait a bounded time."""
+        for sig, wait in ((first_signal, self._shutdown_timeout), (signal.SIGKILL, _KILL_WAIT)):
+            # Groups of exited workers too: their children may still be running.
+            for slot in slots:
+                _killpg(slot.proc.pid, sig)
+            deadline = time.monotonic() + wait
+            while any(s.exit is None for s in slots) and time.monotonic() < deadline:
+                events = selector.select(max(0.0, deadline - time.monotonic()))
+                self._handle_events(events, slots, streams, selector, stopping=True)
+            if sig == signal.SIGKILL or all(s.exit is not None for s in slots):
+                if sig != signal.SIGKILL:
+                    for slot in slots:
+                        _killpg(slot.proc.pid, signal.SIGKILL)
+                break
+        self._drain(streams, selector)
+        for slot in slots:
+            if slot.exit is not None:
+                slot.exit = self._with_logs(slot.exit, slot.plan)
+
+    def _drain(self, streams: dict[int, LogStream], selector: selectors.BaseSelector) -> None:
+        """Copy what is left in the pipes, bounded: a stray grandchild may hold one open."""
+        deadline = time.monotonic() + _DRAIN_WAIT
+        while streams and time.monotonic() < deadline:
+            for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
+                if isinstance(key.data, LogStream) and not key.data.pump():
+                    selector.unregister(key.fd)
+                    del streams[key.fd]
+
+    @staticmethod
+    def _with_logs(exit_: WorkerExit, plan: WorkerPlan) -> WorkerExit:
+        if exit_.returncode == 0:
+            return exit_
+        return replace(
+            exit_,
+            stderr_tail=tuple(tail_lines(plan.stderr_path)),
+            error_message=read_error_file(plan.error_file),
+        )
+
+    @staticmethod
+    def _exits(slots: list[_Slot]) -> tuple[WorkerExit, ...]:
+        return tuple(s.exit for s in slots if s.exit is not None)
+
+    def _kill_all(self, slots: list[_Slot]) -> None:
+        for slot in slots:
+            _killpg(slot.proc.pid, signal.SIGKILL)
+            if slot.exit is None:
+                with contextlib.suppress(ChildProcessError):
+                    slot.exit = self._record_exit(slot, slot.proc.reap(), stopping=True)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

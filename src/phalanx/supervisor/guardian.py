@@ -1,0 +1,75 @@
+"""A tiny watchdog process that kills the workers' process groups if the launcher dies.
+
+``PR_SET_PDEATHSIG`` kills each worker when the launcher dies, but not the worker's own
+children (DataLoader workers, ``mp.spawn`` children). The guardian holds the read end of a
+pipe whose write end only the launcher has: when the launcher dies -- even by SIGKILL -- the
+kernel closes it, the guardian reads EOF and SIGKILLs every process group it was told about.
+It starts with ``python -I -S`` (no site, no torch) so it costs a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+_GUARDIAN_CODE = """
+import os, signal
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    signal.signal(s, signal.SIG_IGN)
+groups, buf = set(), b""
+while True:
+    chunk = os.read(0, 65536)
+    if not chunk:
+        break
+    buf += chunk
+    *lines, buf = buf.split(b"\\n")
+    for line in lines:
+        if line[:1] == b"+":
+            groups.add(int(line[1:]))
+        elif line[:1] == b"-":
+            groups.discard(int(line[1:]))
+for group in groups:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class Guardian:
+    """Owns the guardian process; ``watch``/``forget`` tell it which groups to kill."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _GUARDIAN_CODE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+            # Its own group: a Ctrl-C or a kill of the launcher's group must not take it too.
+            process_group=0,
+        )
+        assert self._proc.stdin is not None
+        self._pipe = self._proc.stdin.fileno()
+        os.set_inheritable(self._pipe, False)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def watch(self, pgid: int) -> None:
+        os.write(self._pipe, f"+{pgid}\n".encode())
+
+    def forget(self, pgid: int) -> None:
+        os.write(self._pipe, f"-{pgid}\n".encode())
+
+    def close(self) -> None:
+        """Stop the guardian (it kills any group still registered, then exits)."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()

@@ -1,0 +1,62 @@
+"""Turning signals to the launcher into events on a file descriptor.
+
+The handlers only record the signal; the wakeup fd wakes the supervisor's ``select`` so it
+can stop the workers in order, from ordinary code, with its ``finally`` blocks intact.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from types import FrameType, TracebackType
+
+
+class SignalWatcher:
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self._received: list[int] = []
+        self._previous: dict[int, object] = {}
+        self._old_wakeup = -1
+        # Python delivers signals to the main thread only; elsewhere we cannot watch them.
+        self.active = threading.current_thread() is threading.main_thread()
+        self._signals = [signal.Signals[name] for name in names]
+
+    @property
+    def fd(self) -> int:
+        return self._reader.fileno()
+
+    def __enter__(self) -> SignalWatcher:
+        if self.active:
+            self._old_wakeup = signal.set_wakeup_fd(
+                self._writer.fileno(), warn_on_full_buffer=False
+            )
+            for sig in self._signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.active:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.set_wakeup_fd(self._old_wakeup)
+        self._reader.close()
+        self._writer.close()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._received.append(signum)
+
+    def drain(self) -> None:
+        try:
+            while self._reader.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def pending(self) -> int | None:
+        """The first signal received, if any."""
+        return self._received[0] if self._received else None

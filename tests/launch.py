@@ -1,0 +1,59 @@
+"""Helpers for tests that run the real ``phalanx`` CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+WORKERS = Path(__file__).parent / "workers"
+PHALANX = [sys.executable, "-m", "phalanx"]
+
+
+def worker(name: str) -> str:
+    return str(WORKERS / name)
+
+
+def run_phalanx(
+    args: Sequence[str], *, timeout: float = 120, cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run phalanx to completion; on timeout kill its whole session so nothing leaks."""
+    proc = subprocess.Popen(
+        [*PHALANX, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=cwd, env=env, start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def read_pids(directory: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(directory.glob("*.pid")) if p.read_text().strip()]
