@@ -21,13 +21,21 @@ def worker(name: str) -> str:
 
 
 def run_phalanx(
-    args: Sequence[str], *, timeout: float = 120, cwd: str | os.PathLike[str] | None = None,
+    args: Sequence[str],
+    *,
+    timeout: float = 120,
+    cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run phalanx to completion; on timeout kill its whole session so nothing leaks."""
     proc = subprocess.Popen(
-        [*PHALANX, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=cwd, env=env, start_new_session=True,
+        [*PHALANX, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -20,14 +20,29 @@ def test_both_spellings_and_defaults() -> None:
     dashed = parse_config(["--nproc-per-node", "3", "--max-restarts", "2", SCRIPT], {})
     underscored = parse_config(["--nproc_per_node=3", "--max_restarts=2", SCRIPT], {})
     assert dashed == underscored
-    assert (dashed.nproc_per_node, dashed.max_restarts, dashed.min_nodes, dashed.max_nodes) == (3, 2, 1, 1)
+    assert (dashed.nproc_per_node, dashed.max_restarts, dashed.min_nodes, dashed.max_nodes) == (
+        3,
+        2,
+        1,
+        1,
+    )
     assert dashed.mode is LaunchMode.SCRIPT and dashed.rdzv_backend == "c10d"
 
 
 def test_pet_environment_fallbacks() -> None:
-    env = {"PET_NPROC_PER_NODE": "2", "PET_MAX_RESTARTS": "4", "PET_STANDALONE": "1", "PET_RDZV_ID": "job"}
+    env = {
+        "PET_NPROC_PER_NODE": "2",
+        "PET_MAX_RESTARTS": "4",
+        "PET_STANDALONE": "1",
+        "PET_RDZV_ID": "job",
+    }
     config = parse_config([SCRIPT], env)
-    assert (config.nproc_per_node, config.max_restarts, config.standalone, config.rdzv_id) == (2, 4, True, "job")
+    assert (config.nproc_per_node, config.max_restarts, config.standalone, config.rdzv_id) == (
+        2,
+        4,
+        True,
+        "job",
+    )
     assert parse_config(["--max-restarts", "1", SCRIPT], env).max_restarts == 1  # the flag wins
 
 
@@ -41,14 +56,18 @@ def test_nproc_per_node_cpu_and_auto_without_gpu() -> None:
 
 
 def test_everything_after_the_script_belongs_to_it() -> None:
-    config = parse_config(["--nproc-per-node", "2", SCRIPT, "--nproc-per-node", "9", "-m", "--", "x"], {})
+    config = parse_config(
+        ["--nproc-per-node", "2", SCRIPT, "--nproc-per-node", "9", "-m", "--", "x"], {}
+    )
     assert config.nproc_per_node == 2
     assert config.program_args == ("--nproc-per-node", "9", "-m", "--", "x")
 
 
 def test_all_problems_reported_at_once() -> None:
     with pytest.raises(UsageError) as caught:
-        parse_config(["--nproc-per-node", "0", "--nnodes", "3:2", "--max-restarts", "-1", "missing.py"], {})
+        parse_config(
+            ["--nproc-per-node", "0", "--nnodes", "3:2", "--max-restarts", "-1", "missing.py"], {}
+        )
     assert len(caught.value.problems) == 4
 
 
@@ -57,14 +76,20 @@ BAD_INPUTS = [
     (["--nnodes", "3:2", SCRIPT], "--nnodes: MIN must not exceed MAX"),
     (["--nnodes", "x", SCRIPT], "--nnodes: expected N or MIN:MAX"),
     (["missing_script.py"], "training script not found: 'missing_script.py'"),
-    (["--rdzv-backend", "zookeeper", SCRIPT], "unknown backend 'zookeeper'; known: c10d, etcd, etcd-v2, static"),
+    (
+        ["--rdzv-backend", "zookeeper", SCRIPT],
+        "unknown backend 'zookeeper'; known: c10d, etcd, etcd-v2, static",
+    ),
     (["--rdzv-endpoint", "a:b:c", SCRIPT], "--rdzv-endpoint: expected host[:port]"),
     (["--max-restarts", "-1", SCRIPT], "--max-restarts: expected an integer >= 0, got -1"),
     (["--max-restarts", "two", SCRIPT], "--max-restarts: expected an integer, got 'two'"),
     (["--master-port", "1.5", SCRIPT], "--master-port: expected an integer"),
     (["--monitor-interval", "fast", SCRIPT], "--monitor-interval: expected a number"),
     (["--nproc-per-node", "2", "--redirects", "7", SCRIPT], "--redirects: expected 0 (none)"),
-    (["--local-ranks-filter", "a,b", SCRIPT], "--local-ranks-filter: expected comma-separated ranks"),
+    (
+        ["--local-ranks-filter", "a,b", SCRIPT],
+        "--local-ranks-filter: expected comma-separated ranks",
+    ),
     (["--rdzv-conf", "novalue", SCRIPT], "--rdzv-conf: expected key=value"),
     (["--signals-to-handle", "SIGNOPE", SCRIPT], "unknown signal 'SIGNOPE'"),
     (["--no-python", "no-such-program-xyz"], "is not an executable file or on PATH"),
@@ -73,9 +98,13 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=[" ".join(a[:2]) for a, _ in BAD_INPUTS])
+@pytest.mark.parametrize(
+    ("args", "message"), BAD_INPUTS, ids=[" ".join(a[:2]) for a, _ in BAD_INPUTS]
+)
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str, tmp_path: Path) -> None:
-    done = subprocess.run([*PHALANX, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    done = subprocess.run(
+        [*PHALANX, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
@@ -85,8 +114,12 @@ def test_bad_input_exits_2_with_one_line(args: list[str], message: str, tmp_path
 
 
 def test_multi_node_request_fails_clearly_until_available(tmp_path: Path) -> None:
-    done = subprocess.run([*PHALANX, "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", SCRIPT],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*PHALANX, "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if done.returncode == 2:
         assert "multi-node" in done.stderr and "Traceback" not in done.stderr
     else:  # multi-node rendezvous is wired in: covered by tests/test_multinode*.py
@@ -96,8 +129,18 @@ def test_multi_node_request_fails_clearly_until_available(tmp_path: Path) -> Non
 def test_help_explains() -> None:
     done = subprocess.run([*PHALANX, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
-    for text in ("--nproc-per-node NPROC_PER_NODE, --nproc_per_node", "--standalone", "--max-restarts", "exit status", "--dry-run"):
+    for text in (
+        "--nproc-per-node NPROC_PER_NODE, --nproc_per_node",
+        "--standalone",
+        "--max-restarts",
+        "exit status",
+        "--dry-run",
+    ):
         assert text in done.stdout
-    version = subprocess.run([sys.executable, "-c", "import phalanx; print(phalanx.__version__)"],
-                             capture_output=True, text=True, timeout=60)
+    version = subprocess.run(
+        [sys.executable, "-c", "import phalanx; print(phalanx.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert version.stdout.strip() == "0.1.0"

@@ -16,9 +16,13 @@ from phalanx.plan import WORKER_ENV_KEYS, build_plan, worker_env
 from phalanx.rendezvous.api import NodeInfo, RendezvousResult
 
 RDZV = RendezvousResult(
-    run_id="job7", round=2, restart_count=2, node_rank=1,
+    run_id="job7",
+    round=2,
+    restart_count=2,
+    node_rank=1,
     nodes=(NodeInfo(0, "a", "10.0.0.1", 4), NodeInfo(1, "b", "10.0.0.2", 4)),
-    master_addr="10.0.0.1", master_port=40001,
+    master_addr="10.0.0.1",
+    master_port=40001,
 )
 
 
@@ -54,7 +58,9 @@ def test_worker_env_exact() -> None:
     ("base", "nproc", "expected"),
     [({}, 1, None), ({}, 2, "1"), ({"OMP_NUM_THREADS": "4"}, 2, "4")],
 )
-def test_omp_num_threads_like_torchrun(base: dict[str, str], nproc: int, expected: str | None) -> None:
+def test_omp_num_threads_like_torchrun(
+    base: dict[str, str], nproc: int, expected: str | None
+) -> None:
     config = LaunchConfig(program="t.py", nproc_per_node=nproc)
     env = worker_env(config, RDZV, 0, Path("/r"), base)
     assert env.get("OMP_NUM_THREADS") == expected
@@ -85,13 +91,23 @@ def test_environment_matches_torchrun(tmp_path: Path) -> None:
     for launcher in ("torchrun", "phalanx"):
         out = tmp_path / launcher
         out.mkdir()
-        args = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", worker("dump_env.py"), str(out)]
+        args = [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            worker("dump_env.py"),
+            str(out),
+        ]
         if launcher == "torchrun":
             done = subprocess.run(["torchrun", *args], capture_output=True, text=True, timeout=120)
         else:
             done = run_phalanx(["--log-dir", str(tmp_path / "logs"), *args])
         assert done.returncode == 0, done.stderr
-        seen[launcher] = {rank: json.loads((out / f"env_{rank}.json").read_text()) for rank in (0, 1)}
+        seen[launcher] = {
+            rank: json.loads((out / f"env_{rank}.json").read_text()) for rank in (0, 1)
+        }
     for rank in (0, 1):
         theirs, ours = seen["torchrun"][rank], seen["phalanx"][rank]
         # phalanx adds exactly torchrun's variables, plus its checkpoint log.
@@ -103,4 +119,7 @@ def test_environment_matches_torchrun(tmp_path: Path) -> None:
                 assert (theirs[key], ours[key]) == ("True", "False")
             else:
                 assert theirs[key] == ours[key], key
-        assert ours["MASTER_PORT"].isdigit() and Path(ours["TORCHELASTIC_ERROR_FILE"]).name == "error.json"
+        assert (
+            ours["MASTER_PORT"].isdigit()
+            and Path(ours["TORCHELASTIC_ERROR_FILE"]).name == "error.json"
+        )

@@ -15,8 +15,16 @@ from launch import PHALANX, alive, read_pids, run_phalanx, wait_for, worker
 
 
 def test_two_workers_all_reduce_and_exit_zero(tmp_path: Path) -> None:
-    result = run_phalanx(["--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path),
-                          worker("allreduce.py")])
+    result = run_phalanx(
+        [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path),
+            worker("allreduce.py"),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     lines = sorted(line for line in result.stdout.splitlines() if "sum=" in line)
     assert lines == ["[rank0]: sum=3 rank=0 local=0", "[rank1]: sum=3 rank=1 local=1"]
@@ -27,23 +35,28 @@ def test_two_workers_all_reduce_and_exit_zero(tmp_path: Path) -> None:
 
 
 def test_failing_worker_exit_code_and_report(tmp_path: Path) -> None:
-    result = run_phalanx(["--nproc-per-node", "2", "--log-dir", str(tmp_path),
-                          worker("fail_rank.py"), "1", "7"])
+    result = run_phalanx(
+        ["--nproc-per-node", "2", "--log-dir", str(tmp_path), worker("fail_rank.py"), "1", "7"]
+    )
     assert result.returncode == 7, result.stderr
-    report = result.stderr[result.stderr.index("=" * 78):]
+    report = result.stderr[result.stderr.index("=" * 78) :]
     assert "Root cause: rank 1 (local rank 1)" in report
     assert "exit code 7" in report
     assert "rank 1 giving up with 7" in report  # the tail of its stderr
-    assert "rank 0 on" in report and "stopped by phalanx (killed by SIGTERM)" in report
+    assert (
+        "rank 0 (local rank 0) on" in report and "stopped by phalanx (killed by SIGTERM)" in report
+    )
     (run_dir,) = tmp_path.iterdir()
     data = json.loads((run_dir / "report.json").read_text())
     assert [e["rank"] for e in data["exits"] if e["stopped_by_launcher"]] == [0]
 
 
 def test_python_traceback_shows_in_report_without_decorator(tmp_path: Path) -> None:
-    result = run_phalanx(["--nproc-per-node", "2", "--log-dir", str(tmp_path), worker("raise_error.py")])
+    result = run_phalanx(
+        ["--nproc-per-node", "2", "--log-dir", str(tmp_path), worker("raise_error.py")]
+    )
     assert result.returncode == 1
-    report = result.stderr[result.stderr.index("=" * 78):]
+    report = result.stderr[result.stderr.index("=" * 78) :]
     assert "Root cause: rank 1" in report
     assert "ValueError: bad learning rate 1e9" in report
     assert "Traceback (most recent call last)" in report
@@ -61,9 +74,18 @@ def _start_tree(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
     launcher = subprocess.Popen(
-        [*PHALANX, "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
-         worker("sleep_tree.py"), str(pids_dir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            *PHALANX,
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            worker("sleep_tree.py"),
+            str(pids_dir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     wait_for(lambda: len(read_pids(pids_dir)) == 4, 60, "2 workers and their 2 children")
     return launcher, read_pids(pids_dir)
@@ -75,7 +97,9 @@ def test_kill_9_of_launcher_leaves_no_worker(tmp_path: Path) -> None:
         assert all(alive(pid) for pid in pids)
         launcher.kill()
         launcher.wait(10)
-        wait_for(lambda: not any(alive(pid) for pid in pids), 2, "workers and their children to die")
+        wait_for(
+            lambda: not any(alive(pid) for pid in pids), 2, "workers and their children to die"
+        )
     finally:
         for pid in pids:
             if alive(pid):
@@ -103,7 +127,9 @@ def test_script_args_pass_through_untouched(tmp_path: Path) -> None:
     script = folder / "echo args.py"
     script.write_text(Path(worker("echo_args.py")).read_text())
     args = ["--nproc-per-node", "5", "--max-restarts=3", "-m", "x y", "--", "--standalone"]
-    result = run_phalanx(["--nproc_per_node=1", "--log-dir", str(tmp_path / "logs"), str(script), *args])
+    result = run_phalanx(
+        ["--nproc_per_node=1", "--log-dir", str(tmp_path / "logs"), str(script), *args]
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout.split("]: ", 1)[1])
     assert data["argv"] == [str(script), *args]
@@ -117,21 +143,47 @@ def test_run_path_matches_plain_script(tmp_path: Path, flags: list[str]) -> None
     result = run_phalanx([*flags, "--log-dir", str(tmp_path), str(script), "a", "--b"])
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout.split("]: ", 1)[1])
-    assert data == {"argv": [str(script), "a", "--b"], "path0": str(script.parent), "name": "__main__", "rank": "0"}
+    assert data == {
+        "argv": [str(script), "a", "--b"],
+        "path0": str(script.parent),
+        "name": "__main__",
+        "rank": "0",
+    }
 
 
 def test_module_and_no_python_modes(tmp_path: Path) -> None:
     result = run_phalanx(["-m", "--log-dir", str(tmp_path), "json.tool", "--help"])
     assert result.returncode == 0 and "[rank0]: usage:" in result.stdout
-    result = run_phalanx(["--no-python", "--nproc-per-node", "2", "--log-dir", str(tmp_path),
-                          "sh", "-c", "echo rank=$RANK"])
+    result = run_phalanx(
+        [
+            "--no-python",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path),
+            "sh",
+            "-c",
+            "echo rank=$RANK",
+        ]
+    )
     assert result.returncode == 0
     assert sorted(result.stdout.split()) == ["[rank0]:", "[rank1]:", "rank=0", "rank=1"]
 
 
 def test_local_ranks_filter_and_redirects(tmp_path: Path) -> None:
-    result = run_phalanx(["--nproc-per-node", "2", "--local-ranks-filter", "1", "--redirects", "1:2",
-                          "--log-dir", str(tmp_path), worker("echo_args.py")])
+    result = run_phalanx(
+        [
+            "--nproc-per-node",
+            "2",
+            "--local-ranks-filter",
+            "1",
+            "--redirects",
+            "1:2",
+            "--log-dir",
+            str(tmp_path),
+            worker("echo_args.py"),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     assert "[rank0]" not in result.stdout + result.stderr
     assert '[rank1]: {"argv"' in result.stdout
@@ -145,7 +197,10 @@ def test_dry_run_prints_the_plan(tmp_path: Path) -> None:
     result = run_phalanx(["--dry-run", "--nproc-per-node", "2", worker("allreduce.py"), "--x"])
     assert result.returncode == 0, result.stderr
     assert "local rank 1 -> global rank 1" in result.stdout
-    assert "  WORLD_SIZE=2" in result.stdout and "  TORCHELASTIC_USE_AGENT_STORE=False" in result.stdout
+    assert (
+        "  WORLD_SIZE=2" in result.stdout
+        and "  TORCHELASTIC_USE_AGENT_STORE=False" in result.stdout
+    )
     assert "allreduce.py --x" in result.stdout
 
 
@@ -153,11 +208,33 @@ def test_restart_resumes_from_snapshot_bit_identical(tmp_path: Path) -> None:
     clean, crashed = tmp_path / "clean", tmp_path / "crashed"
     clean.mkdir()
     crashed.mkdir()
-    result = run_phalanx(["--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs1"),
-                          worker("ddp_resume.py"), str(clean), "clean"])
+    result = run_phalanx(
+        [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path / "logs1"),
+            worker("ddp_resume.py"),
+            str(clean),
+            "clean",
+        ]
+    )
     assert result.returncode == 0, result.stderr
-    result = run_phalanx(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-                          "--log-dir", str(tmp_path / "logs2"), worker("ddp_resume.py"), str(crashed), "crash"])
+    result = run_phalanx(
+        [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--log-dir",
+            str(tmp_path / "logs2"),
+            worker("ddp_resume.py"),
+            str(crashed),
+            "crash",
+        ]
+    )
     assert result.returncode == 0, result.stderr
     assert "rank 1 killed by SIGKILL (attempt 1)" in result.stderr
     assert "restarting the worker group (restart 1 of 1)" in result.stderr
@@ -176,7 +253,17 @@ def test_restarted_workers_get_a_fresh_port_and_count(tmp_path: Path) -> None:
         "dist.barrier()\n"
         "sys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and dist.get_rank() == 0 else 0)\n"
     )
-    result = run_phalanx(["--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", str(tmp_path / "l"), str(script)])
+    result = run_phalanx(
+        [
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "2",
+            "--log-dir",
+            str(tmp_path / "l"),
+            str(script),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     seen = {tuple(line.split(": ", 1)[1].split()) for line in result.stdout.splitlines()}
     ports = {port for port, _ in seen}
@@ -184,8 +271,19 @@ def test_restarted_workers_get_a_fresh_port_and_count(tmp_path: Path) -> None:
 
 
 def test_crash_loop_stops_early(tmp_path: Path) -> None:
-    result = run_phalanx(["--nproc-per-node", "2", "--max-restarts", "5", "--log-dir", str(tmp_path),
-                          worker("fail_rank.py"), "0", "4"])
+    result = run_phalanx(
+        [
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "5",
+            "--log-dir",
+            str(tmp_path),
+            worker("fail_rank.py"),
+            "0",
+            "4",
+        ]
+    )
     assert result.returncode == 4
     assert "crash loop" in result.stderr
     assert result.stderr.count("restarting the worker group") == 1

@@ -7,7 +7,9 @@ import pytest
 from phalanx import parsing
 
 
-@pytest.mark.parametrize(("text", "expected"), [("1", (1, 1)), ("4", (4, 4)), ("1:2", (1, 2)), ("2:8", (2, 8))])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("1", (1, 1)), ("4", (4, 4)), ("1:2", (1, 2)), ("2:8", (2, 8))]
+)
 def test_nnodes(text: str, expected: tuple[int, int]) -> None:
     assert parsing.parse_nnodes(text) == expected
 
@@ -20,8 +22,13 @@ def test_nnodes_rejects(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "host", "port"),
-    [("node0", "node0", None), ("node0:29400", "node0", 29400), ("10.1.2.3:1", "10.1.2.3", 1),
-     ("[::1]:29500", "::1", 29500), ("[fe80::2]", "fe80::2", None)],
+    [
+        ("node0", "node0", None),
+        ("node0:29400", "node0", 29400),
+        ("10.1.2.3:1", "10.1.2.3", 1),
+        ("[::1]:29500", "::1", 29500),
+        ("[fe80::2]", "fe80::2", None),
+    ],
 )
 def test_endpoint(text: str, host: str, port: int | None) -> None:
     assert parsing.parse_endpoint(text) == parsing.Endpoint(host, port)
@@ -35,9 +42,11 @@ def test_endpoint_rejects(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "nproc", "expected"),
-    [("0", 2, {0: frozenset(), 1: frozenset()}),
-     ("3", 1, {0: frozenset({"stdout", "stderr"})}),
-     ("0:1,1:2", 3, {0: frozenset({"stdout"}), 1: frozenset({"stderr"}), 2: frozenset()})],
+    [
+        ("0", 2, {0: frozenset(), 1: frozenset()}),
+        ("3", 1, {0: frozenset({"stdout", "stderr"})}),
+        ("0:1,1:2", 3, {0: frozenset({"stdout"}), 1: frozenset({"stderr"}), 2: frozenset()}),
+    ],
 )
 def test_std_spec(text: str, nproc: int, expected: dict[int, frozenset[str]]) -> None:
     assert parsing.parse_std_spec(text, "-r", nproc) == expected

@@ -46,6 +46,10 @@ class LaunchConfig:
     virtual_local_rank: bool = False
     start_method: str = "spawn"
     dry_run: bool = False
+    # One process per node that spawns its own workers (TRELLIS.2 style); phalanx appends
+    # its node facts as flags, named by ``spawn_owner_flags`` (fact -> flag).
+    spawn_owner: bool = False
+    spawn_owner_flags: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_multi_node(self) -> bool:

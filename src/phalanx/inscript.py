@@ -46,12 +46,18 @@ def spawn(
     """
     problems = [
         f"{name}: expected an integer >= {low}, got {value}"
-        for name, value, low in (("num_gpus", num_gpus, 1), ("num_nodes", num_nodes, 1),
-                                 ("node_rank", node_rank, 0), ("max_restarts", max_restarts, 0))
+        for name, value, low in (
+            ("num_gpus", num_gpus, 1),
+            ("num_nodes", num_nodes, 1),
+            ("node_rank", node_rank, 0),
+            ("max_restarts", max_restarts, 0),
+        )
         if value < low
     ]
     if num_nodes >= 1 and not 0 <= node_rank < num_nodes:
-        problems.append(f"node_rank: expected 0..{num_nodes - 1} for num_nodes {num_nodes}, got {node_rank}")
+        problems.append(
+            f"node_rank: expected 0..{num_nodes - 1} for num_nodes {num_nodes}, got {node_rank}"
+        )
     if problems:
         raise UsageError(problems)
     chosen_backend = resolve_backend(backend)

@@ -49,6 +49,11 @@ class WorkerPlan:
     env: Mapping[str, str]
     log_dir: Path
     console_streams: frozenset[str]  # which of stdout/stderr also go to the console
+    label: str = ""  # console prefix and report name: "rank3", or "node1" for a spawn owner
+
+    @property
+    def name(self) -> str:
+        return self.label or f"rank{self.global_rank}"
 
     @property
     def stdout_path(self) -> Path:
@@ -121,20 +126,40 @@ def worker_env(
         ROLE_WORLD_SIZE=str(rdzv.world_size),
         MASTER_ADDR=rdzv.master_addr,
         MASTER_PORT=str(rdzv.master_port),
-        TORCHELASTIC_RESTART_COUNT=str(rdzv.restart_count),
-        TORCHELASTIC_MAX_RESTARTS=str(config.max_restarts),
-        TORCHELASTIC_RUN_ID=rdzv.run_id,
         TORCHELASTIC_USE_AGENT_STORE=str(False),
         TORCHELASTIC_ERROR_FILE=str(error_file),
         TORCHELASTIC_SIGNALS_TO_HANDLE=",".join(config.signals_to_handle),
         TORCH_NCCL_ASYNC_ERROR_HANDLING=base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     )
-    env[CHECKPOINT_LOG_ENV] = str(run_dir / "checkpoints.jsonl")
+    env.update(job_env(config, rdzv, run_dir))
     if config.virtual_local_rank:
         visible = base_env.get("CUDA_VISIBLE_DEVICES")
         devices = visible.split(",") if visible else [str(i) for i in range(config.nproc_per_node)]
         env["CUDA_VISIBLE_DEVICES"] = devices[local_rank].strip()
     return env
+
+
+def job_env(config: LaunchConfig, rdzv: RendezvousResult, run_dir: Path) -> dict[str, str]:
+    """What every process phalanx starts is told about the job (workers and spawn owners)."""
+    return {
+        "TORCHELASTIC_RESTART_COUNT": str(rdzv.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+        "TORCHELASTIC_RUN_ID": rdzv.run_id,
+        CHECKPOINT_LOG_ENV: str(run_dir / "checkpoints.jsonl"),
+    }
+
+
+def spawn_owner_argv(config: LaunchConfig, rdzv: RendezvousResult) -> tuple[str, ...]:
+    """The worker command plus this node's facts as flags (TRELLIS.2's names by default)."""
+    facts = {
+        "num_nodes": rdzv.num_nodes,
+        "node_rank": rdzv.node_rank,
+        "num_gpus": config.nproc_per_node,
+        "master_addr": rdzv.master_addr,
+        "master_port": rdzv.master_port,
+    }
+    extra = (part for fact, flag in config.spawn_owner_flags for part in (flag, str(facts[fact])))
+    return (*worker_command(config), *extra)
 
 
 def worker_log_dir(run_dir: Path, restart_count: int, rank: int) -> Path:
@@ -148,6 +173,21 @@ def build_plan(
     base_env: Mapping[str, str],
 ) -> RoundPlan:
     attempt_dir = run_dir / f"attempt_{rdzv.restart_count}"
+    if config.spawn_owner:
+        # One process per node; it spawns the workers itself, so it gets no RANK/WORLD_SIZE
+        # (a script that checks for them would think it is a worker), only the job facts.
+        owner = WorkerPlan(
+            local_rank=0,
+            global_rank=rdzv.node_rank,
+            argv=spawn_owner_argv(config, rdzv),
+            env={**base_env, **job_env(config, rdzv, run_dir)},
+            log_dir=attempt_dir / f"node_{rdzv.node_rank}",
+            console_streams=frozenset({"stdout", "stderr"}) - config.redirects.get(0, frozenset()),
+            label=f"node{rdzv.node_rank}",
+        )
+        return RoundPlan(
+            run_dir=run_dir, attempt_dir=attempt_dir, rendezvous=rdzv, workers=(owner,)
+        )
     argv = worker_command(config)
     workers = []
     for local_rank in range(config.nproc_per_node):
@@ -178,7 +218,9 @@ def describe(plan: RoundPlan, base_env: Mapping[str, str]) -> str:
         f"run directory {plan.run_dir}",
     ]
     for worker in plan.workers:
-        lines.append(f"local rank {worker.local_rank} -> global rank {worker.global_rank}")
+        lines.append(
+            f"local rank {worker.local_rank} -> global rank {worker.global_rank} ({worker.name})"
+        )
         lines.append(f"  argv: {' '.join(_quote(a) for a in worker.argv)}")
         changed = {k: v for k, v in worker.env.items() if base_env.get(k) != v}
         for key in sorted(changed):

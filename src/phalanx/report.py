@@ -21,6 +21,18 @@ class WorkerExit:
     stderr_tail: tuple[str, ...] = ()
     error_message: str = ""  # from TORCHELASTIC_ERROR_FILE, when the worker wrote one
     log_dir: str = ""
+    label: str = ""  # "rank3", or "node1" for a spawn owner
+
+    @property
+    def name(self) -> str:
+        return self.label or f"rank{self.rank}"
+
+    @property
+    def who(self) -> str:
+        """For sentences: "rank 3 (local rank 1)", or "the spawn owner of node 1"."""
+        if self.name.startswith("node"):
+            return f"the spawn owner of node {self.rank}"
+        return f"rank {self.rank} (local rank {self.local_rank})"
 
     @property
     def failed(self) -> bool:
@@ -79,8 +91,7 @@ def format_report(exits: list[WorkerExit], attempts: int, width: int = 78) -> st
     else:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cause.time))
         lines += [
-            f"phalanx: job failed after {attempts} attempt(s). Root cause: rank {cause.rank} "
-            f"(local rank {cause.local_rank}) on {cause.host}",
+            f"phalanx: job failed after {attempts} attempt(s). Root cause: {cause.who} on {cause.host}",
             f"  pid {cause.pid}, {cause.describe_exit()}, at {when}",
             f"  logs: {cause.log_dir}",
         ]
@@ -101,6 +112,6 @@ def format_report(exits: list[WorkerExit], attempts: int, width: int = 78) -> st
                 state = f"also failed afterwards ({other.describe_exit()})"
             else:
                 state = "finished (exit code 0)"
-            lines.append(f"  rank {other.rank} on {other.host}: {state}")
+            lines.append(f"  {other.who} on {other.host}: {state}")
     lines.append(rule)
     return "\n".join(lines)

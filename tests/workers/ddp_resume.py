@@ -33,10 +33,19 @@ for epoch in range(start, 6):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    if mode == "crash" and epoch == 3 and rank == 1 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    if (
+        mode == "crash"
+        and epoch == 3
+        and rank == 1
+        and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+    ):
         os.kill(os.getpid(), signal.SIGKILL)
     if rank == 0:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "epoch": epoch + 1,
+        }
         torch.save(state, snapshot + ".tmp")
         os.replace(snapshot + ".tmp", snapshot)
     dist.barrier()

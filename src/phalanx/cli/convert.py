@@ -20,6 +20,25 @@ T = TypeVar("T")
 KNOWN_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
 
 
+# The facts a spawn-owner process is told, with TRELLIS.2's flag names by default.
+SPAWN_OWNER_FACTS: tuple[tuple[str, str], ...] = tuple(
+    (fact, f"--{fact}")
+    for fact in ("num_nodes", "node_rank", "num_gpus", "master_addr", "master_port")
+)
+
+
+def parse_owner_flags(text: str) -> tuple[tuple[str, str], ...]:
+    """``"num_gpus=--gpus"`` -> the default table with that flag renamed."""
+    renamed = parsing.parse_kv_list(text, "--spawn-owner-flags")
+    known = dict(SPAWN_OWNER_FACTS)
+    unknown = sorted(set(renamed) - set(known))
+    if unknown:
+        raise ValueError(
+            f"--spawn-owner-flags: unknown fact(s) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+    return tuple((fact, renamed.get(fact, flag)) for fact, flag in SPAWN_OWNER_FACTS)
+
+
 def resolve_nproc(text: str, cuda_device_count: Callable[[], int]) -> int:
     """``N``, ``auto`` (GPUs if any, else CPUs), ``cpu`` or ``gpu``, as torchrun reads it."""
     value = str(text).strip().lower()
@@ -109,6 +128,8 @@ def to_config(
             f"--event-log-handler: expected null or console, got {ns.event_log_handler!r}"
         )
 
+    owner_flags = check(lambda: parse_owner_flags(ns.spawn_owner_flags), SPAWN_OWNER_FACTS)
+
     mode = LaunchMode.SCRIPT
     if ns.run_path:
         mode = LaunchMode.RUN_PATH
@@ -156,4 +177,6 @@ def to_config(
         virtual_local_rank=bool(ns.virtual_local_rank),
         start_method=str(ns.start_method),
         dry_run=bool(ns.dry_run),
+        spawn_owner=bool(ns.spawn_owner),
+        spawn_owner_flags=owner_flags,
     )

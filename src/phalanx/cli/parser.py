@@ -144,6 +144,18 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option("shutdown-timeout", "5", "Seconds between SIGTERM and SIGKILL when stopping workers.")
     switch("virtual-local-rank", "LOCAL_RANK=0 for every worker, each seeing only its GPU.")
     switch("dry-run", "Print the plan (ranks, argv, environment per worker) and exit.")
+    switch(
+        "spawn-owner",
+        "The script spawns its own workers (TRELLIS.2 style, torch.multiprocessing.spawn): start ONE "
+        "process per node and append --num_nodes --node_rank --num_gpus --master_addr --master_port "
+        "(values from this node's rendezvous; --nproc-per-node is --num_gpus).",
+    )
+    option(
+        "spawn-owner-flags",
+        "",
+        "Rename the appended flags, e.g. num_gpus=--gpus,master_port=--port "
+        "(facts: num_nodes, node_rank, num_gpus, master_addr, master_port).",
+    )
     parser.add_argument("training_script", help="The script (or module, or program) to run.")
     parser.add_argument(
         "training_script_args",

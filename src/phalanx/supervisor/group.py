@@ -139,7 +139,7 @@ class Supervisor:
         self._guardian.watch(proc.pid)  # the worker leads its own process group
         slot = _Slot(worker, proc, [])
         selector.register(proc.exit_fd, selectors.EVENT_READ, slot)
-        prefix = f"[rank{worker.global_rank}]: ".encode()
+        prefix = f"[{worker.name}]: ".encode()
         for index, (name, fd, path) in enumerate(
             (
                 ("stdout", proc.stdout_fd, worker.stdout_path),
@@ -190,6 +190,7 @@ class Supervisor:
             time=noticed,
             stopped_by_launcher=stopping and returncode != 0,
             log_dir=str(slot.plan.log_dir),
+            label=slot.plan.name,
         )
 
     def _stop(

@@ -1,0 +1,112 @@
+"""phalanx.spawn and the --spawn-owner mode, with real processes and real Gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from launch import PHALANX, alive, read_pids, run_phalanx, wait_for, worker
+
+
+def test_spawn_runs_fn_per_local_rank(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, worker("spawn_user.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("spawn returned")
+    seen = sorted((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1))
+    assert seen == ["0 0 2 3.0 __mp_main__", "1 1 2 3.0 __mp_main__"]
+
+
+def test_spawn_failure_raises_with_root_cause(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, worker("spawn_user.py"), str(tmp_path), "fail"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "caught JobFailed exit_code=1: rank 1" in done.stdout
+    assert "Root cause: rank 1 (local rank 1)" in done.stderr
+    assert "RuntimeError: rank 1 broke" in done.stderr
+
+
+def test_spawn_owner_gets_node_flags_and_runs(tmp_path: Path) -> None:
+    result = run_phalanx(
+        [
+            "--spawn-owner",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path),
+            worker("trellis_owner.py"),
+        ]
+    )
+    assert result.returncode == 0, result.stderr
+    rows = sorted(
+        (json.loads(line.split(": ", 1)[1]) for line in result.stdout.splitlines()),
+        key=lambda r: r["rank"],
+    )
+    assert rows == [{"rank": r, "world": 2, "sum": 3.0, "has_RANK": False} for r in (0, 1)]
+    assert all(line.startswith("[node0]: ") for line in result.stdout.splitlines())
+
+
+def test_spawn_owner_dry_run_shows_flags(tmp_path: Path) -> None:
+    result = run_phalanx(
+        [
+            "--spawn-owner",
+            "--spawn-owner-flags",
+            "num_gpus=--gpus",
+            "--nproc-per-node",
+            "4",
+            "--dry-run",
+            worker("trellis_owner.py"),
+            "--x",
+        ]
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "trellis_owner.py --x --num_nodes 1 --node_rank 0 --gpus 4 --master_addr" in result.stdout
+    )
+    assert "RANK=" not in result.stdout.replace("TORCHELASTIC", "")
+
+
+def test_kill_9_in_spawn_owner_mode_takes_the_spawned_workers_too(tmp_path: Path) -> None:
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    launcher = subprocess.Popen(
+        [
+            *PHALANX,
+            "--spawn-owner",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            worker("trellis_owner.py"),
+            "--pid_dir",
+            str(pid_dir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    pids: list[int] = []
+    try:
+        wait_for(lambda: len(read_pids(pid_dir)) == 2, 90, "two spawned workers")
+        pids = read_pids(pid_dir)
+        launcher.kill()
+        launcher.wait(10)
+        wait_for(lambda: not any(alive(pid) for pid in pids), 2, "the spawned workers to die")
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
