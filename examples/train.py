@@ -43,8 +43,9 @@ from phalanx import checkpoint, dist
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.launch_env import read_launch_env
 
-_COUNTERS: tuple[str, ...] = ("steps", "dataset_size", "global_batch_size", "in_dim", "hidden")
-_COUNTERS += ("threads", "checkpoint_every", "keep", "log_every")
+# Config keys that count something, so must be >= 1.
+_COUNTERS = ("steps", "dataset_size", "global_batch_size", "in_dim", "hidden", "threads",
+             "checkpoint_every", "keep", "log_every")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,20 @@ class TrainConfig:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             raise UsageError(f"--config {path}: {exc}") from None
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        if not isinstance(data, dict):
+            raise UsageError(f"--config {path}: expected a JSON object, got {type(data).__name__}")
+        kinds = {f.name: type(f.default) for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(kinds))
         if unknown:
-            raise UsageError(f"--config {path}: unknown keys {unknown}; known: {sorted(known)}")
-        config = cls(**data)
-        problems = config.problems()
+            raise UsageError(f"--config {path}: unknown keys {unknown}; known: {sorted(kinds)}")
+        # An int is fine where a float is expected (JSON writes 1.0 as 1); a bool never is.
+        wrong = [
+            f"{key} must be {kinds[key].__name__}, got {value!r}"
+            for key, value in data.items()
+            if isinstance(value, bool) or not isinstance(value, (kinds[key], int))
+        ]
+        config = cls(**data) if not wrong else cls()
+        problems = wrong or config.problems()
         if problems:
             raise UsageError([f"--config {path}: {p}" for p in problems])
         return config

@@ -8,6 +8,7 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import time
 import traceback
 from typing import Any
 
@@ -36,7 +37,9 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU-
         (4, 3, 8, list(range(24, 32))),
     ],
 )
-def test_global_ranks_of_a_node(num_nodes: int, node_rank: int, num_gpus: int, ranks: list[int]) -> None:  # fmt: skip
+def test_global_ranks_of_a_node(
+    num_nodes: int, node_rank: int, num_gpus: int, ranks: list[int]
+) -> None:
     dist.check_node(num_nodes, node_rank, num_gpus)
     assert [dist.global_rank(node_rank, num_gpus, lr) for lr in range(num_gpus)] == ranks
     assert dist.world_size(num_nodes, num_gpus) == num_nodes * num_gpus
@@ -129,7 +132,7 @@ def test_auto_backend_is_gloo_without_cuda() -> None:
 
 @NO_CUDA
 def test_nccl_without_cuda_is_a_usage_error_with_hint() -> None:
-    with pytest.raises(UsageError, match="CUDA is not available.*use --backend gloo"):
+    with pytest.raises(UsageError, match=r"CUDA is not available.*use --backend gloo"):
         dist.resolve_backend("nccl")
 
 
@@ -168,6 +171,16 @@ MASTER = {"MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "23456"}
             {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", **MASTER},
             LaunchEnv("env", 0, 0, 1, "10.1.1.1", 23456),
         ),
+        (  # phalanx.spawn also passes the backend it resolved
+            {
+                "RANK": "1",
+                "LOCAL_RANK": "1",
+                "WORLD_SIZE": "2",
+                "PHALANX_BACKEND": "gloo",
+                **MASTER,
+            },
+            LaunchEnv("env", 1, 1, 2, "10.1.1.1", 23456, backend="gloo"),
+        ),
         # torchrun started by srun: the workers are torchrun's, not srun's
         ({**SLURM_STEP, **TORCHRUN_ENV}, LaunchEnv("env", 3, 1, 4, "node0", 29500)),
         ({**SLURM_STEP, **MASTER}, LaunchEnv("slurm", 5, 1, 8, "10.1.1.1", 23456)),
@@ -185,7 +198,7 @@ MASTER = {"MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "23456"}
                     "MASTER_PORT not set; derived 19242 from the slurm environment",
                 ),
             ),
-        ),  # fmt: skip
+        ),
         ({**OMPI, **MASTER}, LaunchEnv("openmpi", 2, 0, 4, "10.1.1.1", 23456)),
         (
             {**OMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_PORT": "23456"},
@@ -198,7 +211,7 @@ MASTER = {"MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "23456"}
                 23456,
                 ("MASTER_ADDR not set; derived localhost from the openmpi environment",),
             ),
-        ),  # fmt: skip
+        ),
         (
             {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", **MASTER},
             LaunchEnv("pmi", 1, 1, 2, "10.1.1.1", 23456),
@@ -260,7 +273,7 @@ def test_first_host_of_slurm_nodelist(nodelist: str, host: str) -> None:
 def test_init_without_a_launcher_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("RANK", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         monkeypatch.delenv(var, raising=False)
-    with pytest.raises(UsageError, match="no launcher environment found.*RANK, SLURM_STEP_ID"):
+    with pytest.raises(UsageError, match=r"no launcher environment found.*RANK, SLURM_STEP_ID"):
         dist.init()
 
 
@@ -283,7 +296,8 @@ def _report(results: Any, rank: int, info: dist.DistInfo) -> None:
 
     t = torch.tensor([float(info.rank + 1)])
     tdist.all_reduce(t)
-    env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")}  # fmt: skip
+    names = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+    env = {k: os.environ.get(k) for k in names}
     again = dist.init() if "RANK" in os.environ else None  # already initialised: no new group
     results.put((rank, "ok", (info, t.item(), env, again)))
     tdist.destroy_process_group()
@@ -309,29 +323,37 @@ _TIMEOUT = dist.DEFAULT_TIMEOUT / 10  # a hang fails in a minute, not ten
 
 
 def _run_pair(target: Any, args_of: Any) -> dict[int, Any]:
+    """Run ``target(*args_of(rank), results)`` in two spawned processes; their reports."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=target, args=(*args_of(r), results)) for r in range(2)]
+    out: dict[int, Any] = {}
+    deadline = time.monotonic() + 120
     try:
         for p in procs:
             p.start()
-        out: dict[int, Any] = {}
-        for _ in procs:
-            rank, status, value = results.get(timeout=120)
+        while len(out) < len(procs):
+            if time.monotonic() > deadline:
+                pytest.fail(f"workers did not report within 120 s; got {sorted(out)}")
+            try:
+                rank, status, value = results.get(timeout=1)
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                assert not dead, f"a worker died without reporting: exit codes {dead}"
+                continue
             assert status == "ok", value
             out[rank] = value
         for p in procs:
             p.join(timeout=60)
             assert p.exitcode == 0
         return out
-    except queue.Empty:
-        pytest.fail("workers did not report within 120 s")
     finally:
-        for p in procs:
+        started = [p for p in procs if p.pid is not None]
+        for p in started:
             if p.is_alive():
                 p.kill()
-                p.join(timeout=10)
-        assert not any(p.is_alive() for p in procs)
+            p.join(timeout=10)
+        assert not any(p.is_alive() for p in started)
 
 
 def test_setup_dist_initialises_a_real_gloo_group() -> None:
@@ -353,7 +375,7 @@ def test_setup_dist_initialises_a_real_gloo_group() -> None:
 def test_init_reads_a_torchrun_style_environment() -> None:
     port = _free_port()
     base = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    out = _run_pair(_init_worker, lambda r: ({**base, "RANK": str(r), "LOCAL_RANK": str(r)},))
+    out = _run_pair(_init_worker, lambda r: (r, {**base, "RANK": str(r), "LOCAL_RANK": str(r)}))
     for rank in (0, 1):
         info, total, _, again = out[rank]
         assert info == dist.DistInfo(rank, rank, 2, torch.device("cpu"), "gloo")
@@ -368,7 +390,7 @@ def test_init_under_srun_derives_master_from_the_job() -> None:
     for var in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
         assert var not in os.environ, f"{var} leaked into the test environment"
     out = _run_pair(
-        _init_worker, lambda r: ({**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},)
+        _init_worker, lambda r: (r, {**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)})
     )
     for rank in (0, 1):
         info, total, env, _ = out[rank]

@@ -113,7 +113,7 @@ class _Backend:
 _BACKENDS: dict[str, _Backend] = {
     "nccl": _Backend(
         torch.cuda.is_available,
-        "NCCL needs CUDA GPUs; use --backend gloo (or auto) on a machine without them",
+        "CUDA is not available and NCCL needs CUDA GPUs; use --backend gloo (or auto)",
     ),
     "gloo": _Backend(lambda: True, ""),
 }
@@ -128,9 +128,7 @@ def resolve_backend(backend: str) -> str:
         known = ", ".join(["auto", *_BACKENDS])
         raise UsageError(f"unknown backend {backend!r}; known: {known}")
     if not entry.usable():
-        raise UsageError(
-            f"backend {backend!r} is not usable here: CUDA is not available; {entry.hint}"
-        )
+        raise UsageError(f"backend {backend!r} is not usable here: {entry.hint}")
     return backend
 
 
@@ -222,8 +220,10 @@ def init(backend: str = "auto", timeout: timedelta = DEFAULT_TIMEOUT) -> DistInf
     """Join the process group of a worker started by a launcher (see the module docstring).
 
     Reads ``os.environ`` (without changing it), selects device and backend, and initialises
-    the default process group unless one already is. Raises ``UsageError`` when no launcher
-    is recognised or its variables are incomplete.
+    the default process group unless one already is. ``backend='auto'`` takes the launcher's
+    choice (``PHALANX_BACKEND``, set by ``phalanx.spawn``) when there is one, else the
+    device's. Raises ``UsageError`` when no launcher is recognised or its variables are
+    incomplete.
     """
     found = read_launch_env(os.environ)
     if found is None:
@@ -236,4 +236,5 @@ def init(backend: str = "auto", timeout: timedelta = DEFAULT_TIMEOUT) -> DistInf
         log.warning("%s", note)  # a derived port must be visible (and overridable)
     host = f"[{found.master_addr}]" if ":" in found.master_addr else found.master_addr
     url = f"tcp://{host}:{found.master_port}"
-    return _init_group(found.rank, found.local_rank, found.world_size, url, backend, timeout)
+    chosen = found.backend if backend == "auto" else backend
+    return _init_group(found.rank, found.local_rank, found.world_size, url, chosen, timeout)

@@ -21,6 +21,7 @@ pmi       PMI_RANK / MPI_LOCALRANKID / PMI_SIZE (MPICH,    as openmpi (``MPI_LOC
 
 ``MASTER_ADDR``/``MASTER_PORT`` in the environment always win over a derived default
 (``mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500``; ``export`` before ``srun``).
+``PHALANX_BACKEND``, when set (``phalanx.spawn`` sets it), is the backend the launcher chose.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from phalanx.errors import UsageError
+
+BACKEND_ENV = "PHALANX_BACKEND"
 
 
 def check_count(name: str, value: int) -> list[str]:
@@ -56,6 +59,7 @@ class LaunchEnv:
     master_addr: str
     master_port: int
     notes: tuple[str, ...] = ()  # defaults that were derived, for the caller to log
+    backend: str = "auto"  # PHALANX_BACKEND: the backend phalanx.spawn resolved for the job
 
 
 Derive = Callable[[Mapping[str, str]], "str | None"]
@@ -184,4 +188,5 @@ def read_launch_env(env: Mapping[str, str]) -> LaunchEnv | None:
         problems.append(f"MASTER_PORT must be a TCP port (1-65535), got {port_text!r}")
     if problems:
         raise UsageError(problems)
-    return LaunchEnv(lv.name, rank, local_rank, size, addr, port, tuple(notes))
+    backend = env.get(BACKEND_ENV, "auto")
+    return LaunchEnv(lv.name, rank, local_rank, size, addr, port, tuple(notes), backend)
