@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine (run as root or with sudo):
-# etcd (the real server for the etcd rendezvous tests), iproute2 (network-namespace hosts),
+# etcd (the real server for the etcd rendezvous tests), openssl (their TLS certificates),
+# iproute2 (network-namespace hosts),
 # torch 2.13.0 CPU (pinned first, so pip never picks a multi-GB CUDA build), the project.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
-command -v etcdctl >/dev/null || need+=(etcd-client)
+command -v openssl >/dev/null || need+=(openssl)
 command -v ip >/dev/null || need+=(iproute2)
 if ((${#need[@]})); then
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)

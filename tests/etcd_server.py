@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -43,11 +44,27 @@ def make_tls_files(directory: Path) -> TlsFiles:
     directory.mkdir(parents=True, exist_ok=True)
 
     def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60
+        )
 
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=phalanx test CA")
-    for name, usage in (("server", "serverAuth"), ("client", "clientAuth")):
+    run(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=phalanx test CA",
+    )
+    # etcd 3.4's JSON gateway dials its own gRPC port with the server certificate, so that
+    # certificate must be valid for client authentication too.
+    for name, usage in (("server", "serverAuth,clientAuth"), ("client", "clientAuth")):
         (directory / f"{name}.ext").write_text(
             f"subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n"
         )
@@ -184,6 +201,7 @@ class EtcdCluster:
     def session(self) -> requests.Session:
         """A ``requests`` session that can talk to the members (TLS files set)."""
         session = requests.Session()
+        session.trust_env = False  # loopback only: no proxies, no REQUESTS_CA_BUNDLE override
         if self.tls:
             session.verify = str(self.tls.ca)
             session.cert = (str(self.tls.client_cert), str(self.tls.client_key))
@@ -253,7 +271,7 @@ def enable_auth(cluster: EtcdCluster, users: dict[str, tuple[str, str]]) -> None
     user with the ``root`` role is added too, as etcd requires before ``auth/enable``.
     """
     url = f"{cluster.endpoints[0]}/v3/auth"
-    calls: list[tuple[str, dict[str, object]]] = [
+    calls: list[tuple[str, dict[str, Any]]] = [
         ("user/add", {"name": "root", "password": "root-secret"}),
         ("role/add", {"name": "root"}),
         ("user/grant", {"user": "root", "role": "root"}),

@@ -11,15 +11,16 @@ seconds, etcd deletes every such key: that is how peers learn this node is gone.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from phalanx.rendezvous import etcd_client as wire
+from phalanx.rendezvous import etcd_wire as wire
 from phalanx.rendezvous.etcd_client import EtcdClient, EtcdRequestError, StreamBroken
 from phalanx.rendezvous.etcd_conf import (
     EtcdOptions,
@@ -30,7 +31,6 @@ from phalanx.rendezvous.etcd_conf import (
 from phalanx.rendezvous.store import StoreUnavailable
 
 __all__ = [
-    "BACKEND_NAMES",
     "EtcdOptions",
     "EtcdRequestError",
     "EtcdStore",
@@ -41,7 +41,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BACKEND_NAMES = ("etcd", "etcd-v2")  # etcd-v2 is torchrun's name; both mean etcd v3 here
 _CLOSE_TIMEOUT = 3.0  # close() is best effort: an unreachable etcd expires the lease anyway
 _LEASE_NOT_FOUND = 5  # gRPC NOT_FOUND: etcd's "requested lease not found"
 
@@ -82,7 +81,10 @@ class EtcdStore:
     ``compare_set``, ``delete``) are transactions that also write this store's receipt key
     ``<prefix>receipts/<store id>`` with a fresh token, and read it back when the condition
     fails: when a reply is lost and the client resends the request to another member, the
-    receipt tells whether the first attempt took effect, so no write is applied twice.
+    receipt tells whether the first attempt took effect, so no write is applied twice. (The
+    one gap: an attempt stuck inside a member that is given up on, applied only after the
+    retry failed and after the key returned to the compared state; etcd's own request
+    timeouts keep that window to seconds.)
     """
 
     def __init__(self, endpoints: Sequence[str], prefix: str, options: EtcdOptions) -> None:
@@ -91,15 +93,15 @@ class EtcdStore:
         self._client = EtcdClient(endpoints, options)
         self._receipt = f"{prefix}receipts/{uuid.uuid4().hex}".encode()
         self._tokens = itertools.count()
-        self._txn_lock = (
-            threading.Lock()
-        )  # one receipt key per store: one conditional write at a time
+        # One receipt key per store, so one conditional write at a time.
+        self._txn_lock = threading.Lock()
         self._lease_lock = threading.Lock()
         self._lease_id: int | None = None
         self._lease_lost = False
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
         self._closed = False
+        self._receipt_written = False  # close() deletes the receipt key only if it exists
 
     @property
     def current_endpoint(self) -> str:
@@ -212,8 +214,9 @@ class EtcdStore:
             self._keeper.join(timeout=_CLOSE_TIMEOUT)
         deadline = time.monotonic() + _CLOSE_TIMEOUT
         try:
-            receipt = {"key": wire.b64(self._receipt)}
-            self._client.call("kv/deleterange", receipt, timeout=_CLOSE_TIMEOUT)
+            if self._receipt_written:
+                receipt = {"key": wire.b64(self._receipt)}
+                self._client.call("kv/deleterange", receipt, timeout=_CLOSE_TIMEOUT)
             if self._lease_id is not None and not self._lease_lost:
                 left = max(0.1, deadline - time.monotonic())
                 self._client.call("lease/revoke", {"ID": str(self._lease_id)}, timeout=left)
@@ -228,6 +231,7 @@ class EtcdStore:
         return f"{self.prefix}kv/{key}".encode()
 
     def _token(self) -> bytes:
+        self._receipt_written = True  # (or about to be: close() cleans up either way)
         return self._receipt + f"#{next(self._tokens)}".encode()
 
     def _conditional_put(
@@ -256,7 +260,13 @@ class EtcdStore:
             "range_end": wire.b64(max(present) + b"\0"),
             "start_revision": str(start_revision),
         }
-        for result in self._client.stream("watch", {"create_request": request}, deadline):
+        stream = self._client.stream("watch", {"create_request": request}, deadline)
+        with contextlib.closing(stream):  # closes the HTTP stream on every way out
+            return self._follow(stream, present)
+
+    def _follow(self, stream: Iterator[wire.JSON], present: dict[bytes, bool]) -> bool:
+        """Apply watch events to ``present``; ``True`` once every key exists."""
+        for result in stream:
             if result.get("canceled"):
                 reason = str(result.get("cancel_reason") or "history compacted")
                 if "PermissionDenied" in reason:

@@ -14,24 +14,21 @@ safe to repeat (``EtcdStore`` makes its transactions so).
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Generator, Iterator, Sequence
 
 import requests
 
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.etcd_conf import EtcdOptions
+from phalanx.rendezvous.etcd_wire import JSON
 from phalanx.rendezvous.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
-
-JSON = dict[str, Any]
 
 _CONNECT_TIMEOUT = 2.0  # per attempt: a live member accepts at once; a dead host never does
 _READ_TIMEOUT = 5.0  # per attempt: long enough for an fsync on a loaded disk
@@ -47,14 +44,6 @@ class EtcdRequestError(RendezvousError):
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self.code = code
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def unb64(text: str) -> bytes:
-    return base64.b64decode(text)
 
 
 class EtcdClient:
@@ -97,7 +86,7 @@ class EtcdClient:
             return data
         raise AssertionError("unreachable: _attempts ends by raising")  # pragma: no cover
 
-    def stream(self, path: str, body: JSON, deadline: float) -> Iterator[JSON]:
+    def stream(self, path: str, body: JSON, deadline: float) -> Generator[JSON, None, None]:
         """POST to a streaming method and yield its ``result`` objects until ``deadline``.
 
         Opening fails over like ``call``. Returns quietly at ``deadline``; raises
@@ -134,22 +123,23 @@ class EtcdClient:
 
         The attempts record why each endpoint failed in ``failures``, for the final error.
         """
+        budget = deadline - time.monotonic()
         pause = 0.05
         while True:
             start = self._current
             for i in range(len(self.endpoints)):
                 if time.monotonic() >= deadline:
-                    raise self._unavailable(failures)
+                    raise self._unavailable(failures, budget)
                 yield self.endpoints[(start + i) % len(self.endpoints)]
             # Every endpoint refused: back off a little before the next round so a cluster
             # electing a leader is not hammered; the pause never outlasts the deadline.
             time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
             pause = min(pause * 2, 0.5)
 
-    def _unavailable(self, failures: dict[str, str]) -> StoreUnavailable:
+    def _unavailable(self, failures: dict[str, str], budget: float) -> StoreUnavailable:
         why = "; ".join(f"{ep}: {err}" for ep, err in failures.items()) or "no time left"
         return StoreUnavailable(
-            f"no etcd endpoint answered within {self.options.request_timeout:g} s "
+            f"no etcd endpoint answered within {budget:.3g} s "
             f"(endpoints: {', '.join(self.endpoints)}): {why}. "
             "Check --rdzv-endpoint, that etcd is running, and the TLS keys of --rdzv-conf."
         )
@@ -164,6 +154,9 @@ class EtcdClient:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
+            # etcd is cluster-internal: no HTTP(S)_PROXY (a proxy would also buffer the watch
+            # stream), no netrc, and no REQUESTS_CA_BUNDLE overriding the ``cacert`` given.
+            session.trust_env = False
             if self.options.cacert:
                 session.verify = self.options.cacert
             if self.options.cert and self.options.key:
@@ -184,9 +177,12 @@ class EtcdClient:
         stream: bool,
     ) -> requests.Response:
         """One attempt on one endpoint; raises ``_TryNext`` when this endpoint cannot answer."""
-        headers = {}
-        if self.options.user is not None:
-            headers["Authorization"] = self._auth_token(endpoint, deadline, failures)
+        # "hasleader" (gRPC metadata through the gateway) makes a member that lost its
+        # leader refuse requests and end watches at once, instead of serving stale silence.
+        headers = {"Grpc-Metadata-hasleader": "true"}
+        token = self._auth_token(endpoint, deadline, failures) if self.options.user else ""
+        if token:
+            headers["Authorization"] = token
         remaining = max(0.001, deadline - time.monotonic())
         read = remaining if stream else min(remaining, _READ_TIMEOUT)
         try:
@@ -208,10 +204,16 @@ class EtcdClient:
         except ValueError:
             failures[endpoint] = f"HTTP {reply.status_code}, not etcd's JSON gateway"
             raise _TryNext from None
-        if reply.status_code == 200 and isinstance(data, dict):
+        if not isinstance(data, dict):
+            failures[endpoint] = f"HTTP {reply.status_code}, not etcd's JSON gateway"
+            raise _TryNext
+        # Unary errors read {"code", "message"}; streaming ones {"error": {"grpc_code", ...}}.
+        error = data.get("error")
+        if reply.status_code == 200 and not isinstance(error, dict):
             return data
-        code = int(data.get("code", -1)) if isinstance(data, dict) else -1
-        message = str(data.get("message", data)) if isinstance(data, dict) else str(data)
+        detail = error if isinstance(error, dict) else data
+        code = int(detail.get("code") or detail.get("grpc_code") or -1)
+        message = str(detail.get("message", detail))
         if code == _UNAUTHENTICATED and self.options.user is not None:
             self.invalidate_token()  # expired (simple tokens live --auth-token-ttl): log in again
             failures[endpoint] = message
@@ -240,6 +242,9 @@ class EtcdClient:
             try:
                 data = self._check(reply, endpoint, failures)
             except EtcdRequestError as exc:
+                if "authentication is not enabled" in str(exc):
+                    self._token = ""  # as etcd's Go client does: go on without a token
+                    return ""
                 raise EtcdRequestError(
                     f"etcd at {endpoint} did not accept user {self.options.user!r}: {exc}; "
                     "check the user and password keys of --rdzv-conf",
@@ -291,57 +296,15 @@ def _read_stream(reply: requests.Response, endpoint: str, deadline: float) -> It
             yield message.get("result", {})
 
 
-# -- request bodies (the gateway's JSON spelling of etcdserverpb messages) --------------------
-
-
-def compare_absent(key: bytes) -> JSON:
-    return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
-
-
-def compare_present(key: bytes) -> JSON:
-    return {"key": b64(key), "target": "CREATE", "result": "GREATER", "create_revision": "0"}
-
-
-def compare_mod(key: bytes, revision: int) -> JSON:
-    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
-
-
-def compare_value(key: bytes, value: bytes) -> JSON:
-    return {"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value)}
-
-
-def put_op(key: bytes, value: bytes) -> JSON:
-    return {"request_put": {"key": b64(key), "value": b64(value)}}
-
-
-def range_op(key: bytes, *, keys_only: bool = False) -> JSON:
-    return {"request_range": {"key": b64(key), "keys_only": keys_only}}
-
-
-def delete_op(key: bytes) -> JSON:
-    return {"request_delete_range": {"key": b64(key)}}
-
-
-def first_kv(range_reply: JSON) -> JSON | None:
-    """The first key-value of a range reply, ``None`` when the key is absent."""
-    kvs = range_reply.get("kvs") or []
-    return dict(kvs[0]) if kvs else None
-
-
-def kv_value(kv: JSON) -> bytes:
-    return unb64(kv.get("value", ""))  # the gateway omits empty (default) fields
-
-
-def txn_kv(reply: JSON, index: int) -> JSON | None:
-    """What the ``index``-th range of a transaction found, ``None`` when the key is absent."""
-    responses = reply.get("responses") or []
-    return first_kv(responses[index].get("response_range", {})) if index < len(responses) else None
-
-
 def describe(exc: BaseException) -> str:
     """A short reason for a failed request ("Connection refused", "timed out", an SSL error)."""
     text = str(exc)
-    for pattern in (r"\[SSL[^\]]*\][^'\")]*", r"\[Errno -?\d+\] ([^'\")]+)"):
+    patterns = (
+        r"\[SSL[^\]]*\][^'\")]*",
+        r"\[Errno -?\d+\] ([^'\")]+)",
+        r"Remote end closed[^'\")]*",
+    )
+    for pattern in patterns:
         match = re.search(pattern, text)
         if match:
             return (match.group(1) if match.groups() else match.group(0)).strip()

@@ -23,23 +23,9 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 from phalanx.errors import UsageError
+from phalanx.rendezvous.settings import SETTINGS_KEYS
 
 DEFAULT_PORT = 2379
-
-# Keys the rendezvous layer (not the store) reads, as torchrun's dynamic rendezvous names
-# them: they pass through here unchecked, and the rendezvous validates them.
-TORCHRUN_RENDEZVOUS_KEYS = frozenset(
-    {
-        "join_timeout",
-        "last_call_timeout",
-        "close_timeout",
-        "heartbeat",
-        "keep_alive_interval",
-        "keep_alive_max_attempt",
-        "timeout",
-        "read_timeout",
-    }
-)
 
 _SPELLINGS = {
     "protocol": "protocol",
@@ -77,12 +63,13 @@ class EtcdOptions:
 
 
 def etcd_options_from_conf(
-    conf: dict[str, str], *, rendezvous_keys: Collection[str] = TORCHRUN_RENDEZVOUS_KEYS
+    conf: dict[str, str], *, rendezvous_keys: Collection[str] = SETTINGS_KEYS
 ) -> EtcdOptions:
     """Validate the etcd keys of ``--rdzv-conf``; report every problem at once as ``UsageError``.
 
-    Keys in ``rendezvous_keys`` belong to the rendezvous and are skipped; any other unknown
-    key is an error that lists the known ones.
+    Keys in ``rendezvous_keys`` (by default the rendezvous timeouts of ``settings``) are the
+    rendezvous's to check and are skipped; any other unknown key is an error listing the
+    known ones.
     """
     problems: list[str] = []
     given: dict[str, tuple[str, str]] = {}  # field -> (spelling, value)
