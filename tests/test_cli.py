@@ -113,19 +113,6 @@ def test_bad_input_exits_2_with_one_line(args: list[str], message: str, tmp_path
     assert done.stdout == ""
 
 
-def test_multi_node_request_fails_clearly_until_available(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [*PHALANX, "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if done.returncode == 2:
-        assert "multi-node" in done.stderr and "Traceback" not in done.stderr
-    else:  # multi-node rendezvous is wired in: covered by tests/test_multinode*.py
-        pytest.skip("multi-node is available")
-
-
 def test_help_explains() -> None:
     done = subprocess.run([*PHALANX, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0

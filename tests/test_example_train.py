@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -112,22 +113,23 @@ def test_rerun_after_the_end_trains_nothing(torchrun_tiny: tuple[Path, str]) -> 
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def _node_command(node_rank: int, out: Path, port: str) -> list[str]:
+def _node_command(node_rank: int, out: Path, addr: str, port: str) -> list[str]:
     return [
         sys.executable, str(TRAIN), "--config", str(TINY), "--output_dir", str(out),
-        "--num_gpus", "1", "--num_nodes", "2", "--node_rank", str(node_rank),
-        "--master_addr", "127.0.0.1", "--master_port", port,
+        "--num_gpus", "2", "--num_nodes", "2", "--node_rank", str(node_rank),
+        "--master_addr", addr, "--master_port", port,
     ]  # fmt: skip
 
 
-def test_two_nodes_run_the_same_command_but_node_rank(
-    torchrun_tiny: tuple[Path, str], tmp_path: Path
-) -> None:
+def test_two_nodes_run_the_same_command_but_node_rank(hosts: Any, tmp_path: Path) -> None:
+    """Two hosts (network namespaces, or loopback where they cannot be made) each run
+    ``train.py ... --num_nodes 2 --num_gpus 2 --node_rank K``: one world of 4."""
+    net = hosts(2)
     port = str(_free_port())
     procs = [
         subprocess.Popen(
-            _node_command(rank, tmp_path / f"node{rank}", port),
-            env=_env(),
+            net.command(rank, _node_command(rank, tmp_path / f"node{rank}", net.addr(0), port)),
+            env={**_env(), **net.env()},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -140,12 +142,10 @@ def test_two_nodes_run_the_same_command_but_node_rank(
     finally:
         for p in procs:
             _kill_tree(p)
-    unavailable = "multi-node jobs are not available in this build of phalanx"
-    if any(unavailable in err for _, err in results):
-        pytest.xfail(f"phalanx.spawn reports: {unavailable}")
     for p, (_, err) in zip(procs, results, strict=True):
         assert p.returncode == 0, err[-3000:]
-    assert _same_weights(torchrun_tiny[0], tmp_path / "node0")  # rank 0 lives on node 0
+    assert "world size 4" in results[0][0]  # rank 0 (on node 0) reports the world it joined
+    assert (tmp_path / "node0" / "final.pt").exists()  # rank 0 lives on node 0
     assert not (tmp_path / "node1" / "final.pt").exists()
 
 

@@ -7,19 +7,21 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, JobFailed, RendezvousError
 from phalanx.plan import build_plan
-from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
 from phalanx.report import WorkerExit, format_report, root_cause
 from phalanx.supervisor.group import Launch, Outcome, Supervisor
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.process import exec_worker
 from phalanx.supervisor.signals import SignalWatcher
+from phalanx.supervisor.warm import Template, open_template
 
 log = logging.getLogger("phalanx")
 
@@ -54,17 +56,26 @@ def _count_lines(path: Path) -> int:
 
 
 class Agent:
+    """Runs one node's share of the job.
+
+    ``open_rendezvous`` is called once, after the warm-start template has forked: a c10d or
+    static store server started earlier would leak its thread and sockets into the template
+    and every worker (a dead host then looks silent instead of reset to its peers).
+    """
+
     def __init__(
         self,
         config: LaunchConfig,
-        rendezvous: RendezvousHandler,
+        open_rendezvous: Callable[[], RendezvousHandler],
+        run_id: str,
         base_env: Mapping[str, str] | None = None,
         *,
         launch: Launch = exec_worker,
         console: tuple[BinaryIO, BinaryIO] | None = None,
     ) -> None:
         self._config = config
-        self._rdzv = rendezvous
+        self._open_rendezvous = open_rendezvous
+        self._run_id = run_id
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._launch = launch
         self._console = console or (sys.stdout.buffer, sys.stderr.buffer)
@@ -72,92 +83,172 @@ class Agent:
     def run(self) -> int:
         """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
         config = self._config
-        run_dir = make_run_dir(config, self._rdzv.run_id)
-        checkpoint_log = run_dir / "checkpoints.jsonl"
+        run_dir = make_run_dir(config, self._run_id)
         log.info("run directory: %s", run_dir)
         filters = (
             tuple(word.encode() for word in config.duplicate_stdout_filters),
             tuple(word.encode() for word in config.duplicate_stderr_filters),
         )
-        all_exits: list[WorkerExit] = []
-        previous: tuple[int, int, str] | None = None
-        attempts = 0
         with SignalWatcher(config.signals_to_handle) as signals:
             guardian = Guardian()
+            template: Template | None = None
+            rendezvous: RendezvousHandler | None = None
             try:
+                # Warm start: one template per agent run, imported while the rendezvous runs;
+                # every attempt forks from it. A custom ``launch`` (tests) is used as given.
+                if self._launch is exec_worker:
+                    template = open_template(config, self._base_env, run_dir)
+                rendezvous = self._open_rendezvous()
                 supervisor = Supervisor(
                     guardian,
                     shutdown_timeout=config.shutdown_timeout,
                     monitor_interval=config.monitor_interval,
-                    launch=self._launch,
+                    launch=template.launch if template is not None else self._launch,
                     console=self._console,
                     duplicate_filters=filters,
                 )
-                while True:
-                    rdzv = self._rdzv.next_round(config.nproc_per_node)
-                    plan = build_plan(config, rdzv, run_dir, self._base_env)
-                    checkpoints_before = _count_lines(checkpoint_log)
-                    attempts += 1
-                    result = supervisor.run(plan, signals, self._rdzv.poll)
-                    all_exits = list(result.exits)
-                    if result.outcome is Outcome.SUCCEEDED:
-                        self._rdzv.report_done(True)
-                        log.info("all %d workers finished", len(result.exits))
-                        return 0
-                    if result.outcome is Outcome.INTERRUPTED:
-                        assert result.signum is not None
-                        self._rdzv.report_done(False)
-                        raise Interrupted(result.signum)
-                    cause = root_cause(all_exits)
-                    if cause is not None:
-                        self._rdzv.report_failure(cause.to_json())
-                        log.warning(
-                            "rank %d %s (attempt %d)", cause.rank, cause.describe_exit(), attempts
-                        )
-                        signature = _failure_signature(cause)
-                        no_progress = _count_lines(checkpoint_log) == checkpoints_before
-                        if signature == previous and no_progress:
-                            self._fail(run_dir, all_exits, attempts, crash_loop=True)
-                        previous = signature
-                    elif result.event is not None:
-                        log.warning(
-                            "stopping local workers: %s %s",
-                            result.event.kind.value,
-                            result.event.detail,
-                        )
-                    if not self._rdzv.claim_restart(config.max_restarts):
-                        self._fail(run_dir, all_exits, attempts, crash_loop=False)
-                    log.warning(
-                        "restarting the worker group (restart %d of %d)",
-                        attempts,
-                        config.max_restarts,
-                    )
+                return _Rounds(
+                    config, rendezvous, supervisor, signals, run_dir, self._base_env
+                ).run()
             finally:
+                if template is not None:
+                    template.close()
                 guardian.close()
-                self._rdzv.shutdown()
+                if rendezvous is not None:
+                    rendezvous.shutdown()
+
+
+class _Rounds:
+    """The restart loop of one agent run, and the job-wide failure report at its end.
+
+    Budget policy (see ``rendezvous.api``): a worker failure here or on a peer, and a lost
+    node, spend a restart (``claim_restart``, job-wide); a node waiting to join (elastic
+    scale-up) re-forms the round without spending one; a peer that gave up or a lost store
+    ends the job.
+    """
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        rendezvous: RendezvousHandler,
+        supervisor: Supervisor,
+        signals: SignalWatcher,
+        run_dir: Path,
+        base_env: Mapping[str, str],
+    ) -> None:
+        self.config = config
+        self.rdzv = rendezvous
+        self.supervisor = supervisor
+        self.signals = signals
+        self.run_dir = run_dir
+        self.base_env = base_env
+        self.attempts = 0
+
+    def run(self) -> int:
+        checkpoint_log = self.run_dir / "checkpoints.jsonl"
+        previous: tuple[int, int, str] | None = None
+        while True:
+            joined = self.rdzv.next_round(self.config.nproc_per_node)
+            if joined.num_nodes > 1 or self.attempts == 0:
+                log.info(
+                    "round %d: node %d of %d, world size %d, master %s:%d",
+                    joined.round,
+                    joined.node_rank,
+                    joined.num_nodes,
+                    joined.world_size,
+                    joined.master_addr,
+                    joined.master_port,
+                )
+            plan = build_plan(self.config, joined, self.run_dir, self.base_env)
+            checkpoints_before = _count_lines(checkpoint_log)
+            self.attempts += 1
+            result = self.supervisor.run(plan, self.signals, self.rdzv.poll)
+            exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
+            if result.outcome is Outcome.SUCCEEDED:
+                self.rdzv.report_done(True)
+                log.info("all %d workers finished", len(exits))
+                return 0
+            if result.outcome is Outcome.INTERRUPTED:
+                assert result.signum is not None
+                self.rdzv.report_done(False)
+                raise Interrupted(result.signum)
+            cause = root_cause(exits)
+            event = result.event
+            if cause is not None:
+                self.rdzv.report_failure(cause.to_json())
+                log.warning(
+                    "%s on %s: %s (attempt %d)",
+                    cause.who,
+                    cause.host,
+                    cause.describe_exit(),
+                    self.attempts,
+                )
+                signature = _failure_signature(cause)
+                if signature == previous and _count_lines(checkpoint_log) == checkpoints_before:
+                    self._fail(joined, exits, event, crash_loop=True)
+                previous = signature
+            elif event is not None:
+                log.warning("stopped local workers: %s", _describe_event(event))
+                if event.kind is EventKind.NODE_WAITING:
+                    continue  # a scale-up: re-form the round, no restart spent
+                if event.kind in (EventKind.JOB_STOPPED, EventKind.STORE_LOST):
+                    self._fail(joined, exits, event, crash_loop=False)
+            if not self.rdzv.claim_restart(self.config.max_restarts):
+                self._fail(joined, exits, event, crash_loop=False)
+            log.warning(
+                "restarting the worker group (restart %d of %d)",
+                self.attempts,
+                self.config.max_restarts,
+            )
 
     def _fail(
-        self, run_dir: Path, exits: list[WorkerExit], attempts: int, *, crash_loop: bool
-    ) -> None:
-        self._rdzv.report_done(False)
-        report = format_report(exits, attempts)
+        self,
+        joined: RendezvousResult,
+        exits: list[WorkerExit],
+        event: JobEvent | None,
+        *,
+        crash_loop: bool,
+    ) -> NoReturn:
+        """Print and save the job-wide report, then raise with the root cause's exit code."""
+        self.rdzv.report_done(False)
+        remote = [
+            WorkerExit.from_json(record)
+            for record in self.rdzv.failures()
+            if record.get("round") == joined.round and record.get("node_rank") != joined.node_rank
+        ]
+        every = exits + remote
+        reason = _describe_event(event) if event is not None and root_cause(every) is None else ""
+        report = format_report(every, self.attempts, reason=reason)
         if crash_loop:
             report += (
                 "\nphalanx: crash loop: the same failure happened twice in a row with no new "
                 "checkpoint in between; not spending the remaining restarts."
             )
         print(report, file=sys.stderr, flush=True)
-        (run_dir / "report.json").write_text(
+        (self.run_dir / "report.json").write_text(
             json.dumps(
                 {
-                    "attempts": attempts,
+                    "attempts": self.attempts,
                     "crash_loop": crash_loop,
-                    "exits": [e.to_json() for e in exits],
+                    "reason": reason,
+                    "root_cause": (cause.to_json() if (cause := root_cause(every)) else None),
+                    "exits": [e.to_json() for e in every],
                 },
                 indent=2,
             )
         )
-        cause = root_cause(exits)
         if cause is None:
-            raise RendezvousError("the job stopped because another node failed or left")
-        raise JobFailed(f"rank {cause.rank} {cause.describe_exit()}", cause.exit_code)
+            raise RendezvousError(f"the job stopped: {reason or 'another node gave up'}")
+        raise JobFailed(f"{cause.who} on {cause.host} {cause.describe_exit()}", cause.exit_code)
+
+
+def _describe_event(event: JobEvent) -> str:
+    who = f"node {event.node_rank}" if event.node_rank is not None else "a node"
+    text = {
+        EventKind.PEER_FAILED: f"workers failed on {who}",
+        EventKind.NODE_LOST: f"{who} was lost (no heartbeat)",
+        EventKind.NODE_WAITING: "a node is waiting to join; re-forming the round",
+        EventKind.JOB_STOPPED: f"{who} stopped the job",
+        EventKind.STORE_LOST: "the rendezvous store cannot be reached",
+    }[event.kind]
+    return f"{text}: {event.detail}" if event.detail else text

@@ -46,6 +46,10 @@ class LaunchConfig:
     virtual_local_rank: bool = False
     start_method: str = "spawn"
     dry_run: bool = False
+    # Fork workers from a per-node template that imported torch once (phalanx.supervisor.warm);
+    # False (--cold-start) execs every worker. --no-python programs are always exec'd.
+    warm_start: bool = True
+    preload: tuple[str, ...] = ()  # modules the template imports besides torch (--preload)
     # One process per node that spawns its own workers (TRELLIS.2 style); phalanx appends
     # its node facts as flags, named by ``spawn_owner_flags`` (fact -> flag).
     spawn_owner: bool = False

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.agent import Agent, configure_logging
-from phalanx.cli.main import make_rendezvous
+from phalanx.cli.main import plan_rendezvous
 from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.dist import resolve_backend
 from phalanx.errors import UsageError
@@ -86,4 +86,5 @@ def spawn(
             log_dir=Path(log_dir) if log_dir is not None else None,
         )
         env = dict(os.environ, PHALANX_BACKEND=chosen_backend)
-        Agent(config, make_rendezvous(config), env).run()
+        run_id, open_rendezvous = plan_rendezvous(config)
+        Agent(config, open_rendezvous, run_id, env).run()

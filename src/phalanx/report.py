@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import signal
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 
@@ -22,6 +23,16 @@ class WorkerExit:
     error_message: str = ""  # from TORCHELASTIC_ERROR_FILE, when the worker wrote one
     log_dir: str = ""
     label: str = ""  # "rank3", or "node1" for a spawn owner
+    node_rank: int = 0
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> WorkerExit:
+        """Rebuild one from ``to_json`` (e.g. a peer's failure read from the rendezvous store)."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        tail = data.get("stderr_tail")
+        values["stderr_tail"] = tuple(str(line) for line in tail) if isinstance(tail, list) else ()
+        return cls(**values)  # type: ignore[arg-type]
 
     @property
     def name(self) -> str:
@@ -81,17 +92,22 @@ def root_cause(exits: list[WorkerExit]) -> WorkerExit | None:
     return min(failures, key=lambda e: e.time) if failures else None
 
 
-def format_report(exits: list[WorkerExit], attempts: int, width: int = 78) -> str:
+def format_report(exits: list[WorkerExit], attempts: int, width: int = 78, reason: str = "") -> str:
     """One framed summary: the root cause first, then the others marked as collateral."""
     cause = root_cause(exits)
     rule = "=" * width
     lines = [rule]
     if cause is None:
-        lines.append("phalanx: job stopped; no worker failed on its own")
+        lines.append(
+            f"phalanx: job stopped after {attempts} attempt(s); no worker failed on its own"
+        )
+        if reason:
+            lines.append(f"  reason: {reason}")
     else:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cause.time))
         lines += [
-            f"phalanx: job failed after {attempts} attempt(s). Root cause: {cause.who} on {cause.host}",
+            f"phalanx: job failed after {attempts} attempt(s). Root cause: {cause.who} "
+            f"on {cause.host} (node {cause.node_rank})",
             f"  pid {cause.pid}, {cause.describe_exit()}, at {when}",
             f"  logs: {cause.log_dir}",
         ]
@@ -112,6 +128,6 @@ def format_report(exits: list[WorkerExit], attempts: int, width: int = 78) -> st
                 state = f"also failed afterwards ({other.describe_exit()})"
             else:
                 state = "finished (exit code 0)"
-            lines.append(f"  {other.who} on {other.host}: {state}")
+            lines.append(f"  {other.who} on {other.host} (node {other.node_rank}): {state}")
     lines.append(rule)
     return "\n".join(lines)

@@ -1,5 +1,9 @@
 # Prints, as JSON on one line, what a worker can see of how it was started.
-import json, os, signal, sys  # noqa: E401
+import json
+import os
+import signal
+import sys
+
 import torch
 
 sigs = ("SIGINT", "SIGTERM", "SIGPIPE", "SIGXFSZ", "SIGCHLD", "SIGHUP", "SIGUSR1")

@@ -129,6 +129,12 @@ def to_config(
         )
 
     owner_flags = check(lambda: parse_owner_flags(ns.spawn_owner_flags), SPAWN_OWNER_FACTS)
+    preload = tuple(m.strip() for m in str(ns.preload).split(",") if m.strip())
+    for name in preload:
+        if not all(part.isidentifier() for part in name.split(".")):
+            problems.append(
+                f"--preload: {name!r} is not a module name (expected e.g. numpy,pkg.mod)"
+            )
 
     mode = LaunchMode.SCRIPT
     if ns.run_path:
@@ -179,4 +185,6 @@ def to_config(
         dry_run=bool(ns.dry_run),
         spawn_owner=bool(ns.spawn_owner),
         spawn_owner_flags=owner_flags,
+        warm_start=not ns.cold_start,
+        preload=preload,
     )

@@ -145,6 +145,18 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     switch("virtual-local-rank", "LOCAL_RANK=0 for every worker, each seeing only its GPU.")
     switch("dry-run", "Print the plan (ranks, argv, environment per worker) and exit.")
     switch(
+        "cold-start",
+        "Start every worker as a new python process, as torchrun does. By default phalanx "
+        "imports torch once per node in a template process and forks the workers from it "
+        "(falling back to a cold start, with a message, if that fails).",
+    )
+    option(
+        "preload",
+        "",
+        "Modules the warm-start template imports besides torch, MOD[,MOD...] (e.g. numpy,"
+        "transformers); each must be safe to fork after import.",
+    )
+    switch(
         "spawn-owner",
         "The script spawns its own workers (TRELLIS.2 style, torch.multiprocessing.spawn): start ONE "
         "process per node and append --num_nodes --node_rank --num_gpus --master_addr --master_port "

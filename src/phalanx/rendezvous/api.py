@@ -3,6 +3,12 @@
 The agent's loop is: ``next_round()`` -> start workers -> while they run, call ``poll()``
 every monitor tick -> on a local failure ``report_failure()``; on a remote event stop the
 local workers -> ``next_round()`` again (restart) or ``shutdown()``.
+
+Which transitions spend the restart budget is the agent's choice; the multi-node handlers
+assume this policy: a worker failure (local, or ``PEER_FAILED``) and ``NODE_LOST`` go through
+``claim_restart`` (a lost node is a failure of the job); ``NODE_WAITING`` (a scale-up) goes
+straight to ``next_round`` without claiming, as torchelastic does; ``JOB_STOPPED`` and
+``STORE_LOST`` end the job (``report_done(False)``, then ``shutdown()``).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class RendezvousResult:
 
     @property
     def this_node(self) -> NodeInfo:
+        """``nodes`` is ordered by node rank, so this is ``nodes[node_rank]``."""
         return self.nodes[self.node_rank]
 
 
@@ -62,6 +69,7 @@ class EventKind(Enum):
     NODE_LOST = "node_lost"  # another node stopped heartbeating
     NODE_WAITING = "node_waiting"  # a new node wants in (elastic scale-up at the next round)
     JOB_STOPPED = "job_stopped"  # some node gave up for good (budget spent, fatal error)
+    STORE_LOST = "store_lost"  # this node cannot reach the rendezvous store; the job cannot go on
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,12 @@ class RendezvousHandler(Protocol):
         """
 
     def poll(self) -> JobEvent | None:
-        """Non-blocking check for a job-wide event; also keeps this node's liveness fresh."""
+        """Non-blocking check for a job-wide event of the current round (one per call).
+
+        Never waits on the network: multi-node handlers keep liveness fresh and read the
+        events in a background thread, so a lost store shows up here as ``STORE_LOST``
+        instead of a hang. A node never sees its own events.
+        """
 
     def report_failure(self, failure: dict[str, object]) -> None:
         """Tell every node that this node's workers failed this round (``failure`` is JSON-able)."""
@@ -96,7 +109,14 @@ class RendezvousHandler(Protocol):
         """Whether the job-wide budget allows another round; idempotent per round across nodes."""
 
     def report_done(self, ok: bool) -> None:
-        """This node's workers finished (``ok``) or the node gives up; peers see ``JOB_STOPPED``."""
+        """This node's workers finished (``ok=True``: peers see nothing) or the node gives up
+        for good (``ok=False``: every peer sees ``JOB_STOPPED``, and no new round forms)."""
 
     def shutdown(self) -> None:
-        """Leave the rendezvous and release the store."""
+        """Leave the rendezvous and release the store.
+
+        After ``report_done(True)`` a multi-node handler first waits (bounded) until every
+        node of the round is done, so the node hosting the store never takes it away from
+        peers still finishing (torchrun's exit barrier). Without ``report_done`` first,
+        peers see this node as ``NODE_LOST`` (a graceful scale-down).
+        """

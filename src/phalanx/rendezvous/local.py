@@ -20,8 +20,7 @@ class LocalRendezvous:
     ) -> None:
         """``first_port``: the port for round 0 (a static ``--master-port``); later rounds
         always take a fresh port so no restarted worker meets a dead worker's address."""
-        # torchrun's --standalone makes a random run id; a user-given --rdzv-id is kept.
-        self._run_id = run_id if run_id and run_id != "none" else str(uuid.uuid4())
+        self._run_id = run_id or str(uuid.uuid4())
         self._master_addr = master_addr
         self._first_port = first_port
         self._round = -1

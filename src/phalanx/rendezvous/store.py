@@ -1,9 +1,15 @@
 """The key-value store contract that dynamic rendezvous runs on.
 
-Backends (torch's ``TCPStore`` for ``c10d``, etcd v3 for ``etcd``, an in-memory dict for
-tests of the algorithm) implement this protocol; the rendezvous algorithm only ever talks
-to it. Keys are ``str``; values are ``bytes``. Every call may raise ``StoreUnavailable``
-when the store cannot be reached, which the agent turns into a ``RendezvousError``.
+Backends (torch's ``TCPStore`` for ``c10d`` and ``static``, etcd v3 for ``etcd``, an
+in-memory dict for tests of the algorithm) implement this protocol; the rendezvous algorithm
+only ever talks to it. Keys are ``str``; values are non-empty ``bytes`` (TCPStore cannot tell
+an empty value from an absent key in ``compare_set``).
+
+Every backend is thread-safe: the rendezvous calls it from the agent's thread and from its
+heartbeat thread at once, and a ``wait`` in one thread must not hold up calls in the other.
+No call blocks longer than its own ``timeout`` (``wait``) or the backend's read timeout
+(everything else); a call that cannot reach the store raises ``StoreUnavailable``, which the
+rendezvous turns into ``EventKind.STORE_LOST`` / ``RendezvousError``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ class KVStore(Protocol):
         """Set ``key`` to ``desired`` only if its value is ``expected`` (``None``: absent).
 
         Returns ``(swapped, current)`` where ``current`` is the value after the call.
+        A backend whose server cannot tell the cases apart (TCPStore) may report
+        ``swapped=True`` when the key already held ``desired``; the rendezvous therefore
+        makes every value it compare-sets unique to its writer (it embeds the node id).
         """
 
     def delete(self, key: str) -> bool:
@@ -40,4 +49,4 @@ class KVStore(Protocol):
         """Block until every key exists or ``timeout`` seconds pass; return whether they all exist."""
 
     def close(self) -> None:
-        """Release connections (a hosting backend also stops serving)."""
+        """Release connections (a hosting backend also stops serving). Idempotent."""

@@ -1,0 +1,44 @@
+"""usage: bench_worker.py SCENARIO OUT_DIR [IDLE_SECONDS] -- the worker every benchmark runs.
+
+Each rank joins a Gloo group, passes a barrier and writes ``OUT_DIR/barrier.<restart>.<rank>``
+(``time.time()`` and its pid). Then, by scenario: ``launch`` exits; ``kill`` (first attempt
+only) has rank 1 write ``kill.0.1`` and SIGKILL itself while the others wait to be stopped;
+``idle`` sleeps IDLE_SECONDS.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import torch.distributed as dist
+
+
+def mark(out_dir: str, event: str, restart: int, rank: int) -> None:
+    path = os.path.join(out_dir, f"{event}.{restart}.{rank}")
+    with open(path + ".tmp", "w") as handle:
+        handle.write(f"{time.time()!r} {os.getpid()}")
+    os.replace(path + ".tmp", path)  # readers never see a half-written file
+
+
+def main() -> None:
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["RANK"])
+    restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    dist.init_process_group("gloo")
+    dist.barrier()
+    mark(out_dir, "barrier", restart, rank)
+    if scenario == "kill" and restart == 0:
+        if rank == 1:
+            mark(out_dir, "kill", restart, rank)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(300)
+    elif scenario == "idle":
+        time.sleep(float(sys.argv[3]))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

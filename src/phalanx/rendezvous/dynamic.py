@@ -1,0 +1,229 @@
+"""The multi-node ``RendezvousHandler`` over any ``KVStore`` (c10d, static and etcd use it).
+
+Elastic ``MIN:MAX``, stable node ranks, a job-wide restart count, failure reach: the join
+algorithm is in ``formation``, the heartbeat/event thread in ``liveness``, the key layout in
+``keys``. Static rendezvous is the same handler with ``min = max = nnodes`` and each node's
+``--node-rank`` fixed.
+
+Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
+``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import uuid
+
+from phalanx.errors import RendezvousError, UsageError
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
+from phalanx.rendezvous.board import LEFT, Board
+from phalanx.rendezvous.formation import RoundFormer
+from phalanx.rendezvous.keys import Keys
+from phalanx.rendezvous.liveness import Liveness
+from phalanx.rendezvous.members import Arrival, Membership
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.store import KVStore, StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+_ENDS_WAIT = frozenset(
+    {EventKind.PEER_FAILED, EventKind.NODE_LOST, EventKind.JOB_STOPPED, EventKind.STORE_LOST}
+)
+
+
+class DynamicRendezvous:
+    """One node's side of a multi-node rendezvous. Owns ``store`` (``shutdown`` closes it).
+
+    Constructing it does no I/O; the heartbeat thread starts when the first round forms.
+    """
+
+    def __init__(
+        self,
+        store: KVStore,
+        *,
+        run_id: str,
+        min_nodes: int,
+        max_nodes: int,
+        addr: str,
+        settings: RendezvousSettings | None = None,
+        hostname: str | None = None,
+        fixed_rank: int | None = None,
+        node_id: str | None = None,
+    ) -> None:
+        """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
+        ``fixed_rank``: static rendezvous (then ``min_nodes == max_nodes`` is required)."""
+        if not 1 <= min_nodes <= max_nodes:
+            raise UsageError(f"--nnodes {min_nodes}:{max_nodes}: expected 1 <= MIN <= MAX")
+        if fixed_rank is not None and min_nodes != max_nodes:
+            raise UsageError("static rendezvous needs a fixed --nnodes N, not MIN:MAX")
+        self._settings = settings or RendezvousSettings()
+        self._node_id = node_id or uuid.uuid4().hex
+        self._store = store
+        self._board = Board(store, Keys(run_id), self._node_id)
+        self._former = RoundFormer(self._board, self._settings, min_nodes, max_nodes)
+        self._liveness = Liveness(self._board, self._settings)
+        self._addr = addr
+        self._hostname = hostname or socket.gethostname()
+        self._fixed_rank = fixed_rank
+        self._membership: Membership | None = None
+        self._rank: int | None = None
+        self._done: bool | None = None  # what report_done said
+        self._closed = False
+
+    @property
+    def run_id(self) -> str:
+        return self._board.keys.run_id
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    # -- RendezvousHandler -----------------------------------------------------------------
+    def next_round(self, local_world_size: int) -> RendezvousResult:
+        if self._closed or self._done is not None:
+            raise RendezvousError("this node already left the rendezvous")
+        problem = self._liveness.store_problem()
+        if problem is not None:
+            raise RendezvousError(problem)
+        me = Arrival(
+            node_id=self._node_id,
+            hostname=self._hostname,
+            addr=self._addr,
+            local_world_size=local_world_size,
+            prev_rank=-1 if self._rank is None else self._rank,
+            prev_round=-1 if self._membership is None else self._membership.round,
+            fixed_rank=self._fixed_rank,
+        )
+        try:
+            membership, rank, (addr, port) = self._former.form(me, self._membership, self._rank)
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+        self._membership, self._rank = membership, rank
+        self._liveness.follow(membership, rank)
+        log.info(
+            "rendezvous %r round %d: node rank %d of %d, master %s:%d, restart %d",
+            self.run_id, membership.round, rank, membership.count, addr, port,
+            membership.restart_count,
+        )  # fmt: skip
+        return RendezvousResult(
+            run_id=self.run_id,
+            round=membership.round,
+            restart_count=membership.restart_count,
+            node_rank=rank,
+            nodes=membership.nodes,
+            master_addr=addr,
+            master_port=port,
+        )
+
+    def poll(self) -> JobEvent | None:
+        problem = self._liveness.store_problem()
+        if problem is not None:
+            return JobEvent(EventKind.STORE_LOST, detail=problem)
+        return self._liveness.next_event()
+
+    def report_failure(self, failure: dict[str, object]) -> None:
+        membership, rank = self._current()
+        record = {"node_rank": rank, "hostname": self._hostname, "round": membership.round}
+        record.update(failure)
+        detail = f"node {rank} ({self._hostname}) reported a worker failure"
+        try:
+            self._board.add_failure(record)
+            event = JobEvent(EventKind.PEER_FAILED, rank, detail, dict(failure))
+            self._board.post_event(membership.round, event, about=self._node_id)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not tell the other nodes about the failure: %s", exc)
+
+    def failures(self) -> list[dict[str, object]]:
+        try:
+            return self._board.failures()
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+
+    def claim_restart(self, max_restarts: int) -> bool:
+        membership, _ = self._current()
+        try:
+            return self._board.claim(membership.round, membership.restart_count < max_restarts)
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+
+    def report_done(self, ok: bool) -> None:
+        if self._done is not None or self._membership is None or self._rank is None:
+            self._done = ok if self._done is None else self._done
+            return
+        self._done = ok
+        self._liveness.stop_beating()
+        membership, rank = self._membership, self._rank
+        if self._liveness.store_problem() is not None:
+            return  # nobody to tell; every call would only wait out the read timeout
+        try:
+            self._board.store.set(self._board.keys.heartbeat(self._node_id), LEFT)
+            self._board.settle(membership.round, rank, membership.count, "left")
+            if ok:
+                self._board.mark_ok(membership.round, membership.count)
+            elif self._board.stop(f"node {rank} ({self._hostname}) gave up", rank):
+                detail = f"node {rank} ({self._hostname}) stopped the job"
+                event = JobEvent(EventKind.JOB_STOPPED, rank, detail)
+                self._board.post_event(membership.round, event, about=self._node_id)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not report this node as done: %s", exc)
+
+    def wait_all_done(self, timeout: float) -> bool:
+        """Block until every member of the round reported ``ok`` (True), or a peer failed,
+        was lost or stopped the job, or the store was lost, or ``timeout`` passed (False)."""
+        if self._membership is None:
+            return True
+        r = self._membership.round
+        key = self._board.keys.round(r, "all_ok")
+        deadline = time.monotonic() + timeout
+        try:
+            while not self._board.all_ok(r):
+                event = self.poll()
+                left = deadline - time.monotonic()
+                if (event is not None and event.kind in _ENDS_WAIT) or left <= 0:
+                    return False
+                self._board.store.wait([key], min(left, self._settings.event_interval))
+        except StoreUnavailable:
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._leave()
+        except StoreUnavailable as exc:
+            log.info("rendezvous: leaving without telling the other nodes: %s", exc)
+        finally:
+            self._liveness.stop()
+            self._store.close()
+
+    # -- internals -------------------------------------------------------------------------
+    def _current(self) -> tuple[Membership, int]:
+        if self._membership is None or self._rank is None:
+            raise RendezvousError("no rendezvous round has formed yet")
+        return self._membership, self._rank
+
+    def _leave(self) -> None:
+        """The exit barrier after success; a short linger after giving up (so the store host
+        stays until the peers read JOB_STOPPED); a graceful scale-down otherwise."""
+        if self._membership is None or self._rank is None:
+            return
+        if self._liveness.store_problem() is not None:
+            return
+        membership, rank = self._membership, self._rank
+        if self._done is True:
+            if not self.wait_all_done(self._settings.exit_barrier_timeout):
+                log.warning("rendezvous: not every node finished; leaving anyway")
+        elif self._done is False:
+            settled = self._board.keys.round(membership.round, "all_settled")
+            self._board.store.wait([settled], self._settings.heartbeat_timeout)
+        else:
+            self._liveness.stop_beating()
+            self._board.store.set(self._board.keys.heartbeat(self._node_id), LEFT)
+            if self._board.settle(membership.round, rank, membership.count, "left"):
+                detail = f"node {rank} ({self._hostname}) left the job"
+                event = JobEvent(EventKind.NODE_LOST, rank, detail)
+                self._board.post_event(membership.round, event, about=self._node_id)

@@ -1,0 +1,77 @@
+"""Where a run's rendezvous lives in the store: every key under ``phalanx/rdzv/<run id>/``.
+
+Job-wide keys:  ``round`` (the newest opened round), ``stopped`` (someone gave up for good),
+``failures`` + ``fail/<i>`` (the failure log), ``hb/<node id>`` (heartbeat counters).
+Per round r, under ``r<r>/``: ``open``, ``joined`` (arrival counter), ``node/<slot>`` (an
+arrival's details), ``waiting`` (nodes queued for this round while the previous one ran),
+``closed`` (the decision: how many arrivals are in, or why the round failed), ``members``,
+``master``, ``fate/<rank>`` (how a member left the round: rejoined the next, lost, left),
+``settled``/``gone``/``all_settled`` (counting those fates), ``events`` + ``ev/<i>`` (the
+event log),
+``claim`` (the restart decision), ``ok``/``all_ok`` (members done successfully).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from phalanx.errors import UsageError
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9._:@+=-]+$")
+
+
+def check_run_id(run_id: str) -> str | None:
+    """A problem with ``run_id`` (None if fine). ``/`` would let one run's keys nest in another's."""
+    if not _RUN_ID.match(run_id):
+        return (
+            f"--rdzv-id {run_id!r}: expected letters, digits and . _ : @ + = - "
+            "(no spaces or slashes)"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Keys:
+    run_id: str
+
+    def __post_init__(self) -> None:
+        problem = check_run_id(self.run_id)
+        if problem:
+            raise UsageError(problem)
+
+    @property
+    def prefix(self) -> str:
+        return f"phalanx/rdzv/{self.run_id}/"
+
+    # -- job-wide --------------------------------------------------------------------------
+    @property
+    def latest_round(self) -> str:
+        return self.prefix + "round"
+
+    @property
+    def stopped(self) -> str:
+        return self.prefix + "stopped"
+
+    @property
+    def failure_count(self) -> str:
+        return self.prefix + "failures"
+
+    def failure(self, index: int) -> str:
+        return f"{self.prefix}fail/{index}"
+
+    def heartbeat(self, node_id: str) -> str:
+        return f"{self.prefix}hb/{node_id}"
+
+    # -- per round -------------------------------------------------------------------------
+    def round(self, r: int, name: str) -> str:
+        return f"{self.prefix}r{r}/{name}"
+
+    def node(self, r: int, slot: int) -> str:
+        return self.round(r, f"node/{slot}")
+
+    def fate(self, r: int, rank: int) -> str:
+        return self.round(r, f"fate/{rank}")
+
+    def event(self, r: int, index: int) -> str:
+        return self.round(r, f"ev/{index}")

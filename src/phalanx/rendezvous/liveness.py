@@ -1,0 +1,222 @@
+"""The background thread of a multi-node handler: heartbeat, ring watch, event reader.
+
+It does every periodic store operation, so ``poll()`` never touches the network:
+
+- every ``event_interval`` (a quarter heartbeat) it reads the next entry of the round's
+  event log: one ``get`` when nothing happened, so a peer's failure reaches ``poll()``
+  within a fraction of a second. It reads ahead only while the agent has consumed what
+  was read (an agent restarts on the first event), so even when every node fails at once
+  each reads O(1) entries, not O(n);
+- every ``heartbeat_interval`` it bumps this node's heartbeat counter and reads the counter
+  of the next node in the ring (rank + 1 mod n). A counter that has not changed for
+  ``heartbeat_timeout`` (timed on this node's own clock: no clock sync needed) makes the
+  watcher record that node as lost and post ``NODE_LOST``. While the next node looks
+  silent the watcher also reads the ones after it, so a run of dead nodes is timed
+  together and the ring stays covered. O(1) reads per node per interval, not O(n).
+
+The thread keeps watching the previous round while the agent is in ``next_round`` (that
+is how members that died during a restart are found and the restart stops waiting for
+them), and switches to the new round on ``follow``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.rendezvous.board import LEFT, Board
+from phalanx.rendezvous.members import Membership
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.store import StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+
+@dataclass(frozen=True)
+class _View:
+    membership: Membership
+    rank: int
+
+
+@dataclass
+class _Seen:
+    value: bytes | None
+    since: float
+
+
+class Liveness:
+    def __init__(self, board: Board, settings: RendezvousSettings) -> None:
+        self._b = board
+        self._s = settings
+        self._lock = threading.Lock()
+        self._view: _View | None = None
+        self._events: deque[JobEvent] = deque()
+        self._next_event = 1
+        self._hole: tuple[int, float] | None = None  # (absent index, since)
+        self._seen: dict[str, _Seen] = {}
+        self._declared: set[str] = set()
+        self._beating = True
+        self._beats = 0
+        self._next_beat = 0.0
+        self._last_ok = time.monotonic()
+        self._failing_since: float | None = None
+        self._last_error = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def follow(self, membership: Membership, rank: int) -> None:
+        """Watch ``membership`` from now on (events of earlier rounds are dropped)."""
+        with self._lock:
+            self._view = _View(membership, rank)
+            self._events.clear()
+            self._next_event = 1
+            self._seen = {}
+            self._declared = set()
+            self._next_beat = 0.0
+        if self._thread is None:
+            self._last_ok = time.monotonic()
+            self._thread = threading.Thread(
+                target=self._run, name=f"phalanx-rdzv-{self._b.node_id[:8]}", daemon=True
+            )
+            self._thread.start()
+
+    def stop_beating(self) -> None:
+        """This node left on purpose: no more heartbeats (peers read ``LEFT`` instead)."""
+        with self._lock:
+            self._beating = False
+
+    def next_event(self) -> JobEvent | None:
+        with self._lock:
+            return self._events.popleft() if self._events else None
+
+    def store_problem(self) -> str | None:
+        """Why the store counts as lost, or None: errors for two heartbeats in a row, or no
+        answer at all (a call stuck on a vanished host) for ``heartbeat_timeout``."""
+        if self._thread is None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            failing, last_ok, error = self._failing_since, self._last_ok, self._last_error
+        if failing is not None and now - failing >= 2 * self._s.heartbeat_interval:
+            return f"the rendezvous store is unreachable: {error}"
+        if now - last_ok > self._s.heartbeat_timeout:
+            return f"the rendezvous store has not answered for {now - last_ok:.0f} s"
+        return None
+
+    def stop(self) -> None:
+        """End the thread; waits at most one heartbeat (a call stuck on a lost store is left
+        behind: the thread is a daemon)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._s.heartbeat_interval)
+
+    # -- the thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pause = self._s.event_interval
+            try:
+                self._tick()
+            except StoreUnavailable as exc:
+                pause = self._s.heartbeat_interval  # retry gently: each failure may log
+                with self._lock:
+                    self._last_error = str(exc)
+                    if self._failing_since is None:
+                        self._failing_since = time.monotonic()
+            else:
+                with self._lock:
+                    self._last_ok = time.monotonic()
+                    self._failing_since = None
+            if self.store_problem() is not None:
+                return  # STORE_LOST is final: stop knocking on a dead store
+            self._stop.wait(pause)
+
+    def _tick(self) -> None:
+        with self._lock:
+            view = self._view
+        if view is None:
+            return
+        self._read_events(view)
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self._s.heartbeat_interval
+        self._skip_hole(view)
+        with self._lock:
+            beating = self._beating
+        if beating:
+            self._beats += 1
+            self._b.store.set(self._b.keys.heartbeat(self._b.node_id), str(self._beats).encode())
+        else:
+            self._b.store.set(self._b.keys.heartbeat(self._b.node_id), LEFT)
+        self._watch(view, now)
+
+    def _read_events(self, view: _View) -> None:
+        """Queue the next event for ``poll()`` unless one is still waiting there."""
+        while True:
+            with self._lock:
+                if self._view is not view or self._events:
+                    return
+                index = self._next_event
+            found = self._b.event(view.membership.round, index)
+            with self._lock:
+                if self._view is not view or self._next_event != index:
+                    return  # switched to a new round meanwhile
+                if found is None:
+                    if self._hole is None or self._hole[0] != index:
+                        self._hole = (index, time.monotonic())
+                    return
+                self._hole = None
+                self._next_event = index + 1
+                if found[0] != self._b.node_id:  # a node is not told about itself
+                    self._events.append(found[1])
+
+    def _skip_hole(self, view: _View) -> None:
+        """An entry whose writer died between taking its slot and writing it stays absent
+        while later ones exist; once absent for ``heartbeat_timeout``, step over it.
+        (Checked every half timeout: the counter read is the only cost.)"""
+        with self._lock:
+            hole = self._hole
+        if hole is None or time.monotonic() - hole[1] < self._s.heartbeat_timeout:
+            return
+        if self._b.event_count(view.membership.round) >= hole[0]:
+            with self._lock:
+                if self._view is view and self._next_event == hole[0]:
+                    self._next_event = hole[0] + 1
+                    self._hole = None
+        else:
+            with self._lock:
+                self._hole = None if self._hole != hole else (hole[0], time.monotonic())
+
+    def _watch(self, view: _View, now: float) -> None:
+        members = view.membership
+        for step in range(1, members.count):
+            rank = (view.rank + step) % members.count
+            node_id = members.node_ids[rank]
+            if node_id in self._declared:
+                continue
+            value = self._b.store.get(self._b.keys.heartbeat(node_id))
+            if value == LEFT:
+                continue  # left on purpose (its fate says so); watch the next one
+            seen = self._seen.get(node_id)
+            if seen is None or seen.value != value:
+                self._seen[node_id] = seen = _Seen(value, now)
+            silent = now - seen.since
+            if silent >= self._s.heartbeat_timeout:
+                self._declare_lost(view, rank, silent)
+            elif silent < 2 * self._s.heartbeat_interval:
+                return  # alive: it watches the rest of the ring
+
+    def _declare_lost(self, view: _View, rank: int, silent: float) -> None:
+        members = view.membership
+        node = members.nodes[rank]
+        self._declared.add(members.node_ids[rank])
+        if not self._b.settle(members.round, rank, members.count, "lost"):
+            return  # it had rejoined or left, or another watcher was first
+        detail = f"node {rank} ({node.hostname}, {node.addr}) sent no heartbeat for {silent:.0f} s"
+        log.warning("rendezvous: %s", detail)
+        event = JobEvent(EventKind.NODE_LOST, rank, detail)
+        self._b.post_event(members.round, event, about=members.node_ids[rank])

@@ -1,0 +1,95 @@
+"""Plain data of the join algorithm: what a node announces, who is in a round, and the pure
+rule that gives node ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from phalanx.rendezvous.api import NodeInfo
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """What a node writes when it joins a round."""
+
+    node_id: str
+    hostname: str
+    addr: str
+    local_world_size: int
+    prev_rank: int = -1  # its rank in the last round it was a member of (-1: none)
+    prev_round: int = -1
+    fixed_rank: int | None = None  # static rendezvous: the --node-rank given
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Arrival:
+        return cls(**{k: v for k, v in body.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Who is in round ``round``, ordered by node rank."""
+
+    round: int
+    restart_count: int
+    node_ids: tuple[str, ...]
+    nodes: tuple[NodeInfo, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.nodes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "restart_count": self.restart_count,
+            "node_ids": list(self.node_ids),
+            "nodes": [asdict(node) for node in self.nodes],
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Membership:
+        return cls(
+            round=int(body["round"]),
+            restart_count=int(body["restart_count"]),
+            node_ids=tuple(str(i) for i in body["node_ids"]),
+            nodes=tuple(NodeInfo(**node) for node in body["nodes"]),
+        )
+
+
+def assign_ranks(arrivals: Sequence[Arrival]) -> list[int]:
+    """Node rank for each arrival (in arrival order); raises ``ValueError`` for bad fixed ranks.
+
+    Static rendezvous: every node brings its rank, which must be 0..n-1, each once.
+    Dynamic: a node keeps the rank it had in its last round when that rank still exists and
+    nobody from a newer round holds it; the rest fill the free ranks in arrival order.
+    """
+    n = len(arrivals)
+    if any(a.fixed_rank is not None for a in arrivals):
+        given = [a.fixed_rank for a in arrivals]
+        problems = []
+        if None in given:
+            problems.append("some nodes gave --node-rank and some did not")
+        ranks = [r for r in given if r is not None]
+        for rank in sorted(set(ranks)):
+            if not 0 <= rank < n:
+                problems.append(f"--node-rank {rank} is outside 0..{n - 1} for {n} nodes")
+            if ranks.count(rank) > 1:
+                hosts = ", ".join(a.hostname for a in arrivals if a.fixed_rank == rank)
+                problems.append(f"--node-rank {rank} was given to more than one node ({hosts})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return [r for r in given if r is not None]
+    result = [-1] * n
+    taken: set[int] = set()
+    for i in sorted(range(n), key=lambda i: (-arrivals[i].prev_round, i)):
+        rank = arrivals[i].prev_rank
+        if 0 <= rank < n and rank not in taken:
+            result[i] = rank
+            taken.add(rank)
+    free = iter(sorted(set(range(n)) - taken))
+    return [rank if rank >= 0 else next(free) for rank in result]

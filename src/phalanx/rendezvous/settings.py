@@ -1,0 +1,157 @@
+"""The rendezvous timeouts, parsed from ``--rdzv-conf key=value`` pairs.
+
+Every key is either used or rejected: an unknown key is a ``UsageError`` that names it and
+lists the keys the chosen backend knows. torchrun's spellings are accepted; unlike torchrun,
+``timeout`` is not silently ignored (it sets ``join_timeout``).
+
+=========================  =========  =============================================================
+key (aliases)              default    meaning
+=========================  =========  =============================================================
+``join_timeout``           600        seconds ``next_round`` may wait for a round to form before
+(``timeout``)                         it raises ``RendezvousError`` (also: a waiting node's limit)
+``last_call_timeout``      3          with MIN <= nodes < MAX present, seconds to wait for more
+                                      before the round starts (torchrun waits a fixed 30)
+``close_timeout``          30         seconds a node waits for the round's membership and master
+                                      port to be published once the round has closed
+``heartbeat_interval``     1          seconds between heartbeats (and a quarter of it between
+(``keep_alive_interval``)             checks for peer events)
+``heartbeat_timeout``      10         a node silent this long is lost (peers see ``NODE_LOST``);
+                                      also how long an unreachable store is tolerated
+``keep_alive_max_attempt`` --         torchrun's way to say heartbeat_timeout: this many
+                                      heartbeat intervals
+``read_timeout``           60         seconds one store operation may take (c10d, static)
+``exit_barrier_timeout``   300        after success, seconds ``shutdown`` waits for the other
+                                      nodes to finish, so the store host outlives its clients
+=========================  =========  =============================================================
+
+Backend-specific keys (``is_host`` and ``store_type`` for c10d, etcd's TLS options) are
+validated by the backend; see ``registry``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from phalanx.errors import UsageError
+
+
+@dataclass(frozen=True)
+class RendezvousSettings:
+    """Timeouts of the multi-node rendezvous, in seconds (see the module table)."""
+
+    join_timeout: float = 600.0
+    last_call_timeout: float = 3.0
+    close_timeout: float = 30.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    read_timeout: float = 60.0
+    exit_barrier_timeout: float = 300.0
+
+    @property
+    def event_interval(self) -> float:
+        """How often the background thread looks for peer events."""
+        return self.heartbeat_interval / 4
+
+
+# --rdzv-conf key -> RendezvousSettings field
+_SECONDS_KEYS = {
+    "join_timeout": "join_timeout",
+    "timeout": "join_timeout",
+    "last_call_timeout": "last_call_timeout",
+    "close_timeout": "close_timeout",
+    "heartbeat_interval": "heartbeat_interval",
+    "keep_alive_interval": "heartbeat_interval",
+    "heartbeat_timeout": "heartbeat_timeout",
+    "read_timeout": "read_timeout",
+    "exit_barrier_timeout": "exit_barrier_timeout",
+}
+_ATTEMPTS_KEY = "keep_alive_max_attempt"
+SETTINGS_KEYS = frozenset({*_SECONDS_KEYS, _ATTEMPTS_KEY})
+
+_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
+_FALSE = frozenset({"0", "false", "f", "no", "n", "off"})
+
+
+def parse_bool(key: str, text: str, problems: list[str]) -> bool | None:
+    """torchrun's boolean spellings; appends a problem and returns None for anything else."""
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    problems.append(f"--rdzv-conf {key}={text}: expected true or false")
+    return None
+
+
+def _seconds(key: str, text: str, problems: list[str]) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        problems.append(f"--rdzv-conf {key}={text}: expected a positive number of seconds")
+        return None
+    return value
+
+
+def settings_problems(
+    conf: Mapping[str, str], backend: str, backend_keys: Collection[str]
+) -> tuple[RendezvousSettings, list[str]]:
+    """Parse the rendezvous keys of ``conf``; return the settings and every problem found.
+
+    Keys in ``backend_keys`` are the backend's own and are skipped here. Any other key that
+    is not a rendezvous key is reported with the full list of keys ``backend`` knows.
+    """
+    problems: list[str] = []
+    values: dict[str, float] = {}
+    spelled: dict[str, str] = {}  # field -> the key that set it
+    attempts: int | None = None
+    for key, text in conf.items():
+        field = _SECONDS_KEYS.get(key)
+        if field is not None:
+            if field in spelled:
+                problems.append(f"--rdzv-conf sets {field} twice ({spelled[field]} and {key})")
+                continue
+            spelled[field] = key
+            seconds = _seconds(key, text, problems)
+            if seconds is not None:
+                values[field] = seconds
+        elif key == _ATTEMPTS_KEY:
+            try:
+                attempts = int(text)
+            except ValueError:
+                attempts = 0
+            if attempts < 1:
+                problems.append(f"--rdzv-conf {key}={text}: expected a positive integer")
+                attempts = None
+        elif key not in backend_keys:
+            known = ", ".join(sorted({*SETTINGS_KEYS, *backend_keys}))
+            problems.append(f"--rdzv-conf {key}={text}: unknown key for {backend} (known: {known})")
+    if _ATTEMPTS_KEY in conf and "heartbeat_timeout" in spelled:
+        problems.append(
+            "--rdzv-conf: give heartbeat_timeout or keep_alive_max_attempt, not both "
+            "(heartbeat_timeout = keep_alive_max_attempt x heartbeat_interval)"
+        )
+    elif attempts is not None:
+        interval = values.get("heartbeat_interval", RendezvousSettings.heartbeat_interval)
+        values["heartbeat_timeout"] = attempts * interval
+    settings = RendezvousSettings(**values)
+    if settings.heartbeat_timeout < 2 * settings.heartbeat_interval:
+        problems.append(
+            f"--rdzv-conf: heartbeat_timeout ({settings.heartbeat_timeout:g} s) must be at "
+            f"least twice heartbeat_interval ({settings.heartbeat_interval:g} s), or a slow "
+            "heartbeat would count as a lost node"
+        )
+    return settings, problems
+
+
+def parse_settings(
+    conf: Mapping[str, str], backend: str = "c10d", backend_keys: Collection[str] = ()
+) -> RendezvousSettings:
+    """Like ``settings_problems`` but raises ``UsageError`` listing every problem."""
+    settings, problems = settings_problems(conf, backend, backend_keys)
+    if problems:
+        raise UsageError(problems)
+    return settings

@@ -1,0 +1,60 @@
+"""What the launcher hands the rendezvous registry: one frozen, backend-neutral description."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from phalanx.parsing import parse_endpoint
+from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.rendezvous.settings import RendezvousSettings
+
+
+@dataclass(frozen=True)
+class RendezvousSpec:
+    """The rendezvous part of the command line, converted (torchrun's flag in brackets)."""
+
+    backend: str  # --rdzv-backend
+    run_id: str  # --rdzv-id
+    min_nodes: int  # --nnodes MIN[:MAX]
+    max_nodes: int
+    endpoint: str = ""  # --rdzv-endpoint host[:port]
+    conf: Mapping[str, str] = field(default_factory=dict)  # --rdzv-conf
+    node_rank: int | None = None  # --node-rank (static)
+    master_addr: str = "127.0.0.1"  # --master-addr (static: where node 0 hosts the store)
+    master_port: int = 29500  # --master-port (static)
+    local_addr: str | None = None  # --local-addr
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One entry of the registry."""
+
+    name: str
+    summary: str
+    # Usage problems with the spec beyond the shared settings: the endpoint and every
+    # --rdzv-conf key that is not a settings key (unknown ones included).
+    check: Callable[[RendezvousSpec], list[str]]
+    # Connect (or host) and build the handler; may raise StoreUnavailable.
+    open: Callable[[RendezvousSpec, RendezvousSettings], RendezvousHandler]
+
+
+def split_endpoint(text: str, default_port: int, what: str = "--rdzv-endpoint") -> tuple[str, int]:
+    """``host[:port]`` or ``[ipv6]:port`` (empty: ``localhost``, as torchrun) -> (host, port).
+
+    Raises ``ValueError`` with the message to show.
+    """
+    if not text.strip():
+        return "localhost", default_port
+    endpoint = parse_endpoint(text, what)
+    return endpoint.host, default_port if endpoint.port is None else endpoint.port
+
+
+def unknown_keys(spec: RendezvousSpec, own: frozenset[str], skip: frozenset[str]) -> list[str]:
+    """A problem for each --rdzv-conf key that neither the settings nor the backend know."""
+    known = ", ".join(sorted(own | skip))
+    return [
+        f"--rdzv-conf {key}={value}: unknown key for {spec.backend} (known: {known})"
+        for key, value in spec.conf.items()
+        if key not in own and key not in skip
+    ]

@@ -1,0 +1,277 @@
+"""Warm start, the agent's side: one template process per agent run, workers forked from it.
+
+``open_template`` starts ``phalanx.worker.template`` with the environment every worker of
+this node shares and returns at once; the template imports torch while the rendezvous runs.
+``Template.launch`` has the supervisor's ``Launch`` signature: the first call waits for the
+template to be ready, then each call sends one fork request with the worker's stdout and
+stderr pipe ends (``SCM_RIGHTS``) and gets back the pid and a pidfd, so the supervisor
+watches, logs and stops a forked worker exactly as an exec'd one. Restarts fork again from
+the same template.
+
+Fallback: when the template cannot start, fails to import, is not ready in
+``READY_TIMEOUT`` seconds or dies, one line is logged and workers start cold
+(``exec_worker``) from then on. A worker whose command is not ``python -u SCRIPT`` (a regular
+``.py``-style file) or ``python -u -m MODULE`` -- a zip app, a directory, a ``.pyc`` --
+starts cold too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.plan import CHECKPOINT_LOG_ENV, WORKER_ENV_KEYS, WorkerPlan, worker_env
+from phalanx.rendezvous.api import NodeInfo, RendezvousResult
+from phalanx.supervisor.process import RunningWorker, exec_worker
+from phalanx.worker.protocol import ForkRequest, ProtocolError, make_pair, receive, send
+
+log = logging.getLogger("phalanx")
+
+# Every mode whose workers are python running a file or module (--run-path runs the module
+# phalanx.worker.run_path, so it keeps its semantics); --no-python programs are exec'd.
+WARM_MODES = frozenset({LaunchMode.SCRIPT, LaunchMode.MODULE, LaunchMode.RUN_PATH})
+READY_TIMEOUT = 120.0  # importing torch on a loaded machine; a cold start would wait as long
+REPLY_TIMEOUT = 30.0  # one fork, or one exit status after the pidfd said the worker ended
+# Set per rank or per round by plan.worker_env; everything else it sets is node-wide.
+_PER_WORKER_KEYS = (set(WORKER_ENV_KEYS) - {"OMP_NUM_THREADS"}) | {
+    CHECKPOINT_LOG_ENV,
+    "CUDA_VISIBLE_DEVICES",
+}
+
+
+def template_env(config: LaunchConfig, base_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment all workers of this node share (``OMP_NUM_THREADS`` included).
+
+    Built with ``plan.worker_env`` -- the one place the worker environment is defined -- for
+    a one-node placeholder round, then every per-rank or per-round variable is put back to
+    its value in ``base_env``. Libraries read the rest at import, in the template.
+    """
+    placeholder = RendezvousResult(
+        run_id="template",
+        round=0,
+        restart_count=0,
+        node_rank=0,
+        nodes=(NodeInfo(0, "", "", config.nproc_per_node),),
+        master_addr="",
+        master_port=0,
+    )
+    env = worker_env(config, placeholder, 0, Path(), base_env)
+    for key in _PER_WORKER_KEYS:
+        env.pop(key, None)
+        if key in base_env:
+            env[key] = base_env[key]
+    return env
+
+
+def fork_request(worker: WorkerPlan, cwd: str, python: str = sys.executable) -> ForkRequest | None:
+    """The fork request equivalent to ``worker.argv``, or None when it must be exec'd."""
+    argv = worker.argv
+    if len(argv) < 3 or argv[0] != python or argv[1] != "-u":
+        return None
+    if argv[2] == "-m" and len(argv) >= 4:
+        kind, target, args = "module", argv[3], argv[4:]
+    elif not argv[2].startswith("-") and _plain_source(os.path.join(cwd, argv[2])):
+        kind, target, args = "script", argv[2], argv[3:]
+    else:
+        return None
+    return ForkRequest(kind, target, tuple(args), dict(worker.env), cwd, tuple(argv))
+
+
+def _plain_source(path: str) -> bool:
+    return os.path.isfile(path) and not path.endswith(".pyc") and not zipfile.is_zipfile(path)
+
+
+@dataclass
+class WarmWorker:
+    """A worker forked by the template (the warm path), as the supervisor sees it."""
+
+    template: Template
+    pid: int
+    exit_fd: int  # a pidfd: readable once the worker has exited
+    stdout_fd: int
+    stderr_fd: int
+
+    def reap(self) -> int:
+        return self.template.exit_status(self.pid)
+
+    def close(self) -> None:
+        for fd in (self.exit_fd, self.stdout_fd, self.stderr_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class Template:
+    """The agent's handle on the template process; ``launch`` is a supervisor ``Launch``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, log: BinaryIO) -> None:
+        self._proc = proc
+        self._sock = sock
+        self._log = log
+        self._state = "starting"  # -> "ready" | "gone"
+        self._statuses: dict[int, int] = {}
+        self._fallback: Callable[[WorkerPlan], RunningWorker] = exec_worker
+
+    @classmethod
+    def start(cls, env: Mapping[str, str], preload: tuple[str, ...], log_path: Path) -> Template:
+        ours, theirs = make_pair()
+        log_file = open(log_path, "ab")  # noqa: SIM115 -- closed by close()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "phalanx.worker.template",
+                 str(theirs.fileno()), str(os.getpid()), ",".join(preload)],
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+                pass_fds=(theirs.fileno(),),
+                # Its own group: a Ctrl-C to the launcher's group must not reach it.
+                process_group=0,
+            )  # fmt: skip
+        except BaseException:
+            ours.close()
+            log_file.close()
+            raise
+        finally:
+            theirs.close()
+        return cls(proc, ours, log_file)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def launch(self, worker: WorkerPlan) -> RunningWorker:
+        cwd = os.getcwd()
+        request = fork_request(worker, cwd)
+        if request is None or not self._ready():
+            return self._fallback(worker)
+        try:
+            return self._fork(request)
+        except (OSError, ProtocolError) as exc:
+            self._give_up(f"forking rank {worker.global_rank} failed: {exc}")
+            return self._fallback(worker)
+
+    def _ready(self) -> bool:
+        if self._state == "starting":
+            try:
+                message, _ = self._next(lambda m: "ready" in m or "failed" in m, READY_TIMEOUT)
+            except (OSError, ProtocolError) as exc:
+                self._give_up(str(exc))
+            else:
+                if "failed" in message:
+                    self._give_up(f"the template could not import: {message['failed']}")
+                else:
+                    self._state = "ready"
+                    log.info(
+                        "warm start: workers fork from template pid %d (imports took %.1f s)",
+                        self.pid,
+                        message.get("seconds", 0.0),
+                    )
+        return self._state == "ready"
+
+    def _fork(self, request: ForkRequest) -> WarmWorker:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            send(self._sock, {"fork": request.to_json()}, (out_w, err_w))
+            reply, fds = self._next(lambda m: "pid" in m or "error" in m, REPLY_TIMEOUT)
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        if "error" in reply or len(fds) != 1:
+            for fd in (out_r, err_r, *fds):
+                os.close(fd)
+            raise ProtocolError(str(reply.get("error", "no pidfd in the reply")))
+        return WarmWorker(self, int(reply["pid"]), fds[0], out_r, err_r)
+
+    def exit_status(self, pid: int) -> int:
+        """The return code of a forked worker (negative: killed by that signal)."""
+        if pid not in self._statuses and self._state != "gone":
+            try:
+                self._next(lambda m: m.get("exit") == pid, REPLY_TIMEOUT)
+            except (OSError, ProtocolError) as exc:
+                self._give_up(str(exc))
+        if pid not in self._statuses:
+            # The template is gone, and its workers died with it (PR_SET_PDEATHSIG: SIGKILL).
+            log.warning("exit status of pid %d unknown (template gone); reporting SIGKILL", pid)
+            return -signal.SIGKILL
+        return os.waitstatus_to_exitcode(self._statuses.pop(pid))
+
+    def _next(
+        self, wanted: Callable[[dict[str, Any]], bool], timeout: float
+    ) -> tuple[dict[str, Any], list[int]]:
+        """Read messages until ``wanted`` matches one (returned with its fds); exit statuses
+        are kept as they pass."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._sock], [], [], remaining)[0]:
+                raise ProtocolError(f"no answer from the template in {timeout:.0f} s")
+            received = receive(self._sock, max_fds=1)
+            if received is None:
+                raise ProtocolError(f"the template exited ({self._describe_exit()})")
+            message, fds = received
+            if "exit" in message:
+                self._statuses[int(message["exit"])] = int(message["status"])
+            if wanted(message):
+                return message, fds
+            for fd in fds:
+                os.close(fd)
+
+    def _describe_exit(self) -> str:
+        try:
+            code = self._proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            return "still running"
+        return f"exit status {code}"
+
+    def _give_up(self, reason: str) -> None:
+        if self._state != "gone":
+            self._state = "gone"
+            log.warning(
+                "warm start unavailable (%s; see %s); starting workers cold",
+                reason,
+                self._log.name,
+            )
+
+    def close(self) -> None:
+        """Stop the template at once: it holds nothing but memory its workers shared."""
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)  # bounded: a process stuck in the kernel cannot be reaped
+        self._log.close()
+
+
+def open_template(
+    config: LaunchConfig, base_env: Mapping[str, str], run_dir: Path
+) -> Template | None:
+    """Start the template for this agent run, or None (cold start) when warm start is off,
+    the mode execs programs (``--no-python``), or the process cannot be started (logged)."""
+    if not config.warm_start or config.mode not in WARM_MODES:
+        return None
+    try:
+        return Template.start(
+            template_env(config, base_env), config.preload, run_dir / "template.log"
+        )
+    except OSError as exc:
+        log.warning("warm start unavailable (%s); starting workers cold", exc)
+        return None

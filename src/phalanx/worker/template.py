@@ -1,0 +1,171 @@
+"""``python -u -m phalanx.worker.template FD PARENT_PID [MODULE,...]``: the warm-start template.
+
+One per node, started by the agent with the environment every worker of the node shares
+(``OMP_NUM_THREADS`` included: the OpenMP runtime reads it once, when torch loads it). It
+imports torch and the ``--preload`` modules, reports ``ready`` on the socket ``FD``, then
+forks one worker per request, for this attempt and every restart. Forking skips the
+interpreter start-up and the torch import each worker would otherwise pay.
+
+Why forking is safe here: the template forks from its only Python thread and never runs
+torch code, so no lock is held, no OpenMP or autograd pool has been started and CUDA has
+not been touched (it refuses to serve if importing initialized CUDA or started a Python
+thread). Native threads that libraries start at load time must survive fork; the known
+one, OpenBLAS's pool (loaded with numpy), stops itself in a ``pthread_atfork`` handler.
+The template dies with the agent (``PR_SET_PDEATHSIG``) and each worker dies with the
+template, so killing the agent -- even with SIGKILL -- leaves no process; it reaps its
+workers as they end (pidfds in one ``select``) and forwards each status to the agent.
+
+See ``phalanx.worker.become`` for what a forked worker sets up, and
+``phalanx.worker.protocol`` for the messages.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from phalanx.worker import become
+from phalanx.worker.protocol import ForkRequest, ProtocolError, receive, send
+
+DEFAULT_PRELOAD = ("torch",)
+
+
+def preload(modules: tuple[str, ...]) -> dict[str, object]:
+    """Import ``modules``; raise ``RuntimeError`` if that made forking unsafe."""
+    started = time.monotonic()
+    for name in modules:
+        importlib.import_module(name)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError(f"importing {', '.join(modules)} initialized CUDA")
+    if threading.active_count() > 1:
+        names = ", ".join(
+            t.name for t in threading.enumerate() if t is not threading.current_thread()
+        )
+        raise RuntimeError(f"importing {', '.join(modules)} started Python threads ({names})")
+    return {
+        "ready": os.getpid(),
+        "seconds": round(time.monotonic() - started, 3),
+        "threads": len(os.listdir("/proc/self/task")),
+    }
+
+
+class Server:
+    """The request loop: fork on request, reap on exit. ``serve`` returns only in a child."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(sock, selectors.EVENT_READ, None)
+        self._children: dict[int, int] = {}  # pid -> pidfd
+        self._signals: dict[int, Any] = {
+            sig: signal.getsignal(sig)
+            for sig in signal.valid_signals()
+            if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) is not None
+        }
+        self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+    def serve(self) -> ForkRequest | None:
+        """Serve until the agent closes the socket (then None); a forked child gets its request."""
+        while True:
+            for key, _ in self._selector.select():
+                if key.data is None:
+                    received = receive(self._sock)
+                    if received is None:
+                        self._stop_children()
+                        return None
+                    message, fds = received
+                    if self._fork(message, fds):
+                        return ForkRequest.from_json(message["fork"])
+                else:
+                    self._reap(key.data)
+
+    def _fork(self, message: dict[str, object], fds: list[int]) -> bool:
+        """Fork a worker; True in the child. A bad request gets an error reply, not a crash."""
+        try:
+            if "fork" not in message or len(fds) != 2:
+                raise ProtocolError(f"expected a fork request with 2 fds, got {sorted(message)}")
+            request = ForkRequest.from_json(message["fork"])  # type: ignore[arg-type]
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            pid = os.fork()
+        except (ProtocolError, KeyError, TypeError, AttributeError, OSError) as exc:
+            for fd in fds:
+                os.close(fd)
+            send(self._sock, {"error": f"{type(exc).__name__}: {exc}"})
+            return False
+        if pid == 0:
+            self._become(request, (fds[0], fds[1]))
+            return True
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # also here, so the group exists before the agent hears the pid
+        pidfd = os.pidfd_open(pid)
+        self._children[pid] = pidfd
+        self._selector.register(pidfd, selectors.EVENT_READ, pid)
+        send(self._sock, {"pid": pid}, (pidfd,))
+        return False
+
+    def _become(self, request: ForkRequest, stdio: tuple[int, int]) -> None:
+        try:
+            template_pid = os.getppid()
+            # Close the template's own descriptors (not the libraries'): the worker must not
+            # hold the agent's socket or its siblings' pidfds.
+            self._selector.close()
+            self._sock.close()
+            for pidfd in self._children.values():
+                os.close(pidfd)
+            become.become(request, stdio, template_pid, self._signals, self._mask)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+
+    def _reap(self, pid: int) -> None:
+        pidfd = self._children.pop(pid)
+        self._selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        send(self._sock, {"exit": pid, "status": status})
+
+    def _stop_children(self) -> None:
+        """The agent is gone or done: nothing it started may outlive it."""
+        for pid, pidfd in self._children.items():
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            os.close(pidfd)
+        self._children.clear()
+
+
+def main(argv: list[str]) -> None:
+    atexit.register(become.exit_hook)  # first registered, so it runs after all the others
+    fd, parent = int(argv[0]), int(argv[1])
+    become.die_with_parent(parent)
+    modules = DEFAULT_PRELOAD + tuple(m for m in (argv[2] if len(argv) > 2 else "").split(",") if m)
+    sock = socket.socket(fileno=fd)
+    try:
+        ready = preload(modules)
+    except BaseException as exc:  # ImportError, an exception raised by a module, SystemExit...
+        traceback.print_exc()
+        send(sock, {"failed": f"{type(exc).__name__}: {exc}"})
+        sys.exit(1)
+    send(sock, ready)
+    request = Server(sock).serve()
+    if request is not None:
+        become.run_job(request)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

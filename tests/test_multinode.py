@@ -1,0 +1,244 @@
+"""Multi-node jobs through the real CLI: one phalanx agent per host (network namespaces where
+they can be made, else loopback), real TCPStore, real Gloo between the hosts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from hosts import Loopback, NamespaceHosts
+from launch import PHALANX, alive, read_pids, wait_for, worker
+from phalanx.net import free_port
+
+Hosts = Loopback | NamespaceHosts
+FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60,exit_barrier_timeout=30"
+
+
+class Node:
+    """One agent on one host, its output in files so the test can read it while it runs."""
+
+    def __init__(self, hosts: Hosts, i: int, args: Sequence[str], tmp: Path, name: str) -> None:
+        self.out, self.err = tmp / f"{name}.out", tmp / f"{name}.err"
+        env = dict(os.environ, **hosts.env())
+        argv = [
+            *PHALANX,
+            "--local-addr",
+            hosts.addr(i),
+            "--log-dir",
+            str(tmp / f"{name}-logs"),
+            *args,
+        ]
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                hosts.command(i, argv), stdout=out, stderr=err, env=env, start_new_session=True
+            )
+
+    def finish(self, timeout: float = 120) -> int:
+        return self.proc.wait(timeout)
+
+    @property
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[Node]]:
+    started: list[Node] = []
+    try:
+        yield started
+    finally:
+        for node in started:
+            node.kill()
+
+
+def c10d_args(
+    hosts: Hosts, port: int, nnodes: str, run_id: str = "job", conf: str = FAST
+) -> list[str]:
+    return [
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{hosts.addr(0)}:{port}",
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        conf,
+    ]
+
+
+def test_two_node_job(hosts: object, nodes: list[Node], tmp_path: Path) -> None:
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    for i in (0, 1):
+        nodes.append(
+            Node(net, i, [*c10d_args(net, port, "2"), worker("flaky_dist.py")], tmp_path, f"n{i}")
+        )
+    assert [n.finish() for n in nodes] == [0, 0], nodes[1].stderr
+    lines = sorted(n.stdout.strip() for n in nodes)
+    assert lines == [
+        "[rank0]: world=2 sum=3 restart=0 rank=0 node=0",
+        "[rank1]: world=2 sum=3 restart=0 rank=1 node=1",
+    ]
+
+
+def test_worker_failure_on_node_1_restarts_everywhere(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    for i in (0, 1):
+        args = [*c10d_args(net, port, "2"), "--max-restarts", "1", worker("flaky_dist.py"), "1"]
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    assert [n.finish() for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+    # Both nodes restarted together: the job-wide count is 1 on each, and the job finished.
+    assert "[rank0]: world=2 sum=3 restart=1 rank=0 node=0" in nodes[0].stdout
+    assert "[rank1]: world=2 sum=3 restart=1 rank=1 node=1" in nodes[1].stdout
+    assert "workers failed on node 1" in nodes[0].stderr
+
+
+def test_kill_9_of_node_1_agent_stops_node_0(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    for i in (0, 1):
+        args = [*c10d_args(net, port, "2"), worker("sleep_tree.py"), str(pids_dir)]
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    wait_for(lambda: len(read_pids(pids_dir)) == 4, 90, "both nodes' workers and children")
+    pids = read_pids(pids_dir)
+    try:
+        nodes[1].proc.kill()  # SIGKILL to node 1's agent only
+        code = nodes[0].finish(timeout=60)  # heartbeat_timeout is 4 s; 60 s only catches a hang
+        assert code == 1
+        assert "node 1 was lost" in nodes[0].stderr, nodes[0].stderr
+        wait_for(
+            lambda: not any(alive(pid) for pid in pids), 10, "every worker on both nodes to be gone"
+        )
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_late_joiner_is_admitted_without_spending_a_restart(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    args = [*c10d_args(net, port, "1:2"), worker("late_join.py"), str(tmp_path)]
+    nodes.append(Node(net, 0, args, tmp_path, "n0"))
+    wait_for(lambda: (tmp_path / "alone").exists(), 90, "node 0 to start alone after the last call")
+    nodes.append(Node(net, 1, args, tmp_path, "n1"))
+    assert [n.finish() for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+    assert "world=2 sum=2 restart=0" in nodes[0].stdout
+    assert "world=2 sum=2 restart=0" in nodes[1].stdout
+
+
+def test_two_jobs_on_one_endpoint_never_mix(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """A long-lived store (is_host=false everywhere) serving two jobs told apart by --rdzv-id."""
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    code = (
+        f"import time, datetime, torch.distributed as d\n"
+        f"s = d.TCPStore('{net.addr(0)}', {port}, is_master=True, wait_for_workers=False, "
+        f"timeout=datetime.timedelta(seconds=60))\nprint('up', flush=True)\ntime.sleep(300)\n"
+    )
+    store = subprocess.Popen(
+        net.command(0, [sys.executable, "-c", code]),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert store.stdout is not None and store.stdout.readline().strip() == "up"
+        for job in ("alpha", "beta"):
+            for i in (0, 1):
+                args = [
+                    *c10d_args(net, port, "2", job, FAST + ",is_host=false"),
+                    worker("flaky_dist.py"),
+                ]
+                nodes.append(Node(net, i, args, tmp_path, f"{job}{i}"))
+        assert [n.finish() for n in nodes] == [0, 0, 0, 0], "".join(n.stderr for n in nodes)
+        for node in nodes:  # each job formed its own world of 2
+            assert "world=2 sum=3 restart=0" in node.stdout
+    finally:
+        os.killpg(store.pid, signal.SIGKILL)
+        store.wait(10)
+
+
+def test_static_backend_failure_restarts_both_nodes(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    for i in (0, 1):
+        args = [
+            "--rdzv-backend",
+            "static",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(i),
+            "--nproc-per-node",
+            "1",
+            "--master-addr",
+            net.addr(0),
+            "--master-port",
+            str(port),
+            "--max-restarts",
+            "1",
+            "--rdzv-conf",
+            FAST,
+            worker("flaky_dist.py"),
+            "0",
+        ]
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    assert [n.finish() for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+    assert "[rank0]: world=2 sum=3 restart=1 rank=0 node=0" in nodes[0].stdout
+    assert "[rank1]: world=2 sum=3 restart=1 rank=1 node=1" in nodes[1].stdout
+
+
+def test_failure_report_names_the_failing_node_on_every_node(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    for i in (0, 1):
+        nodes.append(
+            Node(
+                net,
+                i,
+                [*c10d_args(net, port, "2"), worker("flaky_dist.py"), "1"],
+                tmp_path,
+                f"n{i}",
+            )
+        )
+    assert [n.finish() for n in nodes] == [5, 5]
+    for node in nodes:
+        assert "Root cause: rank 1 (local rank 0)" in node.stderr and "(node 1)" in node.stderr, (
+            node.stderr
+        )
+        assert "rank 1 fails on purpose" in node.stderr

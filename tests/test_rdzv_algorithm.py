@@ -1,0 +1,338 @@
+"""Rendezvous tier (b): the algorithm, with simulated agents in threads on an in-memory store.
+
+Every wait is bounded by ``WAIT`` (a hang guard, never a timing assertion). A "crashed"
+node is one whose store handle is closed: it can neither heartbeat nor answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import pytest
+
+from phalanx.errors import RendezvousError
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
+from phalanx.rendezvous.dynamic import DynamicRendezvous
+from phalanx.rendezvous.memory import MemoryServer, MemoryStore
+from phalanx.rendezvous.settings import RendezvousSettings
+
+WAIT = 60.0
+FAST = RendezvousSettings(
+    join_timeout=30,
+    last_call_timeout=0.5,
+    close_timeout=10,
+    heartbeat_interval=0.2,
+    heartbeat_timeout=4.0,
+    exit_barrier_timeout=10,
+)
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.server = MemoryServer()
+        self.handlers: list[DynamicRendezvous] = []
+
+    def node(
+        self,
+        name: str,
+        *,
+        nnodes: tuple[int, int] = (2, 2),
+        run_id: str = "job",
+        settings: RendezvousSettings = FAST,
+        fixed_rank: int | None = None,
+        hosting: bool = False,
+    ) -> DynamicRendezvous:
+        handler = DynamicRendezvous(
+            MemoryStore(self.server, hosting=hosting),
+            run_id=run_id,
+            min_nodes=nnodes[0],
+            max_nodes=nnodes[1],
+            addr=f"addr-{name}",
+            hostname=name,
+            settings=settings,
+            fixed_rank=fixed_rank,
+        )
+        self.handlers.append(handler)
+        return handler
+
+    def shutdown(self) -> None:
+        for handler in self.handlers:
+            handler.shutdown()
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+class Join:
+    """``next_round`` in a thread; ``result()`` waits for it (bounded) and re-raises."""
+
+    def __init__(self, handler: DynamicRendezvous, local_world_size: int = 2) -> None:
+        self.value: RendezvousResult | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(handler, local_world_size))
+        self._thread.start()
+
+    def _run(self, handler: DynamicRendezvous, lws: int) -> None:
+        try:
+            self.value = handler.next_round(lws)
+        except BaseException as exc:
+            self.error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> RendezvousResult:
+        self._thread.join(WAIT)
+        assert not self._thread.is_alive(), "next_round hung"
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value
+
+
+def form(*handlers: DynamicRendezvous) -> list[RendezvousResult]:
+    joins = [Join(h) for h in handlers]
+    return [j.result() for j in joins]
+
+
+def wait_event(handler: DynamicRendezvous, kind: EventKind) -> JobEvent:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        event = handler.poll()
+        if event is not None and event.kind is kind:
+            return event
+        time.sleep(0.02)
+    raise AssertionError(f"no {kind} within {WAIT} s")
+
+
+def wait_until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def crash(handler: DynamicRendezvous) -> None:
+    handler._store.close()  # this node's connection only: it stops heartbeating
+
+
+def agreed(results: list[RendezvousResult]) -> None:
+    """Every node got the same round, membership and master; ranks are 0..n-1."""
+    first = results[0]
+    for r in results:
+        assert (r.round, r.restart_count, r.nodes) == (
+            first.round,
+            first.restart_count,
+            first.nodes,
+        )
+        assert (r.master_addr, r.master_port) == (first.master_addr, first.master_port)
+    assert sorted(r.node_rank for r in results) == list(range(len(results)))
+    assert first.master_addr == first.nodes[0].addr
+    assert [n.node_rank for n in first.nodes] == list(range(len(results)))
+
+
+def test_two_nodes_agree(cluster: Cluster) -> None:
+    results = form(cluster.node("a"), cluster.node("b"))
+    agreed(results)
+    assert results[0].world_size == 4 and results[0].round == 0
+    assert {r.this_node.hostname for r in results} == {"a", "b"}
+    assert results[0].rank_offset + results[1].rank_offset == 2
+
+
+def test_max_present_starts_without_last_call(cluster: Cluster) -> None:
+    slow = replace(FAST, last_call_timeout=600)  # the round would hang if it waited for it
+    nodes = [cluster.node(n, nnodes=(1, 3), settings=slow) for n in "abc"]
+    agreed(form(*nodes))
+
+
+def test_between_min_and_max_waits_the_last_call(cluster: Cluster) -> None:
+    window = replace(FAST, last_call_timeout=8)
+    a, b, c = (cluster.node(n, nnodes=(2, 4), settings=window) for n in "abc")
+    first = [Join(a), Join(b)]
+    wait_until(lambda: cluster.server.data.get("phalanx/rdzv/job/r0/joined") == b"2")
+    late = Join(c)  # inside the window: it makes the round, which still closes below MAX
+    results = [j.result() for j in [*first, late]]
+    agreed(results)
+    assert results[0].num_nodes == 3
+
+
+def test_late_joiner_waits_then_is_admitted(cluster: Cluster) -> None:
+    a, b = cluster.node("a", nnodes=(2, 3)), cluster.node("b", nnodes=(2, 3))
+    before = form(a, b)
+    c = cluster.node("c", nnodes=(2, 3))
+    late = Join(c)
+    for h in (a, b):
+        event = wait_event(h, EventKind.NODE_WAITING)
+        assert "node c" in event.detail
+    assert not late.done()
+    after = [*form(a, b), late.result()]
+    agreed(after)
+    assert after[0].round == 1 and after[0].num_nodes == 3
+    assert after[0].restart_count == 0  # a scale-up does not spend the budget
+    assert [r.node_rank for r in after[:2]] == [r.node_rank for r in before]  # stable
+    assert after[2].node_rank == 2
+
+
+def test_full_job_keeps_a_spare_without_restarting(cluster: Cluster) -> None:
+    a, b = cluster.node("a", nnodes=(1, 2)), cluster.node("b", nnodes=(1, 2))
+    form(a, b)
+    spare = Join(cluster.node("c", nnodes=(1, 2)))
+    time.sleep(1.0)  # time for a (wrong) NODE_WAITING to arrive
+    assert a.poll() is None and b.poll() is None  # MAX reached: nobody is told to restart
+    crash(b)
+    wait_event(a, EventKind.NODE_LOST)
+    results = [Join(a).result(), spare.result()]
+    agreed(results)
+    assert {r.this_node.hostname for r in results} == {"a", "c"}
+
+
+@pytest.mark.parametrize("lost", [1, 2])
+def test_lost_node_then_rendezvous_with_the_rest(cluster: Cluster, lost: int) -> None:
+    nodes = [cluster.node(n, nnodes=(2, 3)) for n in "abc"]
+    before = {r.this_node.hostname: r.node_rank for r in form(*nodes)}
+    by_rank = sorted(nodes, key=lambda h: before[h._hostname])
+    crash(by_rank[lost])
+    survivors = [h for h in by_rank if h is not by_rank[lost]]
+    for h in survivors:
+        assert wait_event(h, EventKind.NODE_LOST).node_rank == lost
+    after = form(*survivors)
+    agreed(after)
+    assert after[0].num_nodes == 2 and after[0].round == 1
+    assert survivors[0]._rank == 0  # node 0 keeps rank 0
+    if lost == 2:
+        assert survivors[1]._rank == 1  # nothing had to move
+
+
+def test_too_few_nodes_left_is_an_error(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    form(a, b)
+    crash(b)
+    wait_event(a, EventKind.NODE_LOST)
+    with pytest.raises(RendezvousError, match=r"only 1 node.*at least 2 needed"):
+        Join(a).result()
+
+
+def test_join_timeout_is_an_error(cluster: Cluster) -> None:
+    lonely = cluster.node("a", settings=replace(FAST, join_timeout=1))
+    with pytest.raises(RendezvousError, match="join_timeout=1s"):
+        Join(lonely).result()
+
+
+def test_two_run_ids_on_one_store_never_mix(cluster: Cluster) -> None:
+    one = [cluster.node(f"one-{i}", run_id="one") for i in range(2)]
+    two = [cluster.node(f"two-{i}", run_id="two") for i in range(2)]
+    joins = [Join(h) for h in one + two]
+    results = [j.result() for j in joins]
+    agreed(results[:2])
+    agreed(results[2:])
+    assert {n.hostname for n in results[0].nodes} == {"one-0", "one-1"}
+    assert {n.hostname for n in results[2].nodes} == {"two-0", "two-1"}
+    one[0].report_failure({"rank": 0, "exit_code": 1})
+    wait_event(one[1], EventKind.PEER_FAILED)
+    time.sleep(0.5)
+    assert two[0].poll() is None and two[1].poll() is None
+    assert two[0].failures() == []
+
+
+def test_failure_reaches_every_node_and_restarts_are_job_wide(cluster: Cluster) -> None:
+    nodes = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
+    form(*nodes)
+    for budget_left in (True, False):
+        nodes[0].report_failure({"rank": 0, "exit_code": 3})
+        for h in nodes[1:]:
+            event = wait_event(h, EventKind.PEER_FAILED)
+            assert event.failure == {"rank": 0, "exit_code": 3}
+        # every node asks, with different budgets: the first claim decides for all
+        claims = [h.claim_restart(1 + i) for i, h in enumerate(nodes)]
+        assert len(set(claims)) == 1 and claims[0] is budget_left
+        if budget_left:
+            results = form(*nodes)
+            agreed(results)
+            assert results[0].restart_count == 1
+    assert [f["exit_code"] for f in nodes[2].failures()] == [3, 3]
+    assert [f["round"] for f in nodes[2].failures()] == [0, 1]
+
+
+def test_job_stopped_reaches_everyone(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    form(a, b)
+    a.report_done(False)
+    wait_event(b, EventKind.JOB_STOPPED)
+    with pytest.raises(RendezvousError, match="stopped"):
+        Join(b).result()
+
+
+def test_store_host_lost_means_store_lost_not_a_hang(cluster: Cluster) -> None:
+    host, other = cluster.node("a", hosting=True), cluster.node("b")
+    form(host, other)
+    host._store.close()  # the hosting agent is gone, and its store with it
+    assert "unreachable" in (wait_event(other, EventKind.STORE_LOST).detail)
+    with pytest.raises(RendezvousError):
+        Join(other).result()
+
+
+def test_member_still_stopping_is_waited_for(cluster: Cluster) -> None:
+    a, b = cluster.node("a", nnodes=(1, 2)), cluster.node("b", nnodes=(1, 2))
+    form(a, b)
+    early = Join(a)
+    time.sleep(3 * FAST.last_call_timeout)  # b is alive but busy: a must not start alone
+    assert not early.done()
+    results = [Join(b).result(), early.result()]
+    agreed(results)
+    assert results[0].num_nodes == 2
+
+
+def test_static_ranks_are_the_given_ones(cluster: Cluster) -> None:
+    nodes = [
+        cluster.node(n, nnodes=(3, 3), fixed_rank=r) for n, r in [("x", 2), ("y", 0), ("z", 1)]
+    ]
+    results = form(*nodes)
+    agreed(results)
+    assert [r.node_rank for r in results] == [2, 0, 1]
+    assert results[0].master_addr == "addr-y"
+    nodes[0].report_failure({"rank": 5, "exit_code": 1})
+    for h in nodes[1:]:
+        wait_event(h, EventKind.PEER_FAILED)
+    assert all(h.claim_restart(2) for h in nodes)
+    again = form(*nodes)
+    assert [r.node_rank for r in again] == [2, 0, 1] and again[0].restart_count == 1
+
+
+def test_static_duplicate_rank_fails_everywhere(cluster: Cluster) -> None:
+    nodes = [cluster.node(n, fixed_rank=1) for n in "xy"]
+    joins = [Join(h) for h in nodes]
+    for j in joins:
+        with pytest.raises(RendezvousError, match="--node-rank 1 was given to more than one"):
+            j.result()
+
+
+def test_exit_barrier_waits_for_every_node(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    form(a, b)
+    a.report_done(True)
+    leaving = threading.Thread(target=a.shutdown)
+    leaving.start()
+    time.sleep(0.5)
+    assert leaving.is_alive()  # still waiting for b, so a's store would stay up
+    b.report_done(True)
+    leaving.join(WAIT)
+    assert not leaving.is_alive()
+    assert b.wait_all_done(WAIT)
+
+
+def test_event_behind_a_dead_writers_hole_still_arrives(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    form(a, b)
+    dead_writer = MemoryStore(cluster.server)
+    dead_writer.add("phalanx/rdzv/job/r0/events", 1)  # took slot 1, died before writing it
+    b.report_failure({"rank": 2, "exit_code": 9})  # lands in slot 2
+    assert wait_event(a, EventKind.PEER_FAILED).failure == {"rank": 2, "exit_code": 9}

@@ -1,0 +1,78 @@
+"""The rendezvous algorithm on the etcd backend (a real etcd server on loopback), reached
+through the registry exactly as the launcher does: ``--rdzv-backend etcd`` / ``etcd-v2``."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from etcd_server import EtcdCluster
+from phalanx.rendezvous.api import EventKind, RendezvousHandler, RendezvousResult
+from phalanx.rendezvous.registry import create_handler, spec_problems
+from phalanx.rendezvous.spec import RendezvousSpec
+
+HANG = 60.0
+CONF = {"last_call_timeout": "1", "heartbeat_interval": "0.5", "heartbeat_timeout": "5"}
+
+pytestmark = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd-server not installed")
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdCluster]:
+    with EtcdCluster(size=1) as cluster:
+        yield cluster
+
+
+def spec(cluster: EtcdCluster, backend: str, run_id: str) -> RendezvousSpec:
+    return RendezvousSpec(backend, run_id, 2, 2, cluster.endpoint_arg, CONF)
+
+
+def form(handlers: list[RendezvousHandler]) -> list[RendezvousResult]:
+    results: dict[int, RendezvousResult] = {}
+
+    def join(i: int) -> None:
+        results[i] = handlers[i].next_round(1)
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(handlers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HANG)
+    assert len(results) == len(handlers), "next_round hung or failed"
+    return [results[i] for i in range(len(handlers))]
+
+
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
+def test_round_failure_reach_and_restart_over_etcd(etcd: EtcdCluster, backend: str) -> None:
+    run_id = uuid.uuid4().hex
+    handlers = [create_handler(spec(etcd, backend, run_id)) for _ in range(2)]
+    try:
+        first = form(handlers)
+        assert first[0].nodes == first[1].nodes and first[0].master_port == first[1].master_port
+        assert sorted(r.node_rank for r in first) == [0, 1]
+        handlers[0].report_failure({"rank": 0, "exit_code": 4})
+        deadline = time.monotonic() + HANG
+        while (event := handlers[1].poll()) is None:
+            assert time.monotonic() < deadline, "PEER_FAILED never arrived"
+            time.sleep(0.05)
+        assert event.kind is EventKind.PEER_FAILED and event.failure["exit_code"] == 4
+        assert [h.claim_restart(1) for h in handlers] == [True, True]
+        second = form(handlers)
+        assert [r.restart_count for r in second] == [1, 1]
+        assert [r.node_rank for r in second] == [r.node_rank for r in first]
+        for h in handlers:
+            h.report_done(True)
+    finally:
+        for h in handlers:
+            h.shutdown()
+
+
+def test_etcd_options_checked_with_the_settings(etcd: EtcdCluster) -> None:
+    bad = RendezvousSpec("etcd", "x", 1, 2, etcd.endpoint_arg, {"protocl": "https", "timeout": "5"})
+    _, problems = spec_problems(bad)
+    assert len(problems) == 1 and "protocl" in problems[0]

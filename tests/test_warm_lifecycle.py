@@ -1,0 +1,220 @@
+"""The warm-start template's life: restarts fork from it, nothing outlives the launcher, and
+when it cannot be made phalanx says so in one line and starts the workers cold."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launch import PHALANX, WORKERS, alive, read_pids, run_phalanx, wait_for, worker
+from phalanx.config import LaunchConfig
+from phalanx.plan import WorkerPlan
+from phalanx.supervisor.warm import fork_request, template_env
+
+MODES = {"warm": [], "cold": ["--cold-start"]}
+FALLBACK = "warm start unavailable"
+
+
+def template_pid(stderr: str) -> int | None:
+    found = re.search(r"fork from template pid (\d+)", stderr)
+    return int(found.group(1)) if found else None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_restarts_fork_from_the_same_template(tmp_path: Path, mode: str) -> None:
+    result = run_phalanx(
+        [
+            *MODES[mode],
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--log-dir",
+            str(tmp_path),
+            worker("warm_restart.py"),
+        ]
+    )
+    assert result.returncode == 0, result.stderr
+    assert "restarting the worker group (restart 1 of 1)" in result.stderr
+    seen = [json.loads(line.split("]: ", 1)[1]) for line in result.stdout.splitlines()]
+    assert sorted((s["restart"], s["rank"]) for s in seen) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    parents = {s["ppid"] for s in seen}
+    assert len(parents) == 1  # cold: the agent; warm: the template, for both attempts
+    template = template_pid(result.stderr)
+    if mode == "warm":
+        assert parents == {template}
+        assert result.stderr.count("fork from template pid") == 1  # made once per run
+        assert not alive(template)  # and gone with the launcher
+    else:
+        assert template is None
+
+
+def _start_tree(
+    tmp_path: Path, flags: list[str]
+) -> tuple[subprocess.Popen[bytes], list[int], Path]:
+    pids_dir, stderr_path = tmp_path / "pids", tmp_path / "launcher.err"
+    pids_dir.mkdir()
+    with open(stderr_path, "wb") as stderr:
+        launcher = subprocess.Popen(
+            [
+                *PHALANX,
+                *flags,
+                "--nproc-per-node",
+                "2",
+                "--log-dir",
+                str(tmp_path / "logs"),
+                worker("sleep_tree.py"),
+                str(pids_dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+    wait_for(lambda: len(read_pids(pids_dir)) == 4, 60, "2 workers and their 2 children")
+    return launcher, read_pids(pids_dir), stderr_path
+
+
+def _processes(mode: str, pids: list[int], stderr_path: Path) -> list[int]:
+    """The workers, their children and (warm) the template: all must be alive now."""
+    template = template_pid(stderr_path.read_text())
+    assert (template is not None) == (mode == "warm")
+    everything = [*pids, *([template] if template is not None else [])]
+    assert all(alive(pid) for pid in everything)
+    return everything
+
+
+def _cleanup(launcher: subprocess.Popen[bytes], pids: list[int]) -> None:
+    if launcher.poll() is None:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kill_9_of_launcher_leaves_nothing(tmp_path: Path, mode: str) -> None:
+    launcher, pids, stderr_path = _start_tree(tmp_path, MODES[mode])
+    everything = pids
+    try:
+        everything = _processes(mode, pids, stderr_path)
+        launcher.kill()
+        launcher.wait(10)
+        wait_for(lambda: not any(alive(pid) for pid in everything), 5, "every process to die")
+    finally:
+        _cleanup(launcher, everything)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sigint_exits_130_and_leaves_nothing(tmp_path: Path, mode: str) -> None:
+    launcher, pids, stderr_path = _start_tree(tmp_path, MODES[mode])
+    everything = pids
+    try:
+        everything = _processes(mode, pids, stderr_path)
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(30) == 130
+        assert not any(alive(pid) for pid in everything)
+    finally:
+        _cleanup(launcher, everything)
+
+
+@pytest.mark.parametrize(
+    ("preload", "reason"),
+    [("phalanx_no_such_module", "ModuleNotFoundError"), ("warm_thready", "started Python threads")],
+)
+def test_falls_back_to_cold_start_in_one_line(tmp_path: Path, preload: str, reason: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(WORKERS)}
+    result = run_phalanx(
+        [
+            "--preload",
+            preload,
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path),
+            worker("echo_args.py"),
+        ],
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if FALLBACK in line]
+    assert reason in line and "starting workers cold" in line
+    assert template_pid(result.stderr) is None
+    assert sorted(line[:8] for line in result.stdout.splitlines()) == ["[rank0]:", "[rank1]:"]
+    (run_dir,) = tmp_path.iterdir()
+    assert reason in (run_dir / "template.log").read_text()  # the template's traceback
+
+
+def test_preload_is_imported_before_the_worker_starts(tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text("import sys\nprint('xml.dom.minidom' in sys.modules)\n")
+    for flags, expected in (
+        (["--preload", "xml.dom.minidom"], "True"),
+        (["--cold-start"], "False"),
+    ):
+        result = run_phalanx([*flags, "--log-dir", str(tmp_path / "logs"), str(script)])
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == f"[rank0]: {expected}\n"
+
+
+def test_no_python_programs_are_exec_d(tmp_path: Path) -> None:
+    result = run_phalanx(["--no-python", "--log-dir", str(tmp_path), "sh", "-c", "echo $RANK"])
+    assert result.returncode == 0 and result.stdout == "[rank0]: 0\n"
+    assert "template" not in result.stderr and FALLBACK not in result.stderr
+
+
+def test_bad_preload_name_is_a_usage_error() -> None:
+    result = run_phalanx(["--preload", "numpy,not a module", worker("echo_args.py")])
+    assert result.returncode == 2
+    assert "--preload: 'not a module' is not a module name" in result.stderr
+
+
+def _plan(argv: tuple[str, ...]) -> WorkerPlan:
+    return WorkerPlan(0, 0, argv, {"RANK": "0"}, Path("/nonexistent"), frozenset())
+
+
+def test_fork_request_only_for_python_files_and_modules(tmp_path: Path) -> None:
+    py = "/usr/bin/python-x"
+    (tmp_path / "a.py").write_text("")
+    (tmp_path / "a.pyc").write_bytes(b"")
+    cwd = str(tmp_path)
+    script = fork_request(_plan((py, "-u", "a.py", "--x")), cwd, python=py)
+    assert script is not None
+    assert (script.kind, script.target, script.args, script.cwd) == (
+        "script",
+        "a.py",
+        ("--x",),
+        cwd,
+    )
+    assert script.orig_argv == (py, "-u", "a.py", "--x") and script.env == {"RANK": "0"}
+    module = fork_request(_plan((py, "-u", "-m", "pkg.mod", "y")), cwd, python=py)
+    assert module is not None and (module.kind, module.target, module.args) == (
+        "module",
+        "pkg.mod",
+        ("y",),
+    )
+    for argv in [
+        (py, "-u", "a.pyc"),
+        (py, "-u", "missing.py"),
+        (py, "-u", "-c", "pass"),
+        ("/other/python", "-u", "a.py"),
+        (py, "a.py"),
+        ("sh", "-c", "true"),
+    ]:
+        assert fork_request(_plan(argv), cwd, python=py) is None, argv
+
+
+def test_template_env_is_what_every_worker_shares() -> None:
+    base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "4,5"}
+    env = template_env(
+        LaunchConfig(program="x.py", nproc_per_node=2, virtual_local_rank=True), base
+    )
+    assert env == {**base, "OMP_NUM_THREADS": "1"}  # torchrun's default for several workers
+    env = template_env(LaunchConfig(program="x.py", nproc_per_node=1), {"OMP_NUM_THREADS": "3"})
+    assert env == {"OMP_NUM_THREADS": "3"}

@@ -1,0 +1,180 @@
+"""A worker forked from the warm-start template cannot tell it from ``python -u script.py``.
+
+Every test runs the real CLI twice over -- warm (the default) and ``--cold-start`` -- and
+holds both to the same expectations: argv, ``sys.path[0]``, ``__file__``, ``__main__``,
+signal dispositions, exit codes and tracebacks, ``-m``, multiprocessing inside the worker,
+and the thread settings torch reads when it loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from launch import run_phalanx, worker
+
+MODES = {"warm": [], "cold": ["--cold-start"]}
+WARM_LINE = "warm start: workers fork from template pid"
+
+
+def by_rank(stdout: str) -> dict[int, dict[str, object]]:
+    """``[rankN]: {json}`` lines -> {N: data}."""
+    out = {}
+    for line in stdout.splitlines():
+        prefix, _, text = line.partition("]: ")
+        if text.startswith("{"):
+            out[int(prefix.removeprefix("[rank"))] = json.loads(text)
+    return out
+
+
+def check_mode(mode: str, stderr: str) -> None:
+    assert (WARM_LINE in stderr) == (mode == "warm"), stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_script_sees_what_python_gives_it(tmp_path: Path, mode: str) -> None:
+    real = tmp_path / "real dir"
+    real.mkdir()
+    shutil.copy(worker("warm_props.py"), real / "props.py")
+    (tmp_path / "link dir").mkdir()
+    script = "link dir/it's props.py"  # relative, a symlink, spaces and a quote
+    (tmp_path / script).symlink_to(real / "props.py")
+    args = ["--lr", "0.1", "a b"]
+    result = run_phalanx(
+        [*MODES[mode], "--nproc-per-node", "2", "--log-dir", "logs", script, *args], cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    check_mode(mode, result.stderr)
+    ranks = by_rank(result.stdout)
+    assert sorted(ranks) == [0, 1]
+    for data in ranks.values():
+        cwd = str(data["cwd"])
+        assert os.path.samefile(cwd, tmp_path)
+        assert data["argv"] == [script, *args]
+        assert data["path0"] == os.path.realpath(real)
+        assert data["file"] == os.path.join(cwd, script)  # joined, not resolved: python 3.11
+        assert data["name"] == "__main__" and data["main_is_globals"] is True
+        assert data["main_keys"] == [
+            "__annotations__",
+            "__builtins__",
+            "__cached__",
+            "__doc__",
+            "__file__",
+            "__loader__",
+            "__name__",
+            "__package__",
+            "__spec__",
+        ]
+        assert (data["loader"], data["spec"], data["package"]) == ("SourceFileLoader", None, None)
+        assert data["orig_argv_tail"] == ["-u", script, *args]
+        assert data["signals"] == {
+            "SIGINT": "<built-in function default_int_handler>",
+            "SIGTERM": "<Handlers.SIG_DFL: 0>",
+            "SIGPIPE": "<Handlers.SIG_IGN: 1>",
+            "SIGXFSZ": "<Handlers.SIG_IGN: 1>",
+            "SIGCHLD": "<Handlers.SIG_DFL: 0>",
+            "SIGHUP": "<Handlers.SIG_DFL: 0>",
+            "SIGUSR1": "<Handlers.SIG_DFL: 0>",
+        }
+        assert data["mask"] == [] and data["own_group"] is True
+        assert data["stdio"] == [False, True, "/dev/null"]  # python -u; stdin from /dev/null
+    # Each process seeds torch's generator itself: forked ranks must not share a stream.
+    assert ranks[0]["seed"] != ranks[1]["seed"]
+
+
+@pytest.mark.parametrize(
+    ("nproc", "env"),
+    [("2", {}), ("1", {}), ("2", {"OMP_NUM_THREADS": "2"})],
+    ids=["two-workers-default", "one-worker", "omp-2-given"],
+)
+def test_thread_settings_match_a_cold_start(
+    tmp_path: Path, nproc: str, env: dict[str, str]
+) -> None:
+    seen = {}
+    for mode, flags in MODES.items():
+        result = run_phalanx(
+            [
+                *flags,
+                "--nproc-per-node",
+                nproc,
+                "--log-dir",
+                str(tmp_path),
+                worker("warm_props.py"),
+            ],
+            env={**os.environ, **env},
+        )
+        assert result.returncode == 0, result.stderr
+        check_mode(mode, result.stderr)
+        seen[mode] = {
+            rank: (d["threads"], d["parallel"], d["omp"], d["matmul"])
+            for rank, d in by_rank(result.stdout).items()
+        }
+    assert len(seen["warm"]) == int(nproc)
+    assert seen["warm"] == seen["cold"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_module_mode(tmp_path: Path, mode: str) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    shutil.copy(worker("warm_props.py"), tmp_path / "pkg" / "props.py")
+    result = run_phalanx([*MODES[mode], "--log-dir", "logs", "-m", "pkg.props", "x"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    check_mode(mode, result.stderr)
+    data = by_rank(result.stdout)[0]
+    module_file = os.path.join(str(data["cwd"]), "pkg", "props.py")
+    assert data["argv"] == [module_file, "x"]
+    assert data["path0"] == data["cwd"] and data["file"] == module_file
+    assert (data["name"], data["spec"], data["package"]) == ("__main__", "pkg.props", "pkg")
+    assert data["orig_argv_tail"] == ["-u", "-m", "pkg.props", "x"]
+
+    result = run_phalanx([*MODES[mode], "--log-dir", "logs", "-m", "pkg.missing"], cwd=tmp_path)
+    assert result.returncode == 1
+    assert "[rank0]: " in result.stderr and ": No module named pkg.missing" in result.stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("how", ["exit3", "raise", "message", "interrupt"])
+def test_exit_codes_and_tracebacks(tmp_path: Path, mode: str, how: str) -> None:
+    script = worker("warm_exit.py")
+    result = run_phalanx([*MODES[mode], "--log-dir", str(tmp_path), script, how])
+    check_mode(mode, result.stderr)
+    (run_dir,) = tmp_path.iterdir()
+    stderr = (run_dir / "attempt_0" / "rank_0" / "stderr.log").read_text().splitlines()
+    report = result.stderr[result.stderr.index("=" * 78) :]
+    if how == "exit3":
+        assert result.returncode == 3 and stderr == []
+    elif how == "message":
+        assert result.returncode == 1 and stderr == ["bye from the worker"]
+    elif how == "raise":
+        assert result.returncode == 1
+        # Exactly python's traceback: the script's frames only, none of phalanx or runpy.
+        assert stderr[0] == "Traceback (most recent call last):"
+        assert [line for line in stderr if line.startswith("  File")] == [
+            f'  File "{script}", line 17, in <module>',
+            f'  File "{script}", line 10, in outer',
+            f'  File "{script}", line 6, in inner',
+        ]
+        assert stderr[-1] == "ValueError: boom"
+        assert "ValueError: boom" in report and "Traceback (most recent call last)" in report
+    else:  # python ends by SIGINT after an uncaught KeyboardInterrupt
+        assert result.returncode == 128 + signal.SIGINT
+        assert stderr[-1] == "KeyboardInterrupt" and "killed by SIGINT" in report
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_multiprocessing_inside_a_worker(tmp_path: Path, mode: str) -> None:
+    result = run_phalanx([*MODES[mode], "--log-dir", str(tmp_path), worker("warm_mp.py")])
+    assert result.returncode == 0, result.stderr
+    check_mode(mode, result.stderr)
+    assert result.stdout.splitlines() == [
+        "[rank0]: fork [1, 4, 9]",
+        "[rank0]: spawn [16, 25]",
+        "[rank0]: mp.spawn [(0, '0', '__mp_main__'), (1, '0', '__mp_main__')]",
+        "[rank0]: loader [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]",
+    ]
