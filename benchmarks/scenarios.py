@@ -8,6 +8,7 @@ process group if it outlives its timeout; its output goes to a log file kept for
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -86,6 +87,11 @@ class Job:
             raise BenchError(f"launcher exited {code}; see {self.log}")
         return code
 
+    def done(self, value: float) -> float:
+        """The measurement succeeded: remove the scratch directory (failures keep theirs)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return value
+
     def stamps(self, event: str, restart: int) -> dict[int, tuple[float, int]]:
         return _stamps(self.out, event, restart)
 
@@ -108,7 +114,7 @@ def launch(command: Command, nproc: int) -> float:
     """Seconds from starting the launcher to every rank past its first barrier."""
     job = Job(command, nproc, 0, "launch")
     job.finish()
-    return job.all_ranks("barrier", 0) - job.started
+    return job.done(job.all_ranks("barrier", 0) - job.started)
 
 
 def teardown(command: Command, nproc: int) -> float:
@@ -124,7 +130,7 @@ def teardown(command: Command, nproc: int) -> float:
         time.sleep(0.005)
         gone = time.time()
     (killed, _), = job.stamps("kill", 0).values()  # fmt: skip
-    return gone - killed
+    return job.done(gone - killed)
 
 
 def restart(command: Command, nproc: int, env: dict[str, str] | None = None) -> float:
@@ -133,7 +139,7 @@ def restart(command: Command, nproc: int, env: dict[str, str] | None = None) -> 
     job = Job(command, nproc, 1, "kill", env=env)
     job.finish()
     (killed, _), = job.stamps("kill", 0).values()  # fmt: skip
-    return job.all_ranks("barrier", 1) - killed
+    return job.done(job.all_ranks("barrier", 1) - killed)
 
 
 def idle(
@@ -163,6 +169,8 @@ def idle(
     finally:
         for job in jobs.values():
             job.finish()
+    for job in jobs.values():
+        job.done(0.0)
     return result
 
 

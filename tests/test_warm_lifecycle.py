@@ -124,6 +124,31 @@ def test_sigint_exits_130_and_leaves_nothing(tmp_path: Path, mode: str) -> None:
         _cleanup(launcher, everything)
 
 
+def test_a_dead_template_means_a_cold_restart(tmp_path: Path) -> None:
+    """The template dies mid-run: its workers die with it, one line says so, and the
+    restart starts the workers cold (the launcher is their parent) and succeeds."""
+    out, stderr_path = tmp_path / "out", tmp_path / "launcher.err"
+    out.mkdir()
+    with open(stderr_path, "wb") as stderr:
+        launcher = subprocess.Popen(
+            [*PHALANX, "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir",
+             str(tmp_path / "logs"), worker("warm_wait.py"), str(out)],
+            stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: len(list(out.glob("0.?"))) == 2, 60, "the first attempt's workers")
+        template = template_pid(stderr_path.read_text())
+        assert template is not None
+        assert {int(p.read_text()) for p in out.glob("0.?")} == {template}
+        os.kill(template, signal.SIGKILL)
+        assert launcher.wait(60) == 0, stderr_path.read_text()
+    finally:
+        _cleanup(launcher, [])
+    assert {int(p.read_text()) for p in out.glob("1.?")} == {launcher.pid}
+    lines = [line for line in stderr_path.read_text().splitlines() if FALLBACK in line]
+    assert len(lines) == 1 and "the template exited" in lines[0]
+
+
 @pytest.mark.parametrize(
     ("preload", "reason"),
     [("phalanx_no_such_module", "ModuleNotFoundError"), ("warm_thready", "started Python threads")],

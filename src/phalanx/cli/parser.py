@@ -89,7 +89,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option(
         "start-method",
         "spawn",
-        "Accepted for torchrun compatibility; phalanx always execs workers.",
+        "Accepted for torchrun compatibility; workers are forked from the warm-start template, or exec'd with --cold-start.",
         choices=["spawn", "fork", "forkserver"],
     )
     option("event-log-handler", "null", "Accepted for torchrun compatibility (null or console).")
@@ -153,8 +153,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option(
         "preload",
         "",
-        "Modules the warm-start template imports besides torch, MOD[,MOD...] (e.g. numpy,"
-        "transformers); each must be safe to fork after import.",
+        "Modules the warm-start template imports besides torch, MOD[,MOD...] (e.g. "
+        "numpy,transformers): imported once per node before the ranks are known, so they "
+        "must not read RANK/LOCAL_RANK or start threads when imported.",
     )
     switch(
         "spawn-owner",

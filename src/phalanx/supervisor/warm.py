@@ -116,13 +116,14 @@ class WarmWorker:
 class Template:
     """The agent's handle on the template process; ``launch`` is a supervisor ``Launch``."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, log: BinaryIO) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], sock: socket.socket, log_file: BinaryIO
+    ) -> None:
         self._proc = proc
         self._sock = sock
-        self._log = log
+        self._log = log_file
         self._state = "starting"  # -> "ready" | "gone"
-        self._statuses: dict[int, int] = {}
-        self._fallback: Callable[[WorkerPlan], RunningWorker] = exec_worker
+        self._statuses: dict[int, int] = {}  # pid -> wait status, as the template reported it
 
     @classmethod
     def start(cls, env: Mapping[str, str], preload: tuple[str, ...], log_path: Path) -> Template:
@@ -156,12 +157,12 @@ class Template:
         cwd = os.getcwd()
         request = fork_request(worker, cwd)
         if request is None or not self._ready():
-            return self._fallback(worker)
+            return exec_worker(worker)
         try:
             return self._fork(request)
         except (OSError, ProtocolError) as exc:
             self._give_up(f"forking rank {worker.global_rank} failed: {exc}")
-            return self._fallback(worker)
+            return exec_worker(worker)
 
     def _ready(self) -> bool:
         if self._state == "starting":

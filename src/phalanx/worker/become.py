@@ -130,10 +130,17 @@ def _fresh_main() -> types.ModuleType:
     return main
 
 
+def _set_path0(entry: str) -> None:
+    # The template's own sys.path[0] (its working directory, from -m) becomes the worker's;
+    # with PYTHONSAFEPATH (-P) python prepends nothing, and neither do we.
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = entry
+
+
 def _run_script(request: ForkRequest) -> None:
     path = request.target
     sys.argv = [path, *request.args]
-    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    _set_path0(os.path.dirname(os.path.realpath(path)))
     filename = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
     try:
         with open(filename, "rb") as handle:
@@ -154,7 +161,7 @@ def _run_script(request: ForkRequest) -> None:
 
 def _run_module(request: ForkRequest) -> None:
     sys.argv = ["-m", *request.args]
-    sys.path[0] = os.getcwd()
+    _set_path0(os.getcwd())
     _fresh_main()
     run_as_main: Callable[[str, bool], object] = getattr(  # noqa: B009 -- private on purpose
         __import__("runpy"), "_run_module_as_main"
