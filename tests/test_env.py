@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,14 +76,16 @@ def test_plan_ranks_and_log_paths() -> None:
     plan = build_plan(config, RDZV, Path("/runs/r"), {})
     assert [w.global_rank for w in plan.workers] == [4, 5, 6, 7]
     assert plan.workers[0].stdout_path == Path("/runs/r/attempt_2/rank_4/stdout.log")
-    assert all(w.argv == (sys.executable, "-u", "t.py") for w in plan.workers)
+    # phalanx's worker-side code (phalanx.worker.boot) runs first, then t.py as python would.
+    assert all(
+        w.argv == (sys.executable, "-u", "-m", "phalanx.worker.boot", "t.py") for w in plan.workers
+    )
 
 
 # Values that differ by design between two launches of the same job.
 RUN_SPECIFIC = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
 def test_environment_matches_torchrun(tmp_path: Path) -> None:
     """Run the same job under torchrun and phalanx; the workers must see the same variables."""
     seen = {}
@@ -101,7 +102,10 @@ def test_environment_matches_torchrun(tmp_path: Path) -> None:
             str(out),
         ]
         if launcher == "torchrun":
-            done = subprocess.run(["torchrun", *args], capture_output=True, text=True, timeout=120)
+            # torchrun's own module, not the `torchrun` on PATH: a version-manager shim (pyenv)
+            # would add variables of its own to torchrun's environment.
+            reference = [sys.executable, "-m", "torch.distributed.run", *args]
+            done = subprocess.run(reference, capture_output=True, text=True, timeout=120)
         else:
             done = run_phalanx(["--log-dir", str(tmp_path / "logs"), *args])
         assert done.returncode == 0, done.stderr
