@@ -313,3 +313,17 @@ def revoke_all_leases(cluster: EtcdCluster) -> int:
         for lease_id in ids:
             session.post(f"{base}/v3/lease/revoke", json={"ID": lease_id}, timeout=10)
     return len(ids)
+
+
+def leader_index(cluster: EtcdCluster) -> int:
+    """Which running member leads the cluster now (its index in ``members``)."""
+    with cluster.session() as session:
+        for i, member in enumerate(cluster.members):
+            if member.process is None:
+                continue
+            status = session.post(f"{member.client_url}/v3/maintenance/status", json={}, timeout=10)
+            status.raise_for_status()
+            body = status.json()
+            if body.get("leader") == body["header"]["member_id"]:
+                return i
+    raise AssertionError("no running member says it is the leader")

@@ -11,13 +11,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from etcd_server import EtcdCluster
-from phalanx.rendezvous.api import EventKind, RendezvousHandler, RendezvousResult
+from etcd_server import EtcdCluster, revoke_all_leases
+from phalanx.errors import RendezvousError
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
 from phalanx.rendezvous.registry import create_handler, spec_problems
 from phalanx.rendezvous.spec import RendezvousSpec
 
 HANG = 60.0
-CONF = {"last_call_timeout": "1", "heartbeat_interval": "0.5", "heartbeat_timeout": "5"}
+CONF = {
+    "last_call_timeout": "1",
+    "heartbeat_interval": "0.5",
+    "heartbeat_timeout": "5",
+    "lease_ttl": "3",
+}
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd-server not installed")
 
@@ -45,6 +51,14 @@ def form(handlers: list[RendezvousHandler]) -> list[RendezvousResult]:
         t.join(HANG)
     assert len(results) == len(handlers), "next_round hung or failed"
     return [results[i] for i in range(len(handlers))]
+
+
+def wait_event(handler: RendezvousHandler, kind: EventKind) -> JobEvent:
+    deadline = time.monotonic() + HANG
+    while (event := handler.poll()) is None or event.kind is not kind:
+        assert time.monotonic() < deadline, f"no {kind} within {HANG} s"
+        time.sleep(0.05)
+    return event
 
 
 @pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
@@ -76,3 +90,20 @@ def test_etcd_options_checked_with_the_settings(etcd: EtcdCluster) -> None:
     bad = RendezvousSpec("etcd", "x", 1, 2, etcd.endpoint_arg, {"protocl": "https", "timeout": "5"})
     _, problems = spec_problems(bad)
     assert len(problems) == 1 and "protocl" in problems[0]
+
+
+def test_node_whose_etcd_lease_is_revoked_leaves(etcd: EtcdCluster) -> None:
+    """Liveness on etcd is the agent's lease: with it gone (here an operator revokes every
+    lease), each node finds its own liveness key deleted and stops counting as a member."""
+    run_id = uuid.uuid4().hex
+    handlers = [create_handler(spec(etcd, "etcd", run_id)) for _ in range(2)]
+    try:
+        form(handlers)
+        assert revoke_all_leases(etcd) >= 2
+        for h in handlers:
+            assert "lease" in wait_event(h, EventKind.STORE_LOST).detail
+        with pytest.raises(RendezvousError, match="lease"):
+            handlers[0].next_round(1)
+    finally:
+        for h in handlers:
+            h.shutdown()

@@ -5,8 +5,12 @@ algorithm is in ``formation``, the heartbeat/event thread in ``liveness``, the k
 ``keys``. Static rendezvous is the same handler with ``min = max = nnodes`` and each node's
 ``--node-rank`` fixed.
 
+Liveness is by heartbeat counters, or by keys bound to the node's lease where the store has
+leases (etcd): see ``pulse``.
+
 Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
-``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it.
+``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it;
+``failures`` returns nothing once the store counts as lost.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class DynamicRendezvous:
             fixed_rank=self._fixed_rank,
         )
         try:
+            self._liveness.announce()
             membership, rank, (addr, port) = self._former.form(me, self._membership, self._rank)
         except StoreUnavailable as exc:
             raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
@@ -136,6 +141,9 @@ class DynamicRendezvous:
             log.warning("rendezvous: could not tell the other nodes about the failure: %s", exc)
 
     def failures(self) -> list[dict[str, object]]:
+        """Empty once the store is lost: asking would only wait out its timeout again."""
+        if self._liveness.store_problem() is not None:
+            return []
         try:
             return self._board.failures()
         except StoreUnavailable as exc:

@@ -302,18 +302,32 @@ class EtcdStore:
             return self._lease_id
 
     def _keep_alive(self, lease_id: int, interval: float) -> None:
+        """Renew every ``interval`` (a third of the TTL). A renewal may take until the lease
+        would expire: one slow answer from a loaded etcd must not cost the lease, since
+        peers would count this node as lost. Repeated failures are logged once."""
+        expires = time.monotonic() + 3 * interval
+        failing = False
         while not self._stop.wait(interval):
             try:
                 reply = self._client.call(
-                    "lease/keepalive", {"ID": str(lease_id)}, timeout=interval
+                    "lease/keepalive",
+                    {"ID": str(lease_id)},
+                    timeout=max(interval, expires - time.monotonic()),
                 )
             except (StoreUnavailable, EtcdRequestError) as exc:
-                log.warning("etcd: could not renew the lease (%s); retrying", exc)
+                if not failing:
+                    log.warning("etcd: could not renew the lease (%s); retrying", exc)
+                failing = True
                 continue
-            if int(reply.get("result", reply).get("TTL", 0)) <= 0:
+            ttl = int(reply.get("result", reply).get("TTL", 0))
+            if ttl <= 0:
                 log.error("etcd: the lease of this node expired; peers will consider it gone")
                 self._lease_lost = True
                 return
+            if failing:
+                log.info("etcd: lease renewed again")
+            failing = False
+            expires = time.monotonic() + ttl
 
 
 def _is_token(kv: wire.JSON | None, token: bytes) -> bool:

@@ -9,7 +9,7 @@ Keys (torchrun's spellings of its etcd backends are accepted as aliases):
 ``cert`` (``ssl_cert``)       client certificate, with ``key``, for ``--client-cert-auth``
 ``key`` (``ssl_cert_key``)    the client certificate's private key
 ``user``, ``password``        etcd user (auth enabled); the token is renewed when it expires
-``request_timeout``           seconds one store operation may take over all endpoints (10)
+``request_timeout``           seconds one store operation may take over all endpoints (5)
 ``lease_ttl``                 seconds an ephemeral key outlives a silent owner (10)
 ============================  =================================================================
 """
@@ -52,7 +52,9 @@ class EtcdOptions:
     key: str | None = None
     user: str | None = None
     password: str | None = None
-    request_timeout: float = 10.0  # one operation, all endpoints and retries included
+    # One operation, all endpoints and retries included. Below heartbeat_timeout (10), so a
+    # lost etcd is reported with its endpoints and why each failed, not only as silence.
+    request_timeout: float = 5.0
     lease_ttl: float = 10.0  # seconds an ephemeral key outlives its silent owner
 
     @property

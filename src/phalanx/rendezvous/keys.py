@@ -1,7 +1,8 @@
 """Where a run's rendezvous lives in the store: every key under ``phalanx/rdzv/<run id>/``.
 
 Job-wide keys:  ``round`` (the newest opened round), ``stopped`` (someone gave up for good),
-``failures`` + ``fail/<i>`` (the failure log), ``hb/<node id>`` (heartbeat counters).
+``failures`` + ``fail/<i>`` (the failure log), ``hb/<node id>`` (liveness: a heartbeat
+counter, or a key bound to the node's lease; see ``pulse``).
 Per round r, under ``r<r>/``: ``open``, ``joined`` (arrival counter), ``node/<slot>`` (an
 arrival's details), ``waiting`` (nodes queued for this round while the previous one ran),
 ``closed`` (the decision: how many arrivals are in, or why the round failed), ``members``,

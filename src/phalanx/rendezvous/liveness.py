@@ -7,12 +7,12 @@ It does every periodic store operation, so ``poll()`` never touches the network:
   within a fraction of a second. It reads ahead only while the agent has consumed what
   was read (an agent restarts on the first event), so even when every node fails at once
   each reads O(1) entries, not O(n);
-- every ``heartbeat_interval`` it bumps this node's heartbeat counter and reads the counter
-  of the next node in the ring (rank + 1 mod n). A counter that has not changed for
-  ``heartbeat_timeout`` (timed on this node's own clock: no clock sync needed) makes the
-  watcher record that node as lost and post ``NODE_LOST``. While the next node looks
-  silent the watcher also reads the ones after it, so a run of dead nodes is timed
-  together and the ring stays covered. O(1) reads per node per interval, not O(n).
+- every ``heartbeat_interval`` it shows this node is alive and judges the next node in the
+  ring (rank + 1 mod n), by heartbeat counters or, on a store with leases (etcd), by the
+  node's leased key (see ``pulse``). A node judged lost is recorded as such and
+  ``NODE_LOST`` is posted. While the next node looks quiet or lost the watcher also judges
+  the ones after it, so a run of dead nodes is found together and the ring stays covered.
+  O(1) reads per node per interval, not O(n).
 
 The thread keeps watching the previous round while the agent is in ``next_round`` (that
 is how members that died during a restart are found and the restart stops waiting for
@@ -28,8 +28,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from phalanx.rendezvous.api import EventKind, JobEvent
-from phalanx.rendezvous.board import LEFT, Board
+from phalanx.rendezvous.board import Board
 from phalanx.rendezvous.members import Membership
+from phalanx.rendezvous.pulse import Verdict, pulse_for
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.store import StoreUnavailable
 
@@ -42,12 +43,6 @@ class _View:
     rank: int
 
 
-@dataclass
-class _Seen:
-    value: bytes | None
-    since: float
-
-
 class Liveness:
     def __init__(self, board: Board, settings: RendezvousSettings) -> None:
         self._b = board
@@ -57,11 +52,11 @@ class Liveness:
         self._events: deque[JobEvent] = deque()
         self._next_event = 1
         self._hole: tuple[int, float] | None = None  # (absent index, since)
-        self._seen: dict[str, _Seen] = {}
+        self._pulse = pulse_for(board, settings)
         self._declared: set[str] = set()
         self._beating = True
-        self._beats = 0
         self._next_beat = 0.0
+        self._expelled: str | None = None  # why this node no longer counts as a member
         self._last_ok = time.monotonic()
         self._failing_since: float | None = None
         self._last_error = ""
@@ -74,7 +69,7 @@ class Liveness:
             self._view = _View(membership, rank)
             self._events.clear()
             self._next_event = 1
-            self._seen = {}
+            self._pulse.follow()
             self._declared = set()
             self._next_beat = 0.0
         if self._thread is None:
@@ -83,6 +78,10 @@ class Liveness:
                 target=self._run, name=f"phalanx-rdzv-{self._b.node_id[:8]}", daemon=True
             )
             self._thread.start()
+
+    def announce(self) -> None:
+        """Show this node as alive before it joins a round (a leased key, on etcd)."""
+        self._pulse.announce()
 
     def stop_beating(self) -> None:
         """This node left on purpose: no more heartbeats (peers read ``LEFT`` instead)."""
@@ -94,13 +93,16 @@ class Liveness:
             return self._events.popleft() if self._events else None
 
     def store_problem(self) -> str | None:
-        """Why the store counts as lost, or None: errors for two heartbeats in a row, or no
-        answer at all (a call stuck on a vanished host) for ``heartbeat_timeout``."""
+        """Why the store counts as lost, or None: errors for two heartbeats in a row, no
+        answer at all (a call stuck on a vanished host) for ``heartbeat_timeout``, or this
+        node's lease expired (the others count it as lost)."""
         if self._thread is None:
             return None
         now = time.monotonic()
         with self._lock:
             failing, last_ok, error = self._failing_since, self._last_ok, self._last_error
+            if self._expelled is not None:
+                return self._expelled
         if failing is not None and now - failing >= 2 * self._s.heartbeat_interval:
             return f"the rendezvous store is unreachable: {error}"
         if now - last_ok > self._s.heartbeat_timeout:
@@ -147,11 +149,12 @@ class Liveness:
         self._skip_hole(view)
         with self._lock:
             beating = self._beating
-        if beating:
-            self._beats += 1
-            self._b.store.set(self._b.keys.heartbeat(self._b.node_id), str(self._beats).encode())
-        else:
-            self._b.store.set(self._b.keys.heartbeat(self._b.node_id), LEFT)
+        expelled = self._pulse.beat(beating)
+        if expelled is not None:
+            log.error("rendezvous: %s", expelled)
+            with self._lock:
+                self._expelled = expelled
+            return
         self._watch(view, now)
 
     def _read_events(self, view: _View) -> None:
@@ -198,25 +201,19 @@ class Liveness:
             node_id = members.node_ids[rank]
             if node_id in self._declared:
                 continue
-            value = self._b.store.get(self._b.keys.heartbeat(node_id))
-            if value == LEFT:
-                continue  # left on purpose (its fate says so); watch the next one
-            seen = self._seen.get(node_id)
-            if seen is None or seen.value != value:
-                self._seen[node_id] = seen = _Seen(value, now)
-            silent = now - seen.since
-            if silent >= self._s.heartbeat_timeout:
-                self._declare_lost(view, rank, silent)
-            elif silent < 2 * self._s.heartbeat_interval:
-                return  # alive: it watches the rest of the ring
+            verdict, why = self._pulse.judge(node_id, now)
+            if verdict is Verdict.LOST:
+                self._declare_lost(view, rank, why)
+            elif verdict is Verdict.ALIVE:
+                return  # it watches the rest of the ring
 
-    def _declare_lost(self, view: _View, rank: int, silent: float) -> None:
+    def _declare_lost(self, view: _View, rank: int, why: str) -> None:
         members = view.membership
         node = members.nodes[rank]
         self._declared.add(members.node_ids[rank])
         if not self._b.settle(members.round, rank, members.count, "lost"):
             return  # it had rejoined or left, or another watcher was first
-        detail = f"node {rank} ({node.hostname}, {node.addr}) sent no heartbeat for {silent:.0f} s"
+        detail = f"node {rank} ({node.hostname}, {node.addr}) {why}"
         log.warning("rendezvous: %s", detail)
         event = JobEvent(EventKind.NODE_LOST, rank, detail)
         self._b.post_event(members.round, event, about=members.node_ids[rank])

@@ -4,10 +4,13 @@
 ``MemoryStore`` handle, the way each agent has its own connection to a real store. Closing a
 handle cuts that node off (its calls raise ``StoreUnavailable``: a crashed or partitioned
 node); closing a hosting handle stops the server for everyone (the store host is lost).
+``LeasedMemoryStore`` adds etcd's leases: its ephemeral keys vanish ``lease_ttl`` seconds
+after the handle is closed, the way etcd expires the lease of a process that went silent.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -22,7 +25,25 @@ class MemoryServer:
         self.lock = threading.Lock()
         self.data: dict[str, bytes] = {}
         self.waiters: dict[str, list[threading.Event]] = {}
+        self.leased: dict[str, int] = {}  # key -> the lease it is bound to
+        self.leases_alive: set[int] = set()
         self._serving = True
+        self._leases = itertools.count(1)
+
+    def grant(self) -> int:
+        """A new lease id."""
+        with self.lock:
+            lease = next(self._leases)
+            self.leases_alive.add(lease)
+            return lease
+
+    def expire(self, lease: int) -> None:
+        """End ``lease`` now: delete every key still bound to it (as etcd does)."""
+        with self.lock:
+            self.leases_alive.discard(lease)
+            for key in [k for k, owner in self.leased.items() if owner == lease]:
+                del self.leased[key]
+                self.data.pop(key, None)
 
     def stop(self) -> None:
         with self.lock:
@@ -37,12 +58,17 @@ class MemoryServer:
         if not self._serving:
             raise StoreUnavailable("the in-memory store stopped serving")
 
-    def put(self, key: str, value: bytes) -> None:
+    def put(self, key: str, value: bytes, lease: int | None = None) -> None:
+        """Write ``key``; bound to ``lease`` if given, else unbound from any lease."""
         if not value:
             raise ValueError(
                 f"empty value for {key!r}: the KVStore contract needs non-empty values"
             )
         self.data[key] = value
+        if lease is None:
+            self.leased.pop(key, None)
+        else:
+            self.leased[key] = lease
         for event in self.waiters.pop(key, ()):
             event.set()
 
@@ -81,6 +107,7 @@ class MemoryStore:
 
     def delete(self, key: str) -> bool:
         with self._locked() as server:
+            server.leased.pop(key, None)
             return server.data.pop(key, None) is not None
 
     def wait(self, keys: list[str], timeout: float) -> bool:
@@ -109,6 +136,33 @@ class MemoryStore:
         if self._closed:
             raise StoreUnavailable("this in-memory store handle is closed")
         return _Locked(self._server)
+
+
+class LeasedMemoryStore(MemoryStore):
+    """A ``MemoryStore`` handle with a lease; implements ``LeasedStore``.
+
+    Closing the handle (a crash, in a simulation) lets the lease run out: its keys vanish
+    ``lease_ttl`` seconds later, from a timer thread.
+    """
+
+    def __init__(self, server: MemoryServer, *, lease_ttl: float, hosting: bool = False) -> None:
+        super().__init__(server, hosting=hosting)
+        self.lease = server.grant()
+        self._ttl = lease_ttl
+        self._expiry: threading.Timer | None = None
+
+    def set_ephemeral(self, key: str, value: bytes) -> None:
+        with self._locked() as server:
+            if self.lease not in server.leases_alive:
+                raise StoreUnavailable(f"lease {self.lease} expired")
+            server.put(key, value, lease=self.lease)
+
+    def close(self) -> None:
+        if self._expiry is None:
+            self._expiry = threading.Timer(self._ttl, self._server.expire, args=(self.lease,))
+            self._expiry.daemon = True
+            self._expiry.start()
+        super().close()
 
 
 class _Locked:

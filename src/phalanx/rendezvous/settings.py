@@ -15,7 +15,8 @@ key (aliases)              default    meaning
                                       port to be published once the round has closed
 ``heartbeat_interval``     1          seconds between heartbeats (and a quarter of it between
 (``keep_alive_interval``)             checks for peer events)
-``heartbeat_timeout``      10         a node silent this long is lost (peers see ``NODE_LOST``);
+``heartbeat_timeout``      10         a node silent this long is lost (peers see ``NODE_LOST``;
+                                      on etcd the node's lease decides instead: ``lease_ttl``);
                                       also how long an unreachable store is tolerated
 ``keep_alive_max_attempt`` --         torchrun's way to say heartbeat_timeout: this many
                                       heartbeat intervals

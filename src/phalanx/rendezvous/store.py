@@ -10,11 +10,14 @@ heartbeat thread at once, and a ``wait`` in one thread must not hold up calls in
 No call blocks longer than its own ``timeout`` (``wait``) or the backend's read timeout
 (everything else); a call that cannot reach the store raises ``StoreUnavailable``, which the
 rendezvous turns into ``EventKind.STORE_LOST`` / ``RendezvousError``.
+
+A store with leases (etcd) also implements ``LeasedStore``; the rendezvous then uses keys
+that die with their owner for liveness instead of heartbeat counters (see ``pulse``).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class StoreUnavailable(Exception):
@@ -50,3 +53,17 @@ class KVStore(Protocol):
 
     def close(self) -> None:
         """Release connections (a hosting backend also stops serving). Idempotent."""
+
+
+@runtime_checkable
+class LeasedStore(KVStore, Protocol):
+    """A ``KVStore`` whose handle holds a lease that the server expires when the owner goes silent."""
+
+    def set_ephemeral(self, key: str, value: bytes) -> None:
+        """Set ``key`` bound to this handle's lease.
+
+        The server deletes the key when the lease expires: ``lease_ttl`` seconds after the
+        process stopped renewing it (it died, hung, or was cut off from the store); ``close``
+        ends the lease at once. A later plain ``set`` of the key unbinds it. Raises
+        ``StoreUnavailable`` once the lease has lapsed (the owner should leave the job).
+        """

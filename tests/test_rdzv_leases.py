@@ -1,0 +1,124 @@
+"""Rendezvous tier (b): liveness by leases (the etcd way), on the in-memory store with leases.
+
+A "crashed" node is one whose store handle is closed: its leased key vanishes ``LEASE_TTL``
+seconds later, as etcd expires the lease of a process that stopped renewing it. The
+heartbeat timeout is set far beyond every wait here, so each lost node below can only have
+been found through its lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from phalanx.errors import RendezvousError
+from phalanx.rendezvous.api import EventKind
+from phalanx.rendezvous.board import LEFT
+from phalanx.rendezvous.dynamic import DynamicRendezvous
+from phalanx.rendezvous.keys import Keys
+from phalanx.rendezvous.memory import LeasedMemoryStore, MemoryServer, MemoryStore
+from phalanx.rendezvous.pulse import ALIVE
+from phalanx.rendezvous.store import LeasedStore
+from test_rdzv_algorithm import FAST, WAIT, Join, agreed, crash, form, wait_event, wait_until
+
+LEASE_TTL = 1.0
+SETTINGS = replace(FAST, heartbeat_timeout=10 * WAIT)  # counters would never find anyone lost
+
+
+class LeasedCluster:
+    def __init__(self) -> None:
+        self.server = MemoryServer()
+        self.handlers: list[DynamicRendezvous] = []
+        self.stores: dict[str, LeasedMemoryStore] = {}
+
+    def node(self, name: str, nnodes: tuple[int, int] = (2, 2)) -> DynamicRendezvous:
+        store = LeasedMemoryStore(self.server, lease_ttl=LEASE_TTL)
+        self.stores[name] = store
+        handler = DynamicRendezvous(
+            store,
+            run_id="job",
+            min_nodes=nnodes[0],
+            max_nodes=nnodes[1],
+            addr=f"addr-{name}",
+            hostname=name,
+            settings=SETTINGS,
+        )
+        self.handlers.append(handler)
+        return handler
+
+    def liveness_key(self, handler: DynamicRendezvous) -> str:
+        return Keys("job").heartbeat(handler.node_id)
+
+
+@pytest.fixture
+def cluster() -> Iterator[LeasedCluster]:
+    c = LeasedCluster()
+    try:
+        yield c
+    finally:
+        for handler in c.handlers:
+            handler.shutdown()
+
+
+def test_only_stores_with_leases_get_leased_keys(cluster: LeasedCluster) -> None:
+    assert isinstance(LeasedMemoryStore(cluster.server, lease_ttl=1), LeasedStore)
+    assert not isinstance(MemoryStore(cluster.server), LeasedStore)
+    a, b = cluster.node("a"), cluster.node("b")
+    form(a, b)
+    for name, handler in (("a", a), ("b", b)):
+        key = cluster.liveness_key(handler)
+        # written once, bound to the node's own lease; no counter is bumped on top of it
+        wait_until(lambda key=key: cluster.server.data.get(key) == ALIVE)
+        assert cluster.server.leased[key] == cluster.stores[name].lease
+
+
+def test_crashed_node_is_lost_when_its_lease_expires(cluster: LeasedCluster) -> None:
+    a, b = cluster.node("a", (1, 2)), cluster.node("b", (1, 2))
+    form(a, b)
+    crash(b)
+    event = wait_event(a, EventKind.NODE_LOST)
+    assert "lost its lease" in event.detail and "(b, addr-b)" in event.detail
+    assert a.claim_restart(1)
+    alone = Join(a).result()  # b's fate is settled as lost: the round forms without it
+    assert (alone.num_nodes, alone.restart_count, alone.node_rank) == (1, 1, 0)
+
+
+def test_lost_node_with_too_few_left_ends_the_job(cluster: LeasedCluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    form(a, b)
+    crash(b)
+    wait_event(a, EventKind.NODE_LOST)
+    assert a.claim_restart(1)
+    with pytest.raises(RendezvousError, match=r"only 1 node.*at least 2 needed"):
+        Join(a).result()
+
+
+def test_node_whose_lease_lapsed_learns_it_and_is_lost_for_the_others(
+    cluster: LeasedCluster,
+) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    form(a, b)
+    cluster.server.expire(cluster.stores["b"].lease)  # b lives on, but its lease is gone
+    assert "lease" in wait_event(b, EventKind.STORE_LOST).detail
+    assert wait_event(a, EventKind.NODE_LOST).node_rank == b._rank
+    with pytest.raises(RendezvousError, match="lease"):
+        Join(b).result()
+
+
+def test_leaving_on_purpose_outlives_the_lease(cluster: LeasedCluster) -> None:
+    a, b, c = (cluster.node(n, (2, 3)) for n in "abc")
+    agreed(form(a, b, c))
+    c.shutdown()  # a graceful scale-down: c says so itself, then its lease ends
+    event = wait_event(a, EventKind.NODE_LOST)
+    assert "left the job" in event.detail
+    key = cluster.liveness_key(c)
+    # LEFT was a plain write: the lease no longer owns the key, so its expiry keeps it
+    wait_until(lambda: cluster.stores["c"].lease not in cluster.server.leases_alive)
+    assert cluster.server.data[key] == LEFT
+    for h in (a, b):
+        assert h.claim_restart(1)
+    results = form(a, b)
+    agreed(results)
+    assert results[0].num_nodes == 2
