@@ -7,6 +7,7 @@ process group if it outlives its timeout; its output goes to a log file kept for
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -37,13 +38,32 @@ def _start(command: list[str], log_path: Path, env: dict[str, str]) -> subproces
         )  # fmt: skip
 
 
-def _finish(proc: subprocess.Popen[bytes], timeout: float = JOB_TIMEOUT) -> int:
+def _tree(pid: int) -> list[psutil.Process]:
     try:
-        return proc.wait(timeout)
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _finish(proc: subprocess.Popen[bytes], timeout: float = JOB_TIMEOUT) -> int:
+    """Wait for the launcher; then end whatever of its tree is left. torchrun gives every
+    worker a session of its own, so killing the launcher's group misses them: a hung or
+    orphaned torchrun worker would otherwise outlive the benchmark."""
+    seen = {p.pid: p for p in _tree(proc.pid)}
+    try:
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen.update((p.pid, p) for p in _tree(proc.pid))
+            time.sleep(0.1)
+        return proc.wait(max(0.0, deadline - time.monotonic()))
     finally:
         if proc.poll() is None:
+            seen.update((p.pid, p) for p in _tree(proc.pid))
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        for leftover in seen.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftover.kill()  # psutil checks the create time: never a reused pid
 
 
 def _stamps(out_dir: Path, event: str, restart: int) -> dict[int, tuple[float, int]]:
