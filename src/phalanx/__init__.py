@@ -14,6 +14,7 @@ from phalanx.errors import Interrupted, JobFailed, PhalanxError, RendezvousError
 if TYPE_CHECKING:
     from phalanx.dist import DistInfo, add_dist_args, init, setup_dist
     from phalanx.inscript import spawn
+    from phalanx.worker.progress import heartbeat, step
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,8 @@ _LAZY = {
     "setup_dist": "phalanx.dist",
     "init": "phalanx.dist",
     "DistInfo": "phalanx.dist",
+    "step": "phalanx.worker.progress",
+    "heartbeat": "phalanx.worker.progress",
 }
 
 __all__ = [
@@ -33,13 +36,17 @@ __all__ = [
     "RendezvousError",
     "UsageError",
     "add_dist_args",
+    "heartbeat",
     "init",
     "setup_dist",
     "spawn",
+    "step",
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value  # once: phalanx.step() in a training loop is then a plain lookup
+        return value
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

@@ -54,6 +54,9 @@ class LaunchConfig:
     # its node facts as flags, named by ``spawn_owner_flags`` (fact -> flag).
     spawn_owner: bool = False
     spawn_owner_flags: tuple[tuple[str, str], ...] = ()
+    # Seconds without progress after which the ranks are declared hung (stacks dumped, a
+    # hang report written, the round failed); None (the default, --stall-timeout 0) is off.
+    stall_timeout: float | None = None
 
     @property
     def is_multi_node(self) -> bool:

@@ -76,23 +76,34 @@ class RoundPlan:
     workers: tuple[WorkerPlan, ...]
 
 
-def worker_command(config: LaunchConfig, python: str = sys.executable) -> tuple[str, ...]:
-    """The argv every worker runs (the same on every rank), as torchrun builds it."""
+# Every python worker runs phalanx's worker-side code first (progress counters for hang
+# detection, stack dumps on SIGUSR2), then the user's program; see phalanx.worker.boot.
+WORKER_BOOT = ("-m", "phalanx.worker.boot")
+
+
+def worker_command(
+    config: LaunchConfig, python: str = sys.executable, *, boot: bool = True
+) -> tuple[str, ...]:
+    """The argv every worker runs (the same on every rank): torchrun's command, with
+    ``-m phalanx.worker.boot`` before the program when ``boot`` (``--no-python`` programs
+    run as given)."""
     args = config.program_args
     if config.mode is LaunchMode.NO_PYTHON:
         return (config.program, *args)
+    entry = WORKER_BOOT if boot else ()
     if config.mode is LaunchMode.MODULE:
-        return (python, "-u", "-m", config.program, *args)
+        return (python, "-u", *entry, "-m", config.program, *args)
     if config.mode is LaunchMode.RUN_PATH:
         return (
             python,
             "-u",
+            *entry,
             "-m",
             "phalanx.worker.run_path",
             str(Path(config.program).resolve()),
             *args,
         )
-    return (python, "-u", config.program, *args)
+    return (python, "-u", *entry, config.program, *args)
 
 
 def worker_env(
@@ -110,6 +121,8 @@ def worker_env(
     every rank into a client and rank 0 waits for a server nobody starts.
     """
     rank = rdzv.rank_offset + local_rank
+    # In the rank's log directory, which is how the worker-side code finds that directory
+    # (phalanx.worker.boot.rank_dir): no variable beyond torchrun's is needed for it.
     error_file = worker_log_dir(run_dir, rdzv.restart_count, rank) / "error.json"
     env = dict(base_env)
     if config.nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
@@ -159,7 +172,8 @@ def spawn_owner_argv(config: LaunchConfig, rdzv: RendezvousResult) -> tuple[str,
         "master_port": rdzv.master_port,
     }
     extra = (part for fact, flag in config.spawn_owner_flags for part in (flag, str(facts[fact])))
-    return (*worker_command(config), *extra)
+    # The owner is not a rank (its workers are its own children): no worker-side code.
+    return (*worker_command(config, boot=False), *extra)
 
 
 def worker_log_dir(run_dir: Path, restart_count: int, rank: int) -> Path:

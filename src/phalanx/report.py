@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+# Failures with no exit status of their own: the job exits 1 for them.
+_NO_CODE = frozenset({"hang", "node_lost"})
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ class WorkerExit:
     log_dir: str = ""
     label: str = ""  # "rank3", or "node1" for a spawn owner
     node_rank: int = 0
+    kind: str = ""  # why it failed (phalanx.classify): exception, exit_code, signal, ... hang
+    reason: str = ""  # one line: "ValueError: boom", "killed by SIGSEGV", "no progress for 30 s"
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> WorkerExit:
@@ -40,18 +45,25 @@ class WorkerExit:
 
     @property
     def who(self) -> str:
-        """For sentences: "rank 3 (local rank 1)", or "the spawn owner of node 1"."""
+        """For sentences: "rank 3 (local rank 1)", "the spawn owner of node 1", or "node 1"
+        (a lost node)."""
+        if self.kind == "node_lost":
+            return f"node {self.node_rank}"
         if self.name.startswith("node"):
             return f"the spawn owner of node {self.rank}"
         return f"rank {self.rank} (local rank {self.local_rank})"
 
     @property
     def failed(self) -> bool:
-        return self.returncode != 0 and not self.stopped_by_launcher
+        """It failed on its own -- or phalanx found it hung, or its node was lost."""
+        return (self.returncode != 0 and not self.stopped_by_launcher) or self.kind in _NO_CODE
 
     @property
     def exit_code(self) -> int:
-        """What a shell would report: the code, or 128+N for a death by signal N."""
+        """What a shell would report: the code, or 128+N for a death by signal N; 1 for a
+        hang or a lost node (no exit of its own)."""
+        if self.kind in _NO_CODE:
+            return 1
         return self.returncode if self.returncode >= 0 else 128 - self.returncode
 
     @property
@@ -66,6 +78,11 @@ class WorkerExit:
     def describe_exit(self) -> str:
         name = self.signal_name
         return f"killed by {name}" if name else f"exit code {self.returncode}"
+
+    @property
+    def summary(self) -> str:
+        """One line for logs: the classified reason, or how it exited."""
+        return self.reason or self.describe_exit()
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = asdict(self)
@@ -92,8 +109,15 @@ def root_cause(exits: list[WorkerExit]) -> WorkerExit | None:
     return min(failures, key=lambda e: e.time) if failures else None
 
 
-def format_report(exits: list[WorkerExit], attempts: int, width: int = 78, reason: str = "") -> str:
-    """One framed summary: the root cause first, then the others marked as collateral."""
+def format_report(
+    exits: list[WorkerExit],
+    attempts: int,
+    width: int = 78,
+    reason: str = "",
+    details: Sequence[str] = (),
+) -> str:
+    """One framed summary: the root cause first (its kind in the header line), ``details``
+    under it (a hang's analysis), then every other rank, marked as collateral."""
     cause = root_cause(exits)
     rule = "=" * width
     lines = [rule]
@@ -104,30 +128,64 @@ def format_report(exits: list[WorkerExit], attempts: int, width: int = 78, reaso
         if reason:
             lines.append(f"  reason: {reason}")
     else:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cause.time))
-        lines += [
-            f"phalanx: job failed after {attempts} attempt(s). Root cause: {cause.who} "
-            f"on {cause.host} (node {cause.node_rank})",
-            f"  pid {cause.pid}, {cause.describe_exit()}, at {when}",
-            f"  logs: {cause.log_dir}",
-        ]
-        if cause.error_message:
-            lines.append(f"  error: {cause.error_message}")
-        if cause.stderr_tail:
-            lines.append(
-                "  last lines of its stderr (this error came from the worker, not phalanx):"
-            )
-            lines += [f"    {line}" for line in cause.stderr_tail]
-    others = sorted((e for e in exits if e is not cause), key=lambda e: e.rank)
+        lines += _cause_lines(cause, attempts)
+    lines += [f"  {line}" for line in details]
+    others = sorted((e for e in exits if e is not cause), key=lambda e: (e.node_rank, e.rank))
     if others:
         lines.append("-" * width)
+        if cause is not None:
+            lines.append("  collateral (stopped because of the root cause, or failed after it):")
         for other in others:
-            if other.stopped_by_launcher:
+            if other.failed:
+                state = f"also failed afterwards ({other.summary})"
+            elif other.stopped_by_launcher:
                 state = f"stopped by phalanx ({other.describe_exit()})"
-            elif other.failed:
-                state = f"also failed afterwards ({other.describe_exit()})"
             else:
                 state = "finished (exit code 0)"
             lines.append(f"  {other.who} on {other.host} (node {other.node_rank}): {state}")
     lines.append(rule)
     return "\n".join(lines)
+
+
+def _cause_lines(cause: WorkerExit, attempts: int) -> list[str]:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cause.time))
+    where = (
+        f" ({cause.host})"
+        if cause.kind == "node_lost"
+        else f" on {cause.host} (node {cause.node_rank})"
+    )
+    kind = f" [{cause.kind}]" if cause.kind else ""
+    lines = [
+        f"phalanx: job failed after {attempts} attempt(s). Root cause: {cause.who}{where}{kind}"
+    ]
+    if cause.reason:
+        lines.append(f"  {cause.reason}")
+    if cause.kind == "node_lost":
+        lines.append(f"  noticed at {when}")
+        return lines
+    how = cause.describe_exit()
+    if cause.kind == "hang":
+        how = f"then stopped by phalanx ({how})"
+    lines.append(f"  pid {cause.pid}, {how}, at {when}")
+    if cause.log_dir:
+        lines.append(f"  logs: {cause.log_dir}")
+    if cause.error_message and cause.error_message.strip() != cause.reason:
+        lines.append(f"  error: {cause.error_message}")
+    if cause.stderr_tail and cause.kind != "hang":
+        lines.append("  last lines of its stderr (this error came from the worker, not phalanx):")
+        lines += [f"    {line}" for line in cause.stderr_tail]
+    return lines
+
+
+def report_json(exits: list[WorkerExit], attempts: int, **extra: object) -> dict[str, object]:
+    """``report.json``: the root cause with its kind, the collateral ranks, every exit."""
+    cause = root_cause(exits)
+    return {
+        "attempts": attempts,
+        "kind": cause.kind if cause is not None else None,
+        "root_cause": cause.to_json() if cause is not None else None,
+        "collateral": sorted(e.rank for e in exits if e is not cause and not e.failed),
+        "also_failed": sorted(e.rank for e in exits if e is not cause and e.failed),
+        **extra,
+        "exits": [e.to_json() for e in exits],
+    }

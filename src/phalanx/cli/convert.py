@@ -4,6 +4,7 @@ problems at once."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -83,6 +84,15 @@ def to_config(
     shutdown = check(
         lambda: parsing.parse_float(ns.shutdown_timeout, "--shutdown-timeout", minimum=0), 5.0
     )
+    stall = check(lambda: parsing.parse_float(ns.stall_timeout, "--stall-timeout", minimum=0), 0.0)
+    if not math.isfinite(stall):
+        problems.append(f"--stall-timeout: expected a number of seconds, got {ns.stall_timeout!r}")
+        stall = 0.0
+    if stall and ns.spawn_owner:
+        problems.append(
+            "--stall-timeout does not apply to --spawn-owner: its workers are its own "
+            "children, whose progress phalanx cannot see"
+        )
     node_rank = check(lambda: parsing.parse_int(ns.node_rank, "--node-rank", minimum=0), 0)
     master_port = check(
         lambda: parsing.parse_int(ns.master_port, "--master-port", minimum=0), 29500
@@ -101,9 +111,11 @@ def to_config(
         ranks_filter = check(
             lambda: parsing.parse_rank_list(ns.local_ranks_filter, "--local-ranks-filter"), None
         )
-    if ns.rdzv_endpoint:
-        check(lambda: parsing.parse_endpoint(ns.rdzv_endpoint), None)
     backend = str(ns.rdzv_backend).strip()
+    # etcd takes a list of endpoints and http(s):// URLs; each multi-node backend checks its
+    # own endpoint in rendezvous.registry.spec_problems.
+    if ns.rdzv_endpoint and backend not in ("etcd", "etcd-v2"):
+        check(lambda: parsing.parse_endpoint(ns.rdzv_endpoint), None)
     if backend not in KNOWN_BACKENDS:
         problems.append(
             f"--rdzv-backend: unknown backend {backend!r}; known: {', '.join(KNOWN_BACKENDS)}"
@@ -187,4 +199,5 @@ def to_config(
         spawn_owner_flags=owner_flags,
         warm_start=not ns.cold_start,
         preload=preload,
+        stall_timeout=stall or None,
     )

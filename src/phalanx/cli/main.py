@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
+from phalanx.cli import stacks
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.config import LaunchConfig
@@ -99,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     args = sys.argv[1:] if argv is None else list(argv)
     try:
+        # A subcommand, unless a training script is called that (torchrun's flags stay as is).
+        if args[:1] == ["stacks"] and not Path("stacks").is_file():
+            return stacks.main(args[1:])
         return run(args, os.environ)
     except UsageError as exc:
         for problem in exc.problems:

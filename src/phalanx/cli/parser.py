@@ -22,7 +22,10 @@ examples:
   phalanx --standalone --nproc-per-node 2 train.py --lr 0.1
   phalanx --nproc-per-node 4 --dry-run train.py        # print the plan, start nothing
   phalanx --standalone --nproc-per-node 2 --max-restarts 3 train.py
-exit status: 0 success; the root-cause worker's exit code (128+N for signal N) on failure;
+  phalanx --nproc-per-node 8 --stall-timeout 600 train.py   # detect and explain hangs
+  phalanx stacks RUN_DIR       # print every rank's Python stack now; the job goes on
+exit status: 0 success; the root-cause worker's exit code (128+N for signal N) on failure,
+1 for a hang or a lost node;
 2 usage error; 130/143 when interrupted by SIGINT/SIGTERM."""
 
 
@@ -168,6 +171,15 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "",
         "Rename the appended flags, e.g. num_gpus=--gpus,master_port=--port "
         "(facts: num_nodes, node_rank, num_gpus, master_addr, master_port).",
+    )
+    option(
+        "stall-timeout",
+        "0",
+        "Seconds without progress from a rank after which the job counts as hung (0, the "
+        "default: off). Progress: optimizer steps, phalanx.step()/heartbeat(), and before a "
+        "rank's first step the CPU time of its main thread. On a hang every rank's Python stack "
+        "is dumped to its log directory, a hang report names the suspect ranks, and the round "
+        "fails (restarted within --max-restarts).",
     )
     parser.add_argument("training_script", help="The script (or module, or program) to run.")
     parser.add_argument(

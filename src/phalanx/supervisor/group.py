@@ -13,7 +13,7 @@ import selectors
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import BinaryIO
@@ -37,6 +37,7 @@ class Outcome(Enum):
     FAILED = "failed"
     REMOTE = "remote"  # an event from another node (peer failure, node lost, scale-up)
     INTERRUPTED = "interrupted"
+    STOPPED = "stopped"  # the caller's on_tick asked to stop the round (e.g. a hang)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class RoundResult:
 
 
 Launch = Callable[[WorkerPlan], RunningWorker]
+# Called every monitor tick with (plan, pid) of every live worker; True stops the round.
+OnTick = Callable[[Sequence[tuple[WorkerPlan, int]]], bool]
 
 
 @dataclass
@@ -83,7 +86,10 @@ class Supervisor:
         plan: RoundPlan,
         signals: SignalWatcher,
         poll: Callable[[], JobEvent | None] = lambda: None,
+        on_tick: OnTick = lambda running: False,
     ) -> RoundResult:
+        """Run one round to its end. Every ``monitor_interval``: ``on_tick`` (the caller's
+        own checks; True stops the workers and returns ``STOPPED``), then ``poll``."""
         selector = selectors.DefaultSelector()
         selector.register(signals.fd, selectors.EVENT_READ, None)
         slots: list[_Slot] = []
@@ -95,8 +101,13 @@ class Supervisor:
             next_poll = time.monotonic() + self._monitor_interval
             while True:
                 timeout = max(0.0, next_poll - time.monotonic())
-                self._handle_events(selector.select(timeout), slots, streams, selector, stopping)
+                events = selector.select(timeout)
+                self._handle_events(events, slots, streams, selector, stopping)
                 signum = signals.pending()
+                if signum is None and any(key.fd == signals.fd for key, _ in events):
+                    # A signal someone else handles (the agent's stack requests) woke us:
+                    # empty the wakeup fd, or select would return at once forever.
+                    signals.drain()
                 if signum is not None:
                     signals.drain()
                     stopping = True
@@ -111,6 +122,11 @@ class Supervisor:
                     return RoundResult(Outcome.SUCCEEDED, self._exits(slots))
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self._monitor_interval
+                    running = [(s.plan, s.proc.pid) for s in slots if s.exit is None]
+                    if on_tick(running):
+                        stopping = True
+                        self._stop(slots, streams, selector, signal.SIGTERM)
+                        return RoundResult(Outcome.STOPPED, self._exits(slots))
                     event = poll()
                     if event is not None:
                         stopping = True

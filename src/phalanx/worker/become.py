@@ -20,6 +20,11 @@ the interpreter would. What a worker can observe is the same as after a cold sta
   Non-daemon threads are joined and ``atexit`` handlers run, because the process leaves
   through the interpreter's normal shutdown.
 
+The command phalanx asks for is ``python -u -m phalanx.worker.boot [-m] TARGET ...``, so a
+forked worker runs ``phalanx.worker.boot`` as ``__main__`` first, which installs phalanx's
+worker-side code (progress counters, stack dumps on SIGUSR2) and then runs TARGET through
+``run_job`` again -- exactly what a cold worker does.
+
 Known differences, none visible to the script itself: ``os.getppid()`` is the template,
 ``/proc/PID/cmdline`` shows the template's command, the string hash seed is the template's
 (shared by the workers of a node), and ``sys.modules`` already holds what the template
@@ -28,6 +33,7 @@ imported (torch, ``--preload`` modules).
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import contextlib
 import ctypes
@@ -46,8 +52,11 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded in the template: no dlopen after fork
 
 # Frames of these files are phalanx's, not the user's: cut from uncaught tracebacks.
-_OWN_FILES = frozenset({__file__, os.path.join(os.path.dirname(__file__), "template.py")})
+_OWN_FILES = frozenset(
+    {__file__, *(os.path.join(os.path.dirname(__file__), f) for f in ("template.py", "boot.py"))}
+)
 _die_by_sigint = False
+_exit_hook_installed = False
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -205,6 +214,14 @@ def _report_uncaught(exc: BaseException) -> None:
     if isinstance(exc, KeyboardInterrupt):
         _die_by_sigint = True
     sys.excepthook(type(exc), exc, tb)
+
+
+def install_exit_hook() -> None:
+    """Register ``exit_hook`` once per process, before anything else registers a handler."""
+    global _exit_hook_installed
+    if not _exit_hook_installed:
+        _exit_hook_installed = True
+        atexit.register(exit_hook)
 
 
 def exit_hook() -> None:

@@ -21,7 +21,6 @@ See ``phalanx.worker.become`` for what a forked worker sets up, and
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
 import os
@@ -166,7 +165,7 @@ class Server:
 
 
 def main(argv: list[str]) -> None:
-    atexit.register(become.exit_hook)  # first registered, so it runs after all the others
+    become.install_exit_hook()  # first registered, so it runs after all the others
     fd, parent = int(argv[0]), int(argv[1])
     become.die_with_parent(parent)
     modules = DEFAULT_PRELOAD + tuple(m for m in (argv[2] if len(argv) > 2 else "").split(",") if m)

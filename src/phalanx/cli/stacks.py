@@ -1,0 +1,84 @@
+"""``phalanx stacks RUN_DIR``: every local rank's Python stack now; the job goes on.
+
+Reads the launcher's pid from ``RUN_DIR/launcher.json`` and sends it ``SIGUSR2`` (the same
+as ``kill -USR2 <launcher pid>``). The launcher has each worker dump its stack (faulthandler,
+all threads) and writes them together to ``RUN_DIR/stacks_<time>.txt``, which this command
+waits for and prints. On a multi-node job it covers the ranks of the node it runs on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from phalanx.errors import PhalanxError, UsageError
+from phalanx.hang.stacks import catches
+from phalanx.rounds import LAUNCHER_FILE
+from phalanx.worker.boot import STACK_SIGNAL
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"stacks: {message}")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(
+        prog="phalanx stacks",
+        description="Print every local rank's Python stack now, without stopping the job.",
+    )
+    parser.add_argument("run_dir", help="The job's run directory (printed by phalanx at start).")
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="Seconds to wait for the dump (default 30)."
+    )
+    return parser.parse_args(argv)
+
+
+def launcher_pid(run_dir: Path) -> int:
+    """The pid of the launcher running in ``run_dir``, checked to be alive and listening."""
+    try:
+        data = json.loads((run_dir / LAUNCHER_FILE).read_text())
+    except (OSError, ValueError):
+        raise UsageError(
+            f"stacks: {str(run_dir)!r} is not a phalanx run directory (no readable "
+            f"{LAUNCHER_FILE}); give the directory phalanx printed at start"
+        ) from None
+    pid = int(data["pid"])
+    if data.get("host", socket.gethostname()) != socket.gethostname():
+        raise PhalanxError(
+            f"the launcher of {run_dir} runs on {data['host']}; run phalanx stacks there"
+        )
+    if data.get("stacks_signal") != STACK_SIGNAL.name:
+        raise PhalanxError(
+            f"the launcher (pid {pid}) does not take stack requests: {STACK_SIGNAL.name} is "
+            "in its --signals-to-handle"
+        )
+    # A stale file may name a pid reused by another process: signal only one that catches
+    # the signal (the default action of SIGUSR2 is to terminate).
+    if not catches(pid, STACK_SIGNAL):
+        raise PhalanxError(f"the launcher of {run_dir} (pid {pid}) is not running")
+    return pid
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    run_dir = Path(args.run_dir)
+    pid = launcher_pid(run_dir)
+    before = set(run_dir.glob("stacks_*.txt"))
+    os.kill(pid, STACK_SIGNAL)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        new = sorted(set(run_dir.glob("stacks_*.txt")) - before)
+        if new:
+            sys.stdout.write(new[0].read_text(errors="replace"))
+            print(f"phalanx: stacks written to {new[0]}", file=sys.stderr)
+            return 0
+        time.sleep(0.1)
+    raise PhalanxError(
+        f"no stacks from the launcher (pid {pid}) in {args.timeout:g} s; are its workers running?"
+    )

@@ -1,0 +1,226 @@
+"""The agent's watch over a running round: stall detection, stacks on request, and stacks
+when another node reports a hang.
+
+``RoundWatch.tick`` is the supervisor's ``on_tick`` (called every monitor interval with the
+live workers); ``RoundWatch.hear`` wraps the rendezvous ``poll``. Files it writes:
+
+- ``<attempt dir>/hang_report.txt`` and ``hang_report.json``: on a hang, this node's
+  analysis (``phalanx.hang.analysis``); every rank's dump is in its ``stacks.txt``;
+- ``<run dir>/stacks_<time>.txt``: every local rank's stack on request (``phalanx stacks``
+  or ``STACK_SIGNAL`` to the launcher), the job going on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+
+from phalanx.hang.analysis import HangAnalysis, RankState, analyse
+from phalanx.hang.stacks import DumpTarget, main_thread, parse_dump, request_dumps
+from phalanx.hang.stall import StallDetector, main_thread_cpu
+from phalanx.plan import RoundPlan, WorkerPlan
+from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.worker import progress
+from phalanx.worker.boot import STACK_SIGNAL
+
+log = logging.getLogger("phalanx")
+
+Running = Sequence[tuple[WorkerPlan, int]]  # (plan, pid) of every live worker
+
+
+class StackRequests:
+    """``STACK_SIGNAL`` to the launcher asks for every local rank's stack; the handler only
+    sets a flag (and wakes the supervisor through the wakeup fd), the next tick dumps.
+
+    Not installed when the signal is one of ``--signals-to-handle`` (it then stops the job,
+    as asked) or off the main thread (Python delivers signals to the main thread only).
+    """
+
+    def __init__(self, handled: Sequence[str]) -> None:
+        self.active = (
+            STACK_SIGNAL.name not in handled
+            and threading.current_thread() is threading.main_thread()
+        )
+        self._pending = False
+        self._previous: object = None
+
+    def __enter__(self) -> StackRequests:
+        if self.active:
+            self._previous = signal.signal(STACK_SIGNAL, self._handle)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.active:
+            # None: a handler installed outside Python (faulthandler, in a phalanx worker
+            # that runs phalanx.spawn); the default is the best that can be put back.
+            previous = signal.SIG_DFL if self._previous is None else self._previous
+            signal.signal(STACK_SIGNAL, previous)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._pending = True
+
+    def take(self) -> bool:
+        pending, self._pending = self._pending, False
+        return pending
+
+
+class RoundWatch:
+    """One round's watch. ``hang`` is set when this node found a stall (the supervisor then
+    stops the round); ``peer_hang`` when it dumped its ranks because a peer found one."""
+
+    def __init__(
+        self,
+        plan: RoundPlan,
+        *,
+        stall_timeout: float | None,
+        requests: StackRequests | None,
+        check_every: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._plan = plan
+        self._requests = requests
+        self._check_every = check_every
+        self._clock = clock
+        self._detector = StallDetector(stall_timeout, clock) if stall_timeout else None
+        self._next_check = clock()
+        self._running: Running = ()
+        self.host = socket.gethostname()
+        self.hang: HangAnalysis | None = None
+        self.peer_hang: HangAnalysis | None = None
+        self.detected_at = 0.0  # wall clock of the hang
+        self.report_path: Path | None = None
+        self._texts: dict[int, str] = {}  # the last dump of each rank
+
+    def tick(self, running: Running) -> bool:
+        """Supervisor ``on_tick``: True stops the round (a stall was found and analysed)."""
+        self._running = running
+        if self._requests is not None and self._requests.take():
+            self.snapshot()
+        detector = self._detector
+        if detector is None or self.hang is not None or self._clock() < self._next_check:
+            return False
+        self._next_check = self._clock() + self._check_every
+        for worker, pid in running:
+            reading = progress.read(str(worker.log_dir / progress.FILE_NAME))
+            detector.observe(worker.global_rank, reading, main_thread_cpu(pid))
+        live = {worker.global_rank for worker, _ in running}
+        stalled = [rank for rank in detector.stalled() if rank in live]  # not ranks that ended
+        if not stalled:
+            return False
+        self.detected_at = time.time()
+        self.hang = self._analyse("hang detected")
+        self.report_path = self._write(self.hang, "detected here")
+        suspects = ", ".join(f"rank {s.rank}" for s in self.hang.suspects) or "none stands out"
+        log.warning(
+            "hang: no progress from rank(s) %s for %g s; suspects: %s; report: %s",
+            ", ".join(str(rank) for rank in stalled),
+            detector.timeout,
+            suspects,
+            self.report_path,
+        )
+        return True
+
+    def hear(self, event: JobEvent | None) -> JobEvent | None:
+        """Wraps the rendezvous ``poll``: on a peer's hang, dump this node's ranks before the
+        supervisor stops them, so the job-wide report can place every rank."""
+        if (
+            event is not None
+            and event.kind is EventKind.PEER_FAILED
+            and event.failure.get("kind") == "hang"
+            and self.hang is None
+            and self._running
+        ):
+            self.peer_hang = self._analyse(f"hang found by node {event.node_rank}")
+            self.report_path = self._write(self.peer_hang, f"reported by node {event.node_rank}")
+            log.warning(
+                "node %s found a hang; this node's stacks: %s", event.node_rank, self.report_path
+            )
+        return event
+
+    def snapshot(self) -> Path | None:
+        """Every live rank's stack now, into one file in the run directory."""
+        if not self._running:
+            log.warning("stacks requested, but no worker is running")
+            return None
+        analysis = self._analyse("stacks on request")
+        lines = [f"stacks of {len(analysis.ranks)} rank(s) on {self.host} at {time.ctime()}"]
+        lines += analysis.rank_lines()
+        lines.append("")
+        for state in analysis.ranks:
+            lines.append(
+                f"=== rank {state.rank} (local rank {state.local_rank}, pid {state.pid}) ==="
+            )
+            lines.append(
+                self._texts.get(state.rank)
+                or "(no dump: this process does not catch "
+                f"{STACK_SIGNAL.name}, or did not answer in time)"
+            )
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = _unique(self._plan.run_dir / f"stacks_{stamp}.txt")
+        _write_atomic(path, "\n".join(lines) + "\n")
+        log.info("stacks of %d rank(s) written to %s", len(analysis.ranks), path)
+        return path
+
+    def _analyse(self, why: str) -> HangAnalysis:
+        targets = [DumpTarget(w.global_rank, pid, w.log_dir) for w, pid in self._running]
+        self._texts = request_dumps(targets, why)
+        states = []
+        for worker, pid in self._running:
+            rank = worker.global_rank
+            thread = main_thread(parse_dump(self._texts.get(rank, "")))
+            if self._detector is not None:
+                beats, step = self._detector.progress(rank)
+                idle = self._detector.idle(rank)
+            else:
+                beats, step = progress.read(str(worker.log_dir / progress.FILE_NAME)) or (0, -1)
+                idle = 0.0
+            states.append(
+                RankState(
+                    rank=rank,
+                    local_rank=worker.local_rank,
+                    node_rank=self._plan.rendezvous.node_rank,
+                    host=self.host,
+                    pid=pid,
+                    log_dir=str(worker.log_dir),
+                    idle=round(idle, 3),
+                    beats=beats,
+                    step=step,
+                    frames=thread.frames if thread is not None and thread.frames else None,
+                )
+            )
+        timeout = self._detector.timeout if self._detector is not None else 0.0
+        return analyse(states, timeout)
+
+    def _write(self, analysis: HangAnalysis, how: str) -> Path:
+        base = self._plan.attempt_dir / "hang_report"
+        node = self._plan.rendezvous.node_rank
+        header = f"hang on {self.host} (node {node}), {how}, at {time.ctime()}"
+        _write_atomic(base.with_suffix(".txt"), "\n".join([header, *analysis.summary()]) + "\n")
+        data = {"host": self.host, "node_rank": node, "how": how, **analysis.to_json()}
+        _write_atomic(base.with_suffix(".json"), json.dumps(data, indent=2) + "\n")
+        return base.with_suffix(".txt")
+
+
+def _unique(path: Path) -> Path:
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.stem}_{n}{path.suffix}")
+    return candidate
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(text)
+    os.replace(temporary, path)

@@ -1,0 +1,88 @@
+"""``python -u -m phalanx.worker.boot [-m] TARGET ARGS...``: phalanx's worker-side code, then
+the user's script or module, as ``python -u [-m] TARGET ARGS...`` would run it.
+
+Every python worker runs this first: a cold worker as its command, a warm one forked by the
+template (which runs this module the way ``python -m`` would). ``install`` sets up, in the
+rank's log directory (the directory of ``TORCHELASTIC_ERROR_FILE``):
+
+- ``progress``: the counters the agent watches for hangs (``phalanx.worker.progress``);
+- ``stacks.txt``: where ``faulthandler`` writes every thread's Python stack when the worker
+  receives ``STACK_SIGNAL`` (SIGUSR2; the agent sends it on a hang and for ``phalanx
+  stacks``), and -- unless the user already enabled faulthandler -- the stack at a fatal
+  signal (SIGSEGV, SIGABRT, ...), which the failure report quotes.
+
+No thread is started and no signal but ``STACK_SIGNAL`` is touched. What a script could
+notice: SIGUSR2 dumps stacks instead of ending the process, ``faulthandler.is_enabled()``
+is True, and ``/proc/self/cmdline`` shows this module (``sys.orig_argv`` does not). The script then runs
+through ``phalanx.worker.become.run_job``: the same ``sys.argv``, ``sys.path[0]``,
+``__main__``, tracebacks and exit codes as a plain python, and ``sys.orig_argv`` as python
+would have shown it. A "script" that is a zip app, a directory or a ``.pyc`` is handed to a
+plain ``python -u`` with ``exec`` (python itself decides how to run those), without the
+worker-side code.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import zipfile
+from collections.abc import Mapping
+from typing import TextIO
+
+from phalanx.worker import become, progress
+from phalanx.worker.protocol import ForkRequest
+
+STACK_SIGNAL = signal.SIGUSR2
+STACKS_FILE = "stacks.txt"
+_stacks: TextIO | None = None  # faulthandler writes to its descriptor: keep it open
+
+
+def rank_dir(environ: Mapping[str, str]) -> str | None:
+    """The rank's log directory, which phalanx's error file lives in; None outside phalanx."""
+    error_file = environ.get("TORCHELASTIC_ERROR_FILE", "")
+    directory = os.path.dirname(error_file)
+    return directory if error_file and os.path.isdir(directory) else None
+
+
+def install(environ: Mapping[str, str]) -> None:
+    """Progress counters and stack dumps for this worker (nothing outside a phalanx rank)."""
+    global _stacks
+    directory = rank_dir(environ)
+    if directory is None:
+        return
+    progress.open_counters(directory)
+    progress.watch_optimizers()
+    _stacks = open(os.path.join(directory, STACKS_FILE), "a")  # noqa: SIM115 -- lives forever
+    faulthandler.register(STACK_SIGNAL, file=_stacks, all_threads=True, chain=False)
+    if not faulthandler.is_enabled():  # a user's -X faulthandler keeps writing to stderr
+        faulthandler.enable(file=_stacks, all_threads=True)
+
+
+def _python_runs_it_itself(path: str) -> bool:
+    """A zip app, a directory or compiled code: python's own rules decide how to run it."""
+    if os.path.isdir(path):
+        return True
+    return os.path.isfile(path) and (path.endswith(".pyc") or zipfile.is_zipfile(path))
+
+
+def main(argv: list[str]) -> None:
+    become.install_exit_hook()
+    if not argv:
+        sys.exit("usage: python -m phalanx.worker.boot [-m] TARGET [ARGS...]")
+    here = sys.orig_argv.index(__spec__.name) if __spec__ is not None else -1
+    prefix = sys.orig_argv[: here - 1] if here > 0 else [sys.executable, "-u"]
+    if argv[0] == "-m" and len(argv) > 1:
+        kind, target, args = "module", argv[1], argv[2:]
+    else:
+        kind, target, args = "script", argv[0], argv[1:]
+        if _python_runs_it_itself(target):
+            os.execv(sys.executable, [*prefix, *argv])
+    sys.orig_argv = [*prefix, *argv]
+    install(os.environ)
+    become.run_job(ForkRequest(kind, target, tuple(args), {}, os.getcwd(), tuple(sys.orig_argv)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,154 @@
+"""Progress counters: a worker bumps them, its agent reads them to tell a hang from progress.
+
+Each rank has one small file, ``<rank log dir>/progress``, mapped into the worker's memory:
+bumping it is a store to memory (no syscall, no thread), and the agent reads it with one
+``pread`` per check, never touching the worker. Layout (native byte order: both sides run on
+the same machine): ``beats`` (u64, +1 on every ``heartbeat()``, ``step()`` and optimizer
+step) then ``step`` (i64, the last ``step(n)``; -1 if never called).
+
+Sources of beats, none of which needs user code:
+
+- every ``optimizer.step()`` of every torch optimizer, through torch's public global hook
+  ``torch.optim.optimizer.register_optimizer_step_post_hook``. It is registered when
+  ``torch.optim.optimizer`` is imported (at once if it already is, as in a warm worker),
+  by a one-shot import hook, so a worker that never imports torch never does;
+- ``phalanx.step(n)`` / ``phalanx.heartbeat()`` for scripts that want precise progress
+  (an evaluation loop with no optimizer, say). Outside phalanx both do nothing.
+
+Stdlib only: the warm-start template imports this before torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.abc
+import importlib.machinery
+import mmap
+import os
+import struct
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+FILE_NAME = "progress"
+LAYOUT = struct.Struct("=Qq")  # beats, step
+NO_STEP = -1
+_HOOKED_MODULE = "torch.optim.optimizer"
+
+_beats: ctypes.c_uint64 | None = None
+_step: ctypes.c_int64 | None = None
+_map: mmap.mmap | None = None  # kept alive: the counters are views into it
+
+
+def heartbeat() -> None:
+    """Record progress (any unit: a batch, an evaluation step, a chunk of work)."""
+    beats = _beats
+    if beats is not None:
+        beats.value += 1
+
+
+def step(n: int) -> None:
+    """Record that the training loop reached step ``n`` (also a heartbeat).
+
+    The hang report shows each rank's last step, and a rank whose step is behind the others
+    is named as a suspect.
+    """
+    beats, last = _beats, _step
+    if beats is not None and last is not None:
+        last.value = n
+        beats.value += 1
+
+
+def open_counters(rank_dir: str) -> None:
+    """Create ``rank_dir/progress`` (zeroed) and map it; the module's counters then count.
+
+    The file is written whole under a temporary name and renamed into place, so the agent
+    never sees a short file (it reads with ``pread``; a truncated mapping would fault).
+    """
+    global _beats, _step, _map
+    path = os.path.join(rank_dir, FILE_NAME)
+    temporary = f"{path}.{os.getpid()}"
+    fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, LAYOUT.pack(0, NO_STEP))
+        mapped = mmap.mmap(fd, LAYOUT.size)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    _map = mapped
+    _beats = ctypes.c_uint64.from_buffer(mapped, 0)
+    _step = ctypes.c_int64.from_buffer(mapped, ctypes.sizeof(ctypes.c_uint64))
+
+
+def read(path: str) -> tuple[int, int] | None:
+    """``(beats, step)`` from a progress file, or None when it does not exist (yet)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, LAYOUT.size, 0)
+    finally:
+        os.close(fd)
+    if len(data) != LAYOUT.size:
+        return None
+    beats, last = LAYOUT.unpack(data)
+    return int(beats), int(last)
+
+
+def _on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
+    heartbeat()
+
+
+def _register(module: types.ModuleType) -> None:
+    module.register_optimizer_step_post_hook(_on_optimizer_step)
+
+
+def watch_optimizers() -> None:
+    """Count every optimizer step as a beat, without importing torch here."""
+    module = sys.modules.get(_HOOKED_MODULE)
+    if module is not None:
+        _register(module)
+    elif not any(isinstance(f, _OptimizerFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OptimizerFinder())
+
+
+class _OptimizerFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when ``torch.optim.optimizer`` is about to load, it asks the
+    other finders for its spec and wraps the loader, so the hook is registered right after
+    the module runs. One use: it leaves ``sys.meta_path`` on that import."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: types.ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _HOOKED_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _HookingLoader(spec.loader)
+                return spec  # type: ignore[no-any-return]
+        return None
+
+
+class _HookingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._loader.create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._loader.exec_module(module)
+        # Leave no trace: the module's loader is the real one, as if we never were here.
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        _register(module)

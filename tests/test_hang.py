@@ -1,0 +1,120 @@
+"""Hang detection with real workers and real Gloo: the stall is found, the suspect named,
+every rank's stack is on disk, and the round fails into the restart budget."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from launch import run_phalanx, worker
+from phalanx.worker.progress import read
+
+MODES = {"warm": [], "cold": ["--cold-start"]}
+SCRIPT = worker("hang_allreduce.py")
+
+
+def run_dir_of(logs: Path) -> Path:
+    (run_dir,) = logs.iterdir()
+    return run_dir
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_rank_sleeping_while_the_others_all_reduce_is_named(tmp_path: Path, mode: str) -> None:
+    result = run_phalanx(
+        [
+            *MODES[mode],
+            "--nproc-per-node",
+            "2",
+            "--stall-timeout",
+            "3",
+            "--log-dir",
+            str(tmp_path),
+            SCRIPT,
+        ],
+        timeout=120,  # the hang itself would last an hour: this only catches a missed one
+    )
+    assert result.returncode == 1, result.stderr
+    report = result.stderr[result.stderr.index("=" * 78) :]
+    assert "Root cause: rank 1 (local rank 1) on" in report and "[hang]" in report
+    assert "suspect: rank 1: not waiting in torch like the others" in report
+    assert "rank 0 (local rank 0) on" in report and "stopped by phalanx" in report
+
+    attempt = run_dir_of(tmp_path) / "attempt_0"
+    stacks = {r: (attempt / f"rank_{r}" / "stacks.txt").read_text() for r in (0, 1)}
+    assert 'hang_allreduce.py", line 14 in <module>' in stacks[1]  # the time.sleep line
+    assert "in all_reduce" in stacks[0] and "in all_reduce" not in stacks[1]
+    hang = json.loads((attempt / "hang_report.json").read_text())
+    assert [s["rank"] for s in hang["suspects"]] == [1]
+    data = json.loads((run_dir_of(tmp_path) / "report.json").read_text())
+    assert (data["kind"], data["root_cause"]["rank"], data["collateral"]) == ("hang", 1, [0])
+
+
+def test_a_hang_is_restarted_within_the_budget(tmp_path: Path) -> None:
+    result = run_phalanx(
+        [
+            "--nproc-per-node",
+            "2",
+            "--stall-timeout",
+            "3",
+            "--max-restarts",
+            "1",
+            "--log-dir",
+            str(tmp_path),
+            SCRIPT,
+            "once",
+        ]
+    )
+    assert result.returncode == 0, result.stderr
+    assert "hang: no progress from rank(s)" in result.stderr and "suspects: rank 1" in result.stderr
+    assert "restarting the worker group (restart 1 of 1)" in result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[rank0]: sum=2", "[rank1]: sum=2"]
+    assert (run_dir_of(tmp_path) / "attempt_0" / "hang_report.txt").is_file()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_optimizer_steps_and_phalanx_step_are_counted(tmp_path: Path, mode: str) -> None:
+    result = run_phalanx(
+        [
+            *MODES[mode],
+            "--nproc-per-node",
+            "2",
+            "--stall-timeout",
+            "30",
+            "--log-dir",
+            str(tmp_path),
+            worker("progress_steps.py"),
+            "25",
+        ]
+    )
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        progress = run_dir_of(tmp_path) / "attempt_0" / f"rank_{rank}" / "progress"
+        # 25 optimizer steps (the global hook) + 25 phalanx.step calls; the last step is 24.
+        assert read(str(progress)) == (50, 24)
+
+
+def test_a_busy_loop_without_progress_is_a_hang(tmp_path: Path) -> None:
+    """Once a rank has made progress, only progress counts: CPU time does not hide a stall."""
+    result = run_phalanx(
+        [
+            "--nproc-per-node",
+            "2",
+            "--stall-timeout",
+            "3",
+            "--log-dir",
+            str(tmp_path),
+            worker("progress_steps.py"),
+            "5",
+            "spin",
+        ]
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Root cause: rank 1 (local rank 1)" in result.stderr and "[hang]" in result.stderr
+    hang = json.loads((run_dir_of(tmp_path) / "attempt_0" / "hang_report.json").read_text())
+    assert [s["rank"] for s in hang["suspects"]] == [1]
+    assert {r["rank"]: r["step"] for r in hang["ranks"]} == {0: 4, 1: 4}
+    stack = (run_dir_of(tmp_path) / "attempt_0" / "rank_1" / "stacks.txt").read_text()
+    assert re.search(r'progress_steps.py", line (19|20) in <module>', stack)  # the busy loop
