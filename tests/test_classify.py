@@ -46,12 +46,25 @@ def exit_(returncode: int, tail: list[str] | tuple[str, ...] = (), **kw: object)
         ),
         (["some log line", "giving up"], None),
         (["rank 1 giving up with 7"], None),
-        ([*TRACEBACK, "a line printed after the traceback"], None),
+        ([*TRACEBACK, "a line printed after the traceback"], "ValueError: bad learning rate 1e9"),
+        (  # NCCL's shutdown warning after the traceback, seen on a GPU
+            [
+                *(f"[rank0]: {line}" for line in TRACEBACK),
+                "[rank0]:[W1129 ProcessGroupNCCL.cpp:1575] Warning: x",
+            ],
+            "ValueError: bad learning rate 1e9",
+        ),
         ([], None),
     ],
 )
 def test_exception_from_tail(tail: list[str], expected: str | None) -> None:
     assert exception_from(tail) == expected
+
+
+def test_a_printed_traceback_before_another_exit_code_is_not_the_exception() -> None:
+    handled = classify(exit_(3, [*TRACEBACK, "recovered; exiting with 3"]))
+    assert handled.kind == "exit_code"
+    assert classify(exit_(1, [*TRACEBACK, "atexit noise"])).kind == "exception"
 
 
 @pytest.mark.parametrize(

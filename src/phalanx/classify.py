@@ -47,16 +47,16 @@ def exception_from(tail: Sequence[str]) -> str | None:
     if not lines:
         return None
     headers = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
-    start = headers[-1] + 1 if headers else 0
-    for line in reversed(lines[start:]):
-        if line[:1].isspace():
-            continue  # a frame, its source line or a caret line
-        match = _EXCEPTION_LINE.match(line)
-        if match is None:
-            return None
-        if headers or _EXCEPTION_NAME.search(match.group(1)):
-            return line.strip()
+    if headers:
+        # The first unindented line after the last header's frames is the exception, even
+        # when the process printed more afterwards (NCCL's shutdown warnings, say).
+        for line in lines[headers[-1] + 1 :]:
+            if not line[:1].isspace():
+                return line.strip() if _EXCEPTION_LINE.match(line) else None
         return None
+    match = _EXCEPTION_LINE.match(lines[-1])
+    if match is not None and _EXCEPTION_NAME.search(match.group(1)):
+        return lines[-1].strip()
     return None
 
 
@@ -77,7 +77,9 @@ def _by_error_file(e: WorkerExit, oom: str, fatal: str) -> tuple[str, str] | Non
 
 
 def _by_traceback(e: WorkerExit, oom: str, fatal: str) -> tuple[str, str] | None:
-    found = exception_from(e.stderr_tail) if e.returncode > 0 else None
+    # Python exits 1 after an uncaught exception; a traceback before another code was printed
+    # by the program itself (traceback.print_exc(), then sys.exit(3)).
+    found = exception_from(e.stderr_tail) if e.returncode == 1 else None
     return ("exception", found) if found else None
 
 
