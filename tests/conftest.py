@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from hosts import Loopback, NamespaceHosts
+from hosts import Loopback, NamespaceHosts, Node
 from netns import NetNamespaces, unavailable_reason
 
 
@@ -59,3 +59,14 @@ def hosts() -> Iterator[Callable[[int], Loopback | NamespaceHosts]]:
         for spaces in made:
             spaces.destroy()
             assert spaces.leftovers() == [], f"namespaces left behind: {spaces.leftovers()}"
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[Node]]:
+    """Agents a test started (append each ``Node``); every one still running is killed after."""
+    started: list[Node] = []
+    try:
+        yield started
+    finally:
+        for node in started:
+            node.kill()

@@ -6,7 +6,12 @@ on node i), so a scenario is written once and runs on whichever is available.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 class Loopback:
@@ -41,3 +46,54 @@ class NamespaceHosts:
 
     def env(self) -> dict[str, str]:
         return {"GLOO_SOCKET_IFNAME": "eth0"}
+
+
+class Node:
+    """One phalanx agent on one host, its output in files so a test can read it while it runs;
+    ``logs`` is its ``--log-dir``. ``kill`` ends its whole session (the ``nodes`` fixture calls it)."""
+
+    def __init__(
+        self,
+        hosts: Loopback | NamespaceHosts,
+        i: int,
+        args: Sequence[str],
+        tmp: Path,
+        name: str = "",
+    ) -> None:
+        name = name or f"n{i}"
+        self.out, self.err, self.logs = (
+            tmp / f"{name}.out",
+            tmp / f"{name}.err",
+            tmp / f"{name}-logs",
+        )
+        env = dict(os.environ, **hosts.env())
+        argv = [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "--local-addr",
+            hosts.addr(i),
+            "--log-dir",
+            str(self.logs),
+            *args,
+        ]
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                hosts.command(i, argv), stdout=out, stderr=err, env=env, start_new_session=True
+            )
+
+    def finish(self, timeout: float = 120) -> int:
+        return self.proc.wait(timeout)
+
+    @property
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hosts import Node
 from launch import PHALANX, alive, run_phalanx, wait_for, worker
 from phalanx.net import free_port
 from phalanx.oom import memory_cgroup_counter
@@ -117,39 +118,6 @@ def test_out_of_memory(tmp_path: Path) -> None:
     assert isinstance(cause, dict) and (data["kind"], cause["rank"]) == ("oom", 1)
     assert "oom_kill 0 -> 1" in str(cause["reason"])
     assert "[oom]" in launcher.stderr
-
-
-class Node:
-    """One agent on one host, output in files."""
-
-    def __init__(self, net: object, i: int, args: list[str], tmp: Path) -> None:
-        self.err = tmp / f"n{i}.err"
-        self.logs = tmp / f"n{i}-logs"
-        env = dict(os.environ, **net.env())  # type: ignore[attr-defined]
-        argv = [*PHALANX, "--local-addr", net.addr(i), "--log-dir", str(self.logs), *args]  # type: ignore[attr-defined]
-        with open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(
-                net.command(i, argv),  # type: ignore[attr-defined]
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                env=env,
-                start_new_session=True,
-            )
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    started: list[Node] = []
-    try:
-        yield started
-    finally:
-        for node in started:
-            node.kill()
 
 
 def two_node_args(net: object, port: int) -> list[str]:

@@ -7,63 +7,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import pytest
-
-from hosts import Loopback, NamespaceHosts
-from launch import PHALANX, alive, read_pids, wait_for, worker
+from hosts import Loopback, NamespaceHosts, Node
+from launch import alive, read_pids, wait_for, worker
 from phalanx.net import free_port
 
 Hosts = Loopback | NamespaceHosts
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60,exit_barrier_timeout=30"
-
-
-class Node:
-    """One agent on one host, its output in files so the test can read it while it runs."""
-
-    def __init__(self, hosts: Hosts, i: int, args: Sequence[str], tmp: Path, name: str) -> None:
-        self.out, self.err = tmp / f"{name}.out", tmp / f"{name}.err"
-        env = dict(os.environ, **hosts.env())
-        argv = [
-            *PHALANX,
-            "--local-addr",
-            hosts.addr(i),
-            "--log-dir",
-            str(tmp / f"{name}-logs"),
-            *args,
-        ]
-        with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(
-                hosts.command(i, argv), stdout=out, stderr=err, env=env, start_new_session=True
-            )
-
-    def finish(self, timeout: float = 120) -> int:
-        return self.proc.wait(timeout)
-
-    @property
-    def stdout(self) -> str:
-        return self.out.read_text()
-
-    @property
-    def stderr(self) -> str:
-        return self.err.read_text()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    started: list[Node] = []
-    try:
-        yield started
-    finally:
-        for node in started:
-            node.kill()
 
 
 def c10d_args(

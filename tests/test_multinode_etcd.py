@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from etcd_server import EtcdCluster, leader_index
-from hosts import Loopback
+from hosts import Loopback, Node
 from launch import alive, read_pids, wait_for, worker
-from test_multinode import Node
 
 pytestmark = [
     pytest.mark.slow,
@@ -35,16 +34,6 @@ CONF = (
     "last_call_timeout=1,join_timeout=60,exit_barrier_timeout=30"
 )
 LOOPBACK = Loopback()
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    started: list[Node] = []
-    try:
-        yield started
-    finally:
-        for node in started:
-            node.kill()
 
 
 @pytest.fixture
