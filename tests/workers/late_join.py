@@ -18,3 +18,4 @@ print(
     f"world={dist.get_world_size()} sum={int(value.item())} restart={os.environ['TORCHELASTIC_RESTART_COUNT']}",
     flush=True,
 )
+dist.destroy_process_group()

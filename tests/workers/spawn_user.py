@@ -19,6 +19,7 @@ def work(local_rank, out_dir, fail):
     if fail and dist.get_rank() == 1:
         raise RuntimeError("rank 1 broke")
     dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
