@@ -3,6 +3,7 @@ they can be made, else loopback), real TCPStore, real Gloo between the hosts."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -193,3 +194,25 @@ def test_failure_report_names_the_failing_node_on_every_node(
             node.stderr
         )
         assert "rank 1 fails on purpose" in node.stderr
+
+
+def test_spawn_owner_on_two_hosts_gets_each_nodes_flags(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """TRELLIS.2 style under the CLI: one process per host that mp.spawns its own 2 workers;
+    phalanx tells each its node rank and node 0's address: one world of 4."""
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    for i in (0, 1):
+        args = ["--spawn-owner", "--rdzv-backend", "static", "--nnodes", "2", "--node-rank", str(i),
+                "--nproc-per-node", "2", "--master-addr", net.addr(0), "--master-port", str(port),
+                "--rdzv-conf", FAST, worker("trellis_owner.py")]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    assert [n.finish() for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+    for i, node in enumerate(nodes):
+        rows = sorted(
+            json.loads(line.split(": ", 1)[1])["rank"] for line in node.stdout.splitlines()
+        )
+        assert rows == [2 * i, 2 * i + 1]  # rank = node_rank * num_gpus + local_rank
+        assert all('"world": 4, "sum": 10.0' in line for line in node.stdout.splitlines())
+        assert all(line.startswith(f"[node{i}]: ") for line in node.stdout.splitlines())

@@ -226,9 +226,11 @@ def _describe_event(event: JobEvent) -> str:
     who = f"node {event.node_rank}" if event.node_rank is not None else "a node"
     text = {
         EventKind.PEER_FAILED: f"workers failed on {who}",
-        EventKind.NODE_LOST: f"{who} was lost (no heartbeat)",
+        EventKind.NODE_LOST: f"{who} was lost",  # the detail says how: heartbeat or lease
         EventKind.NODE_WAITING: "a node is waiting to join; re-forming the round",
         EventKind.JOB_STOPPED: f"{who} stopped the job",
-        EventKind.STORE_LOST: "the rendezvous store cannot be reached",
+        EventKind.STORE_LOST: "",  # the detail already names the store and the error
     }[event.kind]
+    if not text:
+        return event.detail or "the rendezvous store cannot be reached"
     return f"{text}: {event.detail}" if event.detail else text
