@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 
@@ -11,17 +12,13 @@ from hosts import Loopback, NamespaceHosts, Node
 from netns import NetNamespaces, unavailable_reason
 
 
-@pytest.fixture
-def netns() -> Iterator[Callable[[int], NetNamespaces]]:
-    """``netns(count)`` makes that many connected network namespaces (see ``tests/netns.py``),
-    or skips the test saying why it cannot. Everything made is removed at teardown, even
-    when the test fails; the test must end the processes it started inside them first."""
+@contextlib.contextmanager
+def _namespace_pool() -> Iterator[Callable[[int], NetNamespaces]]:
+    """Makes connected namespaces on request; removes every one at exit, even on failure,
+    and checks that none is left (tests end their processes inside them first)."""
     made: list[NetNamespaces] = []
 
     def make(count: int) -> NetNamespaces:
-        reason = unavailable_reason()
-        if reason is not None:
-            pytest.skip(reason)
         spaces = NetNamespaces(count)
         made.append(spaces)
         spaces.create()
@@ -36,29 +33,36 @@ def netns() -> Iterator[Callable[[int], NetNamespaces]]:
 
 
 @pytest.fixture
+def netns() -> Iterator[Callable[[int], NetNamespaces]]:
+    """``netns(count)`` makes that many connected network namespaces (see ``tests/netns.py``),
+    or skips the test saying why it cannot."""
+    with _namespace_pool() as pool:
+
+        def make(count: int) -> NetNamespaces:
+            reason = unavailable_reason()
+            if reason is not None:
+                pytest.skip(reason)
+            return pool(count)
+
+        yield make
+
+
+@pytest.fixture
 def hosts() -> Iterator[Callable[[int], Loopback | NamespaceHosts]]:
     """``hosts(count)``: real hosts (network namespaces) where they can be made, else the same
     scenario on loopback, with the reason printed in the test report."""
-    made: list[NetNamespaces] = []
+    with _namespace_pool() as pool:
 
-    def make(count: int) -> Loopback | NamespaceHosts:
-        reason = unavailable_reason()
-        if os.environ.get("PHALANX_TEST_HOSTS") == "loopback":
-            reason = "PHALANX_TEST_HOSTS=loopback"
-        if reason is not None:
-            print(f"running on loopback: {reason}")
-            return Loopback()
-        spaces = NetNamespaces(count)
-        made.append(spaces)
-        spaces.create()
-        return NamespaceHosts(spaces)
+        def make(count: int) -> Loopback | NamespaceHosts:
+            reason = unavailable_reason()
+            if os.environ.get("PHALANX_TEST_HOSTS") == "loopback":
+                reason = "PHALANX_TEST_HOSTS=loopback"
+            if reason is not None:
+                print(f"running on loopback: {reason}")
+                return Loopback()
+            return NamespaceHosts(pool(count))
 
-    try:
         yield make
-    finally:
-        for spaces in made:
-            spaces.destroy()
-            assert spaces.leftovers() == [], f"namespaces left behind: {spaces.leftovers()}"
 
 
 @pytest.fixture
