@@ -65,3 +65,30 @@ def alive(pid: int) -> bool:
 
 def read_pids(directory: Path) -> list[int]:
     return [int(p.read_text()) for p in sorted(directory.glob("*.pid")) if p.read_text().strip()]
+
+
+def start_tree(
+    tmp_path: Path, flags: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], list[int], Path]:
+    """A 2-worker job of ``sleep_tree.py``: returns the launcher, the pids of both workers and
+    their children (once all four are up), and the file the launcher's stderr goes to."""
+    pids_dir, stderr_path = tmp_path / "pids", tmp_path / "launcher.err"
+    pids_dir.mkdir()
+    argv = [*PHALANX, *flags, "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
+            worker("sleep_tree.py"), str(pids_dir)]  # fmt: skip
+    with open(stderr_path, "wb") as stderr:
+        launcher = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+        )
+    wait_for(lambda: len(read_pids(pids_dir)) == 4, 60, "2 workers and their 2 children")
+    return launcher, read_pids(pids_dir), stderr_path
+
+
+def end_all(launcher: subprocess.Popen[bytes], pids: Sequence[int]) -> None:
+    """Cleanup after a test: the launcher's session, then any listed process still alive."""
+    if launcher.poll() is None:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)

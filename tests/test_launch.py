@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from launch import PHALANX, alive, read_pids, run_phalanx, wait_for, worker
+from launch import alive, end_all, run_phalanx, start_tree, wait_for, worker
 
 
 def test_two_workers_all_reduce_and_exit_zero(tmp_path: Path) -> None:
@@ -70,29 +68,8 @@ def test_signal_death_maps_to_128_plus_n(tmp_path: Path) -> None:
     assert "killed by SIGSEGV" in result.stderr
 
 
-def _start_tree(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
-    pids_dir = tmp_path / "pids"
-    pids_dir.mkdir()
-    launcher = subprocess.Popen(
-        [
-            *PHALANX,
-            "--nproc-per-node",
-            "2",
-            "--log-dir",
-            str(tmp_path / "logs"),
-            worker("sleep_tree.py"),
-            str(pids_dir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    wait_for(lambda: len(read_pids(pids_dir)) == 4, 60, "2 workers and their 2 children")
-    return launcher, read_pids(pids_dir)
-
-
 def test_kill_9_of_launcher_leaves_no_worker(tmp_path: Path) -> None:
-    launcher, pids = _start_tree(tmp_path)
+    launcher, pids, _ = start_tree(tmp_path)
     try:
         assert all(alive(pid) for pid in pids)
         launcher.kill()
@@ -101,24 +78,18 @@ def test_kill_9_of_launcher_leaves_no_worker(tmp_path: Path) -> None:
             lambda: not any(alive(pid) for pid in pids), 2, "workers and their children to die"
         )
     finally:
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        end_all(launcher, pids)
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_stops_everything(tmp_path: Path, signum: int, code: int) -> None:
-    launcher, pids = _start_tree(tmp_path)
+    launcher, pids, _ = start_tree(tmp_path)
     try:
         launcher.send_signal(signum)
         assert launcher.wait(30) == code
         assert not any(alive(pid) for pid in pids)
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        end_all(launcher, pids)
 
 
 def test_script_args_pass_through_untouched(tmp_path: Path) -> None:

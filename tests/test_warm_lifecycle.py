@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from launch import PHALANX, WORKERS, alive, read_pids, run_phalanx, wait_for, worker
+from launch import (
+    PHALANX,
+    WORKERS,
+    alive,
+    end_all,
+    run_phalanx,
+    start_tree,
+    wait_for,
+    worker,
+)
 from phalanx.config import LaunchConfig
 from phalanx.plan import WorkerPlan
 from phalanx.supervisor.warm import fork_request, template_env
@@ -55,31 +64,6 @@ def test_restarts_fork_from_the_same_template(tmp_path: Path, mode: str) -> None
         assert template is None
 
 
-def _start_tree(
-    tmp_path: Path, flags: list[str]
-) -> tuple[subprocess.Popen[bytes], list[int], Path]:
-    pids_dir, stderr_path = tmp_path / "pids", tmp_path / "launcher.err"
-    pids_dir.mkdir()
-    with open(stderr_path, "wb") as stderr:
-        launcher = subprocess.Popen(
-            [
-                *PHALANX,
-                *flags,
-                "--nproc-per-node",
-                "2",
-                "--log-dir",
-                str(tmp_path / "logs"),
-                worker("sleep_tree.py"),
-                str(pids_dir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,
-        )
-    wait_for(lambda: len(read_pids(pids_dir)) == 4, 60, "2 workers and their 2 children")
-    return launcher, read_pids(pids_dir), stderr_path
-
-
 def _processes(mode: str, pids: list[int], stderr_path: Path) -> list[int]:
     """The workers, their children and (warm) the template: all must be alive now."""
     template = template_pid(stderr_path.read_text())
@@ -89,18 +73,9 @@ def _processes(mode: str, pids: list[int], stderr_path: Path) -> list[int]:
     return everything
 
 
-def _cleanup(launcher: subprocess.Popen[bytes], pids: list[int]) -> None:
-    if launcher.poll() is None:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        launcher.wait(10)
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_kill_9_of_launcher_leaves_nothing(tmp_path: Path, mode: str) -> None:
-    launcher, pids, stderr_path = _start_tree(tmp_path, MODES[mode])
+    launcher, pids, stderr_path = start_tree(tmp_path, MODES[mode])
     everything = pids
     try:
         everything = _processes(mode, pids, stderr_path)
@@ -108,12 +83,12 @@ def test_kill_9_of_launcher_leaves_nothing(tmp_path: Path, mode: str) -> None:
         launcher.wait(10)
         wait_for(lambda: not any(alive(pid) for pid in everything), 5, "every process to die")
     finally:
-        _cleanup(launcher, everything)
+        end_all(launcher, everything)
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sigint_exits_130_and_leaves_nothing(tmp_path: Path, mode: str) -> None:
-    launcher, pids, stderr_path = _start_tree(tmp_path, MODES[mode])
+    launcher, pids, stderr_path = start_tree(tmp_path, MODES[mode])
     everything = pids
     try:
         everything = _processes(mode, pids, stderr_path)
@@ -121,7 +96,7 @@ def test_sigint_exits_130_and_leaves_nothing(tmp_path: Path, mode: str) -> None:
         assert launcher.wait(30) == 130
         assert not any(alive(pid) for pid in everything)
     finally:
-        _cleanup(launcher, everything)
+        end_all(launcher, everything)
 
 
 def test_a_dead_template_means_a_cold_restart(tmp_path: Path) -> None:
@@ -143,7 +118,7 @@ def test_a_dead_template_means_a_cold_restart(tmp_path: Path) -> None:
         os.kill(template, signal.SIGKILL)
         assert launcher.wait(60) == 0, stderr_path.read_text()
     finally:
-        _cleanup(launcher, [])
+        end_all(launcher, [])
     assert {int(p.read_text()) for p in out.glob("1.?")} == {launcher.pid}
     lines = [line for line in stderr_path.read_text().splitlines() if FALLBACK in line]
     assert len(lines) == 1 and "the template exited" in lines[0]
