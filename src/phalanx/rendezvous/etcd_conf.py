@@ -16,14 +16,13 @@ Keys (torchrun's spellings of its etcd backends are accepted as aliases):
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 from phalanx.errors import UsageError
-from phalanx.rendezvous.settings import SETTINGS_KEYS
+from phalanx.rendezvous.settings import SETTINGS_KEYS, positive_seconds
 
 DEFAULT_PORT = 2379
 
@@ -101,7 +100,9 @@ def etcd_options_from_conf(
     if "password" in text and "user" not in text:
         problems.append("--rdzv-conf: password given without user")
     numbers = {
-        f: _positive(f, text[f], problems) for f in ("request_timeout", "lease_ttl") if f in text
+        f: seconds
+        for f in ("request_timeout", "lease_ttl")
+        if f in text and (seconds := positive_seconds(f, text[f], problems)) is not None
     }
     if problems:
         raise UsageError(problems)
@@ -152,13 +153,3 @@ def run_prefix(run_id: str) -> str:
     if not run_id:
         raise UsageError("--rdzv-id is empty: the etcd backend needs a run id")
     return f"/phalanx/runs/{quote(run_id, safe='')}/"
-
-
-def _positive(name: str, text: str, problems: list[str]) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        problems.append(f"--rdzv-conf {name}={text}: expected a positive number of seconds")
-    return value

@@ -86,7 +86,8 @@ def parse_bool(key: str, text: str, problems: list[str]) -> bool | None:
     return None
 
 
-def _seconds(key: str, text: str, problems: list[str]) -> float | None:
+def positive_seconds(key: str, text: str, problems: list[str]) -> float | None:
+    """``text`` as a positive, finite number of seconds, or None with a problem recorded."""
     try:
         value = float(text)
     except ValueError:
@@ -116,7 +117,7 @@ def settings_problems(
                 problems.append(f"--rdzv-conf sets {field} twice ({spelled[field]} and {key})")
                 continue
             spelled[field] = key
-            seconds = _seconds(key, text, problems)
+            seconds = positive_seconds(key, text, problems)
             if seconds is not None:
                 values[field] = seconds
         elif key == _ATTEMPTS_KEY:
