@@ -55,6 +55,22 @@ def test_get_set_add_delete(pair: tuple[KVStore, KVStore]) -> None:
     assert client.get("k") is None
 
 
+def test_set_is_visible_to_other_handles_once_it_returns(
+    pair: tuple[KVStore, KVStore],
+) -> None:
+    """Read-after-write across connections: TCPStore does not acknowledge SET, so without a
+    round trip after it a read on another connection missed the write about 3 times in 10,000."""
+    host, client = pair
+    for writer, reader in ((host, client), (client, host)):
+        missed = [i for i in range(3000) if not _written_then_read(writer, reader, f"raw{i}")]
+        assert missed == []
+
+
+def _written_then_read(writer: KVStore, reader: KVStore, key: str) -> bool:
+    writer.set(key, b"v")
+    return reader.get(key) == b"v"
+
+
 @pytest.mark.parametrize(
     ("initial", "expected", "desired", "result"),
     [

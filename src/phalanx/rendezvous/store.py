@@ -29,7 +29,7 @@ class KVStore(Protocol):
         """Return the value, or ``None`` when the key is absent. Never blocks waiting for it."""
 
     def set(self, key: str, value: bytes) -> None:
-        """Set ``key`` unconditionally."""
+        """Set ``key`` unconditionally; once this returns, every handle's ``get`` sees it."""
 
     def add(self, key: str, amount: int) -> int:
         """Atomically add ``amount`` to the integer at ``key`` (absent counts as 0); return the sum."""

@@ -10,6 +10,9 @@ How TCPStore's API maps onto the contract:
   an absent key with another expected value, answers that expected value unchanged.
   ``_compare_set`` below decodes those answers (one extra ``check`` in the single ambiguous
   case ``expected == desired``).
+- ``set``: TCPStore sends SET without an acknowledgement; we follow it with ``check`` on the
+  same connection so that it has been applied when ``set`` returns (otherwise another
+  connection's read right afterwards can miss it: measured at about 3 in 10,000 here).
 - ``wait``: TCPStore's timed wait logs two C++ warnings every time it times out, and holds
   the connection's lock for the whole wait; we poll ``check`` with a short backoff instead, so
   a waiting thread never holds up the heartbeat thread and nothing is printed.
@@ -88,7 +91,10 @@ class TcpKVStore:
             raise ValueError(
                 f"empty value for {key!r}: the KVStore contract needs non-empty values"
             )
-        self._call(lambda s: s.set(key, value))
+        # TCPStore sends SET without waiting for an answer, so a read on another connection
+        # could still miss it; a round trip on this connection (served in order) makes the
+        # write visible to everyone before ``set`` returns, as the contract says.
+        self._call(lambda s: (s.set(key, value), s.check([key])))
 
     def add(self, key: str, amount: int) -> int:
         return int(self._call(lambda s: s.add(key, amount)))
