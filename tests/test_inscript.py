@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+import phalanx
 from launch import PHALANX, alive, read_pids, run_phalanx, wait_for, worker
 
 
@@ -36,6 +39,31 @@ def test_spawn_failure_raises_with_root_cause(tmp_path: Path) -> None:
     assert "caught JobFailed exit_code=1: rank 1" in done.stdout
     assert "Root cause: rank 1 (local rank 1)" in done.stderr
     assert "RuntimeError: rank 1 broke" in done.stderr
+
+
+def test_spawn_stall_timeout_names_the_hung_rank(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, worker("spawn_user.py"), str(tmp_path), "hang"],
+        capture_output=True,
+        text=True,
+        timeout=120,  # the hang itself would last an hour: this only catches a missed one
+    )
+    assert done.returncode == 1, done.stderr
+    assert "caught JobFailed exit_code=1: rank 1" in done.stdout
+    assert "Root cause: rank 1 (local rank 1)" in done.stderr and "[hang]" in done.stderr
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    stacks = (run_dir / "attempt_0" / "rank_1" / "stacks.txt").read_text()
+    assert "in work" in stacks and "spawn_user.py" in stacks
+
+
+def test_spawn_rejects_bad_arguments() -> None:
+    with pytest.raises(phalanx.UsageError) as caught:
+        phalanx.spawn(print, num_gpus=0, node_rank=2, num_nodes=2, stall_timeout=-1)
+    assert [p.split(":")[0] for p in caught.value.problems] == [
+        "num_gpus",
+        "stall_timeout",
+        "node_rank",
+    ]
 
 
 def test_spawn_owner_gets_node_flags_and_runs(tmp_path: Path) -> None:

@@ -34,13 +34,16 @@ def spawn(
     max_restarts: int = 0,
     log_dir: str | os.PathLike[str] | None = None,
     shutdown_timeout: float = 5.0,
+    stall_timeout: float | None = None,
 ) -> None:
     """Run ``fn(local_rank, *args)`` in ``num_gpus`` processes on this node.
 
     Each process gets the standard environment (``RANK = node_rank * num_gpus + local_rank``,
     ``WORLD_SIZE = num_nodes * num_gpus``, ``MASTER_ADDR``, ``MASTER_PORT``, ...) and
     ``PHALANX_BACKEND`` (the resolved ``backend``) for ``phalanx.dist.init``. On a CPU-only
-    machine ``num_gpus`` counts CPU worker processes. ``fn`` and ``args`` must be picklable
+    machine ``num_gpus`` counts CPU worker processes. ``stall_timeout`` (seconds, off by
+    default) is the CLI's ``--stall-timeout``: ranks without progress for that long are
+    reported as a hang, with every rank's stack in ``log_dir``. ``fn`` and ``args`` must be picklable
     (as with ``torch.multiprocessing.spawn``). Returns when every process exited 0; raises
     ``JobFailed`` naming the root cause (after printing the report) or ``Interrupted``.
     """
@@ -54,6 +57,8 @@ def spawn(
         )
         if value < low
     ]
+    if stall_timeout is not None and not 0 < stall_timeout < float("inf"):
+        problems.append(f"stall_timeout: expected seconds > 0 or None, got {stall_timeout}")
     if num_nodes >= 1 and not 0 <= node_rank < num_nodes:
         problems.append(
             f"node_rank: expected 0..{num_nodes - 1} for num_nodes {num_nodes}, got {node_rank}"
@@ -83,6 +88,7 @@ def spawn(
             master_port=int(master_port),
             max_restarts=max_restarts,
             shutdown_timeout=shutdown_timeout,
+            stall_timeout=stall_timeout,
             log_dir=Path(log_dir) if log_dir is not None else None,
         )
         env = dict(os.environ, PHALANX_BACKEND=chosen_backend)

@@ -1,6 +1,8 @@
-# usage: spawn_user.py OUT_DIR [fail] -- calls phalanx.spawn with a function of this file.
+# usage: spawn_user.py OUT_DIR [fail|hang] -- calls phalanx.spawn with a function of this file;
+# "fail": rank 1 raises after the all-reduce; "hang": rank 1 sleeps instead of joining it.
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -8,15 +10,17 @@ import torch.distributed as dist
 import phalanx
 
 
-def work(local_rank, out_dir, fail):
+def work(local_rank, out_dir, mode):
     dist.init_process_group(os.environ["PHALANX_BACKEND"])
+    if mode == "hang" and dist.get_rank() == 1:
+        time.sleep(3600)
     value = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(value)
     with open(os.path.join(out_dir, f"rank{dist.get_rank()}.txt"), "w") as handle:
         handle.write(
             f"{local_rank} {os.environ['RANK']} {dist.get_world_size()} {value.item()} {__name__}"
         )
-    if fail and dist.get_rank() == 1:
+    if mode == "fail" and dist.get_rank() == 1:
         raise RuntimeError("rank 1 broke")
     dist.barrier()
     dist.destroy_process_group()
@@ -24,7 +28,15 @@ def work(local_rank, out_dir, fail):
 
 if __name__ == "__main__":
     try:
-        phalanx.spawn(work, (sys.argv[1], len(sys.argv) > 2), num_gpus=2, master_port=0)
+        mode = sys.argv[2] if len(sys.argv) > 2 else ""
+        phalanx.spawn(
+            work,
+            (sys.argv[1], mode),
+            num_gpus=2,
+            master_port=0,
+            log_dir=os.path.join(sys.argv[1], "logs"),
+            stall_timeout=3 if mode == "hang" else None,
+        )
     except phalanx.JobFailed as exc:
         print(f"caught JobFailed exit_code={exc.exit_code}: {exc}", flush=True)
         sys.exit(exc.exit_code)

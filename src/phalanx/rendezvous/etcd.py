@@ -5,7 +5,7 @@ etcd's JSON gateway (see ``etcd_client``). Every key of a run lives under
 ``/phalanx/runs/<run id>/``, so runs sharing one etcd never see each other.
 
 Liveness: ``set_ephemeral`` binds a key to this store's lease, which a daemon thread renews
-every ``lease_ttl / 3`` s. When the process dies, or cannot reach etcd for ``lease_ttl``
+every ``lease_ttl / 3`` s (see ``etcd_lease``). When the process dies, or cannot reach etcd for ``lease_ttl``
 seconds, etcd deletes every such key: that is how peers learn this node is gone.
 """
 
@@ -28,6 +28,7 @@ from phalanx.rendezvous.etcd_conf import (
     parse_endpoints,
     run_prefix,
 )
+from phalanx.rendezvous.etcd_lease import LEASE_NOT_FOUND, EtcdLease, LeaseExpired
 from phalanx.rendezvous.store import StoreUnavailable
 
 __all__ = [
@@ -42,11 +43,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT = 3.0  # close() is best effort: an unreachable etcd expires the lease anyway
-_LEASE_NOT_FOUND = 5  # gRPC NOT_FOUND: etcd's "requested lease not found"
-
-
-class LeaseExpired(StoreUnavailable):
-    """This store's lease expired: its ephemeral keys are gone and peers consider it dead."""
 
 
 def create_etcd_store(endpoint: str, run_id: str, conf: dict[str, str]) -> EtcdStore:
@@ -95,11 +91,7 @@ class EtcdStore:
         self._tokens = itertools.count()
         # One receipt key per store, so one conditional write at a time.
         self._txn_lock = threading.Lock()
-        self._lease_lock = threading.Lock()
-        self._lease_id: int | None = None
-        self._lease_lost = False
-        self._stop = threading.Event()
-        self._keeper: threading.Thread | None = None
+        self._lease = EtcdLease(self._client, options.lease_ttl)
         self._closed = False
         self._receipt_written = False  # close() deletes the receipt key only if it exists
 
@@ -126,14 +118,13 @@ class EtcdStore:
         hung, or lost etcd); ``close`` deletes it at once. The lease is granted on first use.
         Raises ``LeaseExpired`` once the lease has lapsed (the node should leave the job).
         """
-        body = wire.put_op(self._key(key), value)["request_put"] | {"lease": str(self._lease())}
+        body = wire.put_op(self._key(key), value)["request_put"] | {"lease": str(self._lease.id())}
         try:
             self._client.call("kv/put", body)
         except EtcdRequestError as exc:
-            if exc.code != _LEASE_NOT_FOUND:
+            if exc.code != LEASE_NOT_FOUND:
                 raise
-            self._lease_lost = True
-            raise LeaseExpired(f"the etcd lease of this node expired: {exc}") from None
+            raise self._lease.lapsed(exc) from None
 
     def add(self, key: str, amount: int) -> int:
         full = self._key(key)
@@ -209,17 +200,11 @@ class EtcdStore:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        if self._keeper is not None:
-            self._keeper.join(timeout=_CLOSE_TIMEOUT)
-        deadline = time.monotonic() + _CLOSE_TIMEOUT
         try:
+            self._lease.close(_CLOSE_TIMEOUT)  # stops the renewals first, even if revoking fails
             if self._receipt_written:
                 receipt = {"key": wire.b64(self._receipt)}
                 self._client.call("kv/deleterange", receipt, timeout=_CLOSE_TIMEOUT)
-            if self._lease_id is not None and not self._lease_lost:
-                left = max(0.1, deadline - time.monotonic())
-                self._client.call("lease/revoke", {"ID": str(self._lease_id)}, timeout=left)
         except (StoreUnavailable, EtcdRequestError) as exc:
             log.info("etcd: cleanup on close skipped (%s); the lease will expire", exc)
         finally:
@@ -281,53 +266,6 @@ class EtcdStore:
             if all(present.values()):
                 return True
         return False
-
-    def _lease(self) -> int:
-        with self._lease_lock:
-            if self._lease_lost:
-                raise LeaseExpired("the etcd lease of this node expired")
-            if self._lease_id is None:
-                ttl = max(1, round(self.options.lease_ttl))
-                reply = self._client.call("lease/grant", {"TTL": str(ttl)})
-                self._lease_id = int(reply["ID"])
-                # etcd raises a TTL below its minimum (1.5 election timeouts): renew by its figure.
-                interval = int(reply.get("TTL", ttl)) / 3
-                self._keeper = threading.Thread(
-                    target=self._keep_alive,
-                    args=(self._lease_id, interval),
-                    name="phalanx-etcd-lease",
-                    daemon=True,
-                )
-                self._keeper.start()
-            return self._lease_id
-
-    def _keep_alive(self, lease_id: int, interval: float) -> None:
-        """Renew every ``interval`` (a third of the TTL). A renewal may take until the lease
-        would expire: one slow answer from a loaded etcd must not cost the lease, since
-        peers would count this node as lost. Repeated failures are logged once."""
-        expires = time.monotonic() + 3 * interval
-        failing = False
-        while not self._stop.wait(interval):
-            try:
-                reply = self._client.call(
-                    "lease/keepalive",
-                    {"ID": str(lease_id)},
-                    timeout=max(interval, expires - time.monotonic()),
-                )
-            except (StoreUnavailable, EtcdRequestError) as exc:
-                if not failing:
-                    log.warning("etcd: could not renew the lease (%s); retrying", exc)
-                failing = True
-                continue
-            ttl = int(reply.get("result", reply).get("TTL", 0))
-            if ttl <= 0:
-                log.error("etcd: the lease of this node expired; peers will consider it gone")
-                self._lease_lost = True
-                return
-            if failing:
-                log.info("etcd: lease renewed again")
-            failing = False
-            expires = time.monotonic() + ttl
 
 
 def _is_token(kv: wire.JSON | None, token: bytes) -> bool:
