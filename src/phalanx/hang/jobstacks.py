@@ -60,7 +60,7 @@ class JobStacks:
         try:
             self._mine.add(self._rdzv.request_stacks())
         except RendezvousError as exc:
-            log.warning("stacks: cannot ask the other nodes (%s); this node's only", exc)
+            log.warning("stacks: cannot ask the other nodes (%s); writing this node's only", exc)
             return False
         return True
 
@@ -75,7 +75,9 @@ class JobStacks:
         ]
 
     def answer(self, requests: Sequence[int], text: str) -> None:
-        """Answer ``requests`` with this node's stacks ``text``."""
+        """Answer ``requests`` (from ``unanswered``) with this node's stacks ``text``."""
+        if not requests:
+            return
         for request in requests:
             if request in self._mine:
                 threading.Thread(
