@@ -86,6 +86,31 @@ def test_round_failure_reach_and_restart_over_etcd(etcd: EtcdCluster, backend: s
             h.shutdown()
 
 
+def test_stacks_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> None:
+    """A node's answer to ``phalanx stacks`` is cut to 256 KiB, which etcd takes in one put
+    (its limit is 1.5 MiB a request); the asker reads it back, then deletes it."""
+    run_id = uuid.uuid4().hex
+    handlers = [create_handler(spec(etcd, "etcd", run_id)) for _ in range(2)]
+    try:
+        results = form(handlers)
+        asker, other = sorted(range(2), key=lambda i: results[i].node_rank)
+        request = handlers[asker].request_stacks()
+        deadline = time.monotonic() + HANG
+        while handlers[other].stack_requests() != request:
+            assert time.monotonic() < deadline, "the request never reached the other node"
+            time.sleep(0.05)
+        handlers[other].post_stacks(request, "x" * 1_000_000)
+        peer = results[other].node_rank
+        answers = handlers[asker].gather_stacks(results[asker].round, request, [peer], HANG)
+        assert len(answers[peer].encode()) == 256 * 1024
+        assert answers[peer].startswith("xxx") and "[... cut: 1000000 bytes" in answers[peer]
+        # Read once: the answer is gone from the store.
+        assert handlers[asker].gather_stacks(results[asker].round, request, [peer], 0.1) == {}
+    finally:
+        for h in handlers:
+            h.shutdown()
+
+
 def test_etcd_options_checked_with_the_settings(etcd: EtcdCluster) -> None:
     bad = RendezvousSpec("etcd", "x", 1, 2, etcd.endpoint_arg, {"protocl": "https", "timeout": "5"})
     _, problems = spec_problems(bad)

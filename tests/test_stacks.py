@@ -1,4 +1,5 @@
-"""``phalanx stacks RUN_DIR``: every rank's stack while the job runs; the job then finishes."""
+"""``phalanx stacks RUN_DIR``: every rank's stack while the job runs, on one node or on every
+node of a multi-node job; the job then finishes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hosts import Node
 from launch import PHALANX, run_phalanx, wait_for, worker
+from phalanx.net import free_port
+
+FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60"
 
 
 @pytest.mark.parametrize("mode", ["warm", "cold"])
@@ -63,6 +68,46 @@ def test_stacks_of_a_running_job_then_it_finishes(tmp_path: Path, mode: str) -> 
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.communicate()
+
+
+def test_stacks_of_a_two_node_job_from_either_node(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """One rank on each of two hosts (c10d): ``phalanx stacks`` with either node's run
+    directory prints both nodes' ranks, under a header per node, the asking node first."""
+    net = hosts(2)  # type: ignore[operator]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    endpoint = f"{net.addr(0)}:{free_port()}"
+    for i in (0, 1):
+        args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", endpoint, "--rdzv-id", "stacks", "--rdzv-conf", FAST,
+                worker("stacks_wait.py"), str(shared)]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    wait_for(lambda: len(list(shared.glob("ready.*"))) == 2, 90, "both ranks to start")
+    for asker, other in ((0, 1), (1, 0)):
+        (run_dir,) = nodes[asker].logs.iterdir()
+        result = run_phalanx(["stacks", str(run_dir)], timeout=60)
+        assert result.returncode == 0, result.stderr + nodes[asker].stderr
+        out = result.stdout
+        assert "stacks of 2 of 2 node(s), requested on" in out, out
+        assert "no answer" not in out
+        headers = [line for line in out.splitlines() if line.startswith("##### node ")]
+        assert sorted(h.split()[2] for h in headers) == ["0", "1"], out
+        assert f"(node {headers[0].split()[2]}) at" in out.splitlines()[0]  # the asker first
+        for rank in (0, 1):  # one rank per node: local rank 0 on each
+            assert f"=== rank {rank} (local rank 0, pid" in out, out
+        assert out.count('stacks_wait.py", line 9 in wait_for_go') == 2, out
+        assert len(list(run_dir.glob("stacks_*.txt"))) == 1  # one file, on the asking node
+        wait_for(
+            lambda other=other: "sent to the node that asked" in nodes[other].stderr,
+            30,
+            "the other node to log its answer",
+        )
+    assert all(node.proc.poll() is None for node in nodes)  # the job went on
+    (shared / "go").touch()
+    assert [node.finish() for node in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+    assert sorted(node.stdout for node in nodes) == ["[rank0]: done 0\n", "[rank1]: done 1\n"]
 
 
 def test_stacks_errors_are_one_line(tmp_path: Path) -> None:

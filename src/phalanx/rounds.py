@@ -17,6 +17,7 @@ from phalanx import jobreport
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, JobFailed, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
+from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.watch import RoundWatch, StackRequests
 from phalanx.oom import OomProbe
 from phalanx.plan import build_plan
@@ -96,6 +97,7 @@ class Rounds:
                 stall_timeout=self.config.stall_timeout,
                 requests=self.requests,
                 check_every=self._check_every(),
+                job=JobStacks(self.rdzv, joined, self.run_dir) if joined.num_nodes > 1 else None,
             )
             probe = OomProbe()
             result = self.supervisor.run(plan, self.signals, self._poll(watch), watch.tick)

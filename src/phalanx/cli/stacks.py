@@ -1,9 +1,13 @@
-"""``phalanx stacks RUN_DIR``: every local rank's Python stack now; the job goes on.
+"""``phalanx stacks RUN_DIR``: every rank's Python stack now, on every node; the job goes on.
 
 Reads the launcher's pid from ``RUN_DIR/launcher.json`` and sends it ``SIGUSR2`` (the same
 as ``kill -USR2 <launcher pid>``). The launcher has each worker dump its stack (faulthandler,
 all threads) and writes them together to ``RUN_DIR/stacks_<time>.txt``, which this command
-waits for and prints. On a multi-node job it covers the ranks of the node it runs on.
+waits for and prints. On a multi-node job, run on any node, it covers every node: the
+launcher asks the others through the rendezvous store and waits up to 10 s for their
+answers (``phalanx.hang.jobstacks``); the file has this node first, then the others by node
+rank, each under a ``##### node <rank> (<host>) #####`` header, and names any node that did
+not answer.
 """
 
 from __future__ import annotations
@@ -30,9 +34,14 @@ class _Parser(argparse.ArgumentParser):
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = _Parser(
         prog="phalanx stacks",
-        description="Print every local rank's Python stack now, without stopping the job.",
+        description=(
+            "Print every rank's Python stack now, without stopping the job: every node's on a "
+            "multi-node job, grouped by node."
+        ),
     )
-    parser.add_argument("run_dir", help="The job's run directory (printed by phalanx at start).")
+    parser.add_argument(
+        "run_dir", help="The job's run directory on this node (printed by phalanx at start)."
+    )
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="Seconds to wait for the dump (default 30)."
     )

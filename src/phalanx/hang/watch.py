@@ -6,15 +6,15 @@ live workers); ``RoundWatch.hear`` wraps the rendezvous ``poll``. Files it write
 
 - ``<attempt dir>/hang_report.txt`` and ``hang_report.json``: on a hang, this node's
   analysis (``phalanx.hang.analysis``); every rank's dump is in its ``stacks.txt``;
-- ``<run dir>/stacks_<time>.txt``: every local rank's stack on request (``phalanx stacks``
-  or ``STACK_SIGNAL`` to the launcher), the job going on.
+- ``<run dir>/stacks_<time>.txt``: every rank's stack on request (``phalanx stacks`` or
+  ``STACK_SIGNAL`` to the launcher), the job going on: at once on a single node; on several,
+  every node's, gathered through the rendezvous (``phalanx.hang.jobstacks``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import socket
 import threading
@@ -24,6 +24,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from phalanx.hang.analysis import HangAnalysis, RankState, analyse
+from phalanx.hang.files import write_atomic, write_stacks_file
+from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import DumpTarget, main_thread, parse_dump, request_dumps
 from phalanx.hang.stall import StallDetector, main_thread_cpu
 from phalanx.plan import RoundPlan, WorkerPlan
@@ -85,10 +87,14 @@ class RoundWatch:
         stall_timeout: float | None,
         requests: StackRequests | None,
         check_every: float,
+        job: JobStacks | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``job``: the round's job-wide stacks requests (None: a single-node round, where a
+        request is answered with a file at once)."""
         self._plan = plan
         self._requests = requests
+        self._job = job
         self._check_every = check_every
         self._clock = clock
         self._detector = StallDetector(stall_timeout, clock) if stall_timeout else None
@@ -104,8 +110,11 @@ class RoundWatch:
     def tick(self, running: Running) -> bool:
         """Supervisor ``on_tick``: True stops the round (a stall was found and analysed)."""
         self._running = running
-        if self._requests is not None and self._requests.take():
-            self.snapshot()
+        requested = self._requests is not None and self._requests.take()
+        if requested and (self._job is None or not self._job.request()):
+            self.snapshot()  # a single node, or the other nodes cannot be asked
+        if self._job is not None and (asked := self._job.unanswered()):
+            self._job.answer(asked, self._node_stacks("stacks on request"))
         detector = self._detector
         if detector is None or self.hang is not None or self._clock() < self._next_check:
             return False
@@ -152,24 +161,26 @@ class RoundWatch:
         if not self._running:
             log.warning("stacks requested, but no worker is running")
             return None
-        analysis = self._analyse("stacks on request")
+        path = write_stacks_file(self._plan.run_dir, self._node_stacks("stacks on request"))
+        log.info("stacks of %d rank(s) written to %s", len(self._running), path)
+        return path
+
+    def _node_stacks(self, why: str) -> str:
+        """This node's section of a stacks file: a line per rank, then each rank's dump."""
+        analysis = self._analyse(why)
         lines = [f"stacks of {len(analysis.ranks)} rank(s) on {self.host} at {time.ctime()}"]
         lines += analysis.rank_lines()
-        lines.append("")
         for state in analysis.ranks:
+            lines.append("")
             lines.append(
                 f"=== rank {state.rank} (local rank {state.local_rank}, pid {state.pid}) ==="
             )
             lines.append(
-                self._texts.get(state.rank)
+                self._texts.get(state.rank, "").rstrip("\n")
                 or "(no dump: this process does not catch "
                 f"{STACK_SIGNAL.name}, or did not answer in time)"
             )
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = _unique(self._plan.run_dir / f"stacks_{stamp}.txt")
-        _write_atomic(path, "\n".join(lines) + "\n")
-        log.info("stacks of %d rank(s) written to %s", len(analysis.ranks), path)
-        return path
+        return "\n".join(lines) + "\n"
 
     def _analyse(self, why: str) -> HangAnalysis:
         targets = [DumpTarget(w.global_rank, pid, w.log_dir) for w, pid in self._running]
@@ -205,22 +216,7 @@ class RoundWatch:
         base = self._plan.attempt_dir / "hang_report"
         node = self._plan.rendezvous.node_rank
         header = f"hang on {self.host} (node {node}), {how}, at {time.ctime()}"
-        _write_atomic(base.with_suffix(".txt"), "\n".join([header, *analysis.summary()]) + "\n")
+        write_atomic(base.with_suffix(".txt"), "\n".join([header, *analysis.summary()]) + "\n")
         data = {"host": self.host, "node_rank": node, "how": how, **analysis.to_json()}
-        _write_atomic(base.with_suffix(".json"), json.dumps(data, indent=2) + "\n")
+        write_atomic(base.with_suffix(".json"), json.dumps(data, indent=2) + "\n")
         return base.with_suffix(".txt")
-
-
-def _unique(path: Path) -> Path:
-    candidate, n = path, 1
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.stem}_{n}{path.suffix}")
-    return candidate
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(text)
-    os.replace(temporary, path)

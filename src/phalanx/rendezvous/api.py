@@ -9,10 +9,15 @@ assume this policy: a worker failure (local, or ``PEER_FAILED``) and ``NODE_LOST
 ``claim_restart`` (a lost node is a failure of the job); ``NODE_WAITING`` (a scale-up) goes
 straight to ``next_round`` without claiming, as torchelastic does; ``JOB_STOPPED`` and
 ``STORE_LOST`` end the job (``report_done(False)``, then ``shutdown()``).
+
+Stacks on request (``phalanx stacks`` on any node): the node asked posts ``request_stacks()``;
+every node's watch sees the number grow in ``stack_requests()`` (non-blocking), dumps its
+ranks and ``post_stacks``; the requester's helper thread ``gather_stacks`` the answers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -120,3 +125,23 @@ class RendezvousHandler(Protocol):
         peers still finishing (torchrun's exit barrier). Without ``report_done`` first,
         peers see this node as ``NODE_LOST`` (a graceful scale-down).
         """
+
+    def request_stacks(self) -> int:
+        """Ask every node of the current round for its ranks' stacks; return the request's
+        number (1, 2, ... per round). Raises ``RendezvousError`` when the store cannot be
+        reached (the caller then has only its own node's stacks)."""
+
+    def stack_requests(self) -> int:
+        """The newest stacks request of the current round this node knows of (0: none),
+        including its own. Never waits on the network (read by the heartbeat thread)."""
+
+    def post_stacks(self, request: int, text: str) -> None:
+        """This node's answer to ``request`` of the current round (cut to 256 KiB). One
+        store write; store trouble is only logged."""
+
+    def gather_stacks(
+        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
+    ) -> dict[int, str]:
+        """Block up to ``timeout`` until the nodes ``node_ranks`` of round ``round`` answered
+        ``request``; return the answers there are, by node rank. Meant for a helper thread
+        (the round is given, since the agent may have moved on); store trouble only logged."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +19,26 @@ from phalanx.rendezvous.keys import Keys
 from phalanx.rendezvous.store import KVStore, StoreUnavailable
 
 LEFT = b"left"  # heartbeat value of a node that left on purpose: watchers skip it
+# The most one node posts in answer to a stacks request: etcd rejects a request over 1.5 MiB,
+# and the requester reads every node's answer.
+STACKS_LIMIT = 256 * 1024
 
 
 def encode(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def cap_stacks(text: str, limit: int = STACKS_LIMIT) -> bytes:
+    """``text`` as UTF-8 of at most ``limit`` bytes (never empty): when longer, cut at a
+    character boundary and ended with a line saying so."""
+    data = text.encode(errors="replace") or b"(empty)\n"
+    if len(data) <= limit:
+        return data
+    note = (
+        f"\n[... cut: {len(data)} bytes in all, {limit} posted; every rank's full dump is in "
+        "its stacks.txt on that node]\n"
+    ).encode()
+    return data[: max(0, limit - len(note))].decode(errors="ignore").encode() + note
 
 
 def decode(data: bytes) -> dict[str, Any]:
@@ -142,6 +158,36 @@ class Board:
 
     def all_ok(self, r: int) -> bool:
         return self.store.get(self.keys.round(r, "all_ok")) is not None
+
+    # -- stacks on request ----------------------------------------------------------------
+    def request_stacks(self, r: int) -> int:
+        """Post a stacks request in round ``r``; return its number (1, 2, ...)."""
+        return self.store.add(self.keys.round(r, "stack_requests"), 1)
+
+    def stack_requests(self, r: int) -> int:
+        """How many stacks requests round ``r`` has had. A plain read, never a write (an
+        ``add`` of 0 would be a write on etcd)."""
+        data = self.store.get(self.keys.round(r, "stack_requests"))
+        return 0 if data is None else int(data)
+
+    def post_stacks(self, r: int, request: int, rank: int, text: str) -> None:
+        """Node ``rank``'s answer to request ``request`` of round ``r`` (capped: ``cap_stacks``)."""
+        self.store.set(self.keys.stacks(r, request, rank), cap_stacks(text))
+
+    def collect_stacks(
+        self, r: int, request: int, ranks: Sequence[int], timeout: float
+    ) -> dict[int, str]:
+        """Wait up to ``timeout`` until every node in ``ranks`` answered ``request``; return
+        the answers there are by node rank, deleting each from the store once read."""
+        keys = {rank: self.keys.stacks(r, request, rank) for rank in ranks}
+        self.store.wait(list(keys.values()), timeout)
+        found = {}
+        for rank, key in keys.items():
+            data = self.store.get(key)
+            if data is not None:
+                found[rank] = data.decode(errors="replace")
+                self.store.delete(key)
+        return found
 
     # -- logs ------------------------------------------------------------------------------
     def append(self, counter: str, key_of: Callable[[int], str], obj: dict[str, Any]) -> int:

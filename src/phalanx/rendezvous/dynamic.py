@@ -10,7 +10,8 @@ leases (etcd): see ``pulse``.
 
 Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
 ``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it;
-``failures`` returns nothing once the store counts as lost.
+``failures`` returns nothing once the store counts as lost. Stacks requests: see
+``request_stacks`` and the methods after it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 
 from phalanx.errors import RendezvousError, UsageError
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
@@ -176,6 +178,41 @@ class DynamicRendezvous:
                 self._board.post_event(membership.round, event, about=self._node_id)
         except StoreUnavailable as exc:
             log.warning("rendezvous: could not report this node as done: %s", exc)
+
+    def request_stacks(self) -> int:
+        membership, _ = self._current()
+        problem = self._liveness.store_problem()
+        if problem is not None:
+            raise RendezvousError(problem)
+        try:
+            request = self._board.request_stacks(membership.round)
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+        self._liveness.saw_stack_request(request)
+        return request
+
+    def stack_requests(self) -> int:
+        return self._liveness.stack_requests()
+
+    def post_stacks(self, request: int, text: str) -> None:
+        membership, rank = self._current()
+        if self._liveness.store_problem() is not None:
+            return  # the requester will name this node as not answering
+        try:
+            self._board.post_stacks(membership.round, request, rank, text)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not post this node's stacks: %s", exc)
+
+    def gather_stacks(
+        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
+    ) -> dict[int, str]:
+        if self._liveness.store_problem() is not None:
+            return {}
+        try:
+            return self._board.collect_stacks(round, request, node_ranks, timeout)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not read the other nodes' stacks: %s", exc)
+            return {}
 
     def wait_all_done(self, timeout: float) -> bool:
         """Block until every member of the round reported ``ok`` (True), or a peer failed,

@@ -9,7 +9,9 @@ arrival's details), ``waiting`` (nodes queued for this round while the previous 
 ``master``, ``fate/<rank>`` (how a member left the round: rejoined the next, lost, left),
 ``settled``/``gone``/``all_settled`` (counting those fates), ``events`` + ``ev/<i>`` (the
 event log),
-``claim`` (the restart decision), ``ok``/``all_ok`` (members done successfully).
+``claim`` (the restart decision), ``ok``/``all_ok`` (members done successfully),
+``stack_requests`` (how many job-wide stacks requests were made) + ``stacks/<n>/<rank>``
+(node ``rank``'s answer to request ``n``; the requester deletes it once read).
 """
 
 from __future__ import annotations
@@ -76,3 +78,6 @@ class Keys:
 
     def event(self, r: int, index: int) -> str:
         return self.round(r, f"ev/{index}")
+
+    def stacks(self, r: int, request: int, rank: int) -> str:
+        return self.round(r, f"stacks/{request}/{rank}")

@@ -12,7 +12,10 @@ It does every periodic store operation, so ``poll()`` never touches the network:
   node's leased key (see ``pulse``). A node judged lost is recorded as such and
   ``NODE_LOST`` is posted. While the next node looks quiet or lost the watcher also judges
   the ones after it, so a run of dead nodes is found together and the ring stays covered.
-  O(1) reads per node per interval, not O(n).
+  O(1) reads per node per interval, not O(n). At the same pace it reads how many stacks
+  requests the round has had (``phalanx stacks`` on any node), for ``stack_requests()``:
+  one ``get`` per heartbeat rather than per event check, since a person waits for that
+  answer, not a restart.
 
 The thread keeps watching the previous round while the agent is in ``next_round`` (that
 is how members that died during a restart are found and the restart stops waiting for
@@ -52,6 +55,7 @@ class Liveness:
         self._events: deque[JobEvent] = deque()
         self._next_event = 1
         self._hole: tuple[int, float] | None = None  # (absent index, since)
+        self._stack_requests = 0  # the newest stacks request of the round seen so far
         self._pulse = pulse_for(board, settings)
         self._declared: set[str] = set()
         self._beating = True
@@ -69,6 +73,7 @@ class Liveness:
             self._view = _View(membership, rank)
             self._events.clear()
             self._next_event = 1
+            self._stack_requests = 0
             self._pulse.follow()
             self._declared = set()
             self._next_beat = 0.0
@@ -91,6 +96,16 @@ class Liveness:
     def next_event(self) -> JobEvent | None:
         with self._lock:
             return self._events.popleft() if self._events else None
+
+    def stack_requests(self) -> int:
+        """The newest stacks request of the followed round seen so far (0: none)."""
+        with self._lock:
+            return self._stack_requests
+
+    def saw_stack_request(self, request: int) -> None:
+        """This node made ``request``: count it now rather than at the next heartbeat."""
+        with self._lock:
+            self._stack_requests = max(self._stack_requests, request)
 
     def store_problem(self) -> str | None:
         """Why the store counts as lost, or None: errors for two heartbeats in a row, no
@@ -155,6 +170,10 @@ class Liveness:
             with self._lock:
                 self._expelled = expelled
             return
+        requests = self._b.stack_requests(view.membership.round)
+        with self._lock:
+            if self._view is view:  # not the previous round's count after a switch
+                self._stack_requests = max(self._stack_requests, requests)
         self._watch(view, now)
 
     def _read_events(self, view: _View) -> None:

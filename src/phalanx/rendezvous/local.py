@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import uuid
+from collections.abc import Sequence
 
 from phalanx.net import free_port
 from phalanx.rendezvous.api import JobEvent, NodeInfo, RendezvousResult
@@ -25,6 +26,7 @@ class LocalRendezvous:
         self._first_port = first_port
         self._round = -1
         self._failures: list[dict[str, object]] = []
+        self._stack_requests = 0
 
     @property
     def run_id(self) -> str:
@@ -60,3 +62,18 @@ class LocalRendezvous:
 
     def shutdown(self) -> None:
         pass
+
+    def request_stacks(self) -> int:
+        self._stack_requests += 1
+        return self._stack_requests
+
+    def stack_requests(self) -> int:
+        return self._stack_requests
+
+    def post_stacks(self, request: int, text: str) -> None:
+        pass  # no peers to read it
+
+    def gather_stacks(
+        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
+    ) -> dict[int, str]:
+        return {}

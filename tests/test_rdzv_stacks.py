@@ -1,0 +1,144 @@
+"""Job-wide stacks requests, tier (b): the request/answer protocol of ``phalanx stacks`` on
+simulated agents over the in-memory store (the same ``Cluster`` as ``test_rdzv_algorithm``).
+
+Every wait is bounded by ``WAIT`` (a hang guard, never a timing assertion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from phalanx.hang.jobstacks import JobStacks, combine
+from phalanx.rendezvous.api import EventKind, RendezvousResult
+from phalanx.rendezvous.board import cap_stacks
+from phalanx.rendezvous.dynamic import DynamicRendezvous
+from phalanx.rendezvous.local import LocalRendezvous
+from test_rdzv_algorithm import WAIT, Cluster, form, wait_event, wait_until
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+def by_rank(
+    handlers: list[DynamicRendezvous], results: list[RendezvousResult]
+) -> list[tuple[DynamicRendezvous, RendezvousResult]]:
+    return sorted(zip(handlers, results, strict=True), key=lambda pair: pair[1].node_rank)
+
+
+def stacks_keys(cluster: Cluster) -> list[str]:
+    return [key for key in cluster.server.data if "/stacks/" in key]
+
+
+def test_a_request_reaches_every_node_and_the_answers_come_back(cluster: Cluster) -> None:
+    handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
+    (a, _), (b, rb), (c, _) = by_rank(handlers, form(*handlers))
+    assert [h.stack_requests() for h in (a, b, c)] == [0, 0, 0]
+    assert b.request_stacks() == 1
+    assert b.stack_requests() == 1  # its own request counts at once, not a heartbeat later
+    wait_until(lambda: a.stack_requests() == 1 and c.stack_requests() == 1)
+    a.post_stacks(1, "stacks of node 0")
+    c.post_stacks(1, "stacks of node 2")
+    assert b.gather_stacks(rb.round, 1, [0, 2], WAIT) == {
+        0: "stacks of node 0",
+        2: "stacks of node 2",
+    }
+    assert stacks_keys(cluster) == []  # read once, then removed from the store
+    assert a.request_stacks() == 2  # numbered per round, whoever asks
+    wait_until(lambda: c.stack_requests() == 2)
+    assert a.poll() is None and c.poll() is None  # a stacks request is no job event
+
+
+def test_nodes_that_do_not_answer_are_left_out(cluster: Cluster) -> None:
+    handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
+    (a, ra), (b, _), _ = by_rank(handlers, form(*handlers))
+    request = a.request_stacks()
+    wait_until(lambda: b.stack_requests() == request)
+    b.post_stacks(request, "only node 1")
+    assert a.gather_stacks(ra.round, request, [1, 2], 0.5) == {1: "only node 1"}
+
+
+def test_a_new_round_starts_counting_again(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    form(a, b)
+    a.request_stacks()
+    wait_until(lambda: b.stack_requests() == 1)
+    a.report_failure({"rank": 0, "exit_code": 1})
+    wait_event(b, EventKind.PEER_FAILED)
+    assert a.claim_restart(1) and b.claim_restart(1)
+    again = form(a, b)
+    assert again[0].round == 1
+    assert (a.stack_requests(), b.stack_requests()) == (0, 0)
+    assert b.request_stacks() == 1
+
+
+def test_an_answer_is_cut_to_fit_the_store() -> None:
+    assert cap_stacks("small\n") == b"small\n"
+    assert cap_stacks("") == b"(empty)\n"  # a store value is never empty
+    big = cap_stacks("ü" * 300_000)  # 600,000 bytes of two-byte characters
+    assert len(big) <= 256 * 1024
+    text = big.decode()  # cut at a character boundary
+    assert text.endswith(
+        "600000 bytes in all, 262144 posted; every rank's full dump is in its stacks.txt on that node]\n"
+    )
+
+
+def test_every_node_answers_once_and_the_asker_writes_one_file(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Nodes 0 and 1 run ``JobStacks`` as their watches do; node 2 never answers (its agent
+    is busy), so the file names it after the bounded wait."""
+    handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
+    pairs = by_rank(handlers, form(*handlers))
+    dirs = [tmp_path / f"run{i}" for i in range(3)]
+    for d in dirs:
+        d.mkdir()
+    jobs = [JobStacks(h, r, d, timeout=2.0) for (h, r), d in zip(pairs, dirs, strict=True)]
+    assert jobs[1].request()
+    answered: list[list[int]] = [[], []]
+
+    def tick(i: int) -> None:  # what RoundWatch.tick does for node i
+        asked = jobs[i].unanswered()
+        if asked:
+            answered[i] += asked
+            jobs[i].answer(asked, f"stacks of 1 rank(s) on host {i}\n=== rank {i} ===\n")
+
+    def written() -> bool:
+        for i in (0, 1):
+            tick(i)
+        return any(dirs[1].glob("stacks_*.txt"))
+
+    wait_until(written)
+    assert answered == [[1], [1]]  # once each, and node 1's own request is answered too
+    (path,) = dirs[1].glob("stacks_*.txt")
+    text = path.read_text()
+    assert text.startswith("stacks of 2 of 3 node(s), requested on b (node 1) at ")
+    assert "no answer within 2 s from: node 2 (c)" in text
+    # This node first, then the others by node rank.
+    assert text.index("##### node 1 (b) #####") < text.index("##### node 0 (a) #####")
+    assert "=== rank 0 ===" in text and "=== rank 1 ===" in text and "node 2 (c) ###" not in text
+    assert not any(dirs[0].glob("stacks_*.txt")) and not any(dirs[2].glob("stacks_*.txt"))
+
+
+def test_combine_of_a_lone_node() -> None:
+    joined = LocalRendezvous().next_round(1)  # only for a RendezvousResult to build on
+    assert combine(joined, "mine\n", {}, 10, at="now") == (
+        f"stacks of 1 of 1 node(s), requested on {joined.this_node.hostname} (node 0) at now\n"
+        f"\n##### node 0 ({joined.this_node.hostname}) #####\nmine\n"
+    )
+
+
+def test_a_single_node_has_nobody_to_ask() -> None:
+    local = LocalRendezvous()
+    local.next_round(1)
+    assert local.request_stacks() == 1 and local.stack_requests() == 1
+    local.post_stacks(1, "ignored")
+    assert local.gather_stacks(0, 1, [], 1.0) == {}
