@@ -31,6 +31,7 @@ class CountingStore:
 
     def __init__(self, server: MemoryServer) -> None:
         self.inner = MemoryStore(server)
+        self.hosting = False
         self.main = 0
         self.background = 0
         self.cut = False  # a crashed agent: every call fails

@@ -50,6 +50,9 @@ def test_two_node_job(hosts: object, nodes: list[Node], tmp_path: Path) -> None:
         "[rank0]: world=2 sum=3 restart=0 rank=0 node=0",
         "[rank1]: world=2 sum=3 restart=0 rank=1 node=1",
     ]
+    for node in nodes:  # the store's host stayed until both had left: a quiet exit barrier
+        assert "not every node finished" not in node.stderr
+        assert "recvVector failed" not in node.stderr
 
 
 def test_worker_failure_on_node_1_restarts_everywhere(

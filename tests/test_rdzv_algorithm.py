@@ -6,6 +6,7 @@ node is one whose store handle is closed: it can neither heartbeat nor answer.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -327,6 +328,25 @@ def test_exit_barrier_waits_for_every_node(cluster: Cluster) -> None:
     leaving.join(WAIT)
     assert not leaving.is_alive()
     assert b.wait_all_done(WAIT)
+
+
+def test_the_store_host_leaves_last(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """After a success the node serving the store closes it only once every peer has seen the
+    barrier and said it is leaving, so no peer's last read meets a closed store."""
+    host, peer = cluster.node("a", hosting=True), cluster.node("b")
+    form(host, peer)
+    host.report_done(True)
+    peer.report_done(True)
+    leaving = threading.Thread(target=host.shutdown)
+    leaving.start()
+    time.sleep(0.5)
+    assert leaving.is_alive()  # all_ok is there, but b has not said it left
+    with caplog.at_level(logging.INFO, logger="phalanx"):
+        peer.shutdown()  # reads all_ok: with the store closed it would warn and leave
+        leaving.join(WAIT)
+    assert not leaving.is_alive()
+    assert "not every node finished" not in caplog.text
+    assert "did not confirm" not in caplog.text
 
 
 def test_event_behind_a_dead_writers_hole_still_arrives(cluster: Cluster) -> None:

@@ -159,6 +159,11 @@ class Board:
     def all_ok(self, r: int) -> bool:
         return self.store.get(self.keys.round(r, "all_ok")) is not None
 
+    def depart(self, r: int, count: int) -> None:
+        """This member of round ``r`` saw ``all_ok`` and is leaving: it touches the store no more."""
+        if self.store.add(self.keys.round(r, "departed"), 1) >= count:
+            self.store.set(self.keys.round(r, "all_departed"), b"1")
+
     # -- stacks on request ----------------------------------------------------------------
     def request_stacks(self, r: int) -> int:
         """Post a stacks request in round ``r``; return its number (1, 2, ...)."""

@@ -246,6 +246,20 @@ class DynamicRendezvous:
             self._store.close()
 
     # -- internals -------------------------------------------------------------------------
+    def _depart(self, membership: Membership) -> None:
+        """After the exit barrier: the node serving the store (c10d) keeps it until every
+        member has seen ``all_ok`` and said it is leaving (at most ``heartbeat_timeout``), so
+        no peer's last read meets a closed store (a C++ warning and a false "not every node
+        finished"). The others stop their heartbeat thread first: after saying so, nothing of
+        theirs touches the store."""
+        r = membership.round
+        if not self._store.hosting:
+            self._liveness.stop()
+        self._board.depart(r, membership.count)
+        if self._store.hosting:
+            everyone = self._board.keys.round(r, "all_departed")
+            if not self._board.store.wait([everyone], self._settings.heartbeat_timeout):
+                log.info("rendezvous: a node did not confirm it left; closing the store anyway")
     def _current(self) -> tuple[Membership, int]:
         if self._membership is None or self._rank is None:
             raise RendezvousError("no rendezvous round has formed yet")
@@ -260,7 +274,9 @@ class DynamicRendezvous:
             return
         membership, rank = self._membership, self._rank
         if self._done is True:
-            if not self.wait_all_done(self._settings.exit_barrier_timeout):
+            if self.wait_all_done(self._settings.exit_barrier_timeout):
+                self._depart(membership)
+            else:
                 log.warning("rendezvous: not every node finished; leaving anyway")
         elif self._done is False:
             settled = self._board.keys.round(membership.round, "all_settled")

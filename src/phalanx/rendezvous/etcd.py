@@ -86,6 +86,7 @@ class EtcdStore:
     def __init__(self, endpoints: Sequence[str], prefix: str, options: EtcdOptions) -> None:
         self.prefix = prefix
         self.options = options
+        self.hosting = False  # etcd outlives every agent
         self._client = EtcdClient(endpoints, options)
         self._receipt = f"{prefix}receipts/{uuid.uuid4().hex}".encode()
         self._tokens = itertools.count()

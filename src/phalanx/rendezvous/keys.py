@@ -10,6 +10,7 @@ arrival's details), ``waiting`` (nodes queued for this round while the previous 
 ``settled``/``gone``/``all_settled`` (counting those fates), ``events`` + ``ev/<i>`` (the
 event log),
 ``claim`` (the restart decision), ``ok``/``all_ok`` (members done successfully),
+``departed``/``all_departed`` (members that saw ``all_ok`` and stopped using the store),
 ``stack_requests`` (how many job-wide stacks requests were made) + ``stacks/<n>/<rank>``
 (node ``rank``'s answer to request ``n``; the requester deletes it once read).
 """

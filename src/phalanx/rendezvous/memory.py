@@ -78,7 +78,7 @@ class MemoryStore:
 
     def __init__(self, server: MemoryServer, *, hosting: bool = False) -> None:
         self._server = server
-        self._hosting = hosting
+        self.hosting = hosting
         self._closed = False
 
     def get(self, key: str) -> bytes | None:
@@ -129,7 +129,7 @@ class MemoryStore:
 
     def close(self) -> None:
         self._closed = True
-        if self._hosting:
+        if self.hosting:
             self._server.stop()
 
     def _locked(self) -> _Locked:

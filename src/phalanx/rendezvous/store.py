@@ -25,6 +25,10 @@ class StoreUnavailable(Exception):
 
 
 class KVStore(Protocol):
+    # This handle serves the store (c10d's host agent): closing it takes the store away
+    # from every node, so that node leaves last (see ``DynamicRendezvous.shutdown``).
+    hosting: bool
+
     def get(self, key: str) -> bytes | None:
         """Return the value, or ``None`` when the key is absent. Never blocks waiting for it."""
 
