@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,24 @@ def test_a_rank_sleeping_while_the_others_all_reduce_is_named(tmp_path: Path, mo
     assert [s["rank"] for s in hang["suspects"]] == [1]
     data = json.loads((run_dir_of(tmp_path) / "report.json").read_text())
     assert (data["kind"], data["root_cause"]["rank"], data["collateral"]) == ("hang", 1, [0])
+
+
+@pytest.mark.skipif(
+    shutil.which("py-spy") is None,
+    reason="py-spy is not on PATH (the test extras install it: pip install -e '.[test]')",
+)
+def test_py_spy_adds_native_frames_where_installed(tmp_path: Path) -> None:
+    result = run_phalanx(
+        ["--nproc-per-node", "2", "--stall-timeout", "3", "--log-dir", str(tmp_path), SCRIPT],
+        timeout=120,
+    )
+    assert result.returncode == 1 and "[hang]" in result.stderr, result.stderr
+    attempt = run_dir_of(tmp_path) / "attempt_0"
+    native = {r: (attempt / f"rank_{r}" / "py-spy.txt").read_text() for r in (0, 1)}
+    # Rank 0 waits in the all-reduce, down into libtorch; rank 1 sleeps, down into libc.
+    assert "all_reduce (torch/distributed" in native[0] and "(libtorch" in native[0], native[0]
+    assert "<module> (hang_allreduce.py:14)" in native[1], native[1]
+    assert "time_sleep" in native[1], native[1]
 
 
 def test_a_hang_is_restarted_within_the_budget(tmp_path: Path) -> None:
