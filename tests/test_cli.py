@@ -131,3 +131,15 @@ def test_help_explains() -> None:
         timeout=60,
     )
     assert version.stdout.strip() == "0.1.0"
+
+
+def test_torchrun_flags_accepted_but_not_applied_are_said_at_start(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*PHALANX, "--numa-binding", "node", "--log-dir", str(tmp_path), worker("echo_args.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--numa-binding node is not applied" in done.stderr
+    assert parse_config([SCRIPT], {}).not_applied == ()

@@ -69,6 +69,8 @@ class Agent:
         config = self._config
         run_dir = make_run_dir(config, self._run_id)
         log.info("run directory: %s", run_dir)
+        for note in config.not_applied:
+            log.warning("%s", note)
         filters = (
             tuple(word.encode() for word in config.duplicate_stdout_filters),
             tuple(word.encode() for word in config.duplicate_stderr_filters),

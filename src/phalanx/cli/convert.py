@@ -200,4 +200,16 @@ def to_config(
         warm_start=not ns.cold_start,
         preload=preload,
         stall_timeout=stall or None,
+        not_applied=_not_applied(ns),
     )
+
+
+def _not_applied(ns: argparse.Namespace) -> tuple[str, ...]:
+    """What a torchrun command line asks that phalanx accepts without doing, said at start."""
+    notes = []
+    if ns.numa_binding:
+        notes.append(
+            f"--numa-binding {ns.numa_binding} is not applied: phalanx does not bind workers to "
+            "their GPU's NUMA node; wrap the program with numactl to bind it"
+        )
+    return tuple(notes)

@@ -138,7 +138,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option(
         "numa-binding",
         None,
-        "Accepted for torchrun compatibility; not applied on this platform.",
+        "Accepted for torchrun compatibility; not applied (a warning at start says so).",
         choices=["node", "socket", "exclusive", "core-complex"],
     )
     option(
