@@ -86,6 +86,26 @@ def test_round_failure_reach_and_restart_over_etcd(etcd: EtcdCluster, backend: s
             h.shutdown()
 
 
+def test_a_finished_run_id_is_not_reused_and_the_error_says_what_to_do(etcd: EtcdCluster) -> None:
+    """etcd outlives the job, and with it the run's state: a second job under the same
+    ``--rdzv-id`` is refused with a message that says to pick a new id."""
+    run_id = uuid.uuid4().hex
+    first = [create_handler(spec(etcd, "etcd", run_id)) for _ in range(2)]
+    try:
+        form(first)
+        for h in first:
+            h.report_done(True)
+    finally:
+        for h in first:
+            h.shutdown()
+    again = create_handler(spec(etcd, "etcd", run_id))
+    try:
+        with pytest.raises(RendezvousError, match=r"finished.*give a new --rdzv-id"):
+            again.next_round(1)
+    finally:
+        again.shutdown()
+
+
 def test_stacks_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> None:
     """A node's answer to ``phalanx stacks`` is cut to 256 KiB, which etcd takes in one put
     (its limit is 1.5 MiB a request); the asker reads it back, then deletes it."""

@@ -33,6 +33,9 @@ from phalanx.rendezvous.board import Board, Decision, encode
 from phalanx.rendezvous.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.settings import RendezvousSettings
 
+# A store that outlives the job (etcd) keeps the run's state, so an id serves one job.
+_SINGLE_USE = "a run id serves one job: give a new --rdzv-id to start another"
+
 
 class RoundFormer:
     def __init__(
@@ -92,7 +95,9 @@ class RoundFormer:
     def _check_stopped(self) -> None:
         reason = self._b.stopped()
         if reason is not None:
-            raise RendezvousError(f"rendezvous {self._keys.run_id!r}: the job stopped: {reason}")
+            raise RendezvousError(
+                f"rendezvous {self._keys.run_id!r}: the job stopped: {reason} ({_SINGLE_USE})"
+            )
 
     def _first_undecided(self, t: int) -> int:
         """The first round not yet closed (closed ones run, or ran, without this node)."""
@@ -119,7 +124,8 @@ class RoundFormer:
             self._check_stopped()
             if self._b.all_ok(t - 1):
                 raise RendezvousError(
-                    f"rendezvous {self._keys.run_id!r}: the job finished while this node waited to join"
+                    f"rendezvous {self._keys.run_id!r}: the job finished while this node waited "
+                    f"to join ({_SINGLE_USE})"
                 )
             left = deadline - self._clock()
             if left <= 0:
