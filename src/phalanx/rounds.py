@@ -18,6 +18,7 @@ from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, JobFailed, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
+from phalanx.hang.stacks import PEER_DUMP_WAIT
 from phalanx.hang.watch import RoundWatch, StackRequests
 from phalanx.oom import OomProbe
 from phalanx.plan import build_plan
@@ -30,7 +31,7 @@ from phalanx.worker.boot import STACK_SIGNAL
 log = logging.getLogger("phalanx")
 LAUNCHER_FILE = "launcher.json"  # the agent's pid, for ``phalanx stacks RUN_DIR``
 # A multi-node hang: how long the report waits for every node's stacks to reach the store.
-HANG_GATHER_TIMEOUT = 5.0
+HANG_GATHER_TIMEOUT = PEER_DUMP_WAIT
 
 
 def _failure_signature(cause: WorkerExit) -> tuple[int, int, str]:

@@ -4,7 +4,7 @@ Reads the launcher's pid from ``RUN_DIR/launcher.json`` and sends it ``SIGUSR2``
 as ``kill -USR2 <launcher pid>``). The launcher has each worker dump its stack (faulthandler,
 all threads) and writes them together to ``RUN_DIR/stacks_<time>.txt``, which this command
 waits for and prints. On a multi-node job, run on any node, it covers every node: the
-launcher asks the others through the rendezvous store and waits up to 10 s for their
+launcher asks the others through the rendezvous store and waits up to 20 s for their
 answers (``phalanx.hang.jobstacks``); the file has this node first, then the others by node
 rank, each under a ``##### node <rank> (<host>) #####`` header, and names any node that did
 not answer.
@@ -43,7 +43,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "run_dir", help="The job's run directory on this node (printed by phalanx at start)."
     )
     parser.add_argument(
-        "--timeout", type=float, default=30.0, help="Seconds to wait for the dump (default 30)."
+        "--timeout", type=float, default=45.0, help="Seconds to wait for the dump (default 45)."
     )
     return parser.parse_args(argv)
 

@@ -22,12 +22,13 @@ from pathlib import Path
 
 from phalanx.errors import RendezvousError
 from phalanx.hang.files import write_stacks_file
+from phalanx.hang.stacks import PEER_DUMP_WAIT
 from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult
 
 log = logging.getLogger("phalanx")
 
-# A peer notices a request within a heartbeat (1 s by default) and dumps its ranks within 5 s.
-GATHER_TIMEOUT = 10.0
+# A peer notices a request within a heartbeat (1 s by default), then dumps its ranks.
+GATHER_TIMEOUT = PEER_DUMP_WAIT
 # Requests answered with one dump when several arrived together; older ones are dropped
 # (their askers have stopped waiting). A node's own requests are always answered.
 ANSWER_AT_MOST = 8

@@ -26,6 +26,11 @@ from phalanx.worker.boot import STACK_SIGNAL, STACKS_FILE
 
 SETTLE = 0.1  # a dump is complete once its file stopped growing for this long
 PY_SPY_TIMEOUT = 10.0
+DUMP_TIMEOUT = 5.0  # for the faulthandler dumps of one node's ranks
+# The longest one node's dump can take (faulthandler, then py-spy's deadline); a node waiting
+# for its peers' dumps waits this plus a margin for noticing the request.
+LONGEST_DUMP = DUMP_TIMEOUT + PY_SPY_TIMEOUT
+PEER_DUMP_WAIT = LONGEST_DUMP + 5.0
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,9 @@ def _size(path: Path) -> int:
         return 0
 
 
-def request_dumps(targets: Sequence[DumpTarget], why: str, timeout: float = 5.0) -> dict[int, str]:
+def request_dumps(
+    targets: Sequence[DumpTarget], why: str, timeout: float = DUMP_TIMEOUT
+) -> dict[int, str]:
     """Signal every target that catches ``STACK_SIGNAL``; return each rank's new dump text
     ("" when it has no handler or wrote nothing before ``timeout``). A line saying ``why``
     goes before each dump in the rank's ``stacks.txt``."""
