@@ -4,6 +4,7 @@ node of a multi-node job; the job then finishes."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -64,6 +65,41 @@ def test_stacks_of_a_running_job_then_it_finishes(tmp_path: Path, mode: str) -> 
         out, err = launcher.communicate(timeout=60)
         assert launcher.returncode == 0, err
         assert sorted(out.splitlines()) == ["[rank0]: done 0", "[rank1]: done 1"]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+
+
+@pytest.mark.skipif(
+    shutil.which("py-spy") is None,
+    reason="py-spy is not on PATH (the test extras install it: pip install -e '.[test]')",
+)
+def test_stacks_of_a_spawn_owner_cover_the_ranks_it_spawned(tmp_path: Path) -> None:
+    """A spawn owner has no phalanx worker-side code: py-spy dumps it with its children."""
+    shared, logs = tmp_path / "shared", tmp_path / "logs"
+    shared.mkdir()
+    args = ["--spawn-owner", "--nproc-per-node", "2", "--log-dir", str(logs),
+            worker("owner_wait.py"), str(shared)]  # fmt: skip
+    launcher = subprocess.Popen(
+        [*PHALANX, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: len(list(shared.glob("ready.*"))) == 2, 90, "both ranks to start")
+        (run_dir,) = logs.iterdir()
+        result = run_phalanx(["stacks", str(run_dir)], timeout=60)
+        assert result.returncode == 0, result.stderr
+        # The owner and its two spawned processes, each found by py-spy; both ranks waiting.
+        assert result.stdout.count("Process ") >= 3, result.stdout
+        assert result.stdout.count("wait_for_go (owner_wait.py:") == 2, result.stdout
+        assert launcher.poll() is None
+        (shared / "go").touch()
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 0, err
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)

@@ -6,7 +6,9 @@ from inside the signal handler, so it works while the main thread is blocked in 
 collective, a sleep). The signal is sent only to a process that catches it (``SigCgt`` in
 ``/proc/PID/status``), never to one that would die of it (a ``--no-python`` program, a
 worker that has not reached the worker-side code yet). Where ``py-spy`` is on PATH its
-``dump --native`` output (native frames too) goes to ``<rank dir>/py-spy.txt`` as well.
+``dump --native`` output (native frames too) goes to ``<rank dir>/py-spy.txt`` as well; for a
+process without phalanx's worker-side code (``--spawn-owner``, ``--no-python``) it is the only
+dump, taken with ``--subprocesses`` so that the ranks such a program spawns are covered.
 """
 
 from __future__ import annotations
@@ -166,16 +168,17 @@ def request_dumps(
     ("" when it has no handler or wrote nothing before ``timeout``). A line saying ``why``
     goes before each dump in the rank's ``stacks.txt``."""
     waiting: dict[int, DumpTarget] = {}
+    catching = {t.rank for t in targets if catches(t.pid, STACK_SIGNAL)}
     for target in targets:
-        if catches(target.pid, STACK_SIGNAL):
+        if target.rank in catching:
             _mark(target.stacks_file, f"--- {why}, requested by phalanx at {time.ctime()} ---\n")
     before = {t.rank: _size(t.stacks_file) for t in targets}
     for target in targets:
-        if catches(target.pid, STACK_SIGNAL):
+        if target.rank in catching:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(target.pid, STACK_SIGNAL)
                 waiting[target.rank] = target
-    pyspy = _start_py_spy(targets)
+    pyspy = _start_py_spy(targets, catching)
     last = dict(before)
     quiet_since: dict[int, float] = {}
     deadline = time.monotonic() + timeout
@@ -189,41 +192,52 @@ def request_dumps(
             elif size > before[rank] and now - quiet_since.get(rank, now) >= SETTLE:
                 del waiting[rank]
     _finish_py_spy(pyspy, deadline)
-    texts = {}
-    for target in targets:
-        try:
-            with open(target.stacks_file, "rb") as handle:
-                handle.seek(before[target.rank])
-                texts[target.rank] = handle.read().decode(errors="replace")
-        except OSError:
-            texts[target.rank] = ""
+    texts = {t.rank: _read_from(t.stacks_file, before[t.rank]) for t in targets}
+    for rank, (_, out, offset) in pyspy.items():
+        if rank not in catching:
+            texts[rank] = _read_from(out, offset)
     return texts
 
 
-def _start_py_spy(targets: Sequence[DumpTarget]) -> list[tuple[subprocess.Popen[bytes], Path]]:
-    """``py-spy dump --native`` for every target, in parallel, when py-spy is installed."""
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+PySpyRuns = dict[int, tuple[subprocess.Popen[bytes], Path, int]]  # rank -> (proc, file, offset)
+
+
+def _start_py_spy(targets: Sequence[DumpTarget], catching: set[int]) -> PySpyRuns:
+    """``py-spy dump --native`` for every target, in parallel, when py-spy is installed; with
+    ``--subprocesses`` for a target without phalanx's worker-side code (not in ``catching``):
+    a spawn owner's ranks are its children."""
     exe = shutil.which("py-spy")
-    started = []
+    started: PySpyRuns = {}
     for target in targets if exe else ():
         out = target.rank_dir / "py-spy.txt"
+        command = [str(exe), "dump", "--native", "--pid", str(target.pid)]
+        if target.rank not in catching:
+            command.append("--subprocesses")
         try:
+            offset = _size(out)
             with open(out, "ab") as handle:
                 handle.write(f"--- py-spy dump at {time.ctime()} ---\n".encode())
                 handle.flush()
                 proc = subprocess.Popen(
-                    [str(exe), "dump", "--native", "--pid", str(target.pid)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=handle,
-                    stderr=subprocess.STDOUT,
+                    command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT
                 )
         except OSError:
             continue
-        started.append((proc, out))
+        started[target.rank] = (proc, out, offset)
     return started
 
 
-def _finish_py_spy(started: list[tuple[subprocess.Popen[bytes], Path]], deadline: float) -> None:
-    for proc, _ in started:
+def _finish_py_spy(started: PySpyRuns, deadline: float) -> None:
+    for proc, _, _ in started.values():
         try:
             proc.wait(max(0.0, deadline - time.monotonic()) + PY_SPY_TIMEOUT)
         except subprocess.TimeoutExpired:
