@@ -55,6 +55,35 @@ def test_two_node_job(hosts: object, nodes: list[Node], tmp_path: Path) -> None:
         assert "recvVector failed" not in node.stderr
 
 
+def test_a_failure_after_the_other_node_finished_fails_the_job_on_both(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """Node 0's workers finish, then node 1's rank fails: finished workers do not run again,
+    so there is no restart; both nodes print the report naming rank 1 and exit non-zero."""
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for i in (0, 1):
+        args = [*c10d_args(net, port, "2"), "--max-restarts", "1",
+                worker("fail_after_others.py"), str(shared)]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    codes = [n.finish() for n in nodes]
+    assert 0 not in codes, nodes[0].stderr + nodes[1].stderr
+    assert codes[0] == 5, nodes[0].stderr  # node 0 exits with the root cause's code
+    assert "the job failed after this node's workers finished" in nodes[0].stderr
+    assert "Root cause: rank 1 (local rank 0)" in nodes[0].stderr
+    assert "exit code 5" in nodes[0].stderr
+    # Node 1 was refused the restart (node 0 had finished): its own report, exit 5. In the
+    # rarer order (node 1 claimed the restart first) node 0 stops the job instead.
+    assert (
+        "not restarting: a node of this round had already finished" in nodes[1].stderr
+        or "the job stopped" in nodes[1].stderr
+    ), nodes[1].stderr
+    for node in nodes:
+        assert "recvVector failed" not in node.stderr
+
+
 def test_worker_failure_on_node_1_restarts_everywhere(
     hosts: object, nodes: list[Node], tmp_path: Path
 ) -> None:

@@ -330,6 +330,35 @@ def test_exit_barrier_waits_for_every_node(cluster: Cluster) -> None:
     assert b.wait_all_done(WAIT)
 
 
+def test_no_restart_once_a_node_finished_and_it_learns_the_job_failed(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    form(a, b)
+    a.report_done(True)  # a's workers finished
+    b.report_failure({"rank": 1, "exit_code": 5})
+    assert b.claim_restart(3) is False  # a's workers would not run again
+    event = a.await_peers()
+    assert event is not None and event.kind is EventKind.PEER_FAILED
+    assert a.await_peers() == event  # the answer is kept
+    b.report_done(False)
+    assert a.failures()[0]["exit_code"] == 5
+
+
+def test_a_node_that_finished_stops_a_restart_claimed_before(cluster: Cluster) -> None:
+    """The other order: b claims the restart before a marks itself finished; a, which will
+    not run again, stops the job, so b's next round fails at once instead of waiting."""
+    a, b = cluster.node("a"), cluster.node("b")
+    form(a, b)
+    b.report_failure({"rank": 1, "exit_code": 5})
+    assert b.claim_restart(3) is True
+    rejoin = Join(b)
+    a.report_done(True)
+    event = a.await_peers()
+    assert event is not None and event.kind is EventKind.PEER_FAILED
+    a.report_done(False)
+    with pytest.raises(RendezvousError, match="the job stopped"):
+        rejoin.result()
+
+
 def test_the_store_host_leaves_last(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
     """After a success the node serving the store closes it only once every peer has seen the
     barrier and said it is leaving, so no peer's last read meets a closed store."""

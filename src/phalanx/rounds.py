@@ -106,7 +106,15 @@ class Rounds:
             if result.outcome is Outcome.SUCCEEDED:
                 self.rdzv.report_done(True)
                 log.info("all %d workers finished", len(exits))
-                return 0
+                late = self.rdzv.await_peers()
+                if late is None:
+                    return 0
+                # The job failed elsewhere after these workers finished: it cannot restart
+                # (they would not run again), so every node reports the failure and stops.
+                log.warning(
+                    "the job failed after this node's workers finished: %s", _describe_event(late)
+                )
+                self._fail(joined, exits, late, None, crash_loop=False)
             if result.outcome is Outcome.INTERRUPTED:
                 assert result.signum is not None
                 self.rdzv.report_done(False)

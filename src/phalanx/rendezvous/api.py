@@ -111,11 +111,24 @@ class RendezvousHandler(Protocol):
         """Every failure reported in this job so far, from all nodes (for the root-cause report)."""
 
     def claim_restart(self, max_restarts: int) -> bool:
-        """Whether the job-wide budget allows another round; idempotent per round across nodes."""
+        """Whether the job-wide budget allows another round; idempotent per round across nodes.
+
+        No restart once a node of the round has finished its workers (``report_done(True)``):
+        they would not run again, so the next round could not form."""
 
     def report_done(self, ok: bool) -> None:
         """This node's workers finished (``ok=True``: peers see nothing) or the node gives up
-        for good (``ok=False``: every peer sees ``JOB_STOPPED``, and no new round forms)."""
+        for good (``ok=False``: every peer sees ``JOB_STOPPED``, and no new round forms).
+        ``False`` after ``True`` is allowed: the job failed elsewhere after this node finished."""
+
+    def await_peers(self) -> JobEvent | None:
+        """After ``report_done(True)``: block until every node of the round is done, at most
+        ``exit_barrier_timeout`` (torchrun's exit barrier). ``None`` when they all finished,
+        and also, with a warning, on the timeout or when the store is gone (nothing is known
+        of a failure then); otherwise the event that shows the job failed elsewhere after
+        this node's workers finished: ``PEER_FAILED``, ``NODE_LOST`` or ``JOB_STOPPED``.
+        Such a job cannot restart (finished workers are not run again); the caller reports
+        the failure and ``report_done(False)``. Repeated calls return the first answer."""
 
     def shutdown(self) -> None:
         """Leave the rendezvous and release the store.

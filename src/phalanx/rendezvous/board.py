@@ -156,6 +156,10 @@ class Board:
         if self.store.add(self.keys.round(r, "ok"), 1) >= count:
             self.store.set(self.keys.round(r, "all_ok"), b"1")
 
+    def any_ok(self, r: int) -> bool:
+        """Whether a member of round ``r`` finished its workers (a plain read)."""
+        return self.store.get(self.keys.round(r, "ok")) is not None
+
     def all_ok(self, r: int) -> bool:
         return self.store.get(self.keys.round(r, "all_ok")) is not None
 

@@ -76,6 +76,7 @@ class DynamicRendezvous:
         self._membership: Membership | None = None
         self._rank: int | None = None
         self._done: bool | None = None  # what report_done said
+        self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
         self._closed = False
 
     @property
@@ -153,12 +154,25 @@ class DynamicRendezvous:
 
     def claim_restart(self, max_restarts: int) -> bool:
         membership, _ = self._current()
+        r = membership.round
         try:
-            return self._board.claim(membership.round, membership.restart_count < max_restarts)
+            within = membership.restart_count < max_restarts
+            finished = within and self._board.any_ok(r)
+            restart = self._board.claim(r, within and not finished)
         except StoreUnavailable as exc:
             raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+        if finished and not restart:
+            log.warning(
+                "rendezvous: not restarting: a node of this round had already finished its "
+                "workers, and finished workers are not run again"
+            )
+        return restart
 
     def report_done(self, ok: bool) -> None:
+        if self._done is True and not ok and self._membership is not None:
+            self._done = False  # the job failed elsewhere after this node's workers finished
+            self._stop_job()
+            return
         if self._done is not None or self._membership is None or self._rank is None:
             self._done = ok if self._done is None else self._done
             return
@@ -172,12 +186,24 @@ class DynamicRendezvous:
             self._board.settle(membership.round, rank, membership.count, "left")
             if ok:
                 self._board.mark_ok(membership.round, membership.count)
-            elif self._board.stop(f"node {rank} ({self._hostname}) gave up", rank):
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not report this node as done: %s", exc)
+            return
+        if not ok:
+            self._stop_job()
+
+    def _stop_job(self) -> None:
+        """Stop the job for good: no new round forms, every peer sees ``JOB_STOPPED``."""
+        membership, rank = self._current()
+        if self._liveness.store_problem() is not None:
+            return
+        try:
+            if self._board.stop(f"node {rank} ({self._hostname}) gave up", rank):
                 detail = f"node {rank} ({self._hostname}) stopped the job"
                 event = JobEvent(EventKind.JOB_STOPPED, rank, detail)
                 self._board.post_event(membership.round, event, about=self._node_id)
         except StoreUnavailable as exc:
-            log.warning("rendezvous: could not report this node as done: %s", exc)
+            log.warning("rendezvous: could not tell the other nodes the job stopped: %s", exc)
 
     def request_stacks(self) -> int:
         membership, _ = self._current()
@@ -214,24 +240,45 @@ class DynamicRendezvous:
             log.warning("rendezvous: could not read the other nodes' stacks: %s", exc)
             return {}
 
+    def await_peers(self) -> JobEvent | None:
+        if self._barrier is None:
+            self._barrier = self._wait_all_done(self._settings.exit_barrier_timeout)
+            all_done, event = self._barrier
+            if event is not None and event.kind is EventKind.STORE_LOST:
+                log.warning("rendezvous: leaving before every node finished: %s", event.detail)
+            elif not all_done and event is None:
+                log.warning(
+                    "rendezvous: not every node finished within exit_barrier_timeout=%gs; "
+                    "leaving anyway",
+                    self._settings.exit_barrier_timeout,
+                )
+        all_done, event = self._barrier
+        return None if event is None or event.kind is EventKind.STORE_LOST else event
+
     def wait_all_done(self, timeout: float) -> bool:
         """Block until every member of the round reported ``ok`` (True), or a peer failed,
         was lost or stopped the job, or the store was lost, or ``timeout`` passed (False)."""
+        return self._wait_all_done(timeout)[0]
+
+    def _wait_all_done(self, timeout: float) -> tuple[bool, JobEvent | None]:
+        """(all done, the event that ended the wait early: None on success or timeout)."""
         if self._membership is None:
-            return True
+            return True, None
         r = self._membership.round
         key = self._board.keys.round(r, "all_ok")
         deadline = time.monotonic() + timeout
         try:
             while not self._board.all_ok(r):
                 event = self.poll()
+                if event is not None and event.kind in _ENDS_WAIT:
+                    return False, event
                 left = deadline - time.monotonic()
-                if (event is not None and event.kind in _ENDS_WAIT) or left <= 0:
-                    return False
+                if left <= 0:
+                    return False, None
                 self._board.store.wait([key], min(left, self._settings.event_interval))
-        except StoreUnavailable:
-            return False
-        return True
+        except StoreUnavailable as exc:
+            return False, JobEvent(EventKind.STORE_LOST, detail=str(exc))
+        return True, None
 
     def shutdown(self) -> None:
         if self._closed:
@@ -274,10 +321,9 @@ class DynamicRendezvous:
             return
         membership, rank = self._membership, self._rank
         if self._done is True:
-            if self.wait_all_done(self._settings.exit_barrier_timeout):
+            self.await_peers()  # (at once if the agent waited already)
+            if self._barrier is not None and self._barrier[0]:
                 self._depart(membership)
-            else:
-                log.warning("rendezvous: not every node finished; leaving anyway")
         elif self._done is False:
             settled = self._board.keys.round(membership.round, "all_settled")
             self._board.store.wait([settled], self._settings.heartbeat_timeout)

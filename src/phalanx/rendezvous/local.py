@@ -60,6 +60,9 @@ class LocalRendezvous:
     def report_done(self, ok: bool) -> None:
         pass
 
+    def await_peers(self) -> JobEvent | None:
+        return None  # no peers
+
     def shutdown(self) -> None:
         pass
 
