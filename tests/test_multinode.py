@@ -84,6 +84,28 @@ def test_a_failure_after_the_other_node_finished_fails_the_job_on_both(
         assert "recvVector failed" not in node.stderr
 
 
+def test_ctrl_c_while_waiting_for_the_other_node_to_finish(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """Node 1's workers finished; its launcher waits for node 0's (the exit barrier, up to
+    exit_barrier_timeout). SIGINT ends that wait at once (exit 130); node 0 then finishes."""
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    conf = FAST.replace("exit_barrier_timeout=30", "exit_barrier_timeout=600")
+    for i in (0, 1):
+        args = [*c10d_args(net, port, "2", conf=conf), worker("finish_unless_rank0.py"),
+                str(shared)]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    wait_for(lambda: "all 1 workers finished" in nodes[1].stderr, 90, "node 1's workers to end")
+    nodes[1].proc.send_signal(signal.SIGINT)
+    assert nodes[1].finish(timeout=30) == 130, nodes[1].stderr
+    (shared / "go").touch()
+    assert nodes[0].finish() == 0, nodes[0].stderr
+    assert nodes[0].stdout == "[rank0]: done 0\n"
+
+
 def test_worker_failure_on_node_1_restarts_everywhere(
     hosts: object, nodes: list[Node], tmp_path: Path
 ) -> None:

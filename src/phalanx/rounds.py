@@ -106,7 +106,10 @@ class Rounds:
             if result.outcome is Outcome.SUCCEEDED:
                 self.rdzv.report_done(True)
                 log.info("all %d workers finished", len(exits))
-                late = self.rdzv.await_peers()
+                late = self.rdzv.await_peers(lambda: self.signals.pending() is not None)
+                signum = self.signals.pending()
+                if signum is not None:
+                    raise Interrupted(signum)  # while waiting for the other nodes to finish
                 if late is None:
                     return 0
                 # The job failed elsewhere after these workers finished: it cannot restart

@@ -17,7 +17,7 @@ ranks and ``post_stacks``; the requester's helper thread ``gather_stacks`` the a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -121,9 +121,10 @@ class RendezvousHandler(Protocol):
         for good (``ok=False``: every peer sees ``JOB_STOPPED``, and no new round forms).
         ``False`` after ``True`` is allowed: the job failed elsewhere after this node finished."""
 
-    def await_peers(self) -> JobEvent | None:
+    def await_peers(self, interrupted: Callable[[], bool] = ...) -> JobEvent | None:
         """After ``report_done(True)``: block until every node of the round is done, at most
-        ``exit_barrier_timeout`` (torchrun's exit barrier). ``None`` when they all finished,
+        ``exit_barrier_timeout`` (torchrun's exit barrier), or until ``interrupted()`` (asked
+        a few times a second; a signal to the launcher). ``None`` when they all finished,
         and also, with a warning, on the timeout or when the store is gone (nothing is known
         of a failure then); otherwise the event that shows the job failed elsewhere after
         this node's workers finished: ``PEER_FAILED``, ``NODE_LOST`` or ``JOB_STOPPED``.

@@ -20,7 +20,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from phalanx.errors import RendezvousError, UsageError
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
@@ -240,13 +240,14 @@ class DynamicRendezvous:
             log.warning("rendezvous: could not read the other nodes' stacks: %s", exc)
             return {}
 
-    def await_peers(self) -> JobEvent | None:
+    def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
         if self._barrier is None:
-            self._barrier = self._wait_all_done(self._settings.exit_barrier_timeout)
+            timeout = self._settings.exit_barrier_timeout
+            self._barrier = self._wait_all_done(timeout, interrupted)
             all_done, event = self._barrier
             if event is not None and event.kind is EventKind.STORE_LOST:
                 log.warning("rendezvous: leaving before every node finished: %s", event.detail)
-            elif not all_done and event is None:
+            elif not all_done and event is None and not interrupted():
                 log.warning(
                     "rendezvous: not every node finished within exit_barrier_timeout=%gs; "
                     "leaving anyway",
@@ -260,8 +261,11 @@ class DynamicRendezvous:
         was lost or stopped the job, or the store was lost, or ``timeout`` passed (False)."""
         return self._wait_all_done(timeout)[0]
 
-    def _wait_all_done(self, timeout: float) -> tuple[bool, JobEvent | None]:
-        """(all done, the event that ended the wait early: None on success or timeout)."""
+    def _wait_all_done(
+        self, timeout: float, interrupted: Callable[[], bool] = lambda: False
+    ) -> tuple[bool, JobEvent | None]:
+        """(all done, the event that ended the wait early: None on success, on the timeout,
+        or once ``interrupted()``, which is asked at every event check)."""
         if self._membership is None:
             return True, None
         r = self._membership.round
@@ -269,6 +273,8 @@ class DynamicRendezvous:
         deadline = time.monotonic() + timeout
         try:
             while not self._board.all_ok(r):
+                if interrupted():
+                    return False, None
                 event = self.poll()
                 if event is not None and event.kind in _ENDS_WAIT:
                     return False, event

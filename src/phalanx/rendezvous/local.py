@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from phalanx.net import free_port
 from phalanx.rendezvous.api import JobEvent, NodeInfo, RendezvousResult
@@ -60,7 +60,7 @@ class LocalRendezvous:
     def report_done(self, ok: bool) -> None:
         pass
 
-    def await_peers(self) -> JobEvent | None:
+    def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
         return None  # no peers
 
     def shutdown(self) -> None:
