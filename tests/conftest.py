@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from hosts import Loopback, NamespaceHosts, Node
+from memcluster import Cluster
 from netns import NetNamespaces, unavailable_reason
 
 
@@ -74,3 +75,13 @@ def nodes() -> Iterator[list[Node]]:
     finally:
         for node in started:
             node.kill()
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """Simulated rendezvous agents on one in-memory store (``memcluster``); all shut down after."""
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        c.shutdown()

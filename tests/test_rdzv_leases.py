@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 
+from memcluster import FAST, WAIT, Join, agreed, crash, form, wait_event, wait_until
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import EventKind
 from phalanx.rendezvous.board import LEFT
@@ -21,7 +22,6 @@ from phalanx.rendezvous.keys import Keys
 from phalanx.rendezvous.memory import LeasedMemoryStore, MemoryServer, MemoryStore
 from phalanx.rendezvous.pulse import ALIVE
 from phalanx.rendezvous.store import LeasedStore
-from test_rdzv_algorithm import FAST, WAIT, Join, agreed, crash, form, wait_event, wait_until
 
 LEASE_TTL = 1.0
 SETTINGS = replace(FAST, heartbeat_timeout=10 * WAIT)  # counters would never find anyone lost

@@ -6,26 +6,14 @@ Every wait is bounded by ``WAIT`` (a hang guard, never a timing assertion).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
+from memcluster import WAIT, Cluster, form, wait_event, wait_until
 from phalanx.hang.jobstacks import JobStacks, combine
 from phalanx.rendezvous.api import EventKind, RendezvousResult
 from phalanx.rendezvous.board import cap_stacks
 from phalanx.rendezvous.dynamic import DynamicRendezvous
 from phalanx.rendezvous.local import LocalRendezvous
-from test_rdzv_algorithm import WAIT, Cluster, form, wait_event, wait_until
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    c = Cluster()
-    try:
-        yield c
-    finally:
-        c.shutdown()
 
 
 def by_rank(
