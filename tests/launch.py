@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -20,15 +21,16 @@ def worker(name: str) -> str:
     return str(WORKERS / name)
 
 
-def run_phalanx(
+@contextlib.contextmanager
+def launched(
     args: Sequence[str],
     *,
-    timeout: float = 120,
     cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run phalanx to completion; on timeout kill its whole session so nothing leaks."""
-    proc = subprocess.Popen(
+) -> Iterator[subprocess.Popen[str]]:
+    """phalanx running in the background (its output piped, as text) for the ``with`` block;
+    its whole session is killed afterwards if it is still running."""
+    launcher = subprocess.Popen(
         [*PHALANX, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -38,11 +40,23 @@ def run_phalanx(
         start_new_session=True,
     )
     try:
-        out, err = proc.communicate(timeout=timeout)
+        yield launcher
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+
+
+def run_phalanx(
+    args: Sequence[str],
+    *,
+    timeout: float = 120,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run phalanx to completion; on timeout kill its whole session so nothing leaks."""
+    with launched(args, cwd=cwd, env=env) as proc:
+        out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -3,10 +3,7 @@ node of a multi-node job; the job then finishes."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +11,7 @@ import psutil
 import pytest
 
 from hosts import Node
-from launch import PHALANX, run_phalanx, wait_for, worker
+from launch import launched, run_phalanx, wait_for, worker
 from phalanx.net import free_port
 
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60"
@@ -25,23 +22,9 @@ def test_stacks_of_a_running_job_then_it_finishes(tmp_path: Path, mode: str) -> 
     shared, logs = tmp_path / "shared", tmp_path / "logs"
     shared.mkdir()
     flags = ["--cold-start"] if mode == "cold" else []
-    launcher = subprocess.Popen(
-        [
-            *PHALANX,
-            *flags,
-            "--nproc-per-node",
-            "2",
-            "--log-dir",
-            str(logs),
-            worker("stacks_wait.py"),
-            str(shared),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    args = [*flags, "--nproc-per-node", "2", "--log-dir", str(logs),
+            worker("stacks_wait.py"), str(shared)]  # fmt: skip
+    with launched(args) as launcher:
         wait_for(lambda: len(list(shared.glob("ready.*"))) == 2, 90, "both ranks to start")
         (run_dir,) = logs.iterdir()
         for _ in range(2):  # twice: the launcher keeps answering, the job keeps running
@@ -65,10 +48,6 @@ def test_stacks_of_a_running_job_then_it_finishes(tmp_path: Path, mode: str) -> 
         out, err = launcher.communicate(timeout=60)
         assert launcher.returncode == 0, err
         assert sorted(out.splitlines()) == ["[rank0]: done 0", "[rank1]: done 1"]
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.communicate()
 
 
 @pytest.mark.skipif(
@@ -81,14 +60,7 @@ def test_stacks_of_a_spawn_owner_cover_the_ranks_it_spawned(tmp_path: Path) -> N
     shared.mkdir()
     args = ["--spawn-owner", "--nproc-per-node", "2", "--log-dir", str(logs),
             worker("owner_wait.py"), str(shared)]  # fmt: skip
-    launcher = subprocess.Popen(
-        [*PHALANX, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    with launched(args) as launcher:
         wait_for(lambda: len(list(shared.glob("ready.*"))) == 2, 90, "both ranks to start")
         (run_dir,) = logs.iterdir()
         result = run_phalanx(["stacks", str(run_dir)], timeout=60)
@@ -100,10 +72,6 @@ def test_stacks_of_a_spawn_owner_cover_the_ranks_it_spawned(tmp_path: Path) -> N
         (shared / "go").touch()
         _, err = launcher.communicate(timeout=60)
         assert launcher.returncode == 0, err
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.communicate()
 
 
 def test_stacks_of_a_two_node_job_from_either_node(
