@@ -60,6 +60,12 @@ def torchrun_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         pytest.skip("torchrun is not on PATH")
     out = tmp_path_factory.mktemp("torchrun") / "out"
     done = _run(_torchrun(TINY, out))
+    if done.returncode != 0 and "(SIGABRT)" in done.stderr:
+        # torchrun is the reference here, not what is tested. Once in about twenty suite runs
+        # one of its Gloo workers aborted ("terminate called without an active exception")
+        # and torchrun failed the run; that alone is retried, once, from scratch.
+        shutil.rmtree(out, ignore_errors=True)
+        done = _run(_torchrun(TINY, out))
     assert done.returncode == 0, done.stderr[-3000:]
     return out, done.stdout
 
