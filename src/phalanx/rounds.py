@@ -30,8 +30,6 @@ from phalanx.worker.boot import STACK_SIGNAL
 
 log = logging.getLogger("phalanx")
 LAUNCHER_FILE = "launcher.json"  # the agent's pid, for ``phalanx stacks RUN_DIR``
-# A multi-node hang: how long the report waits for every node's stacks to reach the store.
-HANG_GATHER_TIMEOUT = PEER_DUMP_WAIT
 
 
 def _failure_signature(cause: WorkerExit) -> tuple[int, int, str]:
@@ -214,7 +212,8 @@ class Rounds:
     ) -> list[dict[str, object]]:
         """The other nodes' failure records of this round. After a hang, wait (bounded) until
         every node has posted where its ranks were."""
-        deadline = time.monotonic() + (HANG_GATHER_TIMEOUT if waiting_for_hangs else 0.0)
+        # After a hang: as long as a peer's dump can take (``PEER_DUMP_WAIT``).
+        deadline = time.monotonic() + (PEER_DUMP_WAIT if waiting_for_hangs else 0.0)
         while True:
             records = [
                 r

@@ -6,7 +6,7 @@ as one file on the node that asked.
 tick each node's watch asks ``unanswered()`` (no network: the rendezvous heartbeat thread
 reads the request count), dumps its ranks once for whatever is new, and ``answer``s: a
 peer's request by posting the text to the store (one write), its own by starting a helper
-thread that waits for the other nodes' answers -- at most ``GATHER_TIMEOUT`` -- and writes
+thread that waits for the other nodes' answers -- at most ``PEER_DUMP_WAIT`` -- and writes
 one ``<run dir>/stacks_<time>.txt``: this node first, then the others by node rank, each under
 a ``##### node <rank> (<host>) #####`` header, and a line naming the nodes that did not answer.
 A tick never waits for another node.
@@ -27,8 +27,6 @@ from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult
 
 log = logging.getLogger("phalanx")
 
-# A peer notices a request within a heartbeat (1 s by default), then dumps its ranks.
-GATHER_TIMEOUT = PEER_DUMP_WAIT
 # Requests answered with one dump when several arrived together; older ones are dropped
 # (their askers have stopped waiting). A node's own requests are always answered.
 ANSWER_AT_MOST = 8
@@ -46,7 +44,7 @@ class JobStacks:
         joined: RendezvousResult,
         run_dir: Path,
         *,
-        timeout: float = GATHER_TIMEOUT,
+        timeout: float = PEER_DUMP_WAIT,  # a peer notices within a heartbeat, then dumps
     ) -> None:
         self._rdzv = rdzv
         self._joined = joined

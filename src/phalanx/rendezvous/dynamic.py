@@ -241,6 +241,13 @@ class DynamicRendezvous:
             return {}
 
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
+        _, event = self._exit_barrier(interrupted)
+        return None if event is None or event.kind is EventKind.STORE_LOST else event
+
+    def _exit_barrier(
+        self, interrupted: Callable[[], bool] = lambda: False
+    ) -> tuple[bool, JobEvent | None]:
+        """``_wait_all_done`` for ``exit_barrier_timeout``, once: later calls get its answer."""
         if self._barrier is None:
             timeout = self._settings.exit_barrier_timeout
             self._barrier = self._wait_all_done(timeout, interrupted)
@@ -251,10 +258,9 @@ class DynamicRendezvous:
                 log.warning(
                     "rendezvous: not every node finished within exit_barrier_timeout=%gs; "
                     "leaving anyway",
-                    self._settings.exit_barrier_timeout,
+                    timeout,
                 )
-        all_done, event = self._barrier
-        return None if event is None or event.kind is EventKind.STORE_LOST else event
+        return self._barrier
 
     def wait_all_done(self, timeout: float) -> bool:
         """Block until every member of the round reported ``ok`` (True), or a peer failed,
@@ -313,6 +319,7 @@ class DynamicRendezvous:
             everyone = self._board.keys.round(r, "all_departed")
             if not self._board.store.wait([everyone], self._settings.heartbeat_timeout):
                 log.info("rendezvous: a node did not confirm it left; closing the store anyway")
+
     def _current(self) -> tuple[Membership, int]:
         if self._membership is None or self._rank is None:
             raise RendezvousError("no rendezvous round has formed yet")
@@ -327,8 +334,8 @@ class DynamicRendezvous:
             return
         membership, rank = self._membership, self._rank
         if self._done is True:
-            self.await_peers()  # (at once if the agent waited already)
-            if self._barrier is not None and self._barrier[0]:
+            all_done, _ = self._exit_barrier()  # (at once if the agent waited already)
+            if all_done:
                 self._depart(membership)
         elif self._done is False:
             settled = self._board.keys.round(membership.round, "all_settled")
