@@ -57,9 +57,11 @@ class DynamicRendezvous:
         hostname: str | None = None,
         fixed_rank: int | None = None,
         node_id: str | None = None,
+        worker_port: int | None = None,
     ) -> None:
         """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
-        ``fixed_rank``: static rendezvous (then ``min_nodes == max_nodes`` is required)."""
+        ``fixed_rank``: static rendezvous (then ``min_nodes == max_nodes`` is required).
+        ``worker_port``: the workers' MASTER_PORT in every round; None: a free port per round."""
         if not 1 <= min_nodes <= max_nodes:
             raise UsageError(f"--nnodes {min_nodes}:{max_nodes}: expected 1 <= MIN <= MAX")
         if fixed_rank is not None and min_nodes != max_nodes:
@@ -68,7 +70,9 @@ class DynamicRendezvous:
         self._node_id = node_id or uuid.uuid4().hex
         self._store = store
         self._board = Board(store, Keys(run_id), self._node_id)
-        self._former = RoundFormer(self._board, self._settings, min_nodes, max_nodes)
+        self._former = RoundFormer(
+            self._board, self._settings, min_nodes, max_nodes, worker_port=worker_port
+        )
         self._liveness = Liveness(self._board, self._settings)
         self._addr = addr
         self._hostname = hostname or socket.gethostname()
@@ -110,6 +114,7 @@ class DynamicRendezvous:
             raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
         self._membership, self._rank = membership, rank
         self._liveness.follow(membership, rank)
+        self._liveness.start()
         log.info(
             "rendezvous %r round %d: node rank %d of %d, master %s:%d, restart %d",
             self.run_id, membership.round, rank, membership.count, addr, port,

@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx.rendezvous.api import EventKind, JobEvent
@@ -47,38 +48,51 @@ class _View:
 
 
 class Liveness:
-    def __init__(self, board: Board, settings: RendezvousSettings) -> None:
+    def __init__(
+        self,
+        board: Board,
+        settings: RendezvousSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` times heartbeats and holes (a fake one drives the thread's ``tick`` by
+        hand in tests)."""
         self._b = board
         self._s = settings
+        self._clock = clock
         self._lock = threading.Lock()
         self._view: _View | None = None
         self._events: deque[JobEvent] = deque()
         self._next_event = 1
-        self._hole: tuple[int, float] | None = None  # (absent index, since)
+        # (index, since): the counter shows slot ``index`` taken but its entry is absent.
+        self._hole: tuple[int, float] | None = None
         self._stack_requests = 0  # the newest stacks request of the round seen so far
         self._pulse = pulse_for(board, settings)
         self._declared: set[str] = set()
         self._beating = True
         self._next_beat = 0.0
         self._expelled: str | None = None  # why this node no longer counts as a member
-        self._last_ok = time.monotonic()
+        self._last_ok = self._clock()
         self._failing_since: float | None = None
         self._last_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def follow(self, membership: Membership, rank: int) -> None:
-        """Watch ``membership`` from now on (events of earlier rounds are dropped)."""
+        """Watch ``membership`` from now on (events and holes of earlier rounds are dropped)."""
         with self._lock:
             self._view = _View(membership, rank)
             self._events.clear()
             self._next_event = 1
+            self._hole = None
             self._stack_requests = 0
             self._pulse.follow()
             self._declared = set()
             self._next_beat = 0.0
+
+    def start(self) -> None:
+        """Start the thread (once; later calls do nothing). Call after the first ``follow``."""
         if self._thread is None:
-            self._last_ok = time.monotonic()
+            self._last_ok = self._clock()
             self._thread = threading.Thread(
                 target=self._run, name=f"phalanx-rdzv-{self._b.node_id[:8]}", daemon=True
             )
@@ -113,7 +127,7 @@ class Liveness:
         node's lease expired (the others count it as lost)."""
         if self._thread is None:
             return None
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             failing, last_ok, error = self._failing_since, self._last_ok, self._last_error
             if self._expelled is not None:
@@ -136,28 +150,30 @@ class Liveness:
         while not self._stop.is_set():
             pause = self._s.event_interval
             try:
-                self._tick()
+                self.tick()
             except StoreUnavailable as exc:
                 pause = self._s.heartbeat_interval  # retry gently: each failure may log
                 with self._lock:
                     self._last_error = str(exc)
                     if self._failing_since is None:
-                        self._failing_since = time.monotonic()
+                        self._failing_since = self._clock()
             else:
                 with self._lock:
-                    self._last_ok = time.monotonic()
+                    self._last_ok = self._clock()
                     self._failing_since = None
             if self.store_problem() is not None:
                 return  # STORE_LOST is final: stop knocking on a dead store
             self._stop.wait(pause)
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
+        """One pass of the thread's work (events, and once per heartbeat interval the rest).
+        May raise ``StoreUnavailable``."""
         with self._lock:
             view = self._view
         if view is None:
             return
         self._read_events(view)
-        now = time.monotonic()
+        now = self._clock()
         if now < self._next_beat:
             return
         self._next_beat = now + self._s.heartbeat_interval
@@ -185,33 +201,44 @@ class Liveness:
                 index = self._next_event
             found = self._b.event(view.membership.round, index)
             with self._lock:
-                if self._view is not view or self._next_event != index:
-                    return  # switched to a new round meanwhile
-                if found is None:
-                    if self._hole is None or self._hole[0] != index:
-                        self._hole = (index, time.monotonic())
-                    return
+                if self._view is not view or self._next_event != index or found is None:
+                    return  # switched to a new round meanwhile, or nothing new yet
                 self._hole = None
                 self._next_event = index + 1
                 if found[0] != self._b.node_id:  # a node is not told about itself
                     self._events.append(found[1])
 
     def _skip_hole(self, view: _View) -> None:
-        """An entry whose writer died between taking its slot and writing it stays absent
-        while later ones exist; once absent for ``heartbeat_timeout``, step over it.
-        (Checked every half timeout: the counter read is the only cost.)"""
+        """Step over an entry whose writer died between taking its slot and writing it.
+
+        The clock starts when the counter first shows the slot taken, not when this reader
+        began waiting for it, and the entry is read once more just before it is skipped: a
+        writer that takes the slot right after the reader last looked has ``heartbeat_timeout``
+        to write it, and an entry written at the last moment is delivered, never skipped.
+        (Checked once per heartbeat interval: the counter read is the only cost.)
+        """
         with self._lock:
-            hole = self._hole
-        if hole is None or time.monotonic() - hole[1] < self._s.heartbeat_timeout:
+            if self._view is not view or self._events:
+                return  # the reader is not waiting at a hole while an event is queued
+            index, hole = self._next_event, self._hole
+        taken = self._b.event_count(view.membership.round) >= index
+        now = self._clock()
+        with self._lock:
+            if self._view is not view or self._next_event != index:
+                return
+            if not taken:
+                self._hole = None
+                return
+            if hole is None or hole[0] != index:
+                self._hole = (index, now)
+                return
+        if now - hole[1] < self._s.heartbeat_timeout:
             return
-        if self._b.event_count(view.membership.round) >= hole[0]:
-            with self._lock:
-                if self._view is view and self._next_event == hole[0]:
-                    self._next_event = hole[0] + 1
-                    self._hole = None
-        else:
-            with self._lock:
-                self._hole = None if self._hole != hole else (hole[0], time.monotonic())
+        self._read_events(view)  # the last look
+        with self._lock:
+            if self._view is view and self._next_event == index:  # still absent: skip it
+                self._next_event = index + 1
+                self._hole = None
 
     def _watch(self, view: _View, now: float) -> None:
         members = view.membership
