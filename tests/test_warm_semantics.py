@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +180,42 @@ def test_multiprocessing_inside_a_worker(tmp_path: Path, mode: str) -> None:
         "[rank0]: mp.spawn [(0, '0', '__mp_main__'), (1, '0', '__mp_main__')]",
         "[rank0]: loader [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]",
     ]
+
+
+def leftovers(folder: Path) -> dict[str, str]:
+    import gzip
+
+    found = {p.name: p.read_bytes().hex() for p in folder.iterdir() if p.suffix != ".gz"}
+    with gzip.open(folder / "log.gz", "rt") as handle:  # a truncated stream raises here
+        found["log.gz"] = handle.read()
+    return found
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("status", [0, 4])
+def test_what_a_script_leaves_at_exit_is_done_as_python_does(
+    tmp_path: Path, mode: str, status: int
+) -> None:
+    """Differential: the same script under plain ``python -u`` is the reference. A warm
+    worker leaves without interpreter teardown (phalanx.worker.leave); nothing may be lost:
+    unclosed buffered files (text, binary, gzip) complete, the non-daemon thread joined before
+    atexit ran, the executor's work done, stdout flushed, the exit status kept."""
+    script = worker("exit_leftovers.py")
+    reference = subprocess.run(
+        [sys.executable, "-u", script, str(tmp_path / "ref"), str(status)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert reference.returncode == status and reference.stdout == "leaving\n"
+    ranks = ["0", "1"] if status == 0 else ["0"]  # a failing rank has its peers stopped
+    result = run_phalanx(
+        [*MODES[mode], "--nproc-per-node", str(len(ranks)), "--log-dir", str(tmp_path / "logs"),
+         script, str(tmp_path / "out"), str(status)]
+    )  # fmt: skip
+    check_mode(mode, result.stderr)
+    assert result.returncode == status, result.stderr
+    assert sorted(result.stdout.splitlines()) == [f"[rank{r}]: leaving" for r in ranks]
+    expected = leftovers(tmp_path / "ref" / "plain")
+    assert set(expected) == {"text.txt", "data.bin", "log.gz", "thread.txt", "atexit.txt"}
+    assert bytes.fromhex(expected["atexit.txt"]) == b"atexit ran; thread alive: False"
+    for rank in ranks:
+        assert leftovers(tmp_path / "out" / rank) == expected

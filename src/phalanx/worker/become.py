@@ -17,8 +17,9 @@ the interpreter would. What a worker can observe is the same as after a cold sta
 - an uncaught exception prints through ``sys.excepthook`` with phalanx's frames removed and
   exits 1; ``SystemExit`` is left to the interpreter (codes, messages, ``None``); an
   uncaught ``KeyboardInterrupt`` ends the process by SIGINT after shutdown, as python does.
-  Non-daemon threads are joined and ``atexit`` handlers run, because the process leaves
-  through the interpreter's normal shutdown.
+  Non-daemon threads are joined, ``atexit`` handlers run and files left open are flushed
+  and closed; the process then leaves without tearing the interpreter down (see
+  ``phalanx.worker.leave``: teardown would copy every page inherited from the template).
 
 The command phalanx asks for is ``python -u -m phalanx.worker.boot [-m] TARGET ...``, so a
 forked worker runs ``phalanx.worker.boot`` as ``__main__`` first, which installs phalanx's

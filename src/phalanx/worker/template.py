@@ -22,6 +22,7 @@ See ``phalanx.worker.become`` for what a forked worker sets up, and
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import selectors
@@ -33,7 +34,7 @@ import time
 import traceback
 from typing import Any
 
-from phalanx.worker import become
+from phalanx.worker import become, leave
 from phalanx.worker.protocol import ForkRequest, ProtocolError, receive, send
 
 DEFAULT_PRELOAD = ("torch",)
@@ -113,6 +114,10 @@ class Server:
             request = ForkRequest.from_json(message["fork"])  # type: ignore[arg-type]
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
+            # What the gc docs advise for fork servers: the worker's collections then never
+            # scan (and so never copy) the inherited heap, and ``leave`` can tell the
+            # worker's own objects from the template's.
+            gc.freeze()
             pid = os.fork()
         except (ProtocolError, KeyError, TypeError, AttributeError, OSError) as exc:
             for fd in fds:
@@ -179,7 +184,7 @@ def main(argv: list[str]) -> None:
     send(sock, ready)
     request = Server(sock).serve()
     if request is not None:
-        become.run_job(request)
+        leave.run_to_exit(lambda: become.run_job(request))
 
 
 if __name__ == "__main__":
