@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 import phalanx
 from launch import PHALANX, alive, read_pids, run_phalanx, wait_for, worker
+from phalanx.net import free_port
 
 
 def test_spawn_runs_fn_per_local_rank(tmp_path: Path) -> None:
@@ -56,6 +58,59 @@ def test_spawn_stall_timeout_names_the_hung_rank(tmp_path: Path) -> None:
     assert "in work" in stacks and "spawn_user.py" in stacks
 
 
+def port_pair() -> int:
+    """A port P with P and P + 1 free: phalanx.spawn's master_port and default rdzv_port."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two adjacent free ports")
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["clean", "crash-then-restart"])
+def test_trellis_program_runs_unchanged_on_two_nodes(tmp_path: Path, crash: bool) -> None:
+    """TRELLIS.2's shape (ranks computed in main(), setup_dist with the port it was given) as
+    two nodes on loopback: the workers get that very port in every round, restarts too, and
+    the agents meet on master_port + 1 (it was EADDRINUSE: the agents held master_port)."""
+    port = port_pair()
+    flags = ["--num_nodes", "2", "--num_gpus", "1", "--master_addr", "127.0.0.1",
+             "--master_port", str(port), "--out", str(tmp_path)]  # fmt: skip
+    if crash:
+        flags += ["--crash_rank", "1", "--max_restarts", "1"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, worker("trellis_spawn.py"), *flags, "--node_rank", str(node)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for node in (0, 1)
+    ]
+    try:
+        outputs = [node.communicate(timeout=180) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.communicate()
+    for node, (_, stderr) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, stderr
+    assert f"the agents meet at 127.0.0.1:{port + 1} (rdzv_port)" in outputs[0][1]
+    rows = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    restart = "1" if crash else "0"
+    assert rows == [
+        {"rank": rank, "world": 2, "sum": 3.0, "port": str(port), "restart": restart}
+        for rank in (0, 1)
+    ]
+    if crash:
+        assert "RuntimeError: rank 1 crashes once" in outputs[1][1]
+
+
 def test_spawn_rejects_bad_arguments() -> None:
     with pytest.raises(phalanx.UsageError) as caught:
         phalanx.spawn(print, num_gpus=0, node_rank=2, num_nodes=2, stall_timeout=-1)
@@ -64,6 +119,15 @@ def test_spawn_rejects_bad_arguments() -> None:
         "stall_timeout",
         "node_rank",
     ]
+    with pytest.raises(phalanx.UsageError) as caught:
+        phalanx.spawn(print, num_gpus=1, num_nodes=2, master_port="12a")
+    assert caught.value.problems == ["master_port: expected 1..65535 (0: any free port), got '12a'"]
+    with pytest.raises(phalanx.UsageError) as caught:
+        phalanx.spawn(print, num_gpus=1, num_nodes=2, master_port=0)
+    assert caught.value.problems[0].startswith("master_port: 0 (any free port) needs num_nodes=1")
+    with pytest.raises(phalanx.UsageError) as caught:
+        phalanx.spawn(print, num_gpus=1, num_nodes=2, master_port=29500, rdzv_port=29500)
+    assert caught.value.problems[0].startswith("rdzv_port: expected 1..65535, not master_port")
 
 
 def test_spawn_owner_gets_node_flags_and_runs(tmp_path: Path) -> None:

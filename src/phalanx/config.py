@@ -31,6 +31,9 @@ class LaunchConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     local_addr: str | None = None
+    # The workers' MASTER_PORT in every round (phalanx.spawn: the port the program was given
+    # and will use); None: a fresh free port per round.
+    worker_port: int | None = None
     max_restarts: int = 0
     monitor_interval: float = 0.1
     shutdown_timeout: float = 5.0

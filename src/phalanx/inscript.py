@@ -4,6 +4,7 @@ run through phalanx's own agent (the same supervision, logs, report and restarts
 
 from __future__ import annotations
 
+import logging
 import multiprocessing.spawn
 import os
 import pickle
@@ -20,6 +21,28 @@ from phalanx.errors import UsageError
 
 DEFAULT_MASTER_PORT = 12345  # TRELLIS.2's default
 
+log = logging.getLogger("phalanx")
+
+
+def _ports(
+    num_nodes: int, master_port: int | str, rdzv_port: int | None
+) -> tuple[int, int, list[str]]:
+    """(the workers' port, the agents' store port on node 0, problems). The agents' port is
+    ``rdzv_port``, else the one after ``master_port`` (before, for 65535); 0 on one node,
+    which needs none. ``master_port`` may be a string, as TRELLIS.2's flag is."""
+    text = str(master_port)
+    worker_port = int(text) if text.isascii() and text.isdigit() else -1
+    if not 0 <= worker_port < 65536:
+        return 0, 0, [f"master_port: expected 1..65535 (0: any free port), got {master_port!r}"]
+    if num_nodes == 1:
+        return worker_port, 0, []
+    if worker_port == 0:
+        return 0, 0, ["master_port: 0 (any free port) needs num_nodes=1: every node must know it"]
+    port = rdzv_port if rdzv_port is not None else worker_port + (1 if worker_port < 65535 else -1)
+    if not 0 < port < 65536 or port == worker_port:
+        return 0, 0, [f"rdzv_port: expected 1..65535, not master_port ({worker_port}), got {port}"]
+    return worker_port, port, []
+
 
 def spawn(
     fn: Callable[..., Any],
@@ -29,12 +52,13 @@ def spawn(
     num_nodes: int = 1,
     node_rank: int = 0,
     master_addr: str = "localhost",
-    master_port: int = DEFAULT_MASTER_PORT,
+    master_port: int | str = DEFAULT_MASTER_PORT,
     backend: str = "auto",
     max_restarts: int = 0,
     log_dir: str | os.PathLike[str] | None = None,
     shutdown_timeout: float = 5.0,
     stall_timeout: float | None = None,
+    rdzv_port: int | None = None,
 ) -> None:
     """Run ``fn(local_rank, *args)`` in ``num_gpus`` processes on this node.
 
@@ -46,6 +70,13 @@ def spawn(
     reported as a hang, with every rank's stack in ``log_dir``. ``fn`` and ``args`` must be picklable
     (as with ``torch.multiprocessing.spawn``). Returns when every process exited 0; raises
     ``JobFailed`` naming the root cause (after printing the report) or ``Interrupted``.
+
+    Ports: ``master_port`` is the workers' -- ``MASTER_PORT`` in every round, restarts
+    included, so a ``fn`` that calls ``setup_dist(..., master_addr, master_port)`` with the
+    values it was given works unchanged. With ``num_nodes > 1`` the nodes' agents meet on
+    another port of node 0, ``rdzv_port`` (default ``master_port + 1``, logged at start);
+    both must be open between the nodes. ``master_port=0`` (one node only): a free port,
+    a new one each round.
     """
     problems = [
         f"{name}: expected an integer >= {low}, got {value}"
@@ -63,6 +94,8 @@ def spawn(
         problems.append(
             f"node_rank: expected 0..{num_nodes - 1} for num_nodes {num_nodes}, got {node_rank}"
         )
+    worker_port, agents_port, port_problems = _ports(num_nodes, master_port, rdzv_port)
+    problems += port_problems
     if problems:
         raise UsageError(problems)
     chosen_backend = resolve_backend(backend)
@@ -85,12 +118,18 @@ def spawn(
             rdzv_backend="static",
             node_rank=node_rank,
             master_addr=master_addr,
-            master_port=int(master_port),
+            master_port=agents_port or worker_port,
+            worker_port=worker_port or None,
             max_restarts=max_restarts,
             shutdown_timeout=shutdown_timeout,
             stall_timeout=stall_timeout,
             log_dir=Path(log_dir) if log_dir is not None else None,
         )
         env = dict(os.environ, PHALANX_BACKEND=chosen_backend)
+        if num_nodes > 1:
+            log.info(
+                "phalanx.spawn: the agents meet at %s:%d (rdzv_port); the workers' store is "
+                "%s:%d (master_port)", master_addr, agents_port, master_addr, worker_port,
+            )  # fmt: skip
         run_id, open_rendezvous = plan_rendezvous(config)
         Agent(config, open_rendezvous, run_id, env).run()

@@ -38,6 +38,7 @@ def rendezvous_spec(config: LaunchConfig) -> RendezvousSpec:
         master_addr=config.master_addr,
         master_port=config.master_port,
         local_addr=config.local_addr,
+        worker_port=config.worker_port,
     )
 
 
@@ -58,7 +59,9 @@ def plan_rendezvous(config: LaunchConfig) -> tuple[str, Callable[[], RendezvousH
             else None
         )
         addr = "localhost" if first_port is None else config.master_addr
-        return run_id, lambda: LocalRendezvous(run_id, addr, first_port=first_port)
+        return run_id, lambda: LocalRendezvous(
+            run_id, addr, first_port=first_port, worker_port=config.worker_port
+        )
     spec = rendezvous_spec(config)
     _, problems = spec_problems(spec)
     if problems:

@@ -78,6 +78,7 @@ def open_handler(spec: RendezvousSpec, settings: RendezvousSettings) -> Rendezvo
         max_nodes=spec.max_nodes,
         addr=node_address(host, port, spec.local_addr),
         settings=settings,
+        worker_port=spec.worker_port,
     )
 
 

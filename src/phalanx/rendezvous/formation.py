@@ -45,13 +45,17 @@ class RoundFormer:
         min_nodes: int,
         max_nodes: int,
         clock: Callable[[], float] = time.monotonic,
+        worker_port: int | None = None,
     ) -> None:
+        """``worker_port``: the workers' master port in every round (a program that was
+        given its port, ``phalanx.spawn``); None: node 0 picks a free port each round."""
         self._b = board
         self._keys = board.keys
         self._s = settings
         self._min = min_nodes
         self._max = max_nodes
         self._clock = clock
+        self._worker_port = worker_port
 
     def form(
         self, me: Arrival, prior: Membership | None, prior_rank: int | None
@@ -243,7 +247,7 @@ class RoundFormer:
         key = self._keys.round(membership.round, "master")
         if rank == 0:
             addr = membership.nodes[0].addr
-            port = free_port("::" if ":" in addr else "")
+            port = self._worker_port or free_port("::" if ":" in addr else "")
             found = self._b.put_first(key, {"addr": addr, "port": port})
         elif self._b.store.wait([key], self._s.close_timeout):
             found = self._b.get_json(key) or {}

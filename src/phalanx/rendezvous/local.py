@@ -18,12 +18,16 @@ class LocalRendezvous:
         run_id: str | None = None,
         master_addr: str = "localhost",
         first_port: int | None = None,
+        worker_port: int | None = None,
     ) -> None:
         """``first_port``: the port for round 0 (a static ``--master-port``); later rounds
-        always take a fresh port so no restarted worker meets a dead worker's address."""
+        take a fresh port so no restarted worker meets a dead worker's address -- unless
+        ``worker_port`` is given: the port of every round (a program that uses the port it
+        was given, ``phalanx.spawn``)."""
         self._run_id = run_id or str(uuid.uuid4())
         self._master_addr = master_addr
         self._first_port = first_port
+        self._worker_port = worker_port
         self._round = -1
         self._failures: list[dict[str, object]] = []
         self._stack_requests = 0
@@ -42,8 +46,13 @@ class LocalRendezvous:
             node_rank=0,
             nodes=(node,),
             master_addr=self._master_addr,
-            master_port=self._first_port if self._round == 0 and self._first_port else free_port(),
+            master_port=self._port(),
         )
+
+    def _port(self) -> int:
+        if self._worker_port:
+            return self._worker_port
+        return self._first_port if self._round == 0 and self._first_port else free_port()
 
     def poll(self) -> JobEvent | None:
         return None

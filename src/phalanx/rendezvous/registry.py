@@ -66,6 +66,7 @@ def _etcd() -> Backend:
             max_nodes=spec.max_nodes,
             addr=addr,
             settings=settings,
+            worker_port=spec.worker_port,
         )
 
     return Backend("etcd", "etcd v3 (torchrun's etcd-v2 name accepted)", check, open_handler)

@@ -24,6 +24,9 @@ class RendezvousSpec:
     master_addr: str = "127.0.0.1"  # --master-addr (static: where node 0 hosts the store)
     master_port: int = 29500  # --master-port (static)
     local_addr: str | None = None  # --local-addr
+    # The workers' MASTER_PORT in every round, where the program was given one and uses it
+    # (phalanx.spawn's master_port); None: node 0 picks a free port each round.
+    worker_port: int | None = None
 
 
 @dataclass(frozen=True)

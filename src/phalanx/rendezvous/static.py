@@ -58,6 +58,7 @@ def open_handler(spec: RendezvousSpec, settings: RendezvousSettings) -> Rendezvo
         max_nodes=spec.max_nodes,
         addr=addr,
         settings=settings,
+        worker_port=spec.worker_port,
         fixed_rank=spec.node_rank,
     )
 
