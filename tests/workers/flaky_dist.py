@@ -1,16 +1,18 @@
-# usage: flaky_dist.py [FAIL_RANK] -- joins Gloo; FAIL_RANK exits 5 on the first attempt;
-# the others all-reduce and print what they saw.
+# usage: flaky_dist.py [FAIL_RANK] -- FAIL_RANK exits 5 on the first attempt, before joining
+# Gloo (so its peers wait in init_process_group until phalanx stops them, rather than racing
+# phalanx with a Gloo "connection closed" error of their own); the others all-reduce and
+# print what they saw.
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 
-dist.init_process_group("gloo")
-rank, restart = dist.get_rank(), os.environ["TORCHELASTIC_RESTART_COUNT"]
+rank, restart = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
 if len(sys.argv) > 1 and rank == int(sys.argv[1]) and restart == "0":
     print(f"rank {rank} fails on purpose", file=sys.stderr, flush=True)
     sys.exit(5)
+dist.init_process_group("gloo")
 value = torch.tensor([float(rank + 1)])
 dist.all_reduce(value)
 print(
