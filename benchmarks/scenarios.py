@@ -21,6 +21,7 @@ import psutil
 
 WORKER = str(Path(__file__).with_name("bench_worker.py"))
 JOB_TIMEOUT = 60.0  # a healthy job here takes seconds; a hung one is counted as failed
+EXIT_POLL = 0.01  # how often the launcher's exit is looked for (and its tree listed)
 
 # launcher name -> (nproc, max_restarts, log dir) -> command up to the script
 Command = Callable[[int, int, str], list[str]]
@@ -45,17 +46,20 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _finish(proc: subprocess.Popen[bytes], timeout: float = JOB_TIMEOUT) -> int:
-    """Wait for the launcher; then end whatever of its tree is left. torchrun gives every
-    worker a session of its own, so killing the launcher's group misses them: a hung or
-    orphaned torchrun worker would otherwise outlive the benchmark."""
+def _finish(proc: subprocess.Popen[bytes], timeout: float = JOB_TIMEOUT) -> tuple[int, float]:
+    """Wait for the launcher (its exit code, and the ``time.time()`` it was seen gone, within
+    ``EXIT_POLL``); then end whatever of its tree is left. torchrun gives every worker a
+    session of its own, so killing the launcher's group misses them: a hung or orphaned
+    torchrun worker would otherwise outlive the benchmark."""
     seen = {p.pid: p for p in _tree(proc.pid)}
     try:
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:
             seen.update((p.pid, p) for p in _tree(proc.pid))
-            time.sleep(0.1)
-        return proc.wait(max(0.0, deadline - time.monotonic()))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(EXIT_POLL)
+        code = proc.wait(max(0.0, deadline - time.monotonic()))
+        return code, time.time()
     finally:
         if proc.poll() is None:
             seen.update((p.pid, p) for p in _tree(proc.pid))
@@ -99,8 +103,9 @@ class Job:
         self.proc = _start([*argv, WORKER, scenario, str(self.out), *args], self.log, command_env)
 
     def finish(self, expect_ok: bool = True) -> int:
+        """Wait for the launcher to exit (``exited`` is then when it was seen gone)."""
         try:
-            code = _finish(self.proc)
+            code, self.exited = _finish(self.proc)
         except subprocess.TimeoutExpired:
             raise BenchError(f"hung for {JOB_TIMEOUT:.0f} s (killed); see {self.log}") from None
         if expect_ok and code != 0:
@@ -130,11 +135,13 @@ class Job:
             time.sleep(0.05)
 
 
-def launch(command: Command, nproc: int) -> float:
-    """Seconds from starting the launcher to every rank past its first barrier."""
+def launch(command: Command, nproc: int) -> tuple[float, float]:
+    """Seconds from starting the launcher to every rank past its first barrier, and to the
+    launcher's exit (every rank returned from ``destroy_process_group`` and ended)."""
     job = Job(command, nproc, 0, "launch")
     job.finish()
-    return job.done(job.all_ranks("barrier", 0) - job.started)
+    barrier = job.all_ranks("barrier", 0) - job.started
+    return job.done(barrier), job.exited - job.started
 
 
 def teardown(command: Command, nproc: int) -> float:
