@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs on a fresh Debian machine (run as root or with sudo):
+# Sets up what the test suite needs on a fresh Debian machine (run as root or with sudo):
 # etcd (the real server for the etcd rendezvous tests), openssl (their TLS certificates),
-# iproute2 (network-namespace hosts),
-# torch 2.13.0 CPU (pinned first, so pip never picks a multi-GB CUDA build), the project.
+# iproute2 (network-namespace hosts), python3-venv where the system Python lacks venv;
+# then a virtualenv in .venv without system site packages (a machine's own packages must
+# not hide a missing dependency, and Debian's system Python refuses pip install), holding
+# torch 2.13.0 CPU (pinned first, so pip never picks a multi-GB CUDA build) and the project
+# with its test extras. Activate it afterwards: . .venv/bin/activate
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+apt_install() {
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
+}
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v openssl >/dev/null || need+=(openssl)
 command -v ip >/dev/null || need+=(iproute2)
 if ((${#need[@]})); then
-    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+    apt_install "${need[@]}"
 fi
-python3 -m pip install -q torch==2.13.0
-python3 -m pip install -q -e '.[test]'
+if ! python3 -m venv --clear .venv; then  # Debian ships ensurepip separately
+    apt_install python3-venv
+    python3 -m venv --clear .venv
+fi
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e '.[test]'
