@@ -17,13 +17,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+# phalanx's source, and the tests' in-memory store (a fake: it is not shipped in src/).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from phalanx.rendezvous.api import EventKind
-from phalanx.rendezvous.dynamic import DynamicRendezvous
-from phalanx.rendezvous.memory import MemoryServer, MemoryStore
+from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.rendezvous.store import StoreUnavailable
+from phalanx.rendezvous.stores.base import StoreUnavailable
+from support.memory_store import MemoryServer, MemoryStore
 
 
 class CountingStore:

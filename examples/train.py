@@ -1,7 +1,7 @@
 """A config-driven DDP trainer in TRELLIS.2's shape, deterministic and resumable.
 
 It fits a small MLP to a regression target generated from a fixed seed (no downloads),
-checkpoints every ``checkpoint_every`` steps with ``phalanx.checkpoint``, resumes from the
+checkpoints every ``checkpoint_every`` steps with ``phalanx.inscript.checkpoint``, resumes from the
 newest complete checkpoint in ``--output_dir`` on its own, and writes ``final.pt``. A run
 killed at any step and rerun with the same command ends with bit-identical weights, because
 everything that varies is a function of the step (data order, dropout seed), the optimizer
@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 import phalanx
 from phalanx import checkpoint, dist
 from phalanx.errors import PhalanxError, UsageError
-from phalanx.launch_env import read_launch_env
+from phalanx.inscript.envs import read_launch_env
 
 # Config keys that count something, so must be >= 1.
 _COUNTERS = ("steps", "dataset_size", "global_batch_size", "in_dim", "hidden", "threads",

@@ -14,9 +14,9 @@ from collections.abc import Callable, Generator, Iterator
 
 import pytest
 
-from hosts import Loopback, NamespaceHosts, Node
-from memcluster import Cluster
-from netns import NetNamespaces, unavailable_reason
+from support.hosts import Loopback, NamespaceHosts, Node
+from support.memcluster import Cluster
+from support.netns import NetNamespaces, unavailable_reason
 
 STRICT = os.environ.get("CI") == "true"
 

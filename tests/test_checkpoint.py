@@ -1,4 +1,4 @@
-"""phalanx.checkpoint: atomic save, latest/load_latest, pruning, the checkpoint log, and real
+"""phalanx.inscript.checkpoint: atomic save, latest/load_latest, pruning, the checkpoint log, and real
 child processes SIGKILLed in the middle of a checkpoint write."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from phalanx import checkpoint
-from phalanx.checkpoint import Checkpoint
+from phalanx.inscript.checkpoint import Checkpoint
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.classify import classify, exception_from
 from phalanx.hang.analysis import RankState, analyse, merge
 from phalanx.hang.stacks import Frame, fatal_frame, main_thread, parse_dump
 from phalanx.hang.stall import StallDetector
-from phalanx.jobreport import blame_hang, lost_node
-from phalanx.oom import memory_cgroup_counter, oom_kills
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo, RendezvousResult
-from phalanx.report import WorkerExit, format_report, root_cause
+from phalanx.report.classify import classify, exception_from
+from phalanx.report.exits import WorkerExit, format_report, root_cause
+from phalanx.report.job import blame_hang, lost_node
+from phalanx.report.oom import memory_cgroup_counter, oom_kills
 
 TRACEBACK = [
     "Traceback (most recent call last):",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from launch import PHALANX, worker
 from phalanx.cli.main import parse_config
 from phalanx.config import LaunchMode
 from phalanx.errors import UsageError
+from support.launch import PHALANX, worker
 
 SCRIPT = worker("allreduce.py")
 

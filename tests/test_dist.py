@@ -1,4 +1,4 @@
-"""phalanx.dist and phalanx.launch_env: flags, rank arithmetic, backend choice, launcher
+"""phalanx.inscript.dist and phalanx.inscript.envs: flags, rank arithmetic, backend choice, launcher
 environments (pure tables), and real two-process Gloo groups set up by setup_dist and init."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from phalanx import dist
 from phalanx.errors import UsageError
-from phalanx.launch_env import LaunchEnv, first_host, read_launch_env
+from phalanx.inscript import dist
+from phalanx.inscript.envs import LaunchEnv, first_host, read_launch_env
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU-only choice")
 

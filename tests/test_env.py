@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from launch import run_phalanx, worker
 from phalanx.config import LaunchConfig
 from phalanx.plan import WORKER_ENV_KEYS, build_plan, worker_env
 from phalanx.rendezvous.api import NodeInfo, RendezvousResult
+from support.launch import run_phalanx, worker
 
 RDZV = RendezvousResult(
     run_id="job7",

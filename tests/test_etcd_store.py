@@ -16,15 +16,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from etcd_server import (
-    EtcdCluster,
-    authenticate,
-    enable_auth,
-    make_tls_files,
-    revoke_all_leases,
-)
 from phalanx.errors import RendezvousError, UsageError
-from phalanx.rendezvous.etcd import (
+from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
+from phalanx.rendezvous.stores.etcd.conf import parse_endpoints, run_prefix
+from phalanx.rendezvous.stores.etcd.store import (
     EtcdOptions,
     EtcdRequestError,
     EtcdStore,
@@ -32,8 +27,13 @@ from phalanx.rendezvous.etcd import (
     create_etcd_store,
     etcd_options_from_conf,
 )
-from phalanx.rendezvous.etcd_conf import parse_endpoints, run_prefix
-from phalanx.rendezvous.store import KVStore, StoreUnavailable
+from support.etcd_server import (
+    EtcdCluster,
+    authenticate,
+    enable_auth,
+    make_tls_files,
+    revoke_all_leases,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 HANG = 60.0  # generous bound that only catches hangs
@@ -339,7 +339,7 @@ def test_lost_lease_is_reported(etcd: EtcdCluster, make_store: StoreFactory) -> 
 
 CHILD = """
 import sys, time
-from phalanx.rendezvous.etcd import create_etcd_store
+from phalanx.rendezvous.stores.etcd.store import create_etcd_store
 store = create_etcd_store(sys.argv[1], sys.argv[2], {"lease_ttl": "2"})
 store.set("plain", b"stays")
 store.set_ephemeral("member", b"alive")

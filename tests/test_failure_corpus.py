@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from hosts import Node
-from launch import PHALANX, alive, run_phalanx, wait_for, worker
 from phalanx.net import free_port
-from phalanx.oom import memory_cgroup_counter
+from phalanx.report.oom import memory_cgroup_counter
+from support.hosts import Node
+from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
 
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import run_phalanx, worker
 from phalanx.worker.progress import read
+from support.launch import run_phalanx, worker
 
 MODES = {"warm": [], "cold": ["--cold-start"]}
 SCRIPT = worker("hang_allreduce.py")

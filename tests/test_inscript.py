@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import phalanx
-from launch import PHALANX, alive, read_pids, run_phalanx, wait_for, worker
 from phalanx.net import free_port
+from support.launch import PHALANX, alive, read_pids, run_phalanx, wait_for, worker
 
 
 def test_spawn_runs_fn_per_local_rank(tmp_path: Path) -> None:

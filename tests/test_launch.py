@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import alive, end_all, run_phalanx, start_tree, wait_for, worker
+from support.launch import alive, end_all, run_phalanx, start_tree, wait_for, worker
 
 
 def test_two_workers_all_reduce_and_exit_zero(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hosts import Loopback, NamespaceHosts, Node
-from launch import alive, read_pids, wait_for, worker
 from phalanx.net import free_port
+from support.hosts import Loopback, NamespaceHosts, Node
+from support.launch import alive, read_pids, wait_for, worker
 
 Hosts = Loopback | NamespaceHosts
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60,exit_barrier_timeout=30"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from etcd_server import EtcdCluster, leader_index
-from hosts import Loopback, Node
-from launch import alive, read_pids, wait_for, worker
+from support.etcd_server import EtcdCluster, leader_index
+from support.hosts import Loopback, Node
+from support.launch import alive, read_pids, wait_for, worker
 
 pytestmark = [
     pytest.mark.slow,

@@ -10,10 +10,20 @@ from dataclasses import replace
 
 import pytest
 
-from memcluster import FAST, WAIT, Cluster, Join, agreed, crash, form, wait_event, wait_until
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import EventKind
-from phalanx.rendezvous.memory import MemoryStore
+from support.memcluster import (
+    FAST,
+    WAIT,
+    Cluster,
+    Join,
+    agreed,
+    crash,
+    form,
+    wait_event,
+    wait_until,
+)
+from support.memory_store import MemoryStore
 
 
 def test_two_nodes_agree(cluster: Cluster) -> None:

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from etcd_server import EtcdCluster, revoke_all_leases
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
 from phalanx.rendezvous.registry import create_handler, spec_problems
 from phalanx.rendezvous.spec import RendezvousSpec
+from support.etcd_server import EtcdCluster, revoke_all_leases
 
 HANG = 60.0
 CONF = {

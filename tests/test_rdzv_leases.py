@@ -13,15 +13,15 @@ from dataclasses import replace
 
 import pytest
 
-from memcluster import FAST, WAIT, Join, agreed, crash, form, wait_event, wait_until
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import EventKind
-from phalanx.rendezvous.board import LEFT
-from phalanx.rendezvous.dynamic import DynamicRendezvous
-from phalanx.rendezvous.keys import Keys
-from phalanx.rendezvous.memory import LeasedMemoryStore, MemoryServer, MemoryStore
-from phalanx.rendezvous.pulse import ALIVE
-from phalanx.rendezvous.store import LeasedStore
+from phalanx.rendezvous.dynamic.board import LEFT
+from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.pulse import ALIVE
+from phalanx.rendezvous.stores.base import LeasedStore
+from support.memcluster import FAST, WAIT, Join, agreed, crash, form, wait_event, wait_until
+from support.memory_store import LeasedMemoryStore, MemoryServer, MemoryStore
 
 LEASE_TTL = 1.0
 SETTINGS = replace(FAST, heartbeat_timeout=10 * WAIT)  # counters would never find anyone lost

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
-from phalanx.rendezvous.board import Board, encode
-from phalanx.rendezvous.keys import Keys
-from phalanx.rendezvous.liveness import Liveness
-from phalanx.rendezvous.members import Membership
-from phalanx.rendezvous.memory import MemoryServer, MemoryStore
+from phalanx.rendezvous.dynamic.board import Board, encode
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.liveness import Liveness
+from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.settings import RendezvousSettings
+from support.memory_store import MemoryServer, MemoryStore
 
 SETTINGS = RendezvousSettings(heartbeat_interval=1.0, heartbeat_timeout=10.0)
 KEYS = Keys("job")

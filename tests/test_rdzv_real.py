@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from netns import NetNamespaces
+from support.netns import NetNamespaces
 
 HERE = Path(__file__).resolve().parent
 AGENT = HERE / "workers" / "rdzv_agent.py"

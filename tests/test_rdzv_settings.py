@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phalanx.errors import UsageError
-from phalanx.rendezvous.members import Arrival, assign_ranks
+from phalanx.rendezvous.dynamic.members import Arrival, assign_ranks
 from phalanx.rendezvous.registry import BACKENDS, create_handler, spec_problems
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings, parse_settings
 from phalanx.rendezvous.spec import RendezvousSpec, split_endpoint
@@ -100,7 +100,7 @@ def spec(**changes: object) -> RendezvousSpec:
     [
         (
             {"backend": "zookeeper"},
-            "unknown backend 'zookeeper'; known: c10d, static, etcd, etcd-v2",
+            "unknown backend 'zookeeper'; known: c10d, etcd, etcd-v2, static",
         ),
         ({"conf": {"is_host": "maybe"}}, "is_host=maybe: expected true or false"),
         ({"conf": {"store_type": "file"}}, "store_type=file"),

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memcluster import WAIT, Cluster, form, wait_event, wait_until
 from phalanx.hang.jobstacks import JobStacks, combine
 from phalanx.rendezvous.api import EventKind, RendezvousResult
-from phalanx.rendezvous.board import cap_stacks
-from phalanx.rendezvous.dynamic import DynamicRendezvous
+from phalanx.rendezvous.dynamic.board import cap_stacks
+from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.local import LocalRendezvous
+from support.memcluster import WAIT, Cluster, form, wait_event, wait_until
 
 
 def by_rank(

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from phalanx.rendezvous.memory import MemoryServer, MemoryStore
-from phalanx.rendezvous.store import KVStore, StoreUnavailable
-from phalanx.rendezvous.tcp import TcpKVStore
+from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
+from phalanx.rendezvous.stores.tcp import TcpKVStore
+from support.memory_store import MemoryServer, MemoryStore
 
 HANG = 30.0
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hosts import Node
-from launch import launched, run_phalanx, wait_for, worker
 from phalanx.net import free_port
+from support.hosts import Node
+from support.launch import launched, run_phalanx, wait_for, worker
 
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60"
 

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from launch import (
+from phalanx.config import LaunchConfig
+from phalanx.plan import WorkerPlan
+from phalanx.supervisor.warm import fork_request, template_env
+from support.launch import (
     PHALANX,
     WORKERS,
     alive,
@@ -22,9 +25,6 @@ from launch import (
     wait_for,
     worker,
 )
-from phalanx.config import LaunchConfig
-from phalanx.plan import WorkerPlan
-from phalanx.supervisor.warm import fork_request, template_env
 
 MODES = {"warm": [], "cold": ["--cold-start"]}
 FALLBACK = "warm start unavailable"

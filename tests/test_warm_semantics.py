@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import run_phalanx, worker
+from support.launch import run_phalanx, worker
 
 MODES = {"warm": [], "cold": ["--cold-start"]}
 WARM_LINE = "warm start: workers fork from template pid"

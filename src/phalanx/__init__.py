@@ -1,7 +1,9 @@
 """phalanx: launch and supervise distributed PyTorch training.
 
 The in-script API is re-exported lazily so that ``import phalanx`` (and the ``phalanx``
-launcher itself) does not pay for importing torch.
+launcher itself) does not pay for importing torch. ``phalanx.checkpoint`` and
+``phalanx.dist`` (``from phalanx import checkpoint, dist``) are the modules of
+``phalanx.inscript`` of those names.
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ from typing import TYPE_CHECKING, Any
 from phalanx.errors import Interrupted, JobFailed, PhalanxError, RendezvousError, UsageError
 
 if TYPE_CHECKING:
-    from phalanx.dist import DistInfo, add_dist_args, init, setup_dist
-    from phalanx.inscript import spawn
+    from phalanx.inscript import checkpoint, dist
+    from phalanx.inscript.dist import DistInfo, add_dist_args, init, setup_dist
+    from phalanx.inscript.spawn import spawn
     from phalanx.worker.progress import heartbeat, step
 
 __version__ = "0.1.0"
 
+_MODULES = {"checkpoint": "phalanx.inscript.checkpoint", "dist": "phalanx.inscript.dist"}
+
 _LAZY = {
-    "spawn": "phalanx.inscript",
-    "add_dist_args": "phalanx.dist",
-    "setup_dist": "phalanx.dist",
-    "init": "phalanx.dist",
-    "DistInfo": "phalanx.dist",
+    "spawn": "phalanx.inscript.spawn",
+    "add_dist_args": "phalanx.inscript.dist",
+    "setup_dist": "phalanx.inscript.dist",
+    "init": "phalanx.inscript.dist",
+    "DistInfo": "phalanx.inscript.dist",
     "step": "phalanx.worker.progress",
     "heartbeat": "phalanx.worker.progress",
 }
@@ -36,6 +41,8 @@ __all__ = [
     "RendezvousError",
     "UsageError",
     "add_dist_args",
+    "checkpoint",
+    "dist",
     "heartbeat",
     "init",
     "setup_dist",
@@ -45,6 +52,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        module = import_module(_MODULES[name])
+        globals()[name] = module
+        return module
     if name in _LAZY:
         value = getattr(import_module(_LAZY[name]), name)
         globals()[name] = value  # once: phalanx.step() in a training loop is then a plain lookup

@@ -10,16 +10,14 @@ import shutil
 import signal
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from phalanx import parsing
 from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.errors import UsageError
+from phalanx.launch import rendezvous_problems
 
 T = TypeVar("T")
-
-KNOWN_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
-
 
 # The facts a spawn-owner process is told, with TRELLIS.2's flag names by default.
 SPAWN_OWNER_FACTS: tuple[tuple[str, str], ...] = tuple(
@@ -61,93 +59,70 @@ def _cuda_device_count() -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
-def to_config(
-    ns: argparse.Namespace,
-    environ: Mapping[str, str],
-    cuda_device_count: Callable[[], int] = _cuda_device_count,
-) -> LaunchConfig:
-    problems: list[str] = []
+class _Problems:
+    """Every usage problem found so far. ``parse`` runs one parser and, when it fails, records
+    the message and returns ``fallback``, so the rest of the command line is still checked."""
 
-    def check(parse: Callable[[], T], fallback: T) -> T:
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def parse(self, parser: Callable[[], T], fallback: T) -> T:
         try:
-            return parse()
+            return parser()
         except ValueError as exc:
-            problems.append(str(exc))
+            self.found.append(str(exc))
             return fallback
 
-    nproc = check(lambda: resolve_nproc(ns.nproc_per_node, cuda_device_count), 1)
-    min_nodes, max_nodes = check(lambda: parsing.parse_nnodes(ns.nnodes), (1, 1))
-    max_restarts = check(lambda: parsing.parse_int(ns.max_restarts, "--max-restarts", minimum=0), 0)
-    monitor = check(
+    def add(self, problem: str) -> None:
+        if problem not in self.found:  # the rendezvous check may repeat one of ours
+            self.found.append(problem)
+
+
+def _seconds(ns: argparse.Namespace, p: _Problems) -> tuple[float, float, float]:
+    """--monitor-interval, --shutdown-timeout, --stall-timeout (0: off)."""
+    monitor = p.parse(
         lambda: parsing.parse_float(ns.monitor_interval, "--monitor-interval", minimum=0.001), 0.1
     )
-    shutdown = check(
+    shutdown = p.parse(
         lambda: parsing.parse_float(ns.shutdown_timeout, "--shutdown-timeout", minimum=0), 5.0
     )
-    stall = check(lambda: parsing.parse_float(ns.stall_timeout, "--stall-timeout", minimum=0), 0.0)
+    stall = p.parse(
+        lambda: parsing.parse_float(ns.stall_timeout, "--stall-timeout", minimum=0), 0.0
+    )
     if not math.isfinite(stall):
-        problems.append(f"--stall-timeout: expected a number of seconds, got {ns.stall_timeout!r}")
+        p.add(f"--stall-timeout: expected a number of seconds, got {ns.stall_timeout!r}")
         stall = 0.0
     if stall and ns.spawn_owner:
-        problems.append(
+        p.add(
             "--stall-timeout does not apply to --spawn-owner: its workers are its own "
             "children, whose progress phalanx cannot see"
         )
-    node_rank = check(lambda: parsing.parse_int(ns.node_rank, "--node-rank", minimum=0), 0)
-    master_port = check(
-        lambda: parsing.parse_int(ns.master_port, "--master-port", minimum=0), 29500
-    )
-    if not 0 <= master_port <= 65535:
-        problems.append(f"--master-port: expected 0..65535, got {master_port}")
-    no_conf: dict[str, str] = {}
-    no_streams: dict[int, frozenset[str]] = {}
-    rdzv_conf = check(lambda: parsing.parse_kv_list(ns.rdzv_conf, "--rdzv-conf"), no_conf)
-    redirects = check(
-        lambda: parsing.parse_std_spec(ns.redirects, "--redirects", nproc), no_streams
-    )
-    check(lambda: parsing.parse_std_spec(ns.tee, "--tee", nproc), no_streams)
-    ranks_filter = None
-    if str(ns.local_ranks_filter).strip():
-        ranks_filter = check(
-            lambda: parsing.parse_rank_list(ns.local_ranks_filter, "--local-ranks-filter"), None
-        )
-    backend = str(ns.rdzv_backend).strip()
-    # etcd takes a list of endpoints and http(s):// URLs; each multi-node backend checks its
-    # own endpoint in rendezvous.registry.spec_problems.
-    if ns.rdzv_endpoint and backend not in ("etcd", "etcd-v2"):
-        check(lambda: parsing.parse_endpoint(ns.rdzv_endpoint), None)
-    if backend not in KNOWN_BACKENDS:
-        problems.append(
-            f"--rdzv-backend: unknown backend {backend!r}; known: {', '.join(KNOWN_BACKENDS)}"
-        )
-    if node_rank >= max_nodes and backend == "static" and not ns.standalone:
-        problems.append(
-            f"--node-rank: expected 0..{max_nodes - 1} for --nnodes {ns.nnodes}, got {node_rank}"
-        )
+    return monitor, shutdown, stall
+
+
+def _check_names(ns: argparse.Namespace, p: _Problems) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """--signals-to-handle and --preload, and the torchrun flags phalanx refuses."""
     signals = tuple(s.strip().upper() for s in str(ns.signals_to_handle).split(",") if s.strip())
     for name in signals:
         if not (name.startswith("SIG") and hasattr(signal.Signals, name)):
-            problems.append(
-                f"--signals-to-handle: unknown signal {name!r} (expected names like SIGTERM)"
-            )
+            p.add(f"--signals-to-handle: unknown signal {name!r} (expected names like SIGTERM)")
+    preload = tuple(m.strip() for m in str(ns.preload).split(",") if m.strip())
+    for name in preload:
+        if not all(part.isidentifier() for part in name.split(".")):
+            p.add(f"--preload: {name!r} is not a module name (expected e.g. numpy,pkg.mod)")
     if ns.logs_specs:
-        problems.append(
+        p.add(
             "--logs-specs: custom torchrun LogsSpecs plugins are not supported by phalanx; "
             "use --log-dir, --redirects and --local-ranks-filter"
         )
     if ns.event_log_handler not in {"null", "console"}:
-        problems.append(
-            f"--event-log-handler: expected null or console, got {ns.event_log_handler!r}"
-        )
+        p.add(f"--event-log-handler: expected null or console, got {ns.event_log_handler!r}")
+    return signals, preload
 
-    owner_flags = check(lambda: parse_owner_flags(ns.spawn_owner_flags), SPAWN_OWNER_FACTS)
-    preload = tuple(m.strip() for m in str(ns.preload).split(",") if m.strip())
-    for name in preload:
-        if not all(part.isidentifier() for part in name.split(".")):
-            problems.append(
-                f"--preload: {name!r} is not a module name (expected e.g. numpy,pkg.mod)"
-            )
 
+def _program(
+    ns: argparse.Namespace, environ: Mapping[str, str], p: _Problems
+) -> tuple[LaunchMode, str]:
     mode = LaunchMode.SCRIPT
     if ns.run_path:
         mode = LaunchMode.RUN_PATH
@@ -156,17 +131,83 @@ def to_config(
     elif ns.module:
         mode = LaunchMode.MODULE
     if ns.module and ns.no_python and not ns.run_path:
-        problems.append("-m/--module and --no-python cannot be used together")
+        p.add("-m/--module and --no-python cannot be used together")
     program = str(ns.training_script)
     if mode in (LaunchMode.SCRIPT, LaunchMode.RUN_PATH) and not Path(program).is_file():
-        problems.append(f"training script not found: {program!r}")
+        p.add(f"training script not found: {program!r}")
     if mode is LaunchMode.NO_PYTHON and shutil.which(program, path=environ.get("PATH")) is None:
-        problems.append(f"--no-python: program {program!r} is not an executable file or on PATH")
+        p.add(f"--no-python: program {program!r} is not an executable file or on PATH")
+    return mode, program
 
-    if problems:
-        raise UsageError(problems)
+
+def _rendezvous_flags(ns: argparse.Namespace, p: _Problems, max_nodes: int) -> dict[str, Any]:
+    """The rendezvous fields of the config (their own checks: ``launch.rendezvous_problems``)."""
+    node_rank = p.parse(lambda: parsing.parse_int(ns.node_rank, "--node-rank", minimum=0), 0)
+    master_port = p.parse(
+        lambda: parsing.parse_int(ns.master_port, "--master-port", minimum=0), 29500
+    )
+    if not 0 <= master_port <= 65535:
+        p.add(f"--master-port: expected 0..65535, got {master_port}")
+    backend = str(ns.rdzv_backend).strip()
+    # etcd takes a list of endpoints and http(s):// URLs, which its backend checks.
+    if ns.rdzv_endpoint and backend not in ("etcd", "etcd-v2"):
+        p.parse(lambda: parsing.parse_endpoint(ns.rdzv_endpoint), None)
+    if node_rank >= max_nodes and backend == "static" and not ns.standalone:
+        p.add(f"--node-rank: expected 0..{max_nodes - 1} for --nnodes {ns.nnodes}, got {node_rank}")
+    no_conf: dict[str, str] = {}
+    conf = p.parse(lambda: parsing.parse_kv_list(ns.rdzv_conf, "--rdzv-conf"), no_conf)
+    return {
+        "rdzv_backend": backend,
+        "rdzv_endpoint": str(ns.rdzv_endpoint),
+        "rdzv_id": str(ns.rdzv_id),
+        "rdzv_conf": tuple(sorted(conf.items())),
+        "node_rank": node_rank,
+        "master_addr": str(ns.master_addr),
+        "master_port": master_port,
+        "local_addr": ns.local_addr,
+    }
+
+
+def _streams(ns: argparse.Namespace, p: _Problems, nproc: int) -> dict[str, Any]:
+    """Where each rank's output goes: --redirects, --tee, --local-ranks-filter, filters."""
+    no_streams: dict[int, frozenset[str]] = {}
+    redirects = p.parse(
+        lambda: parsing.parse_std_spec(ns.redirects, "--redirects", nproc), no_streams
+    )
+    p.parse(lambda: parsing.parse_std_spec(ns.tee, "--tee", nproc), no_streams)
+    ranks_filter = None
+    if str(ns.local_ranks_filter).strip():
+        ranks_filter = p.parse(
+            lambda: parsing.parse_rank_list(ns.local_ranks_filter, "--local-ranks-filter"), None
+        )
+    return {
+        "redirects": {rank: streams for rank, streams in redirects.items() if streams},
+        "local_ranks_filter": ranks_filter,
+        "duplicate_stdout_filters": parsing.parse_filter_words(ns.duplicate_stdout_filters),
+        "duplicate_stderr_filters": parsing.parse_filter_words(ns.duplicate_stderr_filters),
+    }
+
+
+def to_config(
+    ns: argparse.Namespace,
+    environ: Mapping[str, str],
+    cuda_device_count: Callable[[], int] = _cuda_device_count,
+) -> LaunchConfig:
+    """The config, or ``UsageError`` with every problem of the command line in one batch
+    (the rendezvous part's included: ``launch.rendezvous_problems``)."""
+    p = _Problems()
+    nproc = p.parse(lambda: resolve_nproc(ns.nproc_per_node, cuda_device_count), 1)
+    min_nodes, max_nodes = p.parse(lambda: parsing.parse_nnodes(ns.nnodes), (1, 1))
+    max_restarts = p.parse(
+        lambda: parsing.parse_int(ns.max_restarts, "--max-restarts", minimum=0), 0
+    )
+    monitor, shutdown, stall = _seconds(ns, p)
+    rendezvous = _rendezvous_flags(ns, p, max_nodes)
+    signals, preload = _check_names(ns, p)
+    owner_flags = p.parse(lambda: parse_owner_flags(ns.spawn_owner_flags), SPAWN_OWNER_FACTS)
+    mode, program = _program(ns, environ, p)
     standalone = bool(ns.standalone)
-    return LaunchConfig(
+    config = LaunchConfig(
         program=program,
         program_args=tuple(ns.training_script_args),
         mode=mode,
@@ -174,23 +215,13 @@ def to_config(
         min_nodes=1 if standalone else min_nodes,
         max_nodes=1 if standalone else max_nodes,
         standalone=standalone,
-        rdzv_backend=backend,
-        rdzv_endpoint=str(ns.rdzv_endpoint),
-        rdzv_id=str(ns.rdzv_id),
-        rdzv_conf=tuple(sorted(rdzv_conf.items())),
-        node_rank=node_rank,
-        master_addr=str(ns.master_addr),
-        master_port=master_port,
-        local_addr=ns.local_addr,
+        **rendezvous,
         max_restarts=max_restarts,
         monitor_interval=monitor,
         shutdown_timeout=shutdown,
         role=str(ns.role),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
-        redirects={rank: streams for rank, streams in redirects.items() if streams},
-        local_ranks_filter=ranks_filter,
-        duplicate_stdout_filters=parsing.parse_filter_words(ns.duplicate_stdout_filters),
-        duplicate_stderr_filters=parsing.parse_filter_words(ns.duplicate_stderr_filters),
+        **_streams(ns, p, nproc),
         signals_to_handle=signals,
         virtual_local_rank=bool(ns.virtual_local_rank),
         start_method=str(ns.start_method),
@@ -202,6 +233,11 @@ def to_config(
         stall_timeout=stall or None,
         not_applied=_not_applied(ns),
     )
+    for problem in rendezvous_problems(config):
+        p.add(problem)
+    if p.found:
+        raise UsageError(p.found)
+    return config
 
 
 def _not_applied(ns: argparse.Namespace) -> tuple[str, ...]:

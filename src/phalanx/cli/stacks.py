@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
+from phalanx.agent.loop import LAUNCHER_FILE
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.hang.stacks import catches
-from phalanx.rounds import LAUNCHER_FILE
-from phalanx.worker.boot import STACK_SIGNAL
+from phalanx.worker.contract import STACK_SIGNAL
 
 
 class _Parser(argparse.ArgumentParser):

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.worker.boot import STACK_SIGNAL, STACKS_FILE
+from phalanx.worker.contract import STACK_SIGNAL, STACKS_FILE
 
 SETTLE = 0.1  # a dump is complete once its file stopped growing for this long
 PY_SPY_TIMEOUT = 10.0

@@ -31,7 +31,7 @@ from phalanx.hang.stall import StallDetector, main_thread_cpu
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.worker import progress
-from phalanx.worker.boot import STACK_SIGNAL
+from phalanx.worker.contract import STACK_SIGNAL
 
 log = logging.getLogger("phalanx")
 

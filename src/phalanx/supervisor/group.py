@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import JobEvent
-from phalanx.report import WorkerExit, read_error_file
+from phalanx.report.exits import WorkerExit, read_error_file
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogStream, tail_lines
 from phalanx.supervisor.process import RunningWorker, exec_worker

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from phalanx.config import LaunchConfig, LaunchMode
-from phalanx.plan import CHECKPOINT_LOG_ENV, WORKER_ENV_KEYS, WorkerPlan, worker_env
-from phalanx.rendezvous.api import NodeInfo, RendezvousResult
+from phalanx.plan import WorkerPlan
+from phalanx.plan.env import node_env
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.worker.protocol import ForkRequest, ProtocolError, make_pair, receive, send
 
@@ -45,35 +45,11 @@ log = logging.getLogger("phalanx")
 WARM_MODES = frozenset({LaunchMode.SCRIPT, LaunchMode.MODULE, LaunchMode.RUN_PATH})
 READY_TIMEOUT = 120.0  # importing torch on a loaded machine; a cold start would wait as long
 REPLY_TIMEOUT = 30.0  # one fork, or one exit status after the pidfd said the worker ended
-# Set per rank or per round by plan.worker_env; everything else it sets is node-wide.
-_PER_WORKER_KEYS = (set(WORKER_ENV_KEYS) - {"OMP_NUM_THREADS"}) | {
-    CHECKPOINT_LOG_ENV,
-    "CUDA_VISIBLE_DEVICES",
-}
-
-
 def template_env(config: LaunchConfig, base_env: Mapping[str, str]) -> dict[str, str]:
-    """The environment all workers of this node share (``OMP_NUM_THREADS`` included).
-
-    Built with ``plan.worker_env`` -- the one place the worker environment is defined -- for
-    a one-node placeholder round, then every per-rank or per-round variable is put back to
-    its value in ``base_env``. Libraries read the rest at import, in the template.
-    """
-    placeholder = RendezvousResult(
-        run_id="template",
-        round=0,
-        restart_count=0,
-        node_rank=0,
-        nodes=(NodeInfo(0, "", "", config.nproc_per_node),),
-        master_addr="",
-        master_port=0,
-    )
-    env = worker_env(config, placeholder, 0, Path(), base_env)
-    for key in _PER_WORKER_KEYS:
-        env.pop(key, None)
-        if key in base_env:
-            env[key] = base_env[key]
-    return env
+    """The environment all workers of this node share (``plan.env.node_env``); each fork
+    request then carries the worker's whole environment. Libraries read it at import, in the
+    template."""
+    return node_env(config, base_env)
 
 
 def fork_request(worker: WorkerPlan, cwd: str, python: str = sys.executable) -> ForkRequest | None:

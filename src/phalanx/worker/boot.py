@@ -25,25 +25,16 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import signal
 import sys
 import zipfile
 from collections.abc import Mapping
 from typing import TextIO
 
 from phalanx.worker import become, progress
+from phalanx.worker.contract import STACK_SIGNAL, STACKS_FILE, rank_dir
 from phalanx.worker.protocol import ForkRequest
 
-STACK_SIGNAL = signal.SIGUSR2
-STACKS_FILE = "stacks.txt"
 _stacks: TextIO | None = None  # faulthandler writes to its descriptor: keep it open
-
-
-def rank_dir(environ: Mapping[str, str]) -> str | None:
-    """The rank's log directory, which phalanx's error file lives in; None outside phalanx."""
-    error_file = environ.get("TORCHELASTIC_ERROR_FILE", "")
-    directory = os.path.dirname(error_file)
-    return directory if error_file and os.path.isdir(directory) else None
 
 
 def install(environ: Mapping[str, str]) -> None:

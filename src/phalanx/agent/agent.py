@@ -1,0 +1,105 @@
+"""The node agent: rendezvous -> plan -> supervise -> restart within budget or report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+from phalanx.agent.loop import Rounds, write_launcher_file
+from phalanx.config import LaunchConfig
+from phalanx.hang.watch import StackRequests
+from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.supervisor.group import Supervisor
+from phalanx.supervisor.guardian import Guardian
+from phalanx.supervisor.process import exec_worker
+from phalanx.supervisor.signals import SignalWatcher
+from phalanx.supervisor.warm import Template, open_template
+
+log = logging.getLogger("phalanx")
+
+
+def configure_logging() -> None:
+    """Launcher messages go to stderr as ``phalanx: ...`` (once, whoever calls first)."""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("phalanx: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def make_run_dir(config: LaunchConfig, run_id: str) -> Path:
+    base = config.log_dir or Path(tempfile.gettempdir()) / "phalanx"
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=base))
+
+
+class Agent:
+    """Runs one node's share of the job.
+
+    ``open_rendezvous`` is called once, after the warm-start template has forked: a c10d or
+    static store server started earlier would leak its thread and sockets into the template
+    and every worker (a dead host then looks silent instead of reset to its peers).
+    """
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        open_rendezvous: Callable[[], RendezvousHandler],
+        run_id: str,
+        base_env: Mapping[str, str] | None = None,
+        *,
+        console: tuple[BinaryIO, BinaryIO] | None = None,
+    ) -> None:
+        self._config = config
+        self._open_rendezvous = open_rendezvous
+        self._run_id = run_id
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._console = console or (sys.stdout.buffer, sys.stderr.buffer)
+
+    def run(self) -> int:
+        """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
+        config = self._config
+        run_dir = make_run_dir(config, self._run_id)
+        log.info("run directory: %s", run_dir)
+        for note in config.not_applied:
+            log.warning("%s", note)
+        filters = (
+            tuple(word.encode() for word in config.duplicate_stdout_filters),
+            tuple(word.encode() for word in config.duplicate_stderr_filters),
+        )
+        with (
+            SignalWatcher(config.signals_to_handle) as signals,
+            StackRequests(config.signals_to_handle) as requests,
+        ):
+            write_launcher_file(run_dir, requests)
+            guardian = Guardian()
+            template: Template | None = None
+            rendezvous: RendezvousHandler | None = None
+            try:
+                # Warm start: one template per agent run, imported while the rendezvous runs;
+                # every attempt forks from it.
+                template = open_template(config, self._base_env, run_dir)
+                rendezvous = self._open_rendezvous()
+                supervisor = Supervisor(
+                    guardian,
+                    shutdown_timeout=config.shutdown_timeout,
+                    monitor_interval=config.monitor_interval,
+                    launch=template.launch if template is not None else exec_worker,
+                    console=self._console,
+                    duplicate_filters=filters,
+                )
+                return Rounds(
+                    config, rendezvous, supervisor, signals, run_dir, self._base_env, requests
+                ).run()
+            finally:
+                if template is not None:
+                    template.close()
+                guardian.close()
+                if rendezvous is not None:
+                    rendezvous.shutdown()

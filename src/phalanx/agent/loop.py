@@ -1,0 +1,261 @@
+"""The restart loop of one agent run, and the job-wide failure report at its end."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import NoReturn
+
+from phalanx.agent.policy import Step, decide
+from phalanx.config import LaunchConfig
+from phalanx.errors import Interrupted, JobFailed, RendezvousError
+from phalanx.hang.analysis import HangAnalysis
+from phalanx.hang.jobstacks import JobStacks
+from phalanx.hang.stacks import PEER_DUMP_WAIT
+from phalanx.hang.watch import RoundWatch, StackRequests
+from phalanx.plan import build_plan
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
+from phalanx.report import job as jobreport
+from phalanx.report.exits import WorkerExit, root_cause
+from phalanx.report.oom import OomProbe
+from phalanx.supervisor.group import Outcome, Supervisor
+from phalanx.supervisor.signals import SignalWatcher
+from phalanx.worker.contract import CHECKPOINT_LOG_FILE, STACK_SIGNAL
+
+log = logging.getLogger("phalanx")
+LAUNCHER_FILE = "launcher.json"  # the agent's pid, for ``phalanx stacks RUN_DIR``
+
+
+def _failure_signature(cause: WorkerExit) -> tuple[int, int, str]:
+    last = next((line for line in reversed(cause.stderr_tail) if line.strip()), "")
+    return (cause.rank, cause.returncode, last)
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return sum(1 for _ in handle)
+    except OSError:
+        return 0
+
+
+class Rounds:
+    """The restart loop of one agent run, and the job-wide failure report at its end.
+
+    Budget policy (see ``rendezvous.api``): a worker failure here or on a peer, and a lost
+    node, spend a restart (``claim_restart``, job-wide); a node waiting to join (elastic
+    scale-up) re-forms the round without spending one; a peer that gave up or a lost store
+    ends the job.
+    """
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        rendezvous: RendezvousHandler,
+        supervisor: Supervisor,
+        signals: SignalWatcher,
+        run_dir: Path,
+        base_env: Mapping[str, str],
+        requests: StackRequests | None = None,
+    ) -> None:
+        self.config = config
+        self.requests = requests
+        self.rdzv = rendezvous
+        self.supervisor = supervisor
+        self.signals = signals
+        self.run_dir = run_dir
+        self.base_env = base_env
+        self.attempts = 0
+
+    def run(self) -> int:
+        checkpoint_log = self.run_dir / CHECKPOINT_LOG_FILE
+        previous: tuple[int, int, str] | None = None
+        while True:
+            joined = self.rdzv.next_round(self.config.nproc_per_node)
+            if joined.num_nodes > 1 or self.attempts == 0:
+                log.info(
+                    "round %d: node %d of %d, world size %d, master %s:%d",
+                    joined.round, joined.node_rank, joined.num_nodes, joined.world_size,
+                    joined.master_addr, joined.master_port,
+                )  # fmt: skip
+            plan = build_plan(self.config, joined, self.run_dir, self.base_env)
+            checkpoints_before = _count_lines(checkpoint_log)
+            self.attempts += 1
+            watch = RoundWatch(
+                plan,
+                stall_timeout=self.config.stall_timeout,
+                requests=self.requests,
+                check_every=self._check_every(),
+                job=JobStacks(self.rdzv, joined, self.run_dir) if joined.num_nodes > 1 else None,
+            )
+            probe = OomProbe()
+            result = self.supervisor.run(plan, self.signals, self._poll(watch), watch.tick)
+            exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
+            if result.outcome is Outcome.SUCCEEDED:
+                return self._succeeded(joined, exits)
+            if result.outcome is Outcome.INTERRUPTED:
+                assert result.signum is not None
+                self.rdzv.report_done(False)
+                raise Interrupted(result.signum)
+            exits, cause = self._record_failure(exits, result.event, watch, probe)
+            signature = _failure_signature(cause) if cause is not None else None
+            step = decide(
+                failed_here=cause is not None,
+                event=result.event.kind if result.event is not None else None,
+                repeated=signature is not None and signature == previous,
+                progressed=_count_lines(checkpoint_log) != checkpoints_before,
+            )
+            previous = signature or previous
+            if step is Step.REFORM:
+                continue  # a scale-up: re-form the round, no restart spent
+            hang = watch.hang or watch.peer_hang
+            if step is Step.RESTART and self.rdzv.claim_restart(self.config.max_restarts):
+                log.warning(
+                    "restarting the worker group (restart %d of %d)",
+                    self.attempts, self.config.max_restarts,
+                )  # fmt: skip
+                continue
+            self._fail(joined, exits, result.event, hang, crash_loop=step is Step.CRASH_LOOP)
+
+    def _succeeded(self, joined: RendezvousResult, exits: list[WorkerExit]) -> int:
+        """This node's workers all finished: wait for the others (the exit barrier)."""
+        self.rdzv.report_done(True)
+        log.info("all %d workers finished", len(exits))
+        late = self.rdzv.await_peers(lambda: self.signals.pending() is not None)
+        signum = self.signals.pending()
+        if signum is not None:
+            raise Interrupted(signum)  # while waiting for the other nodes to finish
+        if late is None:
+            return 0
+        # The job failed elsewhere after these workers finished: it cannot restart (they
+        # would not run again), so every node reports the failure and stops.
+        log.warning("the job failed after this node's workers finished: %s", _describe_event(late))
+        self._fail(joined, exits, late, None, crash_loop=False)
+
+    def _record_failure(
+        self,
+        exits: list[WorkerExit],
+        event: JobEvent | None,
+        watch: RoundWatch,
+        probe: OomProbe,
+    ) -> tuple[list[WorkerExit], WorkerExit | None]:
+        """Classify this node's exits, tell the other nodes, say it; returns the exits and
+        this node's root cause (None: its workers were stopped because of ``event``)."""
+        exits = jobreport.classify_local(exits, probe)
+        if watch.hang is not None:
+            exits = jobreport.blame_hang(exits, watch.hang, watch.detected_at)
+        cause = root_cause(exits)
+        if cause is not None:
+            record = cause.to_json()
+            if watch.hang is not None:
+                record["hang"] = watch.hang.to_json()
+            self.rdzv.report_failure(record)
+            log.warning(
+                "%s on %s: %s (attempt %d)%s",
+                cause.who,
+                cause.host,
+                cause.reason if cause.kind == "hang" else cause.describe_exit(),
+                self.attempts,
+                f" [{cause.kind}]" if cause.kind else "",
+            )
+        elif event is not None:
+            if watch.peer_hang is not None:
+                # No failure of ours: only where our ranks were, for the job-wide analysis.
+                self.rdzv.report_failure({"hang": watch.peer_hang.to_json()})
+            log.warning("stopped local workers: %s", _describe_event(event))
+        return exits, cause
+
+    def _poll(self, watch: RoundWatch) -> Callable[[], JobEvent | None]:
+        return lambda: watch.hear(self.rdzv.poll())
+
+    def _check_every(self) -> float:
+        """How often progress is read: often enough to notice a stall within a tenth of the
+        timeout (at most once a second), never more often than the monitor interval."""
+        timeout = self.config.stall_timeout or 0.0
+        return max(self.config.monitor_interval, min(1.0, timeout / 10))
+
+    def _fail(
+        self,
+        joined: RendezvousResult,
+        exits: list[WorkerExit],
+        event: JobEvent | None,
+        hang: HangAnalysis | None,
+        *,
+        crash_loop: bool,
+    ) -> NoReturn:
+        """Print and save the job-wide report, then raise with the root cause's exit code."""
+        self.rdzv.report_done(False)
+        records = self._round_records(joined, waiting_for_hangs=hang is not None)
+        lost = None
+        if event is not None and event.kind is EventKind.NODE_LOST:
+            lost = jobreport.lost_node(event, joined, _describe_event(event))
+        report = jobreport.build(
+            exits,
+            records,
+            self.attempts,
+            local_hang=hang,
+            lost=lost,
+            reason=_describe_event(event) if event is not None else "",
+            extra={"crash_loop": crash_loop},
+        )
+        text = report.text
+        if crash_loop:
+            text += (
+                "\nphalanx: crash loop: the same failure happened twice in a row with no new "
+                "checkpoint in between; not spending the remaining restarts."
+            )
+        print(text, file=sys.stderr, flush=True)
+        (self.run_dir / "report.json").write_text(json.dumps(report.data, indent=2))
+        cause = report.cause
+        if cause is None:
+            reason = _describe_event(event) if event is not None else ""
+            raise RendezvousError(f"the job stopped: {reason or 'another node gave up'}")
+        raise JobFailed(f"{cause.who} on {cause.host}: {cause.summary}", cause.exit_code)
+
+    def _round_records(
+        self, joined: RendezvousResult, *, waiting_for_hangs: bool
+    ) -> list[dict[str, object]]:
+        """The other nodes' failure records of this round. After a hang, wait (bounded) until
+        every node has posted where its ranks were."""
+        # After a hang: as long as a peer's dump can take (``PEER_DUMP_WAIT``).
+        deadline = time.monotonic() + (PEER_DUMP_WAIT if waiting_for_hangs else 0.0)
+        while True:
+            records = [
+                r
+                for r in self.rdzv.failures()
+                if r.get("round") == joined.round and r.get("node_rank") != joined.node_rank
+            ]
+            posted = {r.get("node_rank") for r in records if "hang" in r}
+            if len(posted) >= joined.num_nodes - 1 or time.monotonic() >= deadline:
+                return records
+            time.sleep(0.2)
+
+
+def write_launcher_file(run_dir: Path, requests: StackRequests) -> None:
+    data = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "stacks_signal": STACK_SIGNAL.name if requests.active else None,
+    }
+    (run_dir / LAUNCHER_FILE).write_text(json.dumps(data) + "\n")
+
+
+def _describe_event(event: JobEvent) -> str:
+    who = f"node {event.node_rank}" if event.node_rank is not None else "a node"
+    text = {
+        EventKind.PEER_FAILED: f"workers failed on {who}",
+        EventKind.NODE_LOST: f"{who} was lost",  # the detail says how: heartbeat or lease
+        EventKind.NODE_WAITING: "a node is waiting to join; re-forming the round",
+        EventKind.JOB_STOPPED: f"{who} stopped the job",
+        EventKind.STORE_LOST: "",  # the detail already names the store and the error
+    }[event.kind]
+    if not text:
+        return event.detail or "the rendezvous store cannot be reached"
+    return f"{text}: {event.detail}" if event.detail else text

@@ -1,0 +1,151 @@
+"""``phalanx.spawn``: ``torch.multiprocessing.spawn`` for programs that own their launch,
+run through phalanx's own agent (the same supervision, logs, report and restarts as the CLI).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.spawn
+import os
+import pickle
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from phalanx.agent import Agent, configure_logging
+from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.errors import UsageError
+from phalanx.inscript.dist import resolve_backend
+from phalanx.inscript.envs import BACKEND_ENV
+from phalanx.launch import prepare
+
+DEFAULT_MASTER_PORT = 12345  # TRELLIS.2's default
+
+log = logging.getLogger("phalanx")
+
+
+def _ports(
+    num_nodes: int, master_port: int | str, rdzv_port: int | None
+) -> tuple[int, int, list[str]]:
+    """(the workers' port, the agents' store port on node 0, problems). The agents' port is
+    ``rdzv_port``, else the one after ``master_port`` (before, for 65535); 0 on one node,
+    which needs none. ``master_port`` may be a string, as TRELLIS.2's flag is."""
+    text = str(master_port)
+    worker_port = int(text) if text.isascii() and text.isdigit() else -1
+    if not 0 <= worker_port < 65536:
+        return 0, 0, [f"master_port: expected 1..65535 (0: any free port), got {master_port!r}"]
+    if num_nodes == 1:
+        return worker_port, 0, []
+    if worker_port == 0:
+        return 0, 0, ["master_port: 0 (any free port) needs num_nodes=1: every node must know it"]
+    port = rdzv_port if rdzv_port is not None else worker_port + (1 if worker_port < 65535 else -1)
+    if not 0 < port < 65536 or port == worker_port:
+        return 0, 0, [f"rdzv_port: expected 1..65535, not master_port ({worker_port}), got {port}"]
+    return worker_port, port, []
+
+
+def _counts_problems(
+    num_gpus: int, num_nodes: int, node_rank: int, max_restarts: int, stall_timeout: float | None
+) -> list[str]:
+    problems = [
+        f"{name}: expected an integer >= {low}, got {value}"
+        for name, value, low in (
+            ("num_gpus", num_gpus, 1),
+            ("num_nodes", num_nodes, 1),
+            ("node_rank", node_rank, 0),
+            ("max_restarts", max_restarts, 0),
+        )
+        if value < low
+    ]
+    if stall_timeout is not None and not 0 < stall_timeout < float("inf"):
+        problems.append(f"stall_timeout: expected seconds > 0 or None, got {stall_timeout}")
+    if num_nodes >= 1 and not 0 <= node_rank < num_nodes:
+        problems.append(
+            f"node_rank: expected 0..{num_nodes - 1} for num_nodes {num_nodes}, got {node_rank}"
+        )
+    return problems
+
+
+def _write_payload(scratch: Path, fn: Callable[..., Any], args: tuple[Any, ...]) -> Path:
+    """What each worker unpickles (``phalanx.worker.spawn_entry``): the parent's preparation
+    data, as ``multiprocessing`` spawn sends it, then ``fn`` and ``args``."""
+    payload = scratch / "payload.pkl"
+    with open(payload, "wb") as handle:
+        preparation = multiprocessing.spawn.get_preparation_data("phalanx-spawn")
+        # The authkey refuses to be pickled; each worker gets its own, as a fresh process.
+        preparation.pop("authkey", None)
+        pickle.dump(preparation, handle)
+        pickle.dump((fn, args), handle)
+    return payload
+
+
+def spawn(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    *,
+    num_gpus: int,
+    num_nodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str = "localhost",
+    master_port: int | str = DEFAULT_MASTER_PORT,
+    backend: str = "auto",
+    max_restarts: int = 0,
+    log_dir: str | os.PathLike[str] | None = None,
+    shutdown_timeout: float = 5.0,
+    stall_timeout: float | None = None,
+    rdzv_port: int | None = None,
+) -> None:
+    """Run ``fn(local_rank, *args)`` in ``num_gpus`` processes on this node.
+
+    Each process gets the standard environment (``RANK = node_rank * num_gpus + local_rank``,
+    ``WORLD_SIZE = num_nodes * num_gpus``, ``MASTER_ADDR``, ``MASTER_PORT``, ...) and
+    ``PHALANX_BACKEND`` (the resolved ``backend``) for ``phalanx.inscript.dist.init``. On a CPU-only
+    machine ``num_gpus`` counts CPU worker processes. ``stall_timeout`` (seconds, off by
+    default) is the CLI's ``--stall-timeout``: ranks without progress for that long are
+    reported as a hang, with every rank's stack in ``log_dir``. ``fn`` and ``args`` must be picklable
+    (as with ``torch.multiprocessing.spawn``). Returns when every process exited 0; raises
+    ``JobFailed`` naming the root cause (after printing the report) or ``Interrupted``.
+
+    Ports: ``master_port`` is the workers' -- ``MASTER_PORT`` in every round, restarts
+    included, so a ``fn`` that calls ``setup_dist(..., master_addr, master_port)`` with the
+    values it was given works unchanged. With ``num_nodes > 1`` the nodes' agents meet on
+    another port of node 0, ``rdzv_port`` (default ``master_port + 1``, logged at start);
+    both must be open between the nodes. ``master_port=0`` (one node only): a free port,
+    a new one each round.
+    """
+    worker_port, agents_port, problems = _ports(num_nodes, master_port, rdzv_port)
+    problems = (
+        _counts_problems(num_gpus, num_nodes, node_rank, max_restarts, stall_timeout) + problems
+    )
+    if problems:
+        raise UsageError(problems)
+    chosen_backend = resolve_backend(backend)
+    configure_logging()
+    with tempfile.TemporaryDirectory(prefix="phalanx-spawn-") as scratch:
+        payload = _write_payload(Path(scratch), fn, args)
+        config = LaunchConfig(
+            program="phalanx.worker.spawn_entry",
+            program_args=(str(payload),),
+            mode=LaunchMode.MODULE,
+            nproc_per_node=num_gpus,
+            min_nodes=num_nodes,
+            max_nodes=num_nodes,
+            rdzv_backend="static",
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=agents_port or worker_port,
+            worker_port=worker_port or None,
+            max_restarts=max_restarts,
+            shutdown_timeout=shutdown_timeout,
+            stall_timeout=stall_timeout,
+            log_dir=Path(log_dir) if log_dir is not None else None,
+        )
+        env = {**os.environ, BACKEND_ENV: chosen_backend}
+        if num_nodes > 1:
+            log.info(
+                "phalanx.spawn: the agents meet at %s:%d (rdzv_port); the workers' store is "
+                "%s:%d (master_port)", master_addr, agents_port, master_addr, worker_port,
+            )  # fmt: skip
+        launch = prepare(config)
+        Agent(config, launch.open_rendezvous, launch.run_id, env).run()

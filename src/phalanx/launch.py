@@ -1,0 +1,94 @@
+"""What both faces (the CLI and ``phalanx.spawn``) do between a config and the agent.
+
+``prepare(config)`` validates the rendezvous part and returns a ``Launch``: the run id, how
+to open this node's rendezvous (not opened yet: the agent does that, after its guardian and
+template are up), and the plan ``--dry-run`` prints. ``rendezvous_problems(config)`` is the
+check alone, for the CLI to report with its own problems in one batch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx.config import LaunchConfig
+from phalanx.errors import UsageError
+from phalanx.plan import RoundPlan, build_plan
+from phalanx.rendezvous.api import NodeInfo, RendezvousHandler, RendezvousResult
+from phalanx.rendezvous.local import LocalRendezvous
+from phalanx.rendezvous.registry import backend_problem, create_handler, spec_problems
+from phalanx.rendezvous.spec import RendezvousSpec
+
+
+@dataclass(frozen=True)
+class Launch:
+    config: LaunchConfig
+    run_id: str
+    open_rendezvous: Callable[[], RendezvousHandler]
+
+    def dry_run_plan(self, environ: Mapping[str, str]) -> RoundPlan:
+        """This node's plan without meeting anyone: every node is assumed to have this
+        node's worker count; the master port is shown as 0 (chosen per round)."""
+        config = self.config
+        node_rank = config.node_rank if config.is_multi_node else 0
+        nodes = tuple(
+            NodeInfo(rank, "<host>", "<addr>", config.nproc_per_node)
+            for rank in range(max(config.max_nodes, node_rank + 1))
+        )
+        if not config.is_multi_node:
+            master = "localhost"
+        else:
+            master = config.master_addr if config.rdzv_backend == "static" else "<rendezvous>"
+        result = RendezvousResult(self.run_id, 0, 0, node_rank, nodes, master, 0)
+        return build_plan(config, result, Path("<run directory>"), environ)
+
+
+def rendezvous_spec(config: LaunchConfig) -> RendezvousSpec:
+    return RendezvousSpec(
+        backend=config.rdzv_backend,
+        run_id=config.rdzv_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        endpoint=config.rdzv_endpoint,
+        conf=config.rdzv_conf_dict,
+        node_rank=config.node_rank if config.rdzv_backend == "static" else None,
+        master_addr=config.master_addr,
+        master_port=config.master_port,
+        local_addr=config.local_addr,
+        worker_port=config.worker_port,
+    )
+
+
+def rendezvous_problems(config: LaunchConfig) -> list[str]:
+    """Every usage problem of the rendezvous part (nothing is contacted). One node needs no
+    store, so only the backend's name is checked there."""
+    if not config.is_multi_node:
+        problem = backend_problem(config.rdzv_backend)
+        return [] if problem is None else [problem]
+    return spec_problems(rendezvous_spec(config))[1]
+
+
+def prepare(config: LaunchConfig) -> Launch:
+    """Raises ``UsageError`` listing every rendezvous problem."""
+    problems = rendezvous_problems(config)
+    if problems:
+        raise UsageError(problems)
+    if config.is_multi_node:
+        spec = rendezvous_spec(config)
+        return Launch(config, config.rdzv_id, lambda: create_handler(spec))
+    # One node: no store, no peers; LocalRendezvous picks a fresh port per round.
+    own_id = config.standalone or config.rdzv_id == "none"
+    run_id = str(uuid.uuid4()) if own_id else config.rdzv_id
+    first_port = None
+    if config.rdzv_backend == "static" and not config.standalone:
+        first_port = config.master_port
+    addr = "localhost" if first_port is None else config.master_addr
+    return Launch(
+        config,
+        run_id,
+        lambda: LocalRendezvous(
+            run_id, addr, first_port=first_port, worker_port=config.worker_port
+        ),
+    )

@@ -1,0 +1,119 @@
+"""The plan of one round: per worker its argv, environment and log paths (plain data).
+
+Everything here is a pure function of its inputs; the supervisor only carries the plan out
+and ``--dry-run`` prints it. The environment is ``plan.env``'s, the argv ``plan.command``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx.config import LaunchConfig
+from phalanx.plan.command import spawn_owner_argv, worker_command
+from phalanx.plan.env import job_env, rank_dir, worker_env
+from phalanx.rendezvous.api import RendezvousResult
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    local_rank: int
+    global_rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    log_dir: Path
+    console_streams: frozenset[str]  # which of stdout/stderr also go to the console
+    label: str = ""  # console prefix and report name: "rank3", or "node1" for a spawn owner
+
+    @property
+    def name(self) -> str:
+        return self.label or f"rank{self.global_rank}"
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.log_dir / "stdout.log"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.log_dir / "stderr.log"
+
+    @property
+    def error_file(self) -> Path:
+        return self.log_dir / "error.json"
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    run_dir: Path
+    attempt_dir: Path
+    rendezvous: RendezvousResult
+    workers: tuple[WorkerPlan, ...]
+
+
+def build_plan(
+    config: LaunchConfig,
+    rdzv: RendezvousResult,
+    run_dir: Path,
+    base_env: Mapping[str, str],
+) -> RoundPlan:
+    attempt_dir = run_dir / f"attempt_{rdzv.restart_count}"
+    if config.spawn_owner:
+        # One process per node; it spawns the workers itself, so it gets no RANK/WORLD_SIZE
+        # (a script that checks for them would think it is a worker), only the job facts.
+        owner = WorkerPlan(
+            local_rank=0,
+            global_rank=rdzv.node_rank,
+            argv=spawn_owner_argv(config, rdzv),
+            env={**base_env, **job_env(config, rdzv, run_dir)},
+            log_dir=attempt_dir / f"node_{rdzv.node_rank}",
+            console_streams=frozenset({"stdout", "stderr"}) - config.redirects.get(0, frozenset()),
+            label=f"node{rdzv.node_rank}",
+        )
+        return RoundPlan(
+            run_dir=run_dir, attempt_dir=attempt_dir, rendezvous=rdzv, workers=(owner,)
+        )
+    argv = worker_command(config)
+    workers = []
+    for local_rank in range(config.nproc_per_node):
+        rank = rdzv.rank_offset + local_rank
+        log_dir = rank_dir(run_dir, rdzv.restart_count, rank)
+        shown = config.local_ranks_filter is None or local_rank in config.local_ranks_filter
+        console = frozenset({"stdout", "stderr"}) - config.redirects.get(local_rank, frozenset())
+        workers.append(
+            WorkerPlan(
+                local_rank=local_rank,
+                global_rank=rank,
+                argv=argv,
+                env=worker_env(config, rdzv, local_rank, run_dir, base_env),
+                log_dir=log_dir,
+                console_streams=console if shown else frozenset(),
+            )
+        )
+    return RoundPlan(
+        run_dir=run_dir, attempt_dir=attempt_dir, rendezvous=rdzv, workers=tuple(workers)
+    )
+
+
+def describe(plan: RoundPlan, base_env: Mapping[str, str]) -> str:
+    """Human-readable plan for ``--dry-run``: per local rank, the argv and what phalanx sets."""
+    rdzv = plan.rendezvous
+    lines = [
+        f"run id {rdzv.run_id}, node {rdzv.node_rank} of {rdzv.num_nodes}, world size {rdzv.world_size}",
+        f"run directory {plan.run_dir}",
+    ]
+    for worker in plan.workers:
+        lines.append(
+            f"local rank {worker.local_rank} -> global rank {worker.global_rank} ({worker.name})"
+        )
+        lines.append(f"  argv: {' '.join(_quote(a) for a in worker.argv)}")
+        changed = {k: v for k, v in worker.env.items() if base_env.get(k) != v}
+        for key in sorted(changed):
+            lines.append(f"  {key}={changed[key]}")
+    return "\n".join(lines)
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)

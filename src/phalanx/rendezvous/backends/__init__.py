@@ -1,0 +1,1 @@
+"""One module per ``--rdzv-backend``, each with a ``BACKEND`` (see ``registry``)."""

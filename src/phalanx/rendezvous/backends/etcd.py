@@ -1,0 +1,50 @@
+"""``--rdzv-backend etcd`` (and torchrun's ``etcd-v2`` name): dynamic rendezvous on etcd v3.
+
+The store is etcd itself (``phalanx.rendezvous.stores.etcd``), reached through its gRPC-JSON
+gateway; a node's liveness is its lease. Any agent can be lost without losing the store.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from phalanx.errors import UsageError
+from phalanx.rendezvous.addr import node_address
+from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
+from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings
+from phalanx.rendezvous.spec import Backend, RendezvousSpec
+from phalanx.rendezvous.stores.etcd import conf
+from phalanx.rendezvous.stores.etcd.store import create_etcd_store
+
+
+def _store_conf(spec: RendezvousSpec) -> dict[str, str]:
+    return {k: v for k, v in spec.conf.items() if k not in SETTINGS_KEYS}
+
+
+def check(spec: RendezvousSpec) -> list[str]:
+    try:
+        options = conf.etcd_options_from_conf(_store_conf(spec), rendezvous_keys=SETTINGS_KEYS)
+        conf.parse_endpoints(spec.endpoint or "localhost", scheme=options.scheme)
+    except UsageError as exc:
+        return exc.problems
+    return []
+
+
+def open_handler(spec: RendezvousSpec, settings: RendezvousSettings) -> RendezvousHandler:
+    endpoint = spec.endpoint or "localhost"
+    store = create_etcd_store(endpoint, spec.run_id, _store_conf(spec))
+    first = urlsplit(conf.parse_endpoints(endpoint)[0])
+    addr = node_address(first.hostname or "localhost", first.port or 2379, spec.local_addr)
+    return DynamicRendezvous(
+        store,
+        run_id=spec.run_id,
+        min_nodes=spec.min_nodes,
+        max_nodes=spec.max_nodes,
+        addr=addr,
+        settings=settings,
+        worker_port=spec.worker_port,
+    )
+
+
+BACKEND = Backend("etcd", "etcd v3 (torchrun's etcd-v2 name accepted)", check, open_handler)

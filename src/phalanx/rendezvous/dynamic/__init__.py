@@ -1,0 +1,1 @@
+"""The dynamic rendezvous algorithm, over any ``KVStore``: rounds, liveness, events."""

@@ -1,0 +1,247 @@
+"""Typed reads and writes of a run's rendezvous keys (layout in ``keys``), shared by the join
+algorithm (``formation``), the heartbeat thread (``liveness``) and the handler (``dynamic``).
+
+Every value this module compare-sets embeds the writer's node id, so the one ambiguity the
+``KVStore`` contract allows (TCPStore reporting a swap when the key already held the
+desired value) cannot make two nodes both believe they won.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
+
+LEFT = b"left"  # heartbeat value of a node that left on purpose: watchers skip it
+# The most one node posts in answer to a stacks request: etcd rejects a request over 1.5 MiB,
+# and the requester reads every node's answer.
+STACKS_LIMIT = 256 * 1024
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def cap_stacks(text: str, limit: int = STACKS_LIMIT) -> bytes:
+    """``text`` as UTF-8 of at most ``limit`` bytes (never empty): when longer, cut at a
+    character boundary and ended with a line saying so."""
+    data = text.encode(errors="replace") or b"(empty)\n"
+    if len(data) <= limit:
+        return data
+    note = (
+        f"\n[... cut: {len(data)} bytes in all, {limit} posted; every rank's full dump is in "
+        "its stacks.txt on that node]\n"
+    ).encode()
+    return data[: max(0, limit - len(note))].decode(errors="ignore").encode() + note
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    value = json.loads(data)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object in the rendezvous store, got {data[:80]!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How a round closed: ``count`` arrivals (slots 1..count) are in, or it failed."""
+
+    count: int = 0
+    failure: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failure)
+
+
+class Board:
+    def __init__(self, store: KVStore, keys: Keys, node_id: str) -> None:
+        self.store = store
+        self.keys = keys
+        self.node_id = node_id
+
+    # -- generic -------------------------------------------------------------------------
+    def get_json(self, key: str) -> dict[str, Any] | None:
+        data = self.store.get(key)
+        return None if data is None else decode(data)
+
+    def read_int(self, key: str) -> int:
+        return self.store.add(key, 0)
+
+    def put_first(self, key: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Write ``obj`` unless the key exists; return what the key holds (first writer wins)."""
+        _, current = self.store.compare_set(key, None, encode({**obj, "by": self.node_id}))
+        if current is None:  # a backend breaking the contract; say so rather than crash later
+            raise StoreUnavailable(f"compare_set on {key!r} returned no value")
+        return decode(current)
+
+    # -- rounds ----------------------------------------------------------------------------
+    def latest_round(self) -> int:
+        data = self.store.get(self.keys.latest_round)
+        return 0 if data is None else int(data)
+
+    def open_round(self, r: int) -> None:
+        """Mark round ``r`` open and move the run's newest-round pointer up to it (never down)."""
+        self.store.set(self.keys.round(r, "open"), b"1")
+        current = self.store.get(self.keys.latest_round)
+        while current is None or int(current) < r:
+            swapped, current = self.store.compare_set(
+                self.keys.latest_round, current, str(r).encode()
+            )
+            if swapped:
+                return
+
+    def is_open(self, r: int) -> bool:
+        return r == 0 or self.store.get(self.keys.round(r, "open")) is not None
+
+    def decision(self, r: int) -> Decision | None:
+        found = self.get_json(self.keys.round(r, "closed"))
+        if found is None:
+            return None
+        return Decision(int(found.get("n", 0)), str(found.get("fail", "")))
+
+    def close(self, r: int, decision: Decision) -> Decision:
+        """Propose how round ``r`` closes; return the decision that won (maybe another's)."""
+        body: dict[str, Any] = (
+            {"fail": decision.failure} if decision.failed else {"n": decision.count}
+        )
+        won = self.put_first(self.keys.round(r, "closed"), body)
+        result = Decision(int(won.get("n", 0)), str(won.get("fail", "")))
+        if result.failed:
+            self.stop(f"round {r} failed: {result.failure}", None)
+        return result
+
+    # -- the job ---------------------------------------------------------------------------
+    def stopped(self) -> str | None:
+        found = self.get_json(self.keys.stopped)
+        return None if found is None else str(found.get("reason", "stopped"))
+
+    def stop(self, reason: str, node_rank: int | None) -> bool:
+        """Stop the job for good (the first reason is kept); return whether this call did."""
+        won = self.put_first(self.keys.stopped, {"reason": reason, "node_rank": node_rank})
+        return bool(won["by"] == self.node_id)
+
+    def settle(self, r: int, rank: int, count: int, fate: str) -> bool:
+        """Record how member ``rank`` of round ``r`` (of ``count``) left it: ``rejoined``,
+        ``lost`` or ``left``. Only the first fate counts; returns whether this one did.
+
+        ``gone`` is counted before ``settled`` so whoever sees ``all_settled`` reads a final
+        ``gone``.
+        """
+        swapped, _ = self.store.compare_set(
+            self.keys.fate(r, rank), None, f"{fate}:{self.node_id}".encode()
+        )
+        if swapped:
+            if fate != "rejoined":
+                self.store.add(self.keys.round(r, "gone"), 1)
+            if self.store.add(self.keys.round(r, "settled"), 1) >= count:
+                self.store.set(self.keys.round(r, "all_settled"), b"1")
+        return swapped
+
+    def claim(self, r: int, restart: bool) -> bool:
+        """The job-wide restart decision after round ``r``: the first claim decides for all."""
+        return bool(self.put_first(self.keys.round(r, "claim"), {"restart": restart})["restart"])
+
+    def claimed_restart(self, r: int) -> bool:
+        found = self.get_json(self.keys.round(r, "claim"))
+        return bool(found and found["restart"])
+
+    def mark_ok(self, r: int, count: int) -> None:
+        if self.store.add(self.keys.round(r, "ok"), 1) >= count:
+            self.store.set(self.keys.round(r, "all_ok"), b"1")
+
+    def any_ok(self, r: int) -> bool:
+        """Whether a member of round ``r`` finished its workers (a plain read)."""
+        return self.store.get(self.keys.round(r, "ok")) is not None
+
+    def all_ok(self, r: int) -> bool:
+        return self.store.get(self.keys.round(r, "all_ok")) is not None
+
+    def depart(self, r: int, count: int) -> None:
+        """This member of round ``r`` saw ``all_ok`` and is leaving: it touches the store no more."""
+        if self.store.add(self.keys.round(r, "departed"), 1) >= count:
+            self.store.set(self.keys.round(r, "all_departed"), b"1")
+
+    # -- stacks on request ----------------------------------------------------------------
+    def request_stacks(self, r: int) -> int:
+        """Post a stacks request in round ``r``; return its number (1, 2, ...)."""
+        return self.store.add(self.keys.round(r, "stack_requests"), 1)
+
+    def stack_requests(self, r: int) -> int:
+        """How many stacks requests round ``r`` has had. A plain read, never a write (an
+        ``add`` of 0 would be a write on etcd)."""
+        data = self.store.get(self.keys.round(r, "stack_requests"))
+        return 0 if data is None else int(data)
+
+    def post_stacks(self, r: int, request: int, rank: int, text: str) -> None:
+        """Node ``rank``'s answer to request ``request`` of round ``r`` (capped: ``cap_stacks``)."""
+        self.store.set(self.keys.stacks(r, request, rank), cap_stacks(text))
+
+    def collect_stacks(
+        self, r: int, request: int, ranks: Sequence[int], timeout: float
+    ) -> dict[int, str]:
+        """Wait up to ``timeout`` until every node in ``ranks`` answered ``request``; return
+        the answers there are by node rank, deleting each from the store once read."""
+        keys = {rank: self.keys.stacks(r, request, rank) for rank in ranks}
+        self.store.wait(list(keys.values()), timeout)
+        found = {}
+        for rank, key in keys.items():
+            data = self.store.get(key)
+            if data is not None:
+                found[rank] = data.decode(errors="replace")
+                self.store.delete(key)
+        return found
+
+    # -- logs ------------------------------------------------------------------------------
+    def append(self, counter: str, key_of: Callable[[int], str], obj: dict[str, Any]) -> int:
+        """Append to a log ``key_of(1), key_of(2), ...``: O(1) however many write at once.
+
+        The slot comes from an atomic counter, then the entry is written; a writer that dies
+        in between leaves a hole, which readers skip once ``counter`` shows later entries.
+        Returns the index written.
+        """
+        index = self.store.add(counter, 1)
+        self.store.set(key_of(index), encode({**obj, "nonce": uuid.uuid4().hex}))
+        return index
+
+    def post_event(self, r: int, event: JobEvent, about: str) -> None:
+        """Add ``event`` to round ``r``'s log; ``about`` is the node it concerns (not shown
+        that event itself)."""
+        body = {
+            "kind": event.kind.value,
+            "node_rank": event.node_rank,
+            "detail": event.detail,
+            "failure": event.failure,
+            "about": about,
+        }
+        self.append(self.keys.round(r, "events"), lambda i: self.keys.event(r, i), body)
+
+    def event(self, r: int, index: int) -> tuple[str, JobEvent] | None:
+        """Entry ``index`` of round ``r``'s event log as ``(about, event)``, or None."""
+        body = self.get_json(self.keys.event(r, index))
+        if body is None:
+            return None
+        kind = EventKind(body["kind"])
+        event = JobEvent(kind, body["node_rank"], str(body["detail"]), dict(body["failure"]))
+        return str(body["about"]), event
+
+    def event_count(self, r: int) -> int:
+        return self.read_int(self.keys.round(r, "events"))
+
+    def add_failure(self, record: dict[str, Any]) -> None:
+        self.append(self.keys.failure_count, self.keys.failure, record)
+
+    def failures(self) -> list[dict[str, Any]]:
+        """Every failure record of the job, oldest first (holes skipped)."""
+        found = []
+        for index in range(1, self.read_int(self.keys.failure_count) + 1):
+            body = self.get_json(self.keys.failure(index))
+            if body is not None:
+                found.append({k: v for k, v in body.items() if k != "nonce"})
+        return found

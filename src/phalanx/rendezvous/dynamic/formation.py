@@ -1,0 +1,259 @@
+"""Forming one round: join, agree when it closes and who is in, pick the master port.
+
+Every node does O(1) store operations per round (one node, the assembler, reads the n
+arrivals); nobody scans the membership:
+
+1. **Join** round t: ``slot = add(joined)``, then write the arrival under ``node/<slot>``.
+   A member of round t-1 (a restart) first opens round t, and after joining records its
+   fate in t-1 as ``rejoined``.
+2. **Close**: one compare-and-set on ``closed`` decides for everyone how many arrivals are in
+   (slots 1..n) -- or that the round failed. The MAX-th arrival closes at once. In round 0
+   an arrival with slot >= MIN closes after the last-call window unless someone did first.
+   In a later round nodes first wait until every member of round t-1 is accounted for
+   (rejoined, lost, or left -- so a member still stopping its workers is waited for, not
+   dropped); then the round closes at once when every survivor and every queued newcomer
+   is in, after the last call otherwise, and fails when fewer than MIN nodes are left.
+3. **Membership**: slot 1 reads the n arrivals, assigns node ranks, writes ``members``
+   (a deterministic result, so any node can redo it if slot 1 died). Node rank 0 picks a
+   free port on its host and publishes ``master``.
+
+A node that finds the round closed without it (it came late, or beyond MAX) queues for
+the next round; if the running round has room, its members see ``NODE_WAITING``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from phalanx.errors import RendezvousError
+from phalanx.net import free_port
+from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
+from phalanx.rendezvous.dynamic.board import Board, Decision, encode
+from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
+from phalanx.rendezvous.settings import RendezvousSettings
+
+# A store that outlives the job (etcd) keeps the run's state, so an id serves one job.
+_SINGLE_USE = "a run id serves one job: give a new --rdzv-id to start another"
+
+
+class RoundFormer:
+    def __init__(
+        self,
+        board: Board,
+        settings: RendezvousSettings,
+        min_nodes: int,
+        max_nodes: int,
+        clock: Callable[[], float] = time.monotonic,
+        worker_port: int | None = None,
+    ) -> None:
+        """``worker_port``: the workers' master port in every round (a program that was
+        given its port, ``phalanx.spawn``); None: node 0 picks a free port each round."""
+        self._b = board
+        self._keys = board.keys
+        self._s = settings
+        self._min = min_nodes
+        self._max = max_nodes
+        self._clock = clock
+        self._worker_port = worker_port
+
+    def form(
+        self, me: Arrival, prior: Membership | None, prior_rank: int | None
+    ) -> tuple[Membership, int, tuple[str, int]]:
+        """Join the next round (after ``prior``, if this node was in it) and block until it
+        forms; return the membership, this node's rank and the master address/port."""
+        deadline = self._clock() + self._s.join_timeout
+        rejoining = prior is not None and prior_rank is not None
+        t = prior.round + 1 if prior is not None and rejoining else self._b.latest_round()
+        queued: set[int] = set()
+        while True:
+            self._check_stopped()
+            if rejoining:
+                self._b.open_round(t)
+            else:
+                t = self._first_undecided(t)
+                if not self._b.is_open(t) and t not in queued:
+                    self._queue_for(t, me)  # round t-1 runs without us: wait for the next
+                    queued.add(t)
+                self._wait_open(t, deadline)
+            slot = self._b.store.add(self._keys.round(t, "joined"), 1)
+            if slot > self._max:  # full: queue for the next round
+                rejoining = False
+                t += 1
+                continue
+            self._b.store.set(self._keys.node(t, slot), encode(me.to_json()))
+            if rejoining and prior is not None and prior_rank is not None:
+                self._b.settle(t - 1, prior_rank, prior.count, "rejoined")
+            decision = self._await_decision(t, slot, deadline)
+            if decision.failed:
+                raise RendezvousError(decision.failure)
+            if slot > decision.count:  # closed without this node: queue for the next round
+                rejoining = False
+                t += 1
+                continue
+            membership = self._membership(t, decision.count, slot)
+            rank = membership.node_ids.index(me.node_id)
+            return membership, rank, self._master(membership, rank)
+
+    # -- joining ---------------------------------------------------------------------------
+    def _check_stopped(self) -> None:
+        reason = self._b.stopped()
+        if reason is not None:
+            raise RendezvousError(
+                f"rendezvous {self._keys.run_id!r}: the job stopped: {reason} ({_SINGLE_USE})"
+            )
+
+    def _first_undecided(self, t: int) -> int:
+        """The first round not yet closed (closed ones run, or ran, without this node)."""
+        while (decision := self._b.decision(t)) is not None:
+            if decision.failed:
+                raise RendezvousError(decision.failure)
+            t += 1
+        return t
+
+    def _queue_for(self, t: int, me: Arrival) -> None:
+        self._b.store.add(self._keys.round(t, "waiting"), 1)
+        running = self._b.decision(t - 1)
+        if running is not None and not running.failed and running.count < self._max:
+            event = JobEvent(
+                EventKind.NODE_WAITING,
+                detail=f"node {me.hostname} ({me.addr}) waits to join (round {t})",
+            )
+            self._b.post_event(t - 1, event, about=me.node_id)
+
+    def _wait_open(self, t: int, deadline: float) -> None:
+        """Wait while round t-1 runs, until round t opens; give up if the job ends first."""
+        key = self._keys.round(t, "open")
+        while not self._b.is_open(t):
+            self._check_stopped()
+            if self._b.all_ok(t - 1):
+                raise RendezvousError(
+                    f"rendezvous {self._keys.run_id!r}: the job finished while this node waited "
+                    f"to join ({_SINGLE_USE})"
+                )
+            left = deadline - self._clock()
+            if left <= 0:
+                raise RendezvousError(
+                    f"rendezvous {self._keys.run_id!r}: no place for this node within "
+                    f"join_timeout={self._s.join_timeout:g}s: round {t - 1} is running and "
+                    "no new round opened (set --rdzv-conf join_timeout=... to wait longer)"
+                )
+            self._b.store.wait([key], min(left, self._s.heartbeat_interval))
+
+    # -- closing ---------------------------------------------------------------------------
+    def _await_decision(self, t: int, slot: int, deadline: float) -> Decision:
+        if slot == self._max:
+            return self._b.close(t, Decision(count=self._max))
+        if t > 0:
+            settled = self._keys.round(t - 1, "all_settled")
+            if (decided := self._wait_decided(t, deadline, settled)) is not None:
+                return decided
+            if self._clock() >= deadline:
+                return self._b.close(
+                    t,
+                    Decision(
+                        failure=f"members of round {t - 1} neither rejoined nor were found "
+                        f"lost within join_timeout={self._s.join_timeout:g}s"
+                    ),
+                )
+            previous = self._b.decision(t - 1)
+            survivors = (previous.count if previous else 0) - self._b.read_int(
+                self._keys.round(t - 1, "gone")
+            )
+            waiting = self._b.read_int(self._keys.round(t, "waiting"))
+            joined = self._b.read_int(self._keys.round(t, "joined"))
+            if joined >= max(self._min, min(self._max, survivors + waiting)):
+                return self._b.close(t, Decision(count=min(joined, self._max)))
+            window_end = self._clock() + self._s.last_call_timeout
+        elif slot >= self._min:
+            window_end = self._clock() + self._s.last_call_timeout
+        else:
+            window_end = deadline
+        if (decided := self._wait_decided(t, min(window_end, deadline))) is not None:
+            return decided
+        joined = self._b.read_int(self._keys.round(t, "joined"))
+        if joined >= self._min:
+            return self._b.close(t, Decision(count=min(joined, self._max)))
+        if t > 0:
+            why = f"only {joined} node(s) are left after round {t - 1}"
+        else:
+            why = f"only {joined} node(s) joined within join_timeout={self._s.join_timeout:g}s"
+        return self._b.close(t, Decision(failure=f"{why}; at least {self._min} needed"))
+
+    def _wait_decided(self, t: int, until: float, key: str | None = None) -> Decision | None:
+        """Wait until round t is decided (-> the decision), ``key`` exists or ``until`` (-> None)."""
+        closed = self._keys.round(t, "closed")
+        while True:
+            if (decision := self._b.decision(t)) is not None:
+                return decision
+            self._check_stopped()
+            left = until - self._clock()
+            if left <= 0:
+                return None
+            if self._b.store.wait([key or closed], min(left, self._s.heartbeat_interval)) and key:
+                return self._b.decision(t)
+
+    # -- membership ------------------------------------------------------------------------
+    def _membership(self, t: int, count: int, slot: int) -> Membership:
+        key = self._keys.round(t, "members")
+        found = self._b.get_json(key)
+        if found is None and slot != 1 and self._b.store.wait([key], self._s.close_timeout):
+            found = self._b.get_json(key)
+        if found is None:  # slot 1 (or, if it died, everyone) assembles: same result for all
+            found = self._assemble(t, count)
+        if "fail" in found:
+            raise RendezvousError(f"round {t}: {found['fail']}")
+        return Membership.from_json(found)
+
+    def _assemble(self, t: int, count: int) -> dict[str, object]:
+        keys = [self._keys.node(t, s) for s in range(1, count + 1)]
+        if not self._b.store.wait(keys, self._s.close_timeout):
+            missing = [s for s, k in enumerate(keys, 1) if self._b.store.get(k) is None]
+            raise RendezvousError(
+                f"round {t} closed with {count} nodes, but the node(s) in slot(s) {missing} "
+                f"never announced themselves within close_timeout={self._s.close_timeout:g}s"
+            )
+        arrivals = []
+        for k in keys:
+            body = self._b.get_json(k)
+            if body is None:
+                raise RendezvousError(f"round {t}: arrival {k!r} vanished from the store")
+            arrivals.append(Arrival.from_json(body))
+        restarts = 0
+        if t > 0:
+            previous = self._b.get_json(self._keys.round(t - 1, "members"))
+            restarts = int(previous["restart_count"]) if previous else 0
+            restarts += int(self._b.claimed_restart(t - 1))
+        try:
+            ranks = assign_ranks(arrivals)
+        except ValueError as exc:
+            return self._b.put_first(self._keys.round(t, "members"), {"fail": str(exc)})
+        order = sorted(range(count), key=lambda i: ranks[i])
+        membership = Membership(
+            round=t,
+            restart_count=restarts,
+            node_ids=tuple(arrivals[i].node_id for i in order),
+            nodes=tuple(
+                NodeInfo(
+                    ranks[i], arrivals[i].hostname, arrivals[i].addr, arrivals[i].local_world_size
+                )
+                for i in order
+            ),
+        )
+        # put_first adds the writer's id; the membership itself is the same from any writer.
+        return self._b.put_first(self._keys.round(t, "members"), membership.to_json())
+
+    def _master(self, membership: Membership, rank: int) -> tuple[str, int]:
+        key = self._keys.round(membership.round, "master")
+        if rank == 0:
+            addr = membership.nodes[0].addr
+            port = self._worker_port or free_port("::" if ":" in addr else "")
+            found = self._b.put_first(key, {"addr": addr, "port": port})
+        elif self._b.store.wait([key], self._s.close_timeout):
+            found = self._b.get_json(key) or {}
+        else:
+            raise RendezvousError(
+                f"round {membership.round}: node 0 ({membership.nodes[0].hostname}) did not "
+                f"publish the master port within close_timeout={self._s.close_timeout:g}s"
+            )
+        return str(found["addr"]), int(found["port"])

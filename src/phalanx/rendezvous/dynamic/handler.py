@@ -1,0 +1,354 @@
+"""The multi-node ``RendezvousHandler`` over any ``KVStore`` (c10d, static and etcd use it).
+
+Elastic ``MIN:MAX``, stable node ranks, a job-wide restart count, failure reach: the join
+algorithm is in ``formation``, the heartbeat/event thread in ``liveness``, the key layout in
+``keys``. Static rendezvous is the same handler with ``min = max = nnodes`` and each node's
+``--node-rank`` fixed.
+
+Liveness is by heartbeat counters, or by keys bound to the node's lease where the store has
+leases (etcd): see ``pulse``.
+
+Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
+``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it;
+``failures`` returns nothing once the store counts as lost. Stacks requests: see
+``request_stacks`` and the methods after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from phalanx.errors import RendezvousError, UsageError
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
+from phalanx.rendezvous.dynamic.board import LEFT, Board
+from phalanx.rendezvous.dynamic.formation import RoundFormer
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.liveness import Liveness
+from phalanx.rendezvous.dynamic.members import Arrival, Membership
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+_ENDS_WAIT = frozenset(
+    {EventKind.PEER_FAILED, EventKind.NODE_LOST, EventKind.JOB_STOPPED, EventKind.STORE_LOST}
+)
+
+
+class DynamicRendezvous:
+    """One node's side of a multi-node rendezvous. Owns ``store`` (``shutdown`` closes it).
+
+    Constructing it does no I/O; the heartbeat thread starts when the first round forms.
+    """
+
+    def __init__(
+        self,
+        store: KVStore,
+        *,
+        run_id: str,
+        min_nodes: int,
+        max_nodes: int,
+        addr: str,
+        settings: RendezvousSettings | None = None,
+        hostname: str | None = None,
+        fixed_rank: int | None = None,
+        node_id: str | None = None,
+        worker_port: int | None = None,
+    ) -> None:
+        """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
+        ``fixed_rank``: static rendezvous (then ``min_nodes == max_nodes`` is required).
+        ``worker_port``: the workers' MASTER_PORT in every round; None: a free port per round."""
+        if not 1 <= min_nodes <= max_nodes:
+            raise UsageError(f"--nnodes {min_nodes}:{max_nodes}: expected 1 <= MIN <= MAX")
+        if fixed_rank is not None and min_nodes != max_nodes:
+            raise UsageError("static rendezvous needs a fixed --nnodes N, not MIN:MAX")
+        self._settings = settings or RendezvousSettings()
+        self._node_id = node_id or uuid.uuid4().hex
+        self._store = store
+        self._board = Board(store, Keys(run_id), self._node_id)
+        self._former = RoundFormer(
+            self._board, self._settings, min_nodes, max_nodes, worker_port=worker_port
+        )
+        self._liveness = Liveness(self._board, self._settings)
+        self._addr = addr
+        self._hostname = hostname or socket.gethostname()
+        self._fixed_rank = fixed_rank
+        self._membership: Membership | None = None
+        self._rank: int | None = None
+        self._done: bool | None = None  # what report_done said
+        self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
+        self._closed = False
+
+    @property
+    def run_id(self) -> str:
+        return self._board.keys.run_id
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    # -- RendezvousHandler -----------------------------------------------------------------
+    def next_round(self, local_world_size: int) -> RendezvousResult:
+        if self._closed or self._done is not None:
+            raise RendezvousError("this node already left the rendezvous")
+        problem = self._liveness.store_problem()
+        if problem is not None:
+            raise RendezvousError(problem)
+        me = Arrival(
+            node_id=self._node_id,
+            hostname=self._hostname,
+            addr=self._addr,
+            local_world_size=local_world_size,
+            prev_rank=-1 if self._rank is None else self._rank,
+            prev_round=-1 if self._membership is None else self._membership.round,
+            fixed_rank=self._fixed_rank,
+        )
+        try:
+            self._liveness.announce()
+            membership, rank, (addr, port) = self._former.form(me, self._membership, self._rank)
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+        self._membership, self._rank = membership, rank
+        self._liveness.follow(membership, rank)
+        self._liveness.start()
+        log.info(
+            "rendezvous %r round %d: node rank %d of %d, master %s:%d, restart %d",
+            self.run_id, membership.round, rank, membership.count, addr, port,
+            membership.restart_count,
+        )  # fmt: skip
+        return RendezvousResult(
+            run_id=self.run_id,
+            round=membership.round,
+            restart_count=membership.restart_count,
+            node_rank=rank,
+            nodes=membership.nodes,
+            master_addr=addr,
+            master_port=port,
+        )
+
+    def poll(self) -> JobEvent | None:
+        problem = self._liveness.store_problem()
+        if problem is not None:
+            return JobEvent(EventKind.STORE_LOST, detail=problem)
+        return self._liveness.next_event()
+
+    def report_failure(self, failure: dict[str, object]) -> None:
+        membership, rank = self._current()
+        record = {"node_rank": rank, "hostname": self._hostname, "round": membership.round}
+        record.update(failure)
+        detail = f"node {rank} ({self._hostname}) reported a worker failure"
+        try:
+            self._board.add_failure(record)
+            event = JobEvent(EventKind.PEER_FAILED, rank, detail, dict(failure))
+            self._board.post_event(membership.round, event, about=self._node_id)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not tell the other nodes about the failure: %s", exc)
+
+    def failures(self) -> list[dict[str, object]]:
+        """Empty once the store is lost: asking would only wait out its timeout again."""
+        if self._liveness.store_problem() is not None:
+            return []
+        try:
+            return self._board.failures()
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+
+    def claim_restart(self, max_restarts: int) -> bool:
+        membership, _ = self._current()
+        r = membership.round
+        try:
+            within = membership.restart_count < max_restarts
+            finished = within and self._board.any_ok(r)
+            restart = self._board.claim(r, within and not finished)
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+        if finished and not restart:
+            log.warning(
+                "rendezvous: not restarting: a node of this round had already finished its "
+                "workers, and finished workers are not run again"
+            )
+        return restart
+
+    def report_done(self, ok: bool) -> None:
+        if self._done is True and not ok and self._membership is not None:
+            self._done = False  # the job failed elsewhere after this node's workers finished
+            self._stop_job()
+            return
+        if self._done is not None or self._membership is None or self._rank is None:
+            self._done = ok if self._done is None else self._done
+            return
+        self._done = ok
+        self._liveness.stop_beating()
+        membership, rank = self._membership, self._rank
+        if self._liveness.store_problem() is not None:
+            return  # nobody to tell; every call would only wait out the read timeout
+        try:
+            self._board.store.set(self._board.keys.heartbeat(self._node_id), LEFT)
+            self._board.settle(membership.round, rank, membership.count, "left")
+            if ok:
+                self._board.mark_ok(membership.round, membership.count)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not report this node as done: %s", exc)
+            return
+        if not ok:
+            self._stop_job()
+
+    def _stop_job(self) -> None:
+        """Stop the job for good: no new round forms, every peer sees ``JOB_STOPPED``."""
+        membership, rank = self._current()
+        if self._liveness.store_problem() is not None:
+            return
+        try:
+            if self._board.stop(f"node {rank} ({self._hostname}) gave up", rank):
+                detail = f"node {rank} ({self._hostname}) stopped the job"
+                event = JobEvent(EventKind.JOB_STOPPED, rank, detail)
+                self._board.post_event(membership.round, event, about=self._node_id)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not tell the other nodes the job stopped: %s", exc)
+
+    def request_stacks(self) -> int:
+        membership, _ = self._current()
+        problem = self._liveness.store_problem()
+        if problem is not None:
+            raise RendezvousError(problem)
+        try:
+            request = self._board.request_stacks(membership.round)
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+        self._liveness.saw_stack_request(request)
+        return request
+
+    def stack_requests(self) -> int:
+        return self._liveness.stack_requests()
+
+    def post_stacks(self, request: int, text: str) -> None:
+        membership, rank = self._current()
+        if self._liveness.store_problem() is not None:
+            return  # the requester will name this node as not answering
+        try:
+            self._board.post_stacks(membership.round, request, rank, text)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not post this node's stacks: %s", exc)
+
+    def gather_stacks(
+        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
+    ) -> dict[int, str]:
+        if self._liveness.store_problem() is not None:
+            return {}
+        try:
+            return self._board.collect_stacks(round, request, node_ranks, timeout)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not read the other nodes' stacks: %s", exc)
+            return {}
+
+    def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
+        _, event = self._exit_barrier(interrupted)
+        return None if event is None or event.kind is EventKind.STORE_LOST else event
+
+    def _exit_barrier(
+        self, interrupted: Callable[[], bool] = lambda: False
+    ) -> tuple[bool, JobEvent | None]:
+        """``_wait_all_done`` for ``exit_barrier_timeout``, once: later calls get its answer."""
+        if self._barrier is None:
+            timeout = self._settings.exit_barrier_timeout
+            self._barrier = self._wait_all_done(timeout, interrupted)
+            all_done, event = self._barrier
+            if event is not None and event.kind is EventKind.STORE_LOST:
+                log.warning("rendezvous: leaving before every node finished: %s", event.detail)
+            elif not all_done and event is None and not interrupted():
+                log.warning(
+                    "rendezvous: not every node finished within exit_barrier_timeout=%gs; "
+                    "leaving anyway",
+                    timeout,
+                )
+        return self._barrier
+
+    def wait_all_done(self, timeout: float) -> bool:
+        """Block until every member of the round reported ``ok`` (True), or a peer failed,
+        was lost or stopped the job, or the store was lost, or ``timeout`` passed (False)."""
+        return self._wait_all_done(timeout)[0]
+
+    def _wait_all_done(
+        self, timeout: float, interrupted: Callable[[], bool] = lambda: False
+    ) -> tuple[bool, JobEvent | None]:
+        """(all done, the event that ended the wait early: None on success, on the timeout,
+        or once ``interrupted()``, which is asked at every event check)."""
+        if self._membership is None:
+            return True, None
+        r = self._membership.round
+        key = self._board.keys.round(r, "all_ok")
+        deadline = time.monotonic() + timeout
+        try:
+            while not self._board.all_ok(r):
+                if interrupted():
+                    return False, None
+                event = self.poll()
+                if event is not None and event.kind in _ENDS_WAIT:
+                    return False, event
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False, None
+                self._board.store.wait([key], min(left, self._settings.event_interval))
+        except StoreUnavailable as exc:
+            return False, JobEvent(EventKind.STORE_LOST, detail=str(exc))
+        return True, None
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._leave()
+        except StoreUnavailable as exc:
+            log.info("rendezvous: leaving without telling the other nodes: %s", exc)
+        finally:
+            self._liveness.stop()
+            self._store.close()
+
+    # -- internals -------------------------------------------------------------------------
+    def _depart(self, membership: Membership) -> None:
+        """After the exit barrier: the node serving the store (c10d) keeps it until every
+        member has seen ``all_ok`` and said it is leaving (at most ``heartbeat_timeout``), so
+        no peer's last read meets a closed store (a C++ warning and a false "not every node
+        finished"). The others stop their heartbeat thread first: after saying so, nothing of
+        theirs touches the store."""
+        r = membership.round
+        if not self._store.hosting:
+            self._liveness.stop()
+        self._board.depart(r, membership.count)
+        if self._store.hosting:
+            everyone = self._board.keys.round(r, "all_departed")
+            if not self._board.store.wait([everyone], self._settings.heartbeat_timeout):
+                log.info("rendezvous: a node did not confirm it left; closing the store anyway")
+
+    def _current(self) -> tuple[Membership, int]:
+        if self._membership is None or self._rank is None:
+            raise RendezvousError("no rendezvous round has formed yet")
+        return self._membership, self._rank
+
+    def _leave(self) -> None:
+        """The exit barrier after success; a short linger after giving up (so the store host
+        stays until the peers read JOB_STOPPED); a graceful scale-down otherwise."""
+        if self._membership is None or self._rank is None:
+            return
+        if self._liveness.store_problem() is not None:
+            return
+        membership, rank = self._membership, self._rank
+        if self._done is True:
+            all_done, _ = self._exit_barrier()  # (at once if the agent waited already)
+            if all_done:
+                self._depart(membership)
+        elif self._done is False:
+            settled = self._board.keys.round(membership.round, "all_settled")
+            self._board.store.wait([settled], self._settings.heartbeat_timeout)
+        else:
+            self._liveness.stop_beating()
+            self._board.store.set(self._board.keys.heartbeat(self._node_id), LEFT)
+            if self._board.settle(membership.round, rank, membership.count, "left"):
+                detail = f"node {rank} ({self._hostname}) left the job"
+                event = JobEvent(EventKind.NODE_LOST, rank, detail)
+                self._board.post_event(membership.round, event, about=self._node_id)

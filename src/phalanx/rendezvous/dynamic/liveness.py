@@ -1,0 +1,265 @@
+"""The background thread of a multi-node handler: heartbeat, ring watch, event reader.
+
+It does every periodic store operation, so ``poll()`` never touches the network:
+
+- every ``event_interval`` (a quarter heartbeat) it reads the next entry of the round's
+  event log: one ``get`` when nothing happened, so a peer's failure reaches ``poll()``
+  within a fraction of a second. It reads ahead only while the agent has consumed what
+  was read (an agent restarts on the first event), so even when every node fails at once
+  each reads O(1) entries, not O(n);
+- every ``heartbeat_interval`` it shows this node is alive and judges the next node in the
+  ring (rank + 1 mod n), by heartbeat counters or, on a store with leases (etcd), by the
+  node's leased key (see ``pulse``). A node judged lost is recorded as such and
+  ``NODE_LOST`` is posted. While the next node looks quiet or lost the watcher also judges
+  the ones after it, so a run of dead nodes is found together and the ring stays covered.
+  O(1) reads per node per interval, not O(n). At the same pace it reads how many stacks
+  requests the round has had (``phalanx stacks`` on any node), for ``stack_requests()``:
+  one ``get`` per heartbeat rather than per event check, since a person waits for that
+  answer, not a restart.
+
+The thread keeps watching the previous round while the agent is in ``next_round`` (that
+is how members that died during a restart are found and the restart stops waiting for
+them), and switches to the new round on ``follow``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.rendezvous.dynamic.board import Board
+from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.pulse import Verdict, pulse_for
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.base import StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+
+@dataclass(frozen=True)
+class _View:
+    membership: Membership
+    rank: int
+
+
+class Liveness:
+    def __init__(
+        self,
+        board: Board,
+        settings: RendezvousSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` times heartbeats and holes (a fake one drives the thread's ``tick`` by
+        hand in tests)."""
+        self._b = board
+        self._s = settings
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._view: _View | None = None
+        self._events: deque[JobEvent] = deque()
+        self._next_event = 1
+        # (index, since): the counter shows slot ``index`` taken but its entry is absent.
+        self._hole: tuple[int, float] | None = None
+        self._stack_requests = 0  # the newest stacks request of the round seen so far
+        self._pulse = pulse_for(board, settings)
+        self._declared: set[str] = set()
+        self._beating = True
+        self._next_beat = 0.0
+        self._expelled: str | None = None  # why this node no longer counts as a member
+        self._last_ok = self._clock()
+        self._failing_since: float | None = None
+        self._last_error = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def follow(self, membership: Membership, rank: int) -> None:
+        """Watch ``membership`` from now on (events and holes of earlier rounds are dropped)."""
+        with self._lock:
+            self._view = _View(membership, rank)
+            self._events.clear()
+            self._next_event = 1
+            self._hole = None
+            self._stack_requests = 0
+            self._pulse.follow()
+            self._declared = set()
+            self._next_beat = 0.0
+
+    def start(self) -> None:
+        """Start the thread (once; later calls do nothing). Call after the first ``follow``."""
+        if self._thread is None:
+            self._last_ok = self._clock()
+            self._thread = threading.Thread(
+                target=self._run, name=f"phalanx-rdzv-{self._b.node_id[:8]}", daemon=True
+            )
+            self._thread.start()
+
+    def announce(self) -> None:
+        """Show this node as alive before it joins a round (a leased key, on etcd)."""
+        self._pulse.announce()
+
+    def stop_beating(self) -> None:
+        """This node left on purpose: no more heartbeats (peers read ``LEFT`` instead)."""
+        with self._lock:
+            self._beating = False
+
+    def next_event(self) -> JobEvent | None:
+        with self._lock:
+            return self._events.popleft() if self._events else None
+
+    def stack_requests(self) -> int:
+        """The newest stacks request of the followed round seen so far (0: none)."""
+        with self._lock:
+            return self._stack_requests
+
+    def saw_stack_request(self, request: int) -> None:
+        """This node made ``request``: count it now rather than at the next heartbeat."""
+        with self._lock:
+            self._stack_requests = max(self._stack_requests, request)
+
+    def store_problem(self) -> str | None:
+        """Why the store counts as lost, or None: errors for two heartbeats in a row, no
+        answer at all (a call stuck on a vanished host) for ``heartbeat_timeout``, or this
+        node's lease expired (the others count it as lost)."""
+        if self._thread is None:
+            return None
+        now = self._clock()
+        with self._lock:
+            failing, last_ok, error = self._failing_since, self._last_ok, self._last_error
+            if self._expelled is not None:
+                return self._expelled
+        if failing is not None and now - failing >= 2 * self._s.heartbeat_interval:
+            return f"the rendezvous store is unreachable: {error}"
+        if now - last_ok > self._s.heartbeat_timeout:
+            return f"the rendezvous store has not answered for {now - last_ok:.0f} s"
+        return None
+
+    def stop(self) -> None:
+        """End the thread; waits at most one heartbeat (a call stuck on a lost store is left
+        behind: the thread is a daemon)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._s.heartbeat_interval)
+
+    # -- the thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pause = self._s.event_interval
+            try:
+                self.tick()
+            except StoreUnavailable as exc:
+                pause = self._s.heartbeat_interval  # retry gently: each failure may log
+                with self._lock:
+                    self._last_error = str(exc)
+                    if self._failing_since is None:
+                        self._failing_since = self._clock()
+            else:
+                with self._lock:
+                    self._last_ok = self._clock()
+                    self._failing_since = None
+            if self.store_problem() is not None:
+                return  # STORE_LOST is final: stop knocking on a dead store
+            self._stop.wait(pause)
+
+    def tick(self) -> None:
+        """One pass of the thread's work (events, and once per heartbeat interval the rest).
+        May raise ``StoreUnavailable``."""
+        with self._lock:
+            view = self._view
+        if view is None:
+            return
+        self._read_events(view)
+        now = self._clock()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self._s.heartbeat_interval
+        self._skip_hole(view)
+        with self._lock:
+            beating = self._beating
+        expelled = self._pulse.beat(beating)
+        if expelled is not None:
+            log.error("rendezvous: %s", expelled)
+            with self._lock:
+                self._expelled = expelled
+            return
+        requests = self._b.stack_requests(view.membership.round)
+        with self._lock:
+            if self._view is view:  # not the previous round's count after a switch
+                self._stack_requests = max(self._stack_requests, requests)
+        self._watch(view, now)
+
+    def _read_events(self, view: _View) -> None:
+        """Queue the next event for ``poll()`` unless one is still waiting there."""
+        while True:
+            with self._lock:
+                if self._view is not view or self._events:
+                    return
+                index = self._next_event
+            found = self._b.event(view.membership.round, index)
+            with self._lock:
+                if self._view is not view or self._next_event != index or found is None:
+                    return  # switched to a new round meanwhile, or nothing new yet
+                self._hole = None
+                self._next_event = index + 1
+                if found[0] != self._b.node_id:  # a node is not told about itself
+                    self._events.append(found[1])
+
+    def _skip_hole(self, view: _View) -> None:
+        """Step over an entry whose writer died between taking its slot and writing it.
+
+        The clock starts when the counter first shows the slot taken, not when this reader
+        began waiting for it, and the entry is read once more just before it is skipped: a
+        writer that takes the slot right after the reader last looked has ``heartbeat_timeout``
+        to write it, and an entry written at the last moment is delivered, never skipped.
+        (Checked once per heartbeat interval: the counter read is the only cost.)
+        """
+        with self._lock:
+            if self._view is not view or self._events:
+                return  # the reader is not waiting at a hole while an event is queued
+            index, hole = self._next_event, self._hole
+        taken = self._b.event_count(view.membership.round) >= index
+        now = self._clock()
+        with self._lock:
+            if self._view is not view or self._next_event != index:
+                return
+            if not taken:
+                self._hole = None
+                return
+            if hole is None or hole[0] != index:
+                self._hole = (index, now)
+                return
+        if now - hole[1] < self._s.heartbeat_timeout:
+            return
+        self._read_events(view)  # the last look
+        with self._lock:
+            if self._view is view and self._next_event == index:  # still absent: skip it
+                self._next_event = index + 1
+                self._hole = None
+
+    def _watch(self, view: _View, now: float) -> None:
+        members = view.membership
+        for step in range(1, members.count):
+            rank = (view.rank + step) % members.count
+            node_id = members.node_ids[rank]
+            if node_id in self._declared:
+                continue
+            verdict, why = self._pulse.judge(node_id, now)
+            if verdict is Verdict.LOST:
+                self._declare_lost(view, rank, why)
+            elif verdict is Verdict.ALIVE:
+                return  # it watches the rest of the ring
+
+    def _declare_lost(self, view: _View, rank: int, why: str) -> None:
+        members = view.membership
+        node = members.nodes[rank]
+        self._declared.add(members.node_ids[rank])
+        if not self._b.settle(members.round, rank, members.count, "lost"):
+            return  # it had rejoined or left, or another watcher was first
+        detail = f"node {rank} ({node.hostname}, {node.addr}) {why}"
+        log.warning("rendezvous: %s", detail)
+        event = JobEvent(EventKind.NODE_LOST, rank, detail)
+        self._b.post_event(members.round, event, about=members.node_ids[rank])

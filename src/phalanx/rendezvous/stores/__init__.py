@@ -1,0 +1,1 @@
+"""Key-value stores the rendezvous runs on: the interface, torch's TCPStore, etcd v3."""

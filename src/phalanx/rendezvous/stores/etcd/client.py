@@ -1,0 +1,313 @@
+"""A small etcd v3 client over etcd's gRPC-JSON gateway (``POST /v3/...``), with failover.
+
+etcd serves every v3 RPC as JSON at ``/v3/<service>/<method>`` (3.4 also at ``/v3beta/``;
+3.5 and 3.6 only at ``/v3/``): keys and values are base64 strings and int64 fields are
+decimal strings. Unary calls answer one JSON object; streaming calls (``watch``,
+``lease/keepalive``) answer newline-delimited ``{"result": ...}`` objects. Errors come as
+``{"code": <gRPC code>, "message": ...}``.
+
+The client tries the endpoint that answered last, then the others in order, until one answers
+or ``EtcdOptions.request_timeout`` runs out (then ``StoreUnavailable`` names every endpoint and
+why it failed). Every request is retried as a whole, so callers only send requests that are
+safe to repeat (``EtcdStore`` makes its transactions so).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Generator, Iterator, Sequence
+
+import requests
+
+from phalanx.errors import RendezvousError
+from phalanx.rendezvous.stores.base import StoreUnavailable
+from phalanx.rendezvous.stores.etcd.conf import EtcdOptions
+from phalanx.rendezvous.stores.etcd.wire import JSON
+
+log = logging.getLogger(__name__)
+
+_CONNECT_TIMEOUT = 2.0  # per attempt: a live member accepts at once; a dead host never does
+_READ_TIMEOUT = 5.0  # per attempt: long enough for an fsync on a loaded disk
+# gRPC codes meaning "this member cannot serve now; another may": CANCELLED, UNKNOWN (3.4
+# reports some raft errors so), DEADLINE_EXCEEDED, UNAVAILABLE ("no leader", "request timed out").
+_TRY_NEXT_CODES = frozenset({1, 2, 4, 14})
+_UNAUTHENTICATED = 16
+
+
+class EtcdRequestError(RendezvousError):
+    """etcd answered, with an error that retrying elsewhere will not fix (auth, permission)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class EtcdClient:
+    """Sends gateway requests to the first endpoint that answers. Thread-safe; no I/O until used."""
+
+    def __init__(self, endpoints: Sequence[str], options: EtcdOptions) -> None:
+        if not endpoints:
+            raise ValueError("EtcdClient needs at least one endpoint")
+        self.endpoints = tuple(e.rstrip("/") for e in endpoints)
+        self.options = options
+        self._current = 0  # index of the endpoint that answered last
+        self._token: str | None = None
+        self._lock = threading.Lock()
+        # requests.Session is not documented as thread-safe: one per thread (the caller's,
+        # the lease keep-alive thread's), all closed together.
+        self._local = threading.local()
+        self._sessions: list[requests.Session] = []
+
+    @property
+    def current_endpoint(self) -> str:
+        """The endpoint that answered last (where the next request goes first)."""
+        return self.endpoints[self._current]
+
+    def call(self, path: str, body: JSON, *, timeout: float | None = None) -> JSON:
+        """POST ``body`` to ``/v3/<path>``; return the reply, failing over between endpoints.
+
+        Raises ``StoreUnavailable`` when no endpoint answers within ``timeout`` (default
+        ``request_timeout``) and ``EtcdRequestError`` when etcd refuses the request.
+        """
+        deadline = time.monotonic() + (self.options.request_timeout if timeout is None else timeout)
+        failures: dict[str, str] = {}
+        for endpoint in self._attempts(deadline, failures):
+            try:
+                reply = self._post(endpoint, path, body, deadline, failures, stream=False)
+                with reply:
+                    data = self._check(reply, endpoint, failures)
+            except _TryNext:
+                continue
+            self._answered(endpoint)
+            return data
+        raise AssertionError("unreachable: _attempts ends by raising")  # pragma: no cover
+
+    def stream(self, path: str, body: JSON, deadline: float) -> Generator[JSON, None, None]:
+        """POST to a streaming method and yield its ``result`` objects until ``deadline``.
+
+        Opening fails over like ``call``. Returns quietly at ``deadline``; raises
+        ``StreamBroken`` when the connection drops earlier (the caller re-syncs and reopens).
+        """
+        open_deadline = min(deadline, time.monotonic() + self.options.request_timeout)
+        failures: dict[str, str] = {}
+        for endpoint in self._attempts(open_deadline, failures):
+            try:
+                reply = self._post(endpoint, path, body, deadline, failures, stream=True)
+                if reply.status_code != 200:
+                    with reply:
+                        self._check(reply, endpoint, failures)
+            except _TryNext:
+                continue
+            self._answered(endpoint)
+            with reply:
+                yield from _read_stream(reply, endpoint, deadline)
+            return
+
+    def invalidate_token(self) -> None:
+        self._token = None
+
+    def close(self) -> None:
+        with self._lock:
+            sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            session.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _attempts(self, deadline: float, failures: dict[str, str]) -> Iterator[str]:
+        """Endpoints to try, the last healthy one first, round after round until ``deadline``.
+
+        The attempts record why each endpoint failed in ``failures``, for the final error.
+        """
+        budget = deadline - time.monotonic()
+        pause = 0.05
+        while True:
+            start = self._current
+            for i in range(len(self.endpoints)):
+                if time.monotonic() >= deadline:
+                    raise self._unavailable(failures, budget)
+                yield self.endpoints[(start + i) % len(self.endpoints)]
+            # Every endpoint refused: back off a little before the next round so a cluster
+            # electing a leader is not hammered; the pause never outlasts the deadline.
+            time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.5)
+
+    def _unavailable(self, failures: dict[str, str], budget: float) -> StoreUnavailable:
+        why = "; ".join(f"{ep}: {err}" for ep, err in failures.items()) or "no time left"
+        return StoreUnavailable(
+            f"no etcd endpoint answered within {budget:.3g} s "
+            f"(endpoints: {', '.join(self.endpoints)}): {why}. "
+            "Check --rdzv-endpoint, that etcd is running, and the TLS keys of --rdzv-conf."
+        )
+
+    def _answered(self, endpoint: str) -> None:
+        index = self.endpoints.index(endpoint)
+        if index != self._current:
+            log.info("etcd: now using %s", endpoint)
+            self._current = index
+
+    def _session(self) -> requests.Session:
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            # etcd is cluster-internal: no HTTP(S)_PROXY (a proxy would also buffer the watch
+            # stream), no netrc, and no REQUESTS_CA_BUNDLE overriding the ``cacert`` given.
+            session.trust_env = False
+            if self.options.cacert:
+                session.verify = self.options.cacert
+            if self.options.cert and self.options.key:
+                session.cert = (self.options.cert, self.options.key)
+            self._local.session = session
+            with self._lock:
+                self._sessions.append(session)
+        return session
+
+    def _post(
+        self,
+        endpoint: str,
+        path: str,
+        body: JSON,
+        deadline: float,
+        failures: dict[str, str],
+        *,
+        stream: bool,
+    ) -> requests.Response:
+        """One attempt on one endpoint; raises ``_TryNext`` when this endpoint cannot answer."""
+        # "hasleader" (gRPC metadata through the gateway) makes a member that lost its
+        # leader refuse requests and end watches at once, instead of serving stale silence.
+        headers = {"Grpc-Metadata-hasleader": "true"}
+        token = self._auth_token(endpoint, deadline, failures) if self.options.user else ""
+        if token:
+            headers["Authorization"] = token
+        remaining = max(0.001, deadline - time.monotonic())
+        read = remaining if stream else min(remaining, _READ_TIMEOUT)
+        try:
+            return self._session().post(
+                f"{endpoint}/v3/{path}",
+                json=body,
+                headers=headers,
+                timeout=(min(remaining, _CONNECT_TIMEOUT), read),
+                stream=stream,
+            )
+        except requests.RequestException as exc:
+            failures[endpoint] = describe(exc)
+            raise _TryNext from exc
+
+    def _check(self, reply: requests.Response, endpoint: str, failures: dict[str, str]) -> JSON:
+        """The reply's JSON; ``_TryNext`` for errors another endpoint (or a new token) may fix."""
+        try:
+            data = reply.json()
+        except ValueError:
+            failures[endpoint] = f"HTTP {reply.status_code}, not etcd's JSON gateway"
+            raise _TryNext from None
+        if not isinstance(data, dict):
+            failures[endpoint] = f"HTTP {reply.status_code}, not etcd's JSON gateway"
+            raise _TryNext
+        # Unary errors read {"code", "message"}; streaming ones {"error": {"grpc_code", ...}}.
+        error = data.get("error")
+        if reply.status_code == 200 and not isinstance(error, dict):
+            return data
+        detail = error if isinstance(error, dict) else data
+        code = int(detail.get("code") or detail.get("grpc_code") or -1)
+        message = str(detail.get("message", detail))
+        if code == _UNAUTHENTICATED and self.options.user is not None:
+            self.invalidate_token()  # expired (simple tokens live --auth-token-ttl): log in again
+            failures[endpoint] = message
+            raise _TryNext
+        if code in _TRY_NEXT_CODES:
+            failures[endpoint] = message
+            raise _TryNext
+        raise EtcdRequestError(f"etcd at {endpoint} refused the request: {message}", code)
+
+    def _auth_token(self, endpoint: str, deadline: float, failures: dict[str, str]) -> str:
+        token = self._token
+        if token is not None:
+            return token
+        body = {"name": self.options.user, "password": self.options.password or ""}
+        remaining = max(0.001, deadline - time.monotonic())
+        try:
+            reply = self._session().post(
+                f"{endpoint}/v3/auth/authenticate",
+                json=body,
+                timeout=(min(remaining, _CONNECT_TIMEOUT), min(remaining, _READ_TIMEOUT)),
+            )
+        except requests.RequestException as exc:
+            failures[endpoint] = describe(exc)
+            raise _TryNext from exc
+        with reply:
+            try:
+                data = self._check(reply, endpoint, failures)
+            except EtcdRequestError as exc:
+                if "authentication is not enabled" in str(exc):
+                    self._token = ""  # as etcd's Go client does: go on without a token
+                    return ""
+                raise EtcdRequestError(
+                    f"etcd at {endpoint} did not accept user {self.options.user!r}: {exc}; "
+                    "check the user and password keys of --rdzv-conf",
+                    exc.code,
+                ) from None
+        token = str(data["token"])
+        self._token = token
+        return token
+
+
+class StreamBroken(StoreUnavailable):
+    """A streaming reply ended before its deadline (the member went away or cancelled it)."""
+
+
+class _TryNext(Exception):
+    """This endpoint cannot answer now; the reason is in the attempt's ``failures``."""
+
+
+def _read_stream(reply: requests.Response, endpoint: str, deadline: float) -> Iterator[JSON]:
+    """Yield the ``result`` objects of a newline-delimited JSON stream until ``deadline``."""
+    # The read timeout given to requests is per socket read, fixed when the request was
+    # made; narrowing the socket's own timeout before each read keeps the whole wait
+    # within ``deadline`` even when unrelated events keep arriving.
+    sock = getattr(getattr(reply.raw, "connection", None), "sock", None)
+    buffer = b""
+    chunks = reply.iter_content(chunk_size=None)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        if sock is not None:
+            sock.settimeout(remaining)
+        try:
+            chunk = next(chunks, None)
+        except requests.RequestException as exc:
+            if time.monotonic() >= deadline - 0.05:
+                return
+            raise StreamBroken(f"etcd stream from {endpoint} broke: {describe(exc)}") from exc
+        if chunk is None:
+            raise StreamBroken(f"etcd at {endpoint} closed the stream")
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if not line.strip():
+                continue
+            message = json.loads(line)
+            if "error" in message:
+                raise StreamBroken(f"etcd stream from {endpoint} failed: {message['error']}")
+            yield message.get("result", {})
+
+
+def describe(exc: BaseException) -> str:
+    """A short reason for a failed request ("Connection refused", "timed out", an SSL error)."""
+    text = str(exc)
+    patterns = (
+        r"\[SSL[^\]]*\][^'\")]*",
+        r"\[Errno -?\d+\] ([^'\")]+)",
+        r"Remote end closed[^'\")]*",
+    )
+    for pattern in patterns:
+        match = re.search(pattern, text)
+        if match:
+            return (match.group(1) if match.groups() else match.group(0)).strip()
+    if isinstance(exc, requests.Timeout) or "timed out" in text:
+        return "timed out"
+    return text[:200]

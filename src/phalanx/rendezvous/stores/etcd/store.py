@@ -1,0 +1,280 @@
+"""etcd v3 as the rendezvous store: ``--rdzv-backend etcd`` (and its alias ``etcd-v2``).
+
+torchrun's etcd backends speak the v2 API, which etcd 3.6 removed; this one speaks v3 through
+etcd's JSON gateway (see ``etcd_client``). Every key of a run lives under
+``/phalanx/runs/<run id>/``, so runs sharing one etcd never see each other.
+
+Liveness: ``set_ephemeral`` binds a key to this store's lease, which a daemon thread renews
+every ``lease_ttl / 3`` s (see ``etcd_lease``). When the process dies, or cannot reach etcd for ``lease_ttl``
+seconds, etcd deletes every such key: that is how peers learn this node is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from phalanx.rendezvous.stores.base import StoreUnavailable
+from phalanx.rendezvous.stores.etcd import wire
+from phalanx.rendezvous.stores.etcd.client import EtcdClient, EtcdRequestError, StreamBroken
+from phalanx.rendezvous.stores.etcd.conf import (
+    EtcdOptions,
+    etcd_options_from_conf,
+    parse_endpoints,
+    run_prefix,
+)
+from phalanx.rendezvous.stores.etcd.lease import LEASE_NOT_FOUND, EtcdLease, LeaseExpired
+
+__all__ = [
+    "EtcdOptions",
+    "EtcdRequestError",
+    "EtcdStore",
+    "LeaseExpired",
+    "create_etcd_store",
+    "etcd_options_from_conf",
+]
+
+log = logging.getLogger(__name__)
+
+_CLOSE_TIMEOUT = 3.0  # close() is best effort: an unreachable etcd expires the lease anyway
+
+
+def create_etcd_store(endpoint: str, run_id: str, conf: dict[str, str]) -> EtcdStore:
+    """Connect to etcd for ``--rdzv-backend etcd``/``etcd-v2``; the rendezvous registry calls this.
+
+    ``endpoint`` is ``--rdzv-endpoint`` (``host[:port][,host[:port]...]``, default port
+    2379, ``http(s)://`` allowed); ``conf`` is ``--rdzv-conf``. Raises ``UsageError`` for bad
+    options, ``StoreUnavailable`` when no endpoint answers and ``EtcdRequestError`` when etcd
+    refuses (credentials, permissions). Makes one request, so that such problems show at once.
+    """
+    options = etcd_options_from_conf(conf)
+    endpoints = parse_endpoints(endpoint, scheme=options.scheme)
+    store = EtcdStore(endpoints, run_prefix(run_id), options)
+    try:
+        store.check()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+@dataclass(frozen=True)
+class _Found:
+    value: bytes
+    mod_revision: int
+
+
+class EtcdStore:
+    """``KVStore`` on etcd v3, plus ``set_ephemeral``. Thread-safe; constructing it does no I/O.
+
+    Data key ``k`` is stored at ``<prefix>kv/<k>``. Conditional writes (``add``,
+    ``compare_set``, ``delete``) are transactions that also write this store's receipt key
+    ``<prefix>receipts/<store id>`` with a fresh token, and read it back when the condition
+    fails: when a reply is lost and the client resends the request to another member, the
+    receipt tells whether the first attempt took effect, so no write is applied twice. (The
+    one gap: an attempt stuck inside a member that is given up on, applied only after the
+    retry failed and after the key returned to the compared state; etcd's own request
+    timeouts keep that window to seconds.)
+    """
+
+    def __init__(self, endpoints: Sequence[str], prefix: str, options: EtcdOptions) -> None:
+        self.prefix = prefix
+        self.options = options
+        self.hosting = False  # etcd outlives every agent
+        self._client = EtcdClient(endpoints, options)
+        self._receipt = f"{prefix}receipts/{uuid.uuid4().hex}".encode()
+        self._tokens = itertools.count()
+        # One receipt key per store, so one conditional write at a time.
+        self._txn_lock = threading.Lock()
+        self._lease = EtcdLease(self._client, options.lease_ttl)
+        self._closed = False
+        self._receipt_written = False  # close() deletes the receipt key only if it exists
+
+    @property
+    def current_endpoint(self) -> str:
+        """The etcd endpoint that answered last."""
+        return self._client.current_endpoint
+
+    def check(self) -> None:
+        """One cheap request: an endpoint answers and the credentials may read the prefix."""
+        self._client.call("kv/range", {"key": wire.b64(self._receipt), "count_only": True})
+
+    def get(self, key: str) -> bytes | None:
+        kv = wire.first_kv(self._client.call("kv/range", {"key": wire.b64(self._key(key))}))
+        return None if kv is None else wire.kv_value(kv)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._client.call("kv/put", wire.put_op(self._key(key), value)["request_put"])
+
+    def set_ephemeral(self, key: str, value: bytes) -> None:
+        """Set ``key`` bound to this store's lease.
+
+        etcd deletes the key ``lease_ttl`` seconds after this process stops renewing (it died,
+        hung, or lost etcd); ``close`` deletes it at once. The lease is granted on first use.
+        Raises ``LeaseExpired`` once the lease has lapsed (the node should leave the job).
+        """
+        body = wire.put_op(self._key(key), value)["request_put"] | {"lease": str(self._lease.id())}
+        try:
+            self._client.call("kv/put", body)
+        except EtcdRequestError as exc:
+            if exc.code != LEASE_NOT_FOUND:
+                raise
+            raise self._lease.lapsed(exc) from None
+
+    def add(self, key: str, amount: int) -> int:
+        full = self._key(key)
+        compare, base = wire.compare_absent(full), 0  # guess "absent"; a miss returns the value
+        while True:
+            done, found = self._conditional_put(full, compare, str(base + amount).encode())
+            if done:
+                return base + amount
+            if found is None:
+                compare, base = wire.compare_absent(full), 0
+            else:
+                compare, base = (
+                    wire.compare_mod(full, found.mod_revision),
+                    _as_int(key, found.value),
+                )
+
+    def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes
+    ) -> tuple[bool, bytes | None]:
+        full = self._key(key)
+        if expected is None:
+            compare = wire.compare_absent(full)
+        else:
+            compare = wire.compare_value(full, expected)
+        done, found = self._conditional_put(full, compare, desired)
+        if done:
+            return True, desired
+        return False, None if found is None else found.value
+
+    def delete(self, key: str) -> bool:
+        full = self._key(key)
+        with self._txn_lock:
+            token = self._token()
+            reply = self._client.call(
+                "kv/txn",
+                {
+                    "compare": [wire.compare_present(full)],
+                    "success": [wire.delete_op(full), wire.put_op(self._receipt, token)],
+                    "failure": [wire.range_op(self._receipt)],
+                },
+            )
+        return bool(reply.get("succeeded")) or _is_token(wire.txn_kv(reply, 0), token)
+
+    def wait(self, keys: list[str], timeout: float) -> bool:
+        """Read the keys, then follow a ``/v3/watch`` stream from that revision: never polls.
+
+        A watch broken by a lost member is resumed on another one. Raises ``StoreUnavailable``
+        when no endpoint answers within ``request_timeout`` before ``timeout`` is up.
+        """
+        deadline = time.monotonic() + timeout
+        wanted = sorted({self._key(k) for k in keys})
+        while wanted:
+            reads = [wire.range_op(k, keys_only=True) for k in wanted]
+            reply = self._client.call("kv/txn", {"success": reads})
+            present = {k: wire.txn_kv(reply, i) is not None for i, k in enumerate(wanted)}
+            if all(present.values()) or time.monotonic() >= deadline:
+                return all(present.values())
+            try:
+                return self._watch(present, int(reply["header"]["revision"]) + 1, deadline)
+            except StreamBroken as exc:
+                log.info("etcd: watch interrupted (%s); reading again", exc)
+            except StoreUnavailable:
+                if time.monotonic() < deadline:
+                    raise
+                return False
+        return True
+
+    def close(self) -> None:
+        """Stop renewing, revoke the lease (its ephemeral keys vanish), drop the receipt key.
+
+        Bounded (a few seconds) even when etcd is gone; idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._lease.close(_CLOSE_TIMEOUT)  # stops the renewals first, even if revoking fails
+            if self._receipt_written:
+                receipt = {"key": wire.b64(self._receipt)}
+                self._client.call("kv/deleterange", receipt, timeout=_CLOSE_TIMEOUT)
+        except (StoreUnavailable, EtcdRequestError) as exc:
+            log.info("etcd: cleanup on close skipped (%s); the lease will expire", exc)
+        finally:
+            self._client.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _key(self, key: str) -> bytes:
+        return f"{self.prefix}kv/{key}".encode()
+
+    def _token(self) -> bytes:
+        self._receipt_written = True  # (or about to be: close() cleans up either way)
+        return self._receipt + f"#{next(self._tokens)}".encode()
+
+    def _conditional_put(
+        self, full: bytes, compare: wire.JSON, value: bytes
+    ) -> tuple[bool, _Found | None]:
+        """Put ``value`` if ``compare`` holds; otherwise report what the key holds."""
+        with self._txn_lock:
+            token = self._token()
+            reply = self._client.call(
+                "kv/txn",
+                {
+                    "compare": [compare],
+                    "success": [wire.put_op(full, value), wire.put_op(self._receipt, token)],
+                    "failure": [wire.range_op(full), wire.range_op(self._receipt)],
+                },
+            )
+        if reply.get("succeeded") or _is_token(wire.txn_kv(reply, 1), token):
+            return True, None  # (a resent request that found its own receipt: the first one won)
+        kv = wire.txn_kv(reply, 0)
+        return False, None if kv is None else _Found(wire.kv_value(kv), int(kv["mod_revision"]))
+
+    def _watch(self, present: dict[bytes, bool], start_revision: int, deadline: float) -> bool:
+        """Follow the keys' range from ``start_revision`` until all exist or time is up."""
+        request = {
+            "key": wire.b64(min(present)),
+            "range_end": wire.b64(max(present) + b"\0"),
+            "start_revision": str(start_revision),
+        }
+        stream = self._client.stream("watch", {"create_request": request}, deadline)
+        with contextlib.closing(stream):  # closes the HTTP stream on every way out
+            return self._follow(stream, present)
+
+    def _follow(self, stream: Iterator[wire.JSON], present: dict[bytes, bool]) -> bool:
+        """Apply watch events to ``present``; ``True`` once every key exists."""
+        for result in stream:
+            if result.get("canceled"):
+                reason = str(result.get("cancel_reason") or "history compacted")
+                if "PermissionDenied" in reason:
+                    raise EtcdRequestError(f"etcd refused to watch {self.prefix}: {reason}")
+                if "Unauthenticated" in reason:
+                    self._client.invalidate_token()
+                raise StreamBroken(f"etcd cancelled the watch: {reason}")
+            for event in result.get("events", []):
+                key = wire.unb64(event["kv"]["key"])
+                if key in present:
+                    present[key] = event.get("type") != "DELETE"
+            if all(present.values()):
+                return True
+        return False
+
+
+def _is_token(kv: wire.JSON | None, token: bytes) -> bool:
+    return kv is not None and wire.kv_value(kv) == token
+
+
+def _as_int(key: str, value: bytes) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"add({key!r}): the key holds {value!r}, not an integer") from None

@@ -1,0 +1,1 @@
+"""What a failed job says: worker exits, their classification, OOM kills, the job-wide report."""

@@ -1,0 +1,28 @@
+"""What the agent and the worker-side code agree on, in a module that imports nothing else:
+the agent-side code reads these names here, never from ``phalanx.worker.boot`` (which sets
+up a worker process when imported into one).
+
+A rank's log directory is where its ``TORCHELASTIC_ERROR_FILE`` lies, so the worker-side
+code finds it from torchrun's own variable. ``STACK_SIGNAL`` makes a worker write every
+thread's Python stack to ``STACKS_FILE`` there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+
+STACK_SIGNAL = signal.SIGUSR2
+STACKS_FILE = "stacks.txt"
+# Where ``phalanx.checkpoint`` records each completed checkpoint (a file in the run
+# directory), so the agent can tell a crash loop from progress.
+CHECKPOINT_LOG_ENV = "PHALANX_CHECKPOINT_LOG"
+CHECKPOINT_LOG_FILE = "checkpoints.jsonl"
+
+
+def rank_dir(environ: Mapping[str, str]) -> str | None:
+    """The rank's log directory, which phalanx's error file lives in; None outside phalanx."""
+    error_file = environ.get("TORCHELASTIC_ERROR_FILE", "")
+    directory = os.path.dirname(error_file)
+    return directory if error_file and os.path.isdir(directory) else None

@@ -1,0 +1,1 @@
+"""What the tests share: launching phalanx, hosts in network namespaces, etcd, fakes."""

@@ -1,0 +1,108 @@
+"""Helpers for tests that run the real ``phalanx`` CLI in a subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import psutil
+
+WORKERS = Path(__file__).parents[1] / "workers"
+PHALANX = [sys.executable, "-m", "phalanx"]
+
+
+def worker(name: str) -> str:
+    return str(WORKERS / name)
+
+
+@contextlib.contextmanager
+def launched(
+    args: Sequence[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen[str]]:
+    """phalanx running in the background (its output piped, as text) for the ``with`` block;
+    its whole session is killed afterwards if it is still running."""
+    launcher = subprocess.Popen(
+        [*PHALANX, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        yield launcher
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+
+
+def run_phalanx(
+    args: Sequence[str],
+    *,
+    timeout: float = 120,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run phalanx to completion; on timeout kill its whole session so nothing leaks."""
+    with launched(args, cwd=cwd, env=env) as proc:
+        out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def read_pids(directory: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(directory.glob("*.pid")) if p.read_text().strip()]
+
+
+def start_tree(
+    tmp_path: Path, flags: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], list[int], Path]:
+    """A 2-worker job of ``sleep_tree.py``: returns the launcher, the pids of both workers and
+    their children (once all four are up), and the file the launcher's stderr goes to."""
+    pids_dir, stderr_path = tmp_path / "pids", tmp_path / "launcher.err"
+    pids_dir.mkdir()
+    argv = [*PHALANX, *flags, "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
+            worker("sleep_tree.py"), str(pids_dir)]  # fmt: skip
+    with open(stderr_path, "wb") as stderr:
+        launcher = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+        )
+    wait_for(lambda: len(read_pids(pids_dir)) == 4, 60, "2 workers and their 2 children")
+    return launcher, read_pids(pids_dir), stderr_path
+
+
+def end_all(launcher: subprocess.Popen[bytes], pids: Sequence[int]) -> None:
+    """Cleanup after a test: the launcher's session, then any listed process still alive."""
+    if launcher.poll() is None:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)

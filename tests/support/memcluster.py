@@ -1,0 +1,128 @@
+"""Simulated agents for the rendezvous algorithm tests: ``DynamicRendezvous`` handlers in
+threads on one in-memory store (the ``cluster`` fixture in ``conftest`` makes a ``Cluster``).
+
+Every wait is bounded by ``WAIT`` (a hang guard, never a timing assertion). A "crashed"
+node is one whose store handle is closed: it can neither heartbeat nor answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
+from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
+from phalanx.rendezvous.settings import RendezvousSettings
+from support.memory_store import MemoryServer, MemoryStore
+
+WAIT = 60.0
+FAST = RendezvousSettings(
+    join_timeout=30,
+    last_call_timeout=0.5,
+    close_timeout=10,
+    heartbeat_interval=0.2,
+    heartbeat_timeout=4.0,
+    exit_barrier_timeout=10,
+)
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.server = MemoryServer()
+        self.handlers: list[DynamicRendezvous] = []
+
+    def node(
+        self,
+        name: str,
+        *,
+        nnodes: tuple[int, int] = (2, 2),
+        run_id: str = "job",
+        settings: RendezvousSettings = FAST,
+        fixed_rank: int | None = None,
+        hosting: bool = False,
+    ) -> DynamicRendezvous:
+        handler = DynamicRendezvous(
+            MemoryStore(self.server, hosting=hosting),
+            run_id=run_id,
+            min_nodes=nnodes[0],
+            max_nodes=nnodes[1],
+            addr=f"addr-{name}",
+            hostname=name,
+            settings=settings,
+            fixed_rank=fixed_rank,
+        )
+        self.handlers.append(handler)
+        return handler
+
+    def shutdown(self) -> None:
+        for handler in self.handlers:
+            handler.shutdown()
+
+
+class Join:
+    """``next_round`` in a thread; ``result()`` waits for it (bounded) and re-raises."""
+
+    def __init__(self, handler: DynamicRendezvous, local_world_size: int = 2) -> None:
+        self.value: RendezvousResult | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(handler, local_world_size))
+        self._thread.start()
+
+    def _run(self, handler: DynamicRendezvous, lws: int) -> None:
+        try:
+            self.value = handler.next_round(lws)
+        except BaseException as exc:
+            self.error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> RendezvousResult:
+        self._thread.join(WAIT)
+        assert not self._thread.is_alive(), "next_round hung"
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value
+
+
+def form(*handlers: DynamicRendezvous) -> list[RendezvousResult]:
+    joins = [Join(h) for h in handlers]
+    return [j.result() for j in joins]
+
+
+def wait_event(handler: DynamicRendezvous, kind: EventKind) -> JobEvent:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        event = handler.poll()
+        if event is not None and event.kind is kind:
+            return event
+        time.sleep(0.02)
+    raise AssertionError(f"no {kind} within {WAIT} s")
+
+
+def wait_until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def crash(handler: DynamicRendezvous) -> None:
+    handler._store.close()  # this node's connection only: it stops heartbeating
+
+
+def agreed(results: list[RendezvousResult]) -> None:
+    """Every node got the same round, membership and master; ranks are 0..n-1."""
+    first = results[0]
+    for r in results:
+        assert (r.round, r.restart_count, r.nodes) == (
+            first.round,
+            first.restart_count,
+            first.nodes,
+        )
+        assert (r.master_addr, r.master_port) == (first.master_addr, first.master_port)
+    assert sorted(r.node_rank for r in results) == list(range(len(results)))
+    assert first.master_addr == first.nodes[0].addr
+    assert [n.node_rank for n in first.nodes] == list(range(len(results)))
