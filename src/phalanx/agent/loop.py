@@ -93,7 +93,7 @@ class Rounds:
                 stall_timeout=self.config.stall_timeout,
                 requests=self.requests,
                 check_every=self._check_every(),
-                job=JobStacks(self.rdzv, joined, self.run_dir) if joined.num_nodes > 1 else None,
+                job=self._job_stacks(joined),
             )
             probe = OomProbe()
             result = self.supervisor.run(plan, self.signals, self._poll(watch), watch.tick)
@@ -171,6 +171,12 @@ class Rounds:
                 self.rdzv.report_failure({"hang": watch.peer_hang.to_json()})
             log.warning("stopped local workers: %s", _describe_event(event))
         return exits, cause
+
+    def _job_stacks(self, joined: RendezvousResult) -> JobStacks | None:
+        exchange = self.rdzv.stacks()
+        if exchange is None or joined.num_nodes == 1:
+            return None
+        return JobStacks(exchange, joined, self.run_dir)
 
     def _poll(self, watch: RoundWatch) -> Callable[[], JobEvent | None]:
         return lambda: watch.hear(self.rdzv.poll())

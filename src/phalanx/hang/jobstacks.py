@@ -23,7 +23,7 @@ from pathlib import Path
 from phalanx.errors import RendezvousError
 from phalanx.hang.files import write_stacks_file
 from phalanx.hang.stacks import PEER_DUMP_WAIT
-from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult
+from phalanx.rendezvous.api import RendezvousResult, StackExchange
 
 log = logging.getLogger("phalanx")
 
@@ -40,7 +40,7 @@ class JobStacks:
 
     def __init__(
         self,
-        rdzv: RendezvousHandler,
+        rdzv: StackExchange,
         joined: RendezvousResult,
         run_dir: Path,
         *,

@@ -10,9 +10,10 @@ assume this policy: a worker failure (local, or ``PEER_FAILED``) and ``NODE_LOST
 straight to ``next_round`` without claiming, as torchelastic does; ``JOB_STOPPED`` and
 ``STORE_LOST`` end the job (``report_done(False)``, then ``shutdown()``).
 
-Stacks on request (``phalanx stacks`` on any node): the node asked posts ``request_stacks()``;
-every node's watch sees the number grow in ``stack_requests()`` (non-blocking), dumps its
-ranks and ``post_stacks``; the requester's helper thread ``gather_stacks`` the answers.
+Stacks on request (``phalanx stacks`` on any node) go through a ``StackExchange``, which a
+multi-node handler gives out (``stacks()``): the node asked posts ``request_stacks()``; every
+node's watch sees the number grow in ``stack_requests()`` (non-blocking), dumps its ranks and
+``post_stacks``; the requester's helper thread ``gather_stacks`` the answers.
 """
 
 from __future__ import annotations
@@ -139,6 +140,14 @@ class RendezvousHandler(Protocol):
         peers still finishing (torchrun's exit barrier). Without ``report_done`` first,
         peers see this node as ``NODE_LOST`` (a graceful scale-down).
         """
+
+    def stacks(self) -> StackExchange | None:
+        """How this node asks the others for their ranks' stacks and answers them; None when
+        the job has no other node."""
+
+
+class StackExchange(Protocol):
+    """Stacks on request between the nodes of a round (``phalanx stacks``; see above)."""
 
     def request_stacks(self) -> int:
         """Ask every node of the current round for its ranks' stacks; return the request's

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from phalanx.net import free_port
-from phalanx.rendezvous.api import JobEvent, NodeInfo, RendezvousResult
+from phalanx.rendezvous.api import JobEvent, NodeInfo, RendezvousResult, StackExchange
 
 
 class LocalRendezvous:
@@ -30,7 +30,6 @@ class LocalRendezvous:
         self._worker_port = worker_port
         self._round = -1
         self._failures: list[dict[str, object]] = []
-        self._stack_requests = 0
 
     @property
     def run_id(self) -> str:
@@ -75,17 +74,5 @@ class LocalRendezvous:
     def shutdown(self) -> None:
         pass
 
-    def request_stacks(self) -> int:
-        self._stack_requests += 1
-        return self._stack_requests
-
-    def stack_requests(self) -> int:
-        return self._stack_requests
-
-    def post_stacks(self, request: int, text: str) -> None:
-        pass  # no peers to read it
-
-    def gather_stacks(
-        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
-    ) -> dict[int, str]:
-        return {}
+    def stacks(self) -> StackExchange | None:
+        return None  # no other node to ask

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from phalanx.errors import RendezvousError, UsageError
-from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult, StackExchange
 from phalanx.rendezvous.dynamic.board import LEFT, Board
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.keys import Keys
@@ -210,6 +210,10 @@ class DynamicRendezvous:
         except StoreUnavailable as exc:
             log.warning("rendezvous: could not tell the other nodes the job stopped: %s", exc)
 
+    def stacks(self) -> StackExchange:
+        return self  # the round's keys on the same store: see ``request_stacks`` and after
+
+    # -- StackExchange ---------------------------------------------------------------------
     def request_stacks(self) -> int:
         membership, _ = self._current()
         problem = self._liveness.store_problem()
