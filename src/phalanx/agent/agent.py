@@ -12,6 +12,7 @@ from typing import BinaryIO
 
 from phalanx.agent.loop import Rounds, write_launcher_file
 from phalanx.config import LaunchConfig
+from phalanx.errors import UsageError
 from phalanx.hang.watch import StackRequests
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.supervisor.group import Supervisor
@@ -35,8 +36,14 @@ def configure_logging() -> None:
 
 def make_run_dir(config: LaunchConfig, run_id: str) -> Path:
     base = config.log_dir or Path(tempfile.gettempdir()) / "phalanx"
-    base.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=base))
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=base))
+    except OSError as exc:
+        flag = "--log-dir" if config.log_dir else "the log directory (--log-dir)"
+        raise UsageError(
+            f"{flag} {base}: cannot make the run directory there: {exc.strerror or exc}"
+        ) from None
 
 
 class Agent:

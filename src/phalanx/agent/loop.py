@@ -218,7 +218,10 @@ class Rounds:
                 "checkpoint in between; not spending the remaining restarts."
             )
         print(text, file=sys.stderr, flush=True)
-        (self.run_dir / "report.json").write_text(json.dumps(report.data, indent=2))
+        try:
+            (self.run_dir / "report.json").write_text(json.dumps(report.data, indent=2))
+        except OSError as exc:  # a full disk: the report is printed above all the same
+            log.warning("cannot write %s (%s)", self.run_dir / "report.json", exc.strerror)
         cause = report.cause
         if cause is None:
             reason = _describe_event(event) if event is not None else ""
@@ -250,7 +253,14 @@ def write_launcher_file(run_dir: Path, requests: StackRequests) -> None:
         "host": socket.gethostname(),
         "stacks_signal": STACK_SIGNAL.name if requests.active else None,
     }
-    (run_dir / LAUNCHER_FILE).write_text(json.dumps(data) + "\n")
+    try:
+        (run_dir / LAUNCHER_FILE).write_text(json.dumps(data) + "\n")
+    except OSError as exc:
+        log.warning(
+            "cannot write %s (%s): phalanx stacks will not find this agent",
+            run_dir / LAUNCHER_FILE,
+            exc.strerror,
+        )
 
 
 def _describe_event(event: JobEvent) -> str:

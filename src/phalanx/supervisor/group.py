@@ -14,7 +14,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import BinaryIO
 
@@ -22,7 +22,7 @@ from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import JobEvent
 from phalanx.report.exits import WorkerExit, read_error_file
 from phalanx.supervisor.guardian import Guardian
-from phalanx.supervisor.logs import LogStream, tail_lines
+from phalanx.supervisor.logs import LogStream, open_log
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.supervisor.signals import SignalWatcher
 
@@ -59,6 +59,7 @@ class _Slot:
     proc: RunningWorker
     files: list[BinaryIO]
     exit: WorkerExit | None = None
+    streams: list[LogStream] = field(default_factory=list)  # stdout, stderr
 
 
 class Supervisor:
@@ -150,7 +151,8 @@ class Supervisor:
         selector: selectors.BaseSelector,
         streams: dict[int, LogStream],
     ) -> _Slot:
-        worker.log_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a full disk: _open_log says so, the job goes on
+            worker.log_dir.mkdir(parents=True, exist_ok=True)
         proc = self._launch(worker)
         self._guardian.watch(proc.pid)  # the worker leads its own process group
         slot = _Slot(worker, proc, [])
@@ -162,19 +164,23 @@ class Supervisor:
                 ("stderr", proc.stderr_fd, worker.stderr_path),
             )
         ):
-            handle = open(path, "ab")  # noqa: SIM115 -- closed with the slot
-            slot.files.append(handle)
+            handle = open_log(path)
+            if handle is not None:
+                slot.files.append(handle)
             console = (
                 self._console[index] if self._console and name in worker.console_streams else None
             )
             duplicate = None
+            dup = None
             if self._duplicate_filters[index]:
-                dup = open(plan.attempt_dir / f"filtered_{name}.log", "ab")  # noqa: SIM115
+                dup = open_log(plan.attempt_dir / f"filtered_{name}.log")
+            if dup is not None:
                 slot.files.append(dup)
                 duplicate = (dup, self._duplicate_filters[index])
             os.set_blocking(fd, False)
             streams[fd] = LogStream(fd, handle, prefix, console, duplicate)
             selector.register(fd, selectors.EVENT_READ, streams[fd])
+            slot.streams.append(streams[fd])
         return slot
 
     def _handle_events(
@@ -233,7 +239,7 @@ class Supervisor:
         self._drain(streams, selector)
         for slot in slots:
             if slot.exit is not None:
-                slot.exit = self._with_logs(slot.exit, slot.plan)
+                slot.exit = self._with_logs(slot.exit, slot)
 
     def _drain(self, streams: dict[int, LogStream], selector: selectors.BaseSelector) -> None:
         """Copy what is left in the pipes, bounded: a stray grandchild may hold one open."""
@@ -245,13 +251,13 @@ class Supervisor:
                     del streams[key.fd]
 
     @staticmethod
-    def _with_logs(exit_: WorkerExit, plan: WorkerPlan) -> WorkerExit:
+    def _with_logs(exit_: WorkerExit, slot: _Slot) -> WorkerExit:
         if exit_.returncode == 0:
             return exit_
         return replace(
             exit_,
-            stderr_tail=tuple(tail_lines(plan.stderr_path)),
-            error_message=read_error_file(plan.error_file),
+            stderr_tail=tuple(slot.streams[1].tail_lines()) if len(slot.streams) > 1 else (),
+            error_message=read_error_file(slot.plan.error_file),
         )
 
     @staticmethod

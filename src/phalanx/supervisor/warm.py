@@ -45,6 +45,8 @@ log = logging.getLogger("phalanx")
 WARM_MODES = frozenset({LaunchMode.SCRIPT, LaunchMode.MODULE, LaunchMode.RUN_PATH})
 READY_TIMEOUT = 120.0  # importing torch on a loaded machine; a cold start would wait as long
 REPLY_TIMEOUT = 30.0  # one fork, or one exit status after the pidfd said the worker ended
+
+
 def template_env(config: LaunchConfig, base_env: Mapping[str, str]) -> dict[str, str]:
     """The environment all workers of this node share (``plan.env.node_env``); each fork
     request then carries the worker's whole environment. Libraries read it at import, in the
