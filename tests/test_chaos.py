@@ -10,16 +10,17 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from phalanx.net import free_port
-from support.launch import PHALANX, alive, launched, run_phalanx, wait_for, worker
+from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
 
 HANG = 60.0  # bounds that only catch a hang
 
@@ -91,3 +92,107 @@ def test_an_unwritable_log_dir_is_a_usage_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot make the run directory there" in lines[0], done.stderr
+
+
+def _c10d(endpoint: str, nnodes: str, conf: str = "join_timeout=300") -> list[str]:
+    return ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", endpoint, "--rdzv-id", "chaos", "--rdzv-conf", conf]  # fmt: skip
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as err:
+        return subprocess.Popen(
+            [*PHALANX, *args], stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )
+
+
+def _descendants(pid: int) -> list[int]:
+    return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+
+
+def _reachable(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("side", ["store host", "client"])
+def test_a_signal_while_waiting_for_the_other_nodes_ends_phalanx_at_once(
+    tmp_path: Path, sig: signal.Signals, side: str
+) -> None:
+    """One node of two, the other never comes: Ctrl-C or SIGTERM ends it with 130 / 143, not
+    after join_timeout (300 s here), and its template and guardian go with it. The client
+    waits for a store nobody serves; the store host waits for a peer."""
+    port = free_port()
+    conf = "join_timeout=300" + (",is_host=false" if side == "client" else "")
+    log = tmp_path / "agent.err"
+    agent = _start([*_c10d(f"127.0.0.1:{port}", "2", conf), worker("chatty.py"), "1"], log)
+    try:
+        if side == "store host":
+            wait_for(lambda: _reachable(port), HANG, "the agent to serve the store")
+        else:
+            wait_for(lambda: "trying for another" in log.read_text(), HANG, "a retry line")
+        helpers = _descendants(agent.pid)
+        agent.send_signal(sig)
+        assert agent.wait(HANG) == 128 + sig
+        wait_for(lambda: not any(alive(pid) for pid in helpers), 10, "its helpers to be gone")
+        assert "Traceback" not in log.read_text()
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait(10)
+
+
+def test_the_other_nodes_hear_that_a_node_left_while_joining(tmp_path: Path) -> None:
+    """Two nodes of three wait for the third; SIGINT to one: it exits 130 and the other stops
+    at once with a rendezvous error that says which node left."""
+    port = free_port()
+    args = [*_c10d(f"127.0.0.1:{port}", "3"), worker("chatty.py"), "1"]
+    host = _start(args, tmp_path / "host.err")
+    client = None
+    try:
+        wait_for(lambda: _reachable(port), HANG, "the first agent to serve the store")
+        client = _start([*args[:-2], "--rdzv-conf", "join_timeout=300,is_host=false",
+                         *args[-2:]], tmp_path / "client.err")  # fmt: skip
+        time.sleep(3)  # let the client join round 0 (no assertion rests on this time)
+        client.send_signal(signal.SIGINT)
+        assert client.wait(HANG) == 130
+        assert host.wait(HANG) == 1
+        said = (tmp_path / "host.err").read_text()
+        assert "the job stopped" in said and "left while joining" in said, said
+    finally:
+        for proc in (host, client):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def test_an_endpoint_that_does_not_resolve_fails_at_once_in_one_line(tmp_path: Path) -> None:
+    """In a network namespace of its own (no DNS server can be reached, no packet leaves):
+    the name fails to resolve, and phalanx says so in one line instead of retrying for
+    join_timeout."""
+    done = subprocess.run(
+        ["unshare", "--net", *PHALANX, *_c10d("no-such-host.invalid:29400", "2"),
+         worker("chatty.py"), "1"],
+        capture_output=True, text=True, timeout=HANG,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("phalanx: --rdzv-backend c10d: cannot resolve 'no-such-host.invalid'")
+    assert "Traceback" not in done.stderr and "[W" not in done.stderr
+
+
+def test_an_endpoint_that_refuses_is_reported_while_phalanx_keeps_trying(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    done = subprocess.run(
+        [*PHALANX, *_c10d(f"127.0.0.1:{port}", "2", "join_timeout=11,is_host=false"),
+         worker("chatty.py"), "1"],
+        capture_output=True, text=True, timeout=HANG,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    retries = [line for line in lines if "trying for another" in line]
+    assert retries and all(f"127.0.0.1:{port}: Connection refused" in line for line in retries)
+    assert lines[-1].endswith(f"127.0.0.1:{port} did not answer within 11 s: Connection refused")
+    assert "Traceback" not in done.stderr

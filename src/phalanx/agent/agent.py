@@ -92,7 +92,8 @@ class Agent:
                 # Warm start: one template per agent run, imported while the rendezvous runs;
                 # every attempt forks from it.
                 template = open_template(config, self._base_env, run_dir)
-                rendezvous = self._open_rendezvous()
+                with signals.raising():  # connecting may wait up to join_timeout
+                    rendezvous = self._open_rendezvous()
                 supervisor = Supervisor(
                     guardian,
                     shutdown_timeout=config.shutdown_timeout,

@@ -78,7 +78,7 @@ class Rounds:
         checkpoint_log = self.run_dir / CHECKPOINT_LOG_FILE
         previous: tuple[int, int, str] | None = None
         while True:
-            joined = self.rdzv.next_round(self.config.nproc_per_node)
+            joined = self._next_round()
             if joined.num_nodes > 1 or self.attempts == 0:
                 log.info(
                     "round %d: node %d of %d, world size %d, master %s:%d",
@@ -123,6 +123,16 @@ class Rounds:
                 )  # fmt: skip
                 continue
             self._fail(joined, exits, result.event, hang, crash_loop=step is Step.CRASH_LOOP)
+
+    def _next_round(self) -> RendezvousResult:
+        """Join the next round; a signal meanwhile ends the wait at once, and the other nodes
+        are told this node left (the job stops: it cannot form without it)."""
+        try:
+            with self.signals.raising():
+                return self.rdzv.next_round(self.config.nproc_per_node)
+        except Interrupted:
+            self.rdzv.report_done(False)
+            raise
 
     def _succeeded(self, joined: RendezvousResult, exits: list[WorkerExit]) -> int:
         """This node's workers all finished: wait for the others (the exit barrier)."""
@@ -242,7 +252,8 @@ class Rounds:
                 if r.get("round") == joined.round and r.get("node_rank") != joined.node_rank
             ]
             posted = {r.get("node_rank") for r in records if "hang" in r}
-            if len(posted) >= joined.num_nodes - 1 or time.monotonic() >= deadline:
+            done = len(posted) >= joined.num_nodes - 1 or time.monotonic() >= deadline
+            if done or self.signals.pending() is not None:  # Ctrl-C: report what is here
                 return records
             time.sleep(0.2)
 

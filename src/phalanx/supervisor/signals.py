@@ -2,14 +2,24 @@
 
 The handlers only record the signal; the wakeup fd wakes the supervisor's ``select`` so it
 can stop the workers in order, from ordinary code, with its ``finally`` blocks intact.
+
+Where phalanx only waits on others -- opening the rendezvous, forming a round -- there is
+no loop of ours to notice a recorded signal, so inside ``raising()`` the handler raises
+``Interrupted`` instead: the wait ends at once (the rendezvous waits in slices of at most
+a heartbeat interval, so a blocking store call returns within about a second), and the
+``finally`` blocks on the way out tell the other nodes and stop everything this node started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import threading
+from collections.abc import Iterator
 from types import FrameType, TracebackType
+
+from phalanx.errors import Interrupted
 
 
 class SignalWatcher:
@@ -20,6 +30,7 @@ class SignalWatcher:
         self._received: list[int] = []
         self._previous: dict[int, object] = {}
         self._old_wakeup = -1
+        self._raising = False
         # Python delivers signals to the main thread only; elsewhere we cannot watch them.
         self.active = threading.current_thread() is threading.main_thread()
         self._signals = [signal.Signals[name] for name in names]
@@ -49,6 +60,21 @@ class SignalWatcher:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self._received.append(signum)
+        if self._raising:
+            self._raising = False  # once: the way out must not be interrupted again
+            raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def raising(self) -> Iterator[None]:
+        """Inside this block a handled signal raises ``Interrupted`` (one that came before
+        it raises on entry)."""
+        if self._received:
+            raise Interrupted(self._received[0])
+        self._raising = True
+        try:
+            yield
+        finally:
+            self._raising = False
 
     def drain(self) -> None:
         try:

@@ -179,6 +179,8 @@ class DynamicRendezvous:
             self._stop_job()
             return
         if self._done is not None or self._membership is None or self._rank is None:
+            if not ok and self._done is None and self._membership is None:
+                self._left_while_joining()
             self._done = ok if self._done is None else self._done
             return
         self._done = ok
@@ -196,6 +198,16 @@ class DynamicRendezvous:
             return
         if not ok:
             self._stop_job()
+
+    def _left_while_joining(self) -> None:
+        """Gave up before any round formed (a signal while joining): no round can form as
+        the others expect, so the job stops and every node waiting to join hears why."""
+        if self._liveness.store_problem() is not None:
+            return
+        try:
+            self._board.stop(f"node {self._hostname} ({self._addr}) left while joining", None)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not tell the other nodes this node left: %s", exc)
 
     def _stop_job(self) -> None:
         """Stop the job for good: no new round forms, every peer sees ``JOB_STOPPED``."""

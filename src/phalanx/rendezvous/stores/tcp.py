@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from phalanx.rendezvous.stores.base import StoreUnavailable
+from phalanx.rendezvous.stores.reach import wait_reachable
 
 _SENTINEL = b"\x00phalanx:absent\x00"  # never written: rendezvous values are JSON or digits
 _POLL_FIRST = 0.01
@@ -69,9 +70,12 @@ class TcpKVStore:
         from torch.distributed import TCPStore
 
         where = f"the rendezvous store at {_hostport(host, port)}"
+        # Wait here, where a signal can end the wait and the reason is said, rather than
+        # in TCPStore's connect loop, which does neither.
+        left = wait_reachable(host, port, connect_timeout, "the rendezvous store")
         try:
             store = TCPStore(
-                host, port, is_master=False, timeout=timedelta(seconds=connect_timeout)
+                host, port, is_master=False, timeout=timedelta(seconds=max(left, 1.0))
             )
         except (RuntimeError, OSError) as exc:
             raise StoreUnavailable(f"cannot connect to {where}: {exc}") from None
