@@ -100,9 +100,11 @@ def _c10d(endpoint: str, nnodes: str, conf: str = "join_timeout=300") -> list[st
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """phalanx in its own session, its stderr to ``log``, its run directory beside it."""
+    logs = ["--log-dir", str(log.with_suffix(".logs"))]
     with open(log, "wb") as err:
         return subprocess.Popen(
-            [*PHALANX, *args], stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+            [*PHALANX, *logs, *args], stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
         )
 
 
@@ -173,7 +175,8 @@ def test_an_endpoint_that_does_not_resolve_fails_at_once_in_one_line(tmp_path: P
     the name fails to resolve, and phalanx says so in one line instead of retrying for
     join_timeout."""
     done = subprocess.run(
-        ["unshare", "--net", *PHALANX, *_c10d("no-such-host.invalid:29400", "2"),
+        ["unshare", "--net", *PHALANX, "--log-dir", str(tmp_path / "logs"),
+         *_c10d("no-such-host.invalid:29400", "2"),
          worker("chatty.py"), "1"],
         capture_output=True, text=True, timeout=HANG,
     )  # fmt: skip
@@ -186,7 +189,8 @@ def test_an_endpoint_that_does_not_resolve_fails_at_once_in_one_line(tmp_path: P
 def test_an_endpoint_that_refuses_is_reported_while_phalanx_keeps_trying(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     done = subprocess.run(
-        [*PHALANX, *_c10d(f"127.0.0.1:{port}", "2", "join_timeout=11,is_host=false"),
+        [*PHALANX, "--log-dir", str(tmp_path / "logs"),
+         *_c10d(f"127.0.0.1:{port}", "2", "join_timeout=11,is_host=false"),
          worker("chatty.py"), "1"],
         capture_output=True, text=True, timeout=HANG,
     )  # fmt: skip
@@ -196,3 +200,48 @@ def test_an_endpoint_that_refuses_is_reported_while_phalanx_keeps_trying(tmp_pat
     assert retries and all(f"127.0.0.1:{port}: Connection refused" in line for line in retries)
     assert lines[-1].endswith(f"127.0.0.1:{port} did not answer within 11 s: Connection refused")
     assert "Traceback" not in done.stderr
+
+
+def test_junk_in_the_store_is_a_rendezvous_error_naming_the_key(tmp_path: Path) -> None:
+    """A hostile (or broken) client of the c10d store writes an event that is not JSON into
+    a running job: every node's heartbeat thread reads it, and each node stops its workers
+    and exits 1 with one line naming the key -- no dead thread, no traceback, no false
+    "store has not answered" later."""
+    from torch.distributed import TCPStore
+
+    from phalanx.rendezvous.dynamic.keys import Keys
+
+    port = free_port()
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(300)\n")
+    args = [*_c10d(f"127.0.0.1:{port}", "2"), str(script)]
+    first = _start(args, tmp_path / "n0.err")
+    second = None
+    try:
+        wait_for(lambda: _reachable(port), HANG, "the first agent to serve the store")
+        second = _start([*args[:-1][:-2], "--rdzv-conf", "join_timeout=300,is_host=false",
+                         str(script)], tmp_path / "n1.err")  # fmt: skip
+        for log in ("n0.err", "n1.err"):
+            wait_for(lambda log=log: "round 0:" in (tmp_path / log).read_text(), HANG, "round 0")
+        workers = [p for agent in (first, second) for p in _descendants(agent.pid)]
+        hostile = TCPStore("127.0.0.1", port, is_master=False, timeout=_seconds(30))
+        keys = Keys("chaos")
+        hostile.add(keys.round(0, "events"), 1)
+        hostile.set(keys.event(0, 1), b"{this is not json")
+        for agent, log in ((first, "n0.err"), (second, "n1.err")):
+            assert agent.wait(HANG) == 1
+            said = (tmp_path / log).read_text()
+            assert f"malformed value at {keys.event(0, 1)!r}" in said, said
+            assert "Traceback" not in said and "has not answered" not in said
+        wait_for(lambda: not any(alive(pid) for pid in workers), 10, "every worker to be gone")
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def _seconds(value: float) -> object:
+    from datetime import timedelta
+
+    return timedelta(seconds=value)

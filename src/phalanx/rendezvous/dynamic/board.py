@@ -12,11 +12,13 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.keys import Keys
-from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
+from phalanx.rendezvous.stores.base import KVStore, MalformedValue, StoreUnavailable
+
+T = TypeVar("T")
 
 LEFT = b"left"  # heartbeat value of a node that left on purpose: watchers skip it
 # The most one node posts in answer to a stacks request: etcd rejects a request over 1.5 MiB,
@@ -41,11 +43,30 @@ def cap_stacks(text: str, limit: int = STACKS_LIMIT) -> bytes:
     return data[: max(0, limit - len(note))].decode(errors="ignore").encode() + note
 
 
-def decode(data: bytes) -> dict[str, Any]:
-    value = json.loads(data)
+def decode(data: bytes, key: str = "?") -> dict[str, Any]:
+    """A JSON object as phalanx writes it; ``MalformedValue`` naming ``key`` otherwise."""
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise MalformedValue(key, f"not JSON: {data[:80]!r}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object in the rendezvous store, got {data[:80]!r}")
+        raise MalformedValue(key, f"expected a JSON object, got {data[:80]!r}")
     return value
+
+
+def _integer(key: str, data: bytes) -> int:
+    try:
+        return int(data)
+    except ValueError:
+        raise MalformedValue(key, f"expected an integer, got {data[:80]!r}") from None
+
+
+def parsed(key: str, body: dict[str, Any], parse: Callable[[dict[str, Any]], T]) -> T:
+    """``parse(body)``, with a missing or mistyped field a ``MalformedValue`` naming ``key``."""
+    try:
+        return parse(body)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise MalformedValue(key, f"{type(exc).__name__}: {exc} in {str(body)[:120]}") from None
 
 
 @dataclass(frozen=True)
@@ -69,7 +90,7 @@ class Board:
     # -- generic -------------------------------------------------------------------------
     def get_json(self, key: str) -> dict[str, Any] | None:
         data = self.store.get(key)
-        return None if data is None else decode(data)
+        return None if data is None else decode(data, key)
 
     def read_int(self, key: str) -> int:
         return self.store.add(key, 0)
@@ -79,18 +100,18 @@ class Board:
         _, current = self.store.compare_set(key, None, encode({**obj, "by": self.node_id}))
         if current is None:  # a backend breaking the contract; say so rather than crash later
             raise StoreUnavailable(f"compare_set on {key!r} returned no value")
-        return decode(current)
+        return decode(current, key)
 
     # -- rounds ----------------------------------------------------------------------------
     def latest_round(self) -> int:
         data = self.store.get(self.keys.latest_round)
-        return 0 if data is None else int(data)
+        return 0 if data is None else _integer(self.keys.latest_round, data)
 
     def open_round(self, r: int) -> None:
         """Mark round ``r`` open and move the run's newest-round pointer up to it (never down)."""
         self.store.set(self.keys.round(r, "open"), b"1")
         current = self.store.get(self.keys.latest_round)
-        while current is None or int(current) < r:
+        while current is None or _integer(self.keys.latest_round, current) < r:
             swapped, current = self.store.compare_set(
                 self.keys.latest_round, current, str(r).encode()
             )
@@ -101,10 +122,11 @@ class Board:
         return r == 0 or self.store.get(self.keys.round(r, "open")) is not None
 
     def decision(self, r: int) -> Decision | None:
-        found = self.get_json(self.keys.round(r, "closed"))
+        key = self.keys.round(r, "closed")
+        found = self.get_json(key)
         if found is None:
             return None
-        return Decision(int(found.get("n", 0)), str(found.get("fail", "")))
+        return parsed(key, found, lambda b: Decision(int(b.get("n", 0)), str(b.get("fail", ""))))
 
     def close(self, r: int, decision: Decision) -> Decision:
         """Propose how round ``r`` closes; return the decision that won (maybe another's)."""
@@ -146,11 +168,13 @@ class Board:
 
     def claim(self, r: int, restart: bool) -> bool:
         """The job-wide restart decision after round ``r``: the first claim decides for all."""
-        return bool(self.put_first(self.keys.round(r, "claim"), {"restart": restart})["restart"])
+        key = self.keys.round(r, "claim")
+        return parsed(key, self.put_first(key, {"restart": restart}), lambda b: bool(b["restart"]))
 
     def claimed_restart(self, r: int) -> bool:
-        found = self.get_json(self.keys.round(r, "claim"))
-        return bool(found and found["restart"])
+        key = self.keys.round(r, "claim")
+        found = self.get_json(key)
+        return bool(found and parsed(key, found, lambda b: bool(b["restart"])))
 
     def mark_ok(self, r: int, count: int) -> None:
         if self.store.add(self.keys.round(r, "ok"), 1) >= count:
@@ -224,12 +248,19 @@ class Board:
 
     def event(self, r: int, index: int) -> tuple[str, JobEvent] | None:
         """Entry ``index`` of round ``r``'s event log as ``(about, event)``, or None."""
-        body = self.get_json(self.keys.event(r, index))
+        key = self.keys.event(r, index)
+        body = self.get_json(key)
         if body is None:
             return None
-        kind = EventKind(body["kind"])
-        event = JobEvent(kind, body["node_rank"], str(body["detail"]), dict(body["failure"]))
-        return str(body["about"]), event
+
+        def event(b: dict[str, Any]) -> tuple[str, JobEvent]:
+            rank = b["node_rank"]
+            if rank is not None and not isinstance(rank, int):
+                raise TypeError(f"node_rank {rank!r}")
+            kind = EventKind(b["kind"])
+            return str(b["about"]), JobEvent(kind, rank, str(b["detail"]), dict(b["failure"]))
+
+        return parsed(key, body, event)
 
     def event_count(self, r: int) -> int:
         return self.read_int(self.keys.round(r, "events"))

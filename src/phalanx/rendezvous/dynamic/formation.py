@@ -29,7 +29,7 @@ from collections.abc import Callable
 from phalanx.errors import RendezvousError
 from phalanx.net import free_port
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
-from phalanx.rendezvous.dynamic.board import Board, Decision, encode
+from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.settings import RendezvousSettings
 
@@ -203,7 +203,7 @@ class RoundFormer:
             found = self._assemble(t, count)
         if "fail" in found:
             raise RendezvousError(f"round {t}: {found['fail']}")
-        return Membership.from_json(found)
+        return parsed(key, found, Membership.from_json)
 
     def _assemble(self, t: int, count: int) -> dict[str, object]:
         keys = [self._keys.node(t, s) for s in range(1, count + 1)]
@@ -218,11 +218,14 @@ class RoundFormer:
             body = self._b.get_json(k)
             if body is None:
                 raise RendezvousError(f"round {t}: arrival {k!r} vanished from the store")
-            arrivals.append(Arrival.from_json(body))
+            arrivals.append(parsed(k, body, Arrival.from_json))
         restarts = 0
         if t > 0:
-            previous = self._b.get_json(self._keys.round(t - 1, "members"))
-            restarts = int(previous["restart_count"]) if previous else 0
+            before = self._keys.round(t - 1, "members")
+            previous = self._b.get_json(before)
+            restarts = (
+                parsed(before, previous, lambda b: int(b["restart_count"])) if previous else 0
+            )
             restarts += int(self._b.claimed_restart(t - 1))
         try:
             ranks = assign_ranks(arrivals)
@@ -256,4 +259,4 @@ class RoundFormer:
                 f"round {membership.round}: node 0 ({membership.nodes[0].hostname}) did not "
                 f"publish the master port within close_timeout={self._s.close_timeout:g}s"
             )
-        return str(found["addr"]), int(found["port"])
+        return parsed(key, found, lambda b: (str(b["addr"]), int(b["port"])))

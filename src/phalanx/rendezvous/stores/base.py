@@ -24,6 +24,15 @@ class StoreUnavailable(Exception):
     """The store could not be reached or did not answer within its timeout."""
 
 
+class MalformedValue(StoreUnavailable):
+    """A value in the store is not what phalanx writes there (junk, a hostile or broken
+    writer): final, unlike an unreachable store, and the message names the key."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"the rendezvous store holds a malformed value at {key!r}: {why}")
+        self.key = key
+
+
 class KVStore(Protocol):
     # This handle serves the store (c10d's host agent): closing it takes the store away
     # from every node, so that node leaves last (see ``DynamicRendezvous.shutdown``).
