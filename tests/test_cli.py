@@ -93,6 +93,11 @@ BAD_INPUTS = [
     (["--rdzv-conf", "novalue", SCRIPT], "--rdzv-conf: expected key=value"),
     (["--signals-to-handle", "SIGNOPE", SCRIPT], "unknown signal 'SIGNOPE'"),
     (["--no-python", "no-such-program-xyz"], "is not an executable file or on PATH"),
+    (["--signals-to-handle", "SIGTERM,SIGKILL", SCRIPT], "SIGKILL cannot be caught"),
+    (["--monitor-interval", "inf", SCRIPT], "--monitor-interval: expected a finite number"),
+    (["--shutdown-timeout", "inf", SCRIPT], "--shutdown-timeout: expected a finite number"),
+    (["--stall-timeout", "nan", SCRIPT], "--stall-timeout: expected a finite number"),
+    (["--log-dir", "/proc/self/no/such", SCRIPT], "cannot make the run directory there"),
     (["--bogus-flag", SCRIPT], "unrecognized arguments: --bogus-flag"),
     ([], "the following arguments are required: training_script"),
 ]

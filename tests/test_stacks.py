@@ -123,6 +123,12 @@ def test_stacks_errors_are_one_line(tmp_path: Path) -> None:
     (run_dir,) = (tmp_path / "logs").iterdir()
     result = run_phalanx(["stacks", str(run_dir)])
     assert result.returncode == 1 and "is not running" in result.stderr, result.stderr
+    for junk in ('{"pid": "12"}', "[1, 2]", '{"host": "x"}', "{}"):
+        (run_dir / "launcher.json").write_text(junk)
+        result = run_phalanx(["stacks", str(run_dir)])
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert "launcher.json' is malformed" in lines[0]
 
 
 def test_a_script_named_stacks_still_runs(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ what was expected; the CLI collects those messages and reports them all at once.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -24,10 +25,14 @@ def parse_int(text: str, what: str, *, minimum: int | None = None) -> int:
 
 
 def parse_float(text: str, what: str, *, minimum: float | None = None) -> float:
+    """A finite number (``inf`` and ``nan`` are refused: every duration phalanx takes must
+    end), at least ``minimum``."""
     try:
         value = float(str(text).strip())
     except ValueError:
         raise ValueError(f"{what}: expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{what}: expected a finite number of seconds, got {text!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{what}: expected a number >= {minimum}, got {value}")
     return value

@@ -4,7 +4,6 @@ problems at once."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import signal
@@ -89,9 +88,6 @@ def _seconds(ns: argparse.Namespace, p: _Problems) -> tuple[float, float, float]
     stall = p.parse(
         lambda: parsing.parse_float(ns.stall_timeout, "--stall-timeout", minimum=0), 0.0
     )
-    if not math.isfinite(stall):
-        p.add(f"--stall-timeout: expected a number of seconds, got {ns.stall_timeout!r}")
-        stall = 0.0
     if stall and ns.spawn_owner:
         p.add(
             "--stall-timeout does not apply to --spawn-owner: its workers are its own "
@@ -106,6 +102,8 @@ def _check_names(ns: argparse.Namespace, p: _Problems) -> tuple[tuple[str, ...],
     for name in signals:
         if not (name.startswith("SIG") and hasattr(signal.Signals, name)):
             p.add(f"--signals-to-handle: unknown signal {name!r} (expected names like SIGTERM)")
+        elif name in ("SIGKILL", "SIGSTOP"):
+            p.add(f"--signals-to-handle: {name} cannot be caught by any process")
     preload = tuple(m.strip() for m in str(ns.preload).split(",") if m.strip())
     for name in preload:
         if not all(part.isidentifier() for part in name.split(".")):

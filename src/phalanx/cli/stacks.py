@@ -57,7 +57,12 @@ def launcher_pid(run_dir: Path) -> int:
             f"stacks: {str(run_dir)!r} is not a phalanx run directory (no readable "
             f"{LAUNCHER_FILE}); give the directory phalanx printed at start"
         ) from None
-    pid = int(data["pid"])
+    pid = data.get("pid") if isinstance(data, dict) else None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        raise UsageError(
+            f"stacks: {str(run_dir / LAUNCHER_FILE)!r} is malformed (expected a launcher's "
+            f'{{"pid": ..., "host": ...}}); give the directory phalanx printed at start'
+        )
     if data.get("host", socket.gethostname()) != socket.gethostname():
         raise PhalanxError(
             f"the launcher of {run_dir} runs on {data['host']}; run phalanx stacks there"
