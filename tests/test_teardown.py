@@ -3,6 +3,8 @@
 - SIGKILL after ``--shutdown-timeout`` for a worker that ignores SIGTERM.
 - The launcher SIGKILLed: the guardian alone (the workers dropped their death signal) and
   ``PR_SET_PDEATHSIG`` alone (the guardian was SIGKILLed first) each leave no worker.
+- The fork race: a launcher killed between a child's fork and its ``prctl`` (driven with
+  ptrace by ``support/fork_race.py``): the child exits at once instead of running on.
 
 In the warm start the workers' parent is the template, which would also kill them when the
 agent's socket closes; the template is SIGSTOPped first so that path cannot do the work (a
@@ -15,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -138,3 +141,33 @@ def test_pdeathsig_alone_ends_the_workers_when_the_launcher_is_killed(
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait(10)
+
+
+FORK_RACE = Path(__file__).parent / "support" / "fork_race.py"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_launcher_killed_between_fork_and_prctl_leaves_no_child(
+    tmp_path: Path, mode: str
+) -> None:
+    """The fork race, driven with ptrace (see ``support/fork_race.py``): the first child of
+    the launcher that asks for its death signal -- cold, a worker before its exec; warm, the
+    template -- is held at that ``prctl`` while the launcher is SIGKILLed. Let go, the child
+    must see its parent gone and exit 1 at once, not go on to run the worker."""
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [*PHALANX, *MODES[mode], "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"),
+            worker("deathsig_tree.py"), str(out), "none", "keep"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(FORK_RACE), "--", *argv], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    race = json.loads(done.stdout.splitlines()[-1])
+    assert race["launcher"] == signal.SIGKILL  # a wait status: killed by SIGKILL
+    if mode == "warm":
+        assert "phalanx.worker.template" in race["cmdline"]
+    else:
+        assert "--cold-start" in race["cmdline"]  # a fork of the launcher, before its exec
+    assert race["syscalls"] == ["getppid", "exit_group"], race
+    assert race["exit"] == 1
+    assert read_pids(out) == []  # no worker ever started
