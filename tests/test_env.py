@@ -13,6 +13,7 @@ from phalanx.config import LaunchConfig
 from phalanx.plan import WORKER_ENV_KEYS, build_plan, worker_env
 from phalanx.rendezvous.api import NodeInfo, RendezvousResult
 from support.launch import run_phalanx, worker
+from support.tools import TORCHRUN
 
 RDZV = RendezvousResult(
     run_id="job7",
@@ -102,9 +103,7 @@ def test_environment_matches_torchrun(tmp_path: Path) -> None:
             str(out),
         ]
         if launcher == "torchrun":
-            # torchrun's own module, not the `torchrun` on PATH: a version-manager shim (pyenv)
-            # would add variables of its own to torchrun's environment.
-            reference = [sys.executable, "-m", "torch.distributed.run", *args]
+            reference = [*TORCHRUN, *args]  # its module: see support.tools
             done = subprocess.run(reference, capture_output=True, text=True, timeout=120)
         else:
             done = run_phalanx(["--log-dir", str(tmp_path / "logs"), *args])

@@ -1,4 +1,4 @@
-"""The etcd v3 store against real etcd servers (``/usr/bin/etcd``): no mocks of etcd."""
+"""The etcd v3 store against real etcd servers (``support.tools.ETCD``): no mocks of etcd."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import requests
 
 from phalanx.errors import RendezvousError, UsageError
 from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
+from phalanx.rendezvous.stores.etcd import wire
 from phalanx.rendezvous.stores.etcd.conf import parse_endpoints, run_prefix
 from phalanx.rendezvous.stores.etcd.store import (
     EtcdOptions,
@@ -27,6 +28,7 @@ from phalanx.rendezvous.stores.etcd.store import (
     create_etcd_store,
     etcd_options_from_conf,
 )
+from support.drop_reply import DropOneReply
 from support.etcd_server import (
     EtcdCluster,
     authenticate,
@@ -34,13 +36,12 @@ from support.etcd_server import (
     make_tls_files,
     revoke_all_leases,
 )
+from support.tools import needs_etcd
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 HANG = 60.0  # generous bound that only catches hangs
 
-pytestmark = pytest.mark.skipif(
-    not Path("/usr/bin/etcd").exists(), reason="etcd-server not installed"
-)
+pytestmark = needs_etcd
 
 StoreFactory = Callable[..., EtcdStore]
 
@@ -200,6 +201,41 @@ def test_compare_set(etcd: EtcdCluster, make_store: StoreFactory) -> None:
     assert store.compare_set("c", b"wrong", b"second") == (False, b"first")
     assert store.compare_set("c", b"first", b"second") == (True, b"second")
     assert store.get("c") == b"second"
+
+
+# Each conditional write once more, with its first reply lost: (how to do it, what a second
+# application would have returned, had the receipt not told the resent request "done").
+ONCE: dict[str, tuple[Callable[[EtcdStore], object], object]] = {
+    "add": (lambda store: store.add("k", 5), 5),
+    "compare_set": (lambda store: store.compare_set("k", None, b"one"), (True, b"one")),
+    "delete": (lambda store: store.delete("k"), True),
+}
+
+
+@pytest.mark.parametrize("op", ONCE)
+def test_a_request_resent_after_a_lost_reply_applies_once(
+    etcd: EtcdCluster, make_store: StoreFactory, op: str
+) -> None:
+    """A proxy forwards the first transaction on the key but drops etcd's reply: the client
+    resends it (one endpoint: to the same member), and the receipt key makes that a no-op."""
+    run_id = uuid.uuid4().hex
+    direct = make_store(etcd, run_id)
+    if op == "delete":
+        direct.set("k", b"there")
+    port = int(etcd.endpoints[0].rsplit(":", 1)[1])
+    key = wire.b64(f"{run_prefix(run_id)}kv/k".encode()).encode()
+    with DropOneReply(port, lambda r: r.startswith(b"POST /v3/kv/txn ") and key in r) as proxy:
+        store = EtcdStore([proxy.endpoint], run_prefix(run_id), EtcdOptions())
+        try:
+            do, once = ONCE[op]
+            assert do(store) == once
+        finally:
+            store.close()
+        assert proxy.dropped.is_set()
+        resent = [r for r in proxy.requests if r.startswith(b"POST /v3/kv/txn ") and key in r]
+        assert len(resent) == 2  # the lost one and its resend
+        assert resent[0].partition(b"\r\n\r\n")[2] == resent[1].partition(b"\r\n\r\n")[2]
+    assert direct.get("k") == {"add": b"5", "compare_set": b"one", "delete": None}[op]
 
 
 def test_concurrent_adds_from_many_clients_are_atomic(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,13 +19,11 @@ import pytest
 import torch
 
 from phalanx import checkpoint
+from support.tools import TORCHRUN
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "train.py"
 TINY = ROOT / "examples" / "configs" / "tiny.json"
-TORCHRUN = shutil.which("torchrun")
-
-needs_torchrun = pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
 
 
 def _env() -> dict[str, str]:
@@ -39,7 +36,7 @@ def _env() -> dict[str, str]:
 
 def _torchrun(config: Path, out: Path) -> list[str]:
     return [
-        str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
+        *TORCHRUN, "--standalone", "--nproc-per-node", "2",
         str(TRAIN), "--config", str(config), "--output_dir", str(out),
     ]  # fmt: skip
 
@@ -56,16 +53,12 @@ def _final_weights(out: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def torchrun_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One torchrun run of tiny.json (shared: the reference the other launch forms match)."""
-    if TORCHRUN is None:
-        pytest.skip("torchrun is not on PATH")
     out = tmp_path_factory.mktemp("torchrun") / "out"
     done = _run(_torchrun(TINY, out))
-    if done.returncode != 0 and "(SIGABRT)" in done.stderr:
-        # torchrun is the reference here, not what is tested. Once in about twenty suite runs
-        # one of its Gloo workers aborted ("terminate called without an active exception")
-        # and torchrun failed the run; that alone is retried, once, from scratch.
-        shutil.rmtree(out, ignore_errors=True)
-        done = _run(_torchrun(TINY, out))
+    # Not retried, even though torchrun is the reference here rather than what is tested: a
+    # reference run that aborts (a Gloo worker's SIGABRT, "terminate called without an active
+    # exception", was seen about once in twenty suite runs) fails the test with its output,
+    # so the abort is on record instead of hidden by a second run.
     assert done.returncode == 0, done.stderr[-3000:]
     return out, done.stdout
 
@@ -185,7 +178,6 @@ def _kill_tree(proc: subprocess.Popen[str]) -> list[psutil.Process]:
     return tree
 
 
-@needs_torchrun
 def test_killed_run_resumes_to_bit_identical_weights(tmp_path: Path) -> None:
     config = tmp_path / "long.json"
     cfg = {**json.loads(TINY.read_text()), "steps": 400, "checkpoint_every": 20, "log_every": 100}

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from phalanx.worker.progress import read
 from support.launch import run_phalanx, worker
+from support.tools import needs_py_spy
 
 MODES = {"warm": [], "cold": ["--cold-start"]}
 SCRIPT = worker("hang_allreduce.py")
@@ -53,10 +53,7 @@ def test_a_rank_sleeping_while_the_others_all_reduce_is_named(tmp_path: Path, mo
     assert (data["kind"], data["root_cause"]["rank"], data["collateral"]) == ("hang", 1, [0])
 
 
-@pytest.mark.skipif(
-    shutil.which("py-spy") is None,
-    reason="py-spy is not on PATH (the test extras install it: pip install -e '.[test]')",
-)
+@needs_py_spy
 def test_py_spy_adds_native_frames_where_installed(tmp_path: Path) -> None:
     result = run_phalanx(
         ["--nproc-per-node", "2", "--stall-timeout", "3", "--log-dir", str(tmp_path), SCRIPT],

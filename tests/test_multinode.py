@@ -147,6 +147,41 @@ def test_kill_9_of_node_1_agent_stops_node_0(
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_kill_9_of_the_store_host_ends_the_other_node_with_a_rendezvous_error(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """README, "Store host lost": the c10d store lives in node 0's agent (on namespaces the
+    endpoint names node 0's machine; is_host says so on loopback too, where both would).
+    SIGKILL that agent: node 1 stops its workers and exits 1 naming the lost store."""
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    for i in (0, 1):
+        conf = f"{FAST},is_host={'true' if i == 0 else 'false'}"
+        args = [*c10d_args(net, port, "2", conf=conf), worker("sleep_tree.py"), str(pids_dir)]
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    wait_for(lambda: len(read_pids(pids_dir)) == 4, 90, "both nodes' workers and children")
+    pids = read_pids(pids_dir)
+    try:
+        nodes[0].proc.kill()  # SIGKILL to the store's host only
+        code = nodes[1].finish(timeout=60)  # heartbeat_timeout is 4 s; 60 s only catches a hang
+        assert code == 1, nodes[1].stderr
+        # One line names the store (what follows it, "Broken pipe" or a reset, is the kernel's).
+        lost = f"the rendezvous store is unreachable: the rendezvous store at {net.addr(0)}:{port}"
+        assert lost in nodes[1].stderr, nodes[1].stderr
+        assert (
+            "rank 1 (local rank 0)" in nodes[1].stderr and "stopped by phalanx" in nodes[1].stderr
+        )
+        wait_for(
+            lambda: not any(alive(pid) for pid in pids), 10, "every worker on both nodes to be gone"
+        )
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_late_joiner_is_admitted_without_spending_a_restart(
     hosts: object, nodes: list[Node], tmp_path: Path
 ) -> None:

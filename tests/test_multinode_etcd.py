@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -18,10 +17,11 @@ import pytest
 from support.etcd_server import EtcdCluster, leader_index
 from support.hosts import Loopback, Node
 from support.launch import alive, read_pids, wait_for, worker
+from support.tools import needs_etcd
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd-server not installed"),
+    needs_etcd,
 ]
 
 HANG = 120.0

@@ -3,7 +3,6 @@ through the registry exactly as the launcher does: ``--rdzv-backend etcd`` / ``e
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 import uuid
@@ -16,6 +15,7 @@ from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, Rende
 from phalanx.rendezvous.registry import create_handler, spec_problems
 from phalanx.rendezvous.spec import RendezvousSpec
 from support.etcd_server import EtcdCluster, revoke_all_leases
+from support.tools import needs_etcd
 
 HANG = 60.0
 CONF = {
@@ -25,7 +25,7 @@ CONF = {
     "lease_ttl": "3",
 }
 
-pytestmark = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd-server not installed")
+pytestmark = needs_etcd
 
 
 @pytest.fixture(scope="module")

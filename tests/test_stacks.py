@@ -3,7 +3,6 @@ node of a multi-node job; the job then finishes."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from phalanx.net import free_port
 from support.hosts import Node
 from support.launch import launched, run_phalanx, wait_for, worker
+from support.tools import needs_py_spy
 
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60"
 
@@ -50,10 +50,7 @@ def test_stacks_of_a_running_job_then_it_finishes(tmp_path: Path, mode: str) -> 
         assert sorted(out.splitlines()) == ["[rank0]: done 0", "[rank1]: done 1"]
 
 
-@pytest.mark.skipif(
-    shutil.which("py-spy") is None,
-    reason="py-spy is not on PATH (the test extras install it: pip install -e '.[test]')",
-)
+@needs_py_spy
 def test_stacks_of_a_spawn_owner_cover_the_ranks_it_spawned(tmp_path: Path) -> None:
     """A spawn owner has no phalanx worker-side code: py-spy dumps it with its children."""
     shared, logs = tmp_path / "shared", tmp_path / "logs"

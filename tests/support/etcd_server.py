@@ -1,6 +1,6 @@
 """Real etcd servers for tests: single members and 3-member clusters on free loopback ports.
 
-Each member runs ``/usr/bin/etcd`` (Debian ``etcd-server``) with a fresh data directory
+Each member runs the ``etcd`` on PATH (``support.tools.ETCD``; Debian ``etcd-server``) with a fresh data directory
 (on ``/dev/shm`` when possible: fsync on a shared disk is what makes etcd slow), is stopped by
 its PID (SIGTERM, wait, SIGKILL, wait) and has its directory removed. Nothing here talks to
 anything but 127.0.0.1.
@@ -23,7 +23,8 @@ from typing import Any
 
 import requests
 
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+from support.tools import ETCD
+
 START_TIMEOUT = 60.0  # a 3-member cluster electing a leader on a loaded 2-core machine
 STOP_TIMEOUT = 10.0
 
@@ -208,6 +209,8 @@ class EtcdCluster:
         return session
 
     def _spawn(self, member: EtcdMember, cluster: str, token: str) -> None:
+        if ETCD is None:
+            raise FileNotFoundError("etcd is not on PATH (Debian: etcd-server)")
         args = [
             ETCD,
             f"--name={member.name}",

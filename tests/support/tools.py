@@ -1,0 +1,27 @@
+"""The outside programs the tests use, each found one way, here and nowhere else.
+
+``shutil.which``, as phalanx itself finds ``py-spy``: a program counts as installed when it
+is on PATH. A test that needs one carries its mark (``needs_etcd``, ``needs_py_spy``); under
+``CI=true`` a skip fails the run (see ``conftest``), so a missing program is an install
+problem to fix, not a test quietly left out.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+
+ETCD = shutil.which("etcd")  # Debian's etcd-server puts it in /usr/bin
+PY_SPY = shutil.which("py-spy")  # the test extras install it
+# torchrun as its module under this interpreter, not the ``torchrun`` on PATH: torch is a
+# dependency, so it is always there, and a version-manager shim (pyenv) in front of a PATH
+# entry would add variables of its own to the workers' environment.
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+
+needs_etcd = pytest.mark.skipif(ETCD is None, reason="etcd is not on PATH (Debian: etcd-server)")
+needs_py_spy = pytest.mark.skipif(
+    PY_SPY is None,
+    reason="py-spy is not on PATH (the test extras install it: pip install -e '.[test]')",
+)
