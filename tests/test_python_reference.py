@@ -80,9 +80,7 @@ def test_a_worker_observes_what_python_u_gives_it(tmp_path: Path, mode: str) -> 
     (tmp_path / script).symlink_to(real / "probe.py")
     args = ["--lr", "0.1", "a b", "it's"]
     env = {**os.environ, "OMP_NUM_THREADS": "2"}  # a user's setting, passed through to torch
-    result = run_phalanx(
-        [*MODES[mode], "--log-dir", "logs", script, *args], cwd=tmp_path, env=env
-    )
+    result = run_phalanx([*MODES[mode], "--log-dir", "logs", script, *args], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert (WARM_LINE in result.stderr) == (mode == "warm"), result.stderr
     ours = probe_output(result.stdout)

@@ -19,7 +19,9 @@ def open_fds() -> dict[int, str]:
             target = os.readlink(f"/proc/self/fd/{name}")
         except FileNotFoundError:  # the directory listdir itself had open
             continue
-        found[int(name)] = target.split(":")[0] if target.startswith(("pipe:", "socket:")) else target
+        found[int(name)] = (
+            target.split(":")[0] if target.startswith(("pipe:", "socket:")) else target
+        )
     return dict(sorted(found.items()))
 
 
