@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from phalanx import checkpoint
+from phalanx.worker.progress import read as read_progress
 from support.tools import TORCHRUN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,3 +221,88 @@ def test_killed_run_resumes_to_bit_identical_weights(tmp_path: Path) -> None:
     assert list(expected) == list(got)
     for name, tensor in expected.items():
         assert torch.equal(tensor, got[name]), f"{name} differs after resume"
+
+
+def _phalanx(config: Path, out: Path, logs: Path, *flags: str) -> list[str]:
+    return [
+        sys.executable, "-m", "phalanx", "--standalone", "--nproc-per-node", "2",
+        "--log-dir", str(logs), *flags,
+        str(TRAIN), "--config", str(config), "--output_dir", str(out),
+    ]  # fmt: skip
+
+
+def _worker_holding(launcher: psutil.Process, path: Path) -> psutil.Process | None:
+    """The launcher's descendant that has ``path`` open: the worker whose progress file it is
+    (a warm worker's RANK is not in /proc/PID/environ: it was set after the fork)."""
+    for proc in launcher.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any(f.path == str(path) for f in proc.open_files()):
+                return proc
+    return None
+
+
+def _kill_at(cmd: list[str], logs: Path, beats: int, attempt: str = "attempt_0") -> tuple[int, int]:
+    """Run ``cmd``; once rank 1 of ``attempt`` has done ``beats`` optimizer steps, SIGKILL that
+    worker; return the launcher's exit code and the beats rank 1 had when it was killed."""
+    proc = subprocess.Popen(
+        cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, f"run ended ({proc.returncode}) before step {beats}"
+            assert time.monotonic() < deadline, f"rank 1 did not reach {beats} steps in 120 s"
+            found = list(logs.glob(f"*/{attempt}/rank_1/progress"))
+            seen = read_progress(str(found[0])) if found else None
+            if seen is not None and seen[0] >= beats:
+                victim = _worker_holding(psutil.Process(proc.pid), found[0].resolve())
+                if victim is not None:
+                    at = read_progress(str(found[0]))
+                    victim.kill()
+                    break
+            time.sleep(0.005)
+        code = proc.wait(timeout=120)
+    finally:
+        _kill_tree(proc)  # nothing is left if an assertion above failed
+    assert at is not None
+    return code, at[0]
+
+
+def test_killed_at_random_steps_under_phalanx_resumes_bit_identically(tmp_path: Path) -> None:
+    """Under phalanx (warm), rank 1 is SIGKILLed at a step chosen at random per run: first the
+    job fails and is rerun; in the rerun it is killed again and phalanx restarts the group
+    itself. The final weights equal an uninterrupted phalanx run's, bit for bit. The seed is
+    printed (pytest -s) and in every assertion message; PHALANX_TEST_SEED=N replays it."""
+    seed = int(os.environ.get("PHALANX_TEST_SEED") or random.SystemRandom().randrange(2**32))
+    rng = random.Random(seed)
+    print(f"kill seed {seed} (replay: PHALANX_TEST_SEED={seed})")
+    config = tmp_path / "long.json"
+    cfg = {**json.loads(TINY.read_text()), "steps": 200, "checkpoint_every": 10, "log_every": 100}
+    config.write_text(json.dumps(cfg))
+    steps = int(cfg["steps"])
+
+    straight = _run(_phalanx(config, tmp_path / "straight", tmp_path / "logs0"))
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    out = tmp_path / "killed"
+    first = rng.randrange(1, steps - 20)
+    code, killed_at = _kill_at(_phalanx(config, out, tmp_path / "logs1"), tmp_path / "logs1", first)
+    why = f"seed {seed}: first kill aimed at step {first}, rank 1 had done {killed_at}"
+    assert code == 128 + signal.SIGKILL, why  # the root cause's status: killed by SIGKILL
+    assert not (out / "final.pt").exists(), why
+    resumed = checkpoint.latest(out / "checkpoints")
+    start = 0 if resumed is None else resumed.step
+    assert start <= killed_at, why
+
+    second = rng.randrange(1, steps - start - 10)  # steps after the resume
+    code, again = _kill_at(
+        _phalanx(config, out, tmp_path / "logs2", "--max-restarts", "1"), tmp_path / "logs2", second
+    )
+    why += f"; rerun from step {start} killed after {again} more steps (aimed at {second})"
+    assert code == 0, why  # the one restart within the run resumed and finished
+    assert len(list((tmp_path / "logs2").glob("*/attempt_1/rank_1"))) == 1, why  # restarted
+    expected, got = _final_weights(tmp_path / "straight"), _final_weights(out)
+    assert list(expected) == list(got), why
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), f"{name} differs after resume; {why}"

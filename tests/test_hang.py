@@ -134,3 +134,47 @@ def test_a_busy_loop_without_progress_is_a_hang(tmp_path: Path) -> None:
     assert {r["rank"]: r["step"] for r in hang["ranks"]} == {0: 4, 1: 4}
     stack = (run_dir_of(tmp_path) / "attempt_0" / "rank_1" / "stacks.txt").read_text()
     assert re.search(r'progress_steps.py", line (19|20) in <module>', stack)  # the busy loop
+
+
+def test_the_slow_peer_is_the_suspect_not_the_rank_waiting_for_it(tmp_path: Path) -> None:
+    """Before a rank's first beat only its main-thread CPU counts as progress, and rank 0
+    waits for rank 1 inside init_process_group: the report names rank 1, the peer that has
+    not arrived (asleep), as the root cause, never rank 0, the rank waiting for it."""
+    result = run_phalanx(
+        ["--nproc-per-node", "2", "--stall-timeout", "3", "--log-dir", str(tmp_path),
+         worker("slow_peer_init.py"), "sleep"],
+        timeout=120,  # the slow peer would take an hour: this only catches a missed hang
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    check_slow_peer_named(tmp_path, result.stderr)
+
+
+def check_slow_peer_named(logs: Path, stderr: str) -> None:
+    report = stderr[stderr.index("=" * 78) :]
+    assert "Root cause: rank 1 (local rank 1) on" in report and "[hang]" in report, report
+    assert "suspect: rank 1: not waiting in torch like the others" in report, report
+    hang = json.loads((run_dir_of(logs) / "attempt_0" / "hang_report.json").read_text())
+    assert [s["rank"] for s in hang["suspects"]] == [1], hang["suspects"]
+    where = {r["rank"]: r["frames"][0][0] for r in hang["ranks"]}
+    assert "/torch/distributed/" in where[0] and where[1].endswith("slow_peer_init.py"), where
+    data = json.loads((run_dir_of(logs) / "report.json").read_text())
+    assert (data["kind"], data["root_cause"]["rank"], data["collateral"]) == ("hang", 1, [0])
+
+
+def test_a_busy_slow_peer_is_never_blamed_on_the_rank_waiting_for_it(tmp_path: Path) -> None:
+    """Rank 1 is busy for 8 s before init_process_group (as a slow import is: its CPU time
+    moves, so it is not stalled itself) while rank 0 waits. Rank 0, the host of the workers'
+    store, polls in TCPStore::waitForWorkers, which uses a little CPU now and then, so whether
+    it looks stalled within --stall-timeout 2 is up to chance: the job either completes or is
+    reported hung -- and then the suspect is rank 1, not rank 0."""
+    result = run_phalanx(
+        ["--nproc-per-node", "2", "--stall-timeout", "2", "--log-dir", str(tmp_path),
+         worker("slow_peer_init.py"), "8"],
+        timeout=120,
+    )  # fmt: skip
+    if result.returncode == 0:
+        assert sorted(result.stdout.splitlines()) == ["[rank0]: met", "[rank1]: met"]
+        assert "[hang]" not in result.stderr, result.stderr
+    else:
+        assert result.returncode == 1 and "hang: no progress" in result.stderr, result.stderr
+        check_slow_peer_named(tmp_path, result.stderr)

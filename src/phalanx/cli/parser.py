@@ -43,7 +43,8 @@ def _spellings(flag: str) -> list[str]:
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    """Build the parser; ``PET_<DEST>`` in ``environ`` supplies a flag's default, as in torchrun."""
+    """Build the parser; ``PET_<DEST>`` in ``environ`` supplies a flag's default where torchrun
+    reads one (and for phalanx's own flags)."""
     parser = _Parser(
         prog="phalanx",
         description=DESCRIPTION,
@@ -52,9 +53,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
 
-    def option(flag: str, default: Any, help: str, *names: str, **kwargs: Any) -> None:
+    def option(
+        flag: str, default: Any, help: str, *names: str, pet: bool = True, **kwargs: Any
+    ) -> None:
         dest = flag.replace("-", "_")
-        env_default = environ.get(f"PET_{dest.upper()}")
+        env_default = environ.get(f"PET_{dest.upper()}") if pet else None
         parser.add_argument(
             *names,
             *_spellings(flag),
@@ -132,13 +135,19 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option("master-addr", "127.0.0.1", "Address of node 0 (static rendezvous).")
     option("master-port", "29500", "Port of node 0's rendezvous store (static rendezvous).")
     option("local-addr", None, "Address other nodes reach this node at (default: its hostname).")
+    # torchrun reads no PET_LOGS_SPECS or PET_NUMA_BINDING (plain argparse options there), so
+    # a variable left in the environment must not refuse or change a job here either.
     option(
-        "logs-specs", None, "Accepted for torchrun compatibility; only the built-in logging exists."
+        "logs-specs",
+        None,
+        "Accepted for torchrun compatibility; only the built-in logging exists.",
+        pet=False,
     )
     option(
         "numa-binding",
         None,
         "Accepted for torchrun compatibility; not applied (a warning at start says so).",
+        pet=False,
         choices=["node", "socket", "exclusive", "core-complex"],
     )
     option(

@@ -1,0 +1,103 @@
+"""The worker environment of a 2-node c10d job (1 worker per node), compared with torchrun's on
+the same job: every rank's variables, by tests/test_env.py's rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from phalanx.net import free_port
+from phalanx.plan import WORKER_ENV_KEYS
+from support.hosts import Loopback, NamespaceHosts, Node
+from support.launch import worker
+
+Hosts = Loopback | NamespaceHosts
+RUN_ID = "envjob"
+# Values that differ by design between two launches of the same job: compared by shape.
+RUN_SPECIFIC = {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}
+
+
+def job_args(net: Hosts, port: int, out: Path, conf: str = "join_timeout=60") -> list[str]:
+    return [
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{net.addr(0)}:{port}", "--rdzv-id", RUN_ID,
+        "--rdzv-conf", conf, worker("dump_env.py"), str(out),
+    ]  # fmt: skip
+
+
+def run_torchrun(net: Hosts, tmp_path: Path, out: Path) -> None:
+    """Both torchrun nodes, each on its host, to completion (their sessions killed after)."""
+    port, procs = free_port(), []
+    env = dict(os.environ, **net.env())
+    try:
+        for i in (0, 1):
+            # torchrun's own module, not a `torchrun` shim on PATH (see tests/test_env.py).
+            # is_host: torchrun finds the store's host by matching the endpoint against the
+            # machine's hostname, which in a namespace resolves to the outer host's address.
+            conf = f"join_timeout=60,is_host={i == 0}"
+            argv = [sys.executable, "-m", "torch.distributed.run", "--local-addr", net.addr(i),
+                    *job_args(net, port, out, conf)]  # fmt: skip
+            with open(tmp_path / f"torchrun{i}.err", "wb") as err:
+                procs.append(
+                    subprocess.Popen(
+                        net.command(i, argv),
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+    errors = [(tmp_path / f"torchrun{i}.err").read_text()[-2000:] for i in (0, 1)]
+    assert codes == [0, 0], errors
+
+
+def environments(out: Path) -> dict[int, dict[str, str]]:
+    found = {int(p.stem.removeprefix("env_")): json.loads(p.read_text()) for p in out.iterdir()}
+    assert sorted(found) == [0, 1]
+    return found
+
+
+def test_two_node_c10d_environment_matches_torchrun(
+    hosts: Any, nodes: list[Node], tmp_path: Path
+) -> None:
+    net: Hosts = hosts(2)
+    theirs_out, ours_out = tmp_path / "torchrun", tmp_path / "phalanx"
+    theirs_out.mkdir()
+    ours_out.mkdir()
+    run_torchrun(net, tmp_path, theirs_out)
+    port = free_port()
+    for i in (0, 1):
+        nodes.append(Node(net, i, job_args(net, port, ours_out), tmp_path, f"n{i}"))
+    assert [n.finish() for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+
+    theirs, ours = environments(theirs_out), environments(ours_out)
+    for rank in (0, 1):
+        mine, ref = ours[rank], theirs[rank]
+        assert set(mine) ^ set(ref) == {"PHALANX_CHECKPOINT_LOG"}, rank
+        # One worker per node: neither launcher sets OMP_NUM_THREADS.
+        assert set(WORKER_ENV_KEYS) - {"OMP_NUM_THREADS"} <= set(ref)
+        for key in sorted(set(ref) - RUN_SPECIFIC):
+            if key == "TORCHELASTIC_USE_AGENT_STORE":
+                # The deliberate difference: rank 0 hosts the workers' store (plan.worker_env).
+                assert (ref[key], mine[key]) == ("True", "False")
+            else:
+                assert ref[key] == mine[key], (rank, key, ref[key], mine[key])
+        assert mine["MASTER_PORT"].isdigit() and ref["MASTER_PORT"].isdigit()
+        assert Path(mine["TORCHELASTIC_ERROR_FILE"]).name == "error.json"
+        assert Path(mine["TORCHELASTIC_ERROR_FILE"]).parent.name == f"rank_{rank}"
+    # One job: both ranks were told the same master, node 0's address, and their own node rank.
+    for env in (ours, theirs):
+        assert {env[r]["MASTER_ADDR"] for r in (0, 1)} == {net.addr(0)}
+        assert len({env[r]["MASTER_PORT"] for r in (0, 1)}) == 1
+        assert [env[r]["GROUP_RANK"] for r in (0, 1)] == ["0", "1"]
