@@ -24,6 +24,7 @@ from phalanx.worker.progress import read as read_progress
 from support.tools import TORCHRUN
 
 ROOT = Path(__file__).resolve().parents[1]
+TORCH_EXIT_ABORT = "terminate called without an active exception"
 TRAIN = ROOT / "examples" / "train.py"
 TINY = ROOT / "examples" / "configs" / "tiny.json"
 
@@ -57,10 +58,14 @@ def torchrun_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One torchrun run of tiny.json (shared: the reference the other launch forms match)."""
     out = tmp_path_factory.mktemp("torchrun") / "out"
     done = _run(_torchrun(TINY, out))
-    # Not retried, even though torchrun is the reference here rather than what is tested: a
-    # reference run that aborts (a Gloo worker's SIGABRT, "terminate called without an active
-    # exception", was seen about once in twenty suite runs) fails the test with its output,
-    # so the abort is on record instead of hidden by a second run.
+    # Not retried: torchrun is the reference here, not what is tested, and a reference run
+    # that dies of torch's own exit-time abort (a Gloo thread still joinable while the
+    # interpreter finalizes: "terminate called without an active exception", SIGABRT; seen
+    # about once in twenty suite runs, under torchrun and under cold phalanx workers alike)
+    # is put on record as an expected failure with its output, not hidden by a second run.
+    # Any other failure of the reference fails the test.
+    if done.returncode != 0 and TORCH_EXIT_ABORT in done.stderr:
+        pytest.xfail(f"torchrun's reference run hit torch's exit-time abort: {done.stderr[-1500:]}")
     assert done.returncode == 0, done.stderr[-3000:]
     return out, done.stdout
 
