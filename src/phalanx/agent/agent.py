@@ -13,7 +13,6 @@ from typing import BinaryIO
 from phalanx.agent.loop import Rounds, write_launcher_file
 from phalanx.config import LaunchConfig
 from phalanx.errors import UsageError
-from phalanx.hang.watch import StackRequests
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.supervisor.group import Supervisor
 from phalanx.supervisor.guardian import Guardian
@@ -80,11 +79,8 @@ class Agent:
             tuple(word.encode() for word in config.duplicate_stdout_filters),
             tuple(word.encode() for word in config.duplicate_stderr_filters),
         )
-        with (
-            SignalWatcher(config.signals_to_handle) as signals,
-            StackRequests(config.signals_to_handle) as requests,
-        ):
-            write_launcher_file(run_dir, requests)
+        with SignalWatcher(config.signals_to_handle, stacks=True) as signals:
+            write_launcher_file(run_dir, signals)
             guardian = Guardian()
             template: Template | None = None
             rendezvous: RendezvousHandler | None = None
@@ -102,9 +98,7 @@ class Agent:
                     console=self._console,
                     duplicate_filters=filters,
                 )
-                return Rounds(
-                    config, rendezvous, supervisor, signals, run_dir, self._base_env, requests
-                ).run()
+                return Rounds(config, rendezvous, supervisor, signals, run_dir, self._base_env).run()
             finally:
                 if template is not None:
                     template.close()

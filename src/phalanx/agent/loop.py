@@ -19,7 +19,7 @@ from phalanx.errors import Interrupted, JobFailed, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import PEER_DUMP_WAIT
-from phalanx.hang.watch import RoundWatch, StackRequests
+from phalanx.hang.watch import RoundWatch
 from phalanx.plan import build_plan
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
 from phalanx.report import job as jobreport
@@ -63,10 +63,8 @@ class Rounds:
         signals: SignalWatcher,
         run_dir: Path,
         base_env: Mapping[str, str],
-        requests: StackRequests | None = None,
     ) -> None:
         self.config = config
-        self.requests = requests
         self.rdzv = rendezvous
         self.supervisor = supervisor
         self.signals = signals
@@ -91,7 +89,7 @@ class Rounds:
             watch = RoundWatch(
                 plan,
                 stall_timeout=self.config.stall_timeout,
-                requests=self.requests,
+                requests=self.signals if self.signals.stacks_active else None,
                 check_every=self._check_every(),
                 job=self._job_stacks(joined),
             )
@@ -258,11 +256,11 @@ class Rounds:
             time.sleep(0.2)
 
 
-def write_launcher_file(run_dir: Path, requests: StackRequests) -> None:
+def write_launcher_file(run_dir: Path, signals: SignalWatcher) -> None:
     data = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "stacks_signal": STACK_SIGNAL.name if requests.active else None,
+        "stacks_signal": STACK_SIGNAL.name if signals.stacks_active else None,
     }
     try:
         (run_dir / LAUNCHER_FILE).write_text(json.dumps(data) + "\n")

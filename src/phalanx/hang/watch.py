@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType, TracebackType
+from typing import Protocol
 
 from phalanx.hang.analysis import HangAnalysis, RankState, analyse
 from phalanx.hang.files import write_atomic, write_stacks_file
@@ -38,42 +36,10 @@ log = logging.getLogger("phalanx")
 Running = Sequence[tuple[WorkerPlan, int]]  # (plan, pid) of every live worker
 
 
-class StackRequests:
-    """``STACK_SIGNAL`` to the launcher asks for every local rank's stack; the handler only
-    sets a flag (and wakes the supervisor through the wakeup fd), the next tick dumps.
+class StackAsks(Protocol):
+    """Where stack requests to this launcher come from (``SignalWatcher``)."""
 
-    Not installed when the signal is one of ``--signals-to-handle`` (it then stops the job,
-    as asked) or off the main thread (Python delivers signals to the main thread only).
-    """
-
-    def __init__(self, handled: Sequence[str]) -> None:
-        self.active = (
-            STACK_SIGNAL.name not in handled
-            and threading.current_thread() is threading.main_thread()
-        )
-        self._pending = False
-        self._previous: object = None
-
-    def __enter__(self) -> StackRequests:
-        if self.active:
-            self._previous = signal.signal(STACK_SIGNAL, self._handle)
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self.active:
-            # None: a handler installed outside Python (faulthandler, in a phalanx worker
-            # that runs phalanx.spawn); the default is the best that can be put back.
-            previous = signal.SIG_DFL if self._previous is None else self._previous
-            signal.signal(STACK_SIGNAL, previous)  # type: ignore[arg-type]
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self._pending = True
-
-    def take(self) -> bool:
-        pending, self._pending = self._pending, False
-        return pending
+    def take_stack_request(self) -> bool: ...
 
 
 class RoundWatch:
@@ -85,7 +51,7 @@ class RoundWatch:
         plan: RoundPlan,
         *,
         stall_timeout: float | None,
-        requests: StackRequests | None,
+        requests: StackAsks | None,
         check_every: float,
         job: JobStacks | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -110,7 +76,7 @@ class RoundWatch:
     def tick(self, running: Running) -> bool:
         """Supervisor ``on_tick``: True stops the round (a stall was found and analysed)."""
         self._running = running
-        requested = self._requests is not None and self._requests.take()
+        requested = self._requests is not None and self._requests.take_stack_request()
         if requested and (self._job is None or not self._job.request()):
             self.snapshot()  # a single node, or the other nodes cannot be asked
         if self._job is not None and (asked := self._job.unanswered()):

@@ -104,13 +104,10 @@ class Supervisor:
                 timeout = max(0.0, next_poll - time.monotonic())
                 events = selector.select(timeout)
                 self._handle_events(events, slots, streams, selector, stopping)
+                if any(key.fd == signals.fd for key, _ in events):
+                    signals.drain()  # or select would return at once forever
                 signum = signals.pending()
-                if signum is None and any(key.fd == signals.fd for key, _ in events):
-                    # A signal someone else handles (the agent's stack requests) woke us:
-                    # empty the wakeup fd, or select would return at once forever.
-                    signals.drain()
                 if signum is not None:
-                    signals.drain()
                     stopping = True
                     self._stop(slots, streams, selector, signum)
                     return RoundResult(Outcome.INTERRUPTED, self._exits(slots), signum=signum)

@@ -1,7 +1,9 @@
-"""Turning signals to the launcher into events on a file descriptor.
+"""Turning signals to the launcher into events on a file descriptor: one watcher for all.
 
 The handlers only record the signal; the wakeup fd wakes the supervisor's ``select`` so it
 can stop the workers in order, from ordinary code, with its ``finally`` blocks intact.
+``--signals-to-handle`` stop the job (``pending``). ``STACK_SIGNAL`` (``phalanx stacks``),
+unless it is one of those, asks for every rank's stack instead (``take_stack_request``).
 
 Where phalanx only waits on others -- opening the rendezvous, forming a round -- there is
 no loop of ours to notice a recorded signal, so inside ``raising()`` the handler raises
@@ -20,10 +22,13 @@ from collections.abc import Iterator
 from types import FrameType, TracebackType
 
 from phalanx.errors import Interrupted
+from phalanx.worker.contract import STACK_SIGNAL
 
 
 class SignalWatcher:
-    def __init__(self, names: tuple[str, ...]) -> None:
+    def __init__(self, names: tuple[str, ...], *, stacks: bool = False) -> None:
+        """Watch the signals ``names`` (stop); with ``stacks``, also ``STACK_SIGNAL`` for
+        stack requests (unless ``names`` has it: it then stops the job, as asked)."""
         self._reader, self._writer = socket.socketpair()
         self._reader.setblocking(False)
         self._writer.setblocking(False)
@@ -34,6 +39,8 @@ class SignalWatcher:
         # Python delivers signals to the main thread only; elsewhere we cannot watch them.
         self.active = threading.current_thread() is threading.main_thread()
         self._signals = [signal.Signals[name] for name in names]
+        self.stacks_active = self.active and stacks and STACK_SIGNAL not in self._signals
+        self._stack_request = False
 
     @property
     def fd(self) -> int:
@@ -46,6 +53,8 @@ class SignalWatcher:
             )
             for sig in self._signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            if self.stacks_active:
+                self._previous[STACK_SIGNAL] = signal.signal(STACK_SIGNAL, self._handle_stacks)
         return self
 
     def __exit__(
@@ -53,7 +62,9 @@ class SignalWatcher:
     ) -> None:
         if self.active:
             for sig, handler in self._previous.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
+                # None: a handler installed outside Python (faulthandler, in a phalanx worker
+                # that runs phalanx.spawn); the default is the best that can be put back.
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # type: ignore[arg-type]
             signal.set_wakeup_fd(self._old_wakeup)
         self._reader.close()
         self._writer.close()
@@ -63,6 +74,14 @@ class SignalWatcher:
         if self._raising:
             self._raising = False  # once: the way out must not be interrupted again
             raise Interrupted(signum)
+
+    def _handle_stacks(self, signum: int, frame: FrameType | None) -> None:
+        self._stack_request = True
+
+    def take_stack_request(self) -> bool:
+        """Whether ``STACK_SIGNAL`` came since the last call."""
+        asked, self._stack_request = self._stack_request, False
+        return asked
 
     @contextlib.contextmanager
     def raising(self) -> Iterator[None]:
