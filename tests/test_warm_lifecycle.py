@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.config import LaunchConfig
-from phalanx.plan import WorkerPlan
+from phalanx.plan import WorkerCommand, WorkerPlan
 from phalanx.supervisor.warm import fork_request, template_env
 from support.launch import (
     PHALANX,
@@ -175,16 +175,18 @@ def test_bad_preload_name_is_a_usage_error() -> None:
     assert "--preload: 'not a module' is not a module name" in result.stderr
 
 
-def _plan(argv: tuple[str, ...]) -> WorkerPlan:
-    return WorkerPlan(0, 0, argv, {"RANK": "0"}, Path("/nonexistent"), frozenset())
+def _plan(command: WorkerCommand) -> WorkerPlan:
+    return WorkerPlan(0, 0, command, {"RANK": "0"}, Path("/nonexistent"), frozenset())
 
 
 def test_fork_request_only_for_python_files_and_modules(tmp_path: Path) -> None:
+    """Read from the planned command (never from a parsed argv): a python file or module of
+    this python is forked; a program, another python, a .pyc or a missing file is exec'd."""
     py = "/usr/bin/python-x"
     (tmp_path / "a.py").write_text("")
     (tmp_path / "a.pyc").write_bytes(b"")
     cwd = str(tmp_path)
-    script = fork_request(_plan((py, "-u", "a.py", "--x")), cwd, python=py)
+    script = fork_request(_plan(WorkerCommand("script", "a.py", ("--x",), py, False)), cwd, py)
     assert script is not None
     assert (script.kind, script.target, script.args, script.cwd) == (
         "script",
@@ -193,21 +195,26 @@ def test_fork_request_only_for_python_files_and_modules(tmp_path: Path) -> None:
         cwd,
     )
     assert script.orig_argv == (py, "-u", "a.py", "--x") and script.env == {"RANK": "0"}
-    module = fork_request(_plan((py, "-u", "-m", "pkg.mod", "y")), cwd, python=py)
+    module = fork_request(_plan(WorkerCommand("module", "pkg.mod", ("y",), py, False)), cwd, py)
     assert module is not None and (module.kind, module.target, module.args) == (
         "module",
         "pkg.mod",
         ("y",),
     )
-    for argv in [
-        (py, "-u", "a.pyc"),
-        (py, "-u", "missing.py"),
-        (py, "-u", "-c", "pass"),
-        ("/other/python", "-u", "a.py"),
-        (py, "a.py"),
-        ("sh", "-c", "true"),
+    booted = fork_request(_plan(WorkerCommand("script", "a.py", ("--x",), py)), cwd, py)
+    assert booted is not None and (booted.kind, booted.target, booted.args) == (
+        "module",
+        "phalanx.worker.boot",
+        ("a.py", "--x"),
+    )
+    assert booted.orig_argv == (py, "-u", "-m", "phalanx.worker.boot", "a.py", "--x")
+    for command in [
+        WorkerCommand("script", "a.pyc", (), py, False),
+        WorkerCommand("script", "missing.py", (), py, False),
+        WorkerCommand("script", "a.py", (), "/other/python", False),
+        WorkerCommand("program", "sh", ("-c", "true")),
     ]:
-        assert fork_request(_plan(argv), cwd, python=py) is None, argv
+        assert fork_request(_plan(command), cwd, py) is None, command
 
 
 def test_template_env_is_what_every_worker_shares() -> None:

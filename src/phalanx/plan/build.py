@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.config import LaunchConfig
-from phalanx.plan.command import spawn_owner_argv, worker_command
+from phalanx.plan.command import WorkerCommand, spawn_owner_command, worker_command
 from phalanx.plan.env import job_env, rank_dir, worker_env
 from phalanx.rendezvous.api import RendezvousResult
 
@@ -20,11 +20,15 @@ from phalanx.rendezvous.api import RendezvousResult
 class WorkerPlan:
     local_rank: int
     global_rank: int
-    argv: tuple[str, ...]
+    command: WorkerCommand
     env: Mapping[str, str]
     log_dir: Path
     console_streams: frozenset[str]  # which of stdout/stderr also go to the console
     label: str = ""  # console prefix and report name: "rank3", or "node1" for a spawn owner
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.command.argv
 
     @property
     def name(self) -> str:
@@ -64,7 +68,7 @@ def build_plan(
         owner = WorkerPlan(
             local_rank=0,
             global_rank=rdzv.node_rank,
-            argv=spawn_owner_argv(config, rdzv),
+            command=spawn_owner_command(config, rdzv),
             env={**base_env, **job_env(config, rdzv, run_dir)},
             log_dir=attempt_dir / f"node_{rdzv.node_rank}",
             console_streams=frozenset({"stdout", "stderr"}) - config.redirects.get(0, frozenset()),
@@ -73,7 +77,7 @@ def build_plan(
         return RoundPlan(
             run_dir=run_dir, attempt_dir=attempt_dir, rendezvous=rdzv, workers=(owner,)
         )
-    argv = worker_command(config)
+    command = worker_command(config)
     workers = []
     for local_rank in range(config.nproc_per_node):
         rank = rdzv.rank_offset + local_rank
@@ -84,7 +88,7 @@ def build_plan(
             WorkerPlan(
                 local_rank=local_rank,
                 global_rank=rank,
-                argv=argv,
+                command=command,
                 env=worker_env(config, rdzv, local_rank, run_dir, base_env),
                 log_dir=log_dir,
                 console_streams=console if shown else frozenset(),

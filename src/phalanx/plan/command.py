@@ -1,8 +1,14 @@
-"""The argv every worker runs: torchrun's command, with phalanx's worker-side code first."""
+"""What every worker runs, as data: torchrun's command, with phalanx's worker-side code first.
+
+``WorkerCommand`` is what the planner decides; ``argv`` (for an exec'd worker, and for
+``--dry-run``) and ``python_main`` (what a forked worker runs as ``__main__``) are derived
+from it, so no one ever parses an argv back.
+"""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from phalanx.config import LaunchConfig, LaunchMode
@@ -10,35 +16,54 @@ from phalanx.rendezvous.api import RendezvousResult
 
 # Every python worker runs phalanx's worker-side code first (progress counters for hang
 # detection, stack dumps on SIGUSR2), then the user's program; see phalanx.worker.boot.
-WORKER_BOOT = ("-m", "phalanx.worker.boot")
+BOOT_MODULE = "phalanx.worker.boot"
+WORKER_BOOT = ("-m", BOOT_MODULE)
+
+
+@dataclass(frozen=True)
+class WorkerCommand:
+    kind: str  # "script" or "module" (run by python -u), "program" (--no-python: exec'd)
+    target: str  # the script's path, the module's name, or the program
+    args: tuple[str, ...] = ()
+    python: str = sys.executable
+    boot: bool = True  # phalanx's worker-side code (``-m phalanx.worker.boot``) first
+
+    def python_main(self) -> tuple[str, str, tuple[str, ...]] | None:
+        """What ``python -u`` runs as ``__main__``: (``script`` or ``module``, target, args);
+        None for a program that is not run by python."""
+        if self.kind == "program":
+            return None
+        if not self.boot:
+            return self.kind, self.target, self.args
+        into = ("-m", self.target) if self.kind == "module" else (self.target,)
+        return "module", BOOT_MODULE, (*into, *self.args)
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        main = self.python_main()
+        if main is None:
+            return (self.target, *self.args)
+        kind, target, args = main
+        return (self.python, "-u", *(("-m", target) if kind == "module" else (target,)), *args)
 
 
 def worker_command(
     config: LaunchConfig, python: str = sys.executable, *, boot: bool = True
-) -> tuple[str, ...]:
-    """The argv every worker runs (the same on every rank): torchrun's command, with
-    ``-m phalanx.worker.boot`` before the program when ``boot`` (``--no-python`` programs
-    run as given)."""
+) -> WorkerCommand:
+    """The command every worker runs (the same on every rank): torchrun's, with phalanx's
+    worker-side code first when ``boot`` (``--no-python`` programs run as given)."""
     args = config.program_args
     if config.mode is LaunchMode.NO_PYTHON:
-        return (config.program, *args)
-    entry = WORKER_BOOT if boot else ()
+        return WorkerCommand("program", config.program, args)
     if config.mode is LaunchMode.MODULE:
-        return (python, "-u", *entry, "-m", config.program, *args)
+        return WorkerCommand("module", config.program, args, python, boot)
     if config.mode is LaunchMode.RUN_PATH:
-        return (
-            python,
-            "-u",
-            *entry,
-            "-m",
-            "phalanx.worker.run_path",
-            str(Path(config.program).resolve()),
-            *args,
-        )
-    return (python, "-u", *entry, config.program, *args)
+        script = str(Path(config.program).resolve())
+        return WorkerCommand("module", "phalanx.worker.run_path", (script, *args), python, boot)
+    return WorkerCommand("script", config.program, args, python, boot)
 
 
-def spawn_owner_argv(config: LaunchConfig, rdzv: RendezvousResult) -> tuple[str, ...]:
+def spawn_owner_command(config: LaunchConfig, rdzv: RendezvousResult) -> WorkerCommand:
     """The worker command plus this node's facts as flags (TRELLIS.2's names by default)."""
     facts = {
         "num_nodes": rdzv.num_nodes,
@@ -49,4 +74,5 @@ def spawn_owner_argv(config: LaunchConfig, rdzv: RendezvousResult) -> tuple[str,
     }
     extra = (part for fact, flag in config.spawn_owner_flags for part in (flag, str(facts[fact])))
     # The owner is not a rank (its workers are its own children): no worker-side code.
-    return (*worker_command(config, boot=False), *extra)
+    command = worker_command(config, boot=False)
+    return replace(command, args=(*command.args, *extra))

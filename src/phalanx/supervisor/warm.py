@@ -55,17 +55,17 @@ def template_env(config: LaunchConfig, base_env: Mapping[str, str]) -> dict[str,
 
 
 def fork_request(worker: WorkerPlan, cwd: str, python: str = sys.executable) -> ForkRequest | None:
-    """The fork request equivalent to ``worker.argv``, or None when it must be exec'd."""
-    argv = worker.argv
-    if len(argv) < 3 or argv[0] != python or argv[1] != "-u":
+    """The fork request for ``worker``'s command, or None when it must be exec'd: a program
+    not run by this python, or a script python runs in its own way (a zip app, a ``.pyc``,
+    a directory; a missing file gets python's own error)."""
+    command = worker.command
+    main = command.python_main()
+    if main is None or command.python != python:
         return None
-    if argv[2] == "-m" and len(argv) >= 4:
-        kind, target, args = "module", argv[3], argv[4:]
-    elif not argv[2].startswith("-") and _plain_source(os.path.join(cwd, argv[2])):
-        kind, target, args = "script", argv[2], argv[3:]
-    else:
+    kind, target, args = main
+    if kind == "script" and not _plain_source(os.path.join(cwd, target)):
         return None
-    return ForkRequest(kind, target, tuple(args), dict(worker.env), cwd, tuple(argv))
+    return ForkRequest(kind, target, args, dict(worker.env), cwd, command.argv)
 
 
 def _plain_source(path: str) -> bool:
