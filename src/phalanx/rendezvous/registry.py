@@ -13,6 +13,7 @@ first use, so the launcher never imports etcd's client unless the job uses it.
 from __future__ import annotations
 
 from importlib import import_module
+from typing import Any
 
 from phalanx.errors import RendezvousError, UsageError
 from phalanx.rendezvous.api import RendezvousHandler
@@ -40,8 +41,14 @@ def backend_problem(name: str) -> str | None:
 
 def spec_problems(spec: RendezvousSpec) -> tuple[RendezvousSettings, list[str]]:
     """Every usage problem with ``spec`` (nothing is contacted), and the parsed settings."""
+    settings, _, problems = _checked(spec)
+    return settings, problems
+
+
+def _checked(spec: RendezvousSpec) -> tuple[RendezvousSettings, Any, list[str]]:
+    """The settings, the backend's own options (what its ``open`` gets) and every problem."""
     if (unknown := backend_problem(spec.backend)) is not None:
-        return RendezvousSettings(), [unknown]
+        return RendezvousSettings(), None, [unknown]
     others = frozenset(spec.conf) - SETTINGS_KEYS  # the backend's to judge
     settings, problems = settings_problems(spec.conf, spec.backend, others)
     if (problem := check_run_id(spec.run_id)) is not None:
@@ -51,18 +58,19 @@ def spec_problems(spec: RendezvousSpec) -> tuple[RendezvousSettings, list[str]]:
     try:
         backend = load_backend(spec.backend)
     except ImportError as exc:
-        return settings, [*problems, f"--rdzv-backend {spec.backend} is not available: {exc}"]
-    return settings, [*problems, *backend.check(spec)]
+        return settings, None, [*problems, f"--rdzv-backend {spec.backend} is not available: {exc}"]
+    options, own = backend.check(spec)
+    return settings, options, [*problems, *own]
 
 
 def create_handler(spec: RendezvousSpec) -> RendezvousHandler:
     """Validate ``spec`` (``UsageError`` listing every problem), then connect to or host the
     store (``RendezvousError`` if it cannot be reached within ``join_timeout``)."""
-    settings, problems = spec_problems(spec)
+    settings, options, problems = _checked(spec)
     if problems:
         raise UsageError(problems)
     backend = load_backend(spec.backend)
     try:
-        return backend.open(spec, settings)
+        return backend.open(spec, settings, options)
     except StoreUnavailable as exc:
         raise RendezvousError(f"--rdzv-backend {spec.backend}: {exc}") from None

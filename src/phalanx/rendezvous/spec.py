@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from phalanx.parsing import parse_endpoint
 from phalanx.rendezvous.api import RendezvousHandler
@@ -35,11 +36,12 @@ class Backend:
 
     name: str
     summary: str
-    # Usage problems with the spec beyond the shared settings: the endpoint and every
-    # --rdzv-conf key that is not a settings key (unknown ones included).
-    check: Callable[[RendezvousSpec], list[str]]
+    # The backend's own options, parsed once, and the usage problems with the spec beyond
+    # the shared settings: the endpoint and every --rdzv-conf key that is not a settings key
+    # (unknown ones included). The options (the backend's own type) are what ``open`` gets.
+    check: Callable[[RendezvousSpec], tuple[Any, list[str]]]
     # Connect (or host) and build the handler; may raise StoreUnavailable.
-    open: Callable[[RendezvousSpec, RendezvousSettings], RendezvousHandler]
+    open: Callable[[RendezvousSpec, RendezvousSettings, Any], RendezvousHandler]
 
 
 def split_endpoint(text: str, default_port: int, what: str = "--rdzv-endpoint") -> tuple[str, int]:

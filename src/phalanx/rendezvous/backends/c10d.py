@@ -14,6 +14,7 @@ longer than that; use ``etcd`` for a store that survives losing any node.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from phalanx.rendezvous.addr import is_this_machine, node_address
 from phalanx.rendezvous.api import RendezvousHandler
@@ -29,21 +30,30 @@ DEFAULT_PORT = 29400  # torchrun's default for c10d
 CONF_KEYS = frozenset({"is_host", "store_type"})
 
 
-def check(spec: RendezvousSpec) -> list[str]:
+@dataclass(frozen=True)
+class Options:
+    host: str
+    port: int
+    is_host: bool | None  # --rdzv-conf is_host; None: torchrun's heuristic
+
+
+def check(spec: RendezvousSpec) -> tuple[Options | None, list[str]]:
     problems = unknown_keys(spec, CONF_KEYS, SETTINGS_KEYS)
+    host, port = "", 0
     try:
-        split_endpoint(spec.endpoint, DEFAULT_PORT)
+        host, port = split_endpoint(spec.endpoint, DEFAULT_PORT)
     except ValueError as exc:
         problems.append(str(exc))
-    if "is_host" in spec.conf:
-        parse_bool("is_host", spec.conf["is_host"], problems)
+    is_host = (
+        parse_bool("is_host", spec.conf["is_host"], problems) if "is_host" in spec.conf else None
+    )
     store_type = spec.conf.get("store_type", "tcp").strip().lower()
     if store_type != "tcp":
         problems.append(
             f"--rdzv-conf store_type={store_type}: phalanx supports tcp (a FileStore cannot "
             "serve several machines; use --standalone for one)"
         )
-    return problems
+    return (None if problems else Options(host, port, is_host)), problems
 
 
 def open_store(
@@ -64,19 +74,16 @@ def open_store(
     )
 
 
-def open_handler(spec: RendezvousSpec, settings: RendezvousSettings) -> RendezvousHandler:
-    host, port = split_endpoint(spec.endpoint, DEFAULT_PORT)
-    problems: list[str] = []
-    is_host = (
-        parse_bool("is_host", spec.conf["is_host"], problems) if "is_host" in spec.conf else None
-    )
-    store = open_store(host, port, is_host, settings)
+def open_handler(
+    spec: RendezvousSpec, settings: RendezvousSettings, options: Options
+) -> RendezvousHandler:
+    store = open_store(options.host, options.port, options.is_host, settings)
     return DynamicRendezvous(
         store,
         run_id=spec.run_id,
         min_nodes=spec.min_nodes,
         max_nodes=spec.max_nodes,
-        addr=node_address(host, port, spec.local_addr),
+        addr=node_address(options.host, options.port, spec.local_addr),
         settings=settings,
         worker_port=spec.worker_port,
     )

@@ -6,6 +6,7 @@ gateway; a node's liveness is its lease. Any agent can be lost without losing th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from phalanx.errors import UsageError
@@ -15,26 +16,33 @@ from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings
 from phalanx.rendezvous.spec import Backend, RendezvousSpec
 from phalanx.rendezvous.stores.etcd import conf
-from phalanx.rendezvous.stores.etcd.store import create_etcd_store
+from phalanx.rendezvous.stores.etcd.store import open_etcd_store
 
 
 def _store_conf(spec: RendezvousSpec) -> dict[str, str]:
     return {k: v for k, v in spec.conf.items() if k not in SETTINGS_KEYS}
 
 
-def check(spec: RendezvousSpec) -> list[str]:
+@dataclass(frozen=True)
+class Options:
+    store: conf.EtcdOptions
+    endpoints: list[str]  # base URLs, in the order given
+
+
+def check(spec: RendezvousSpec) -> tuple[Options | None, list[str]]:
     try:
         options = conf.etcd_options_from_conf(_store_conf(spec), rendezvous_keys=SETTINGS_KEYS)
-        conf.parse_endpoints(spec.endpoint or "localhost", scheme=options.scheme)
+        endpoints = conf.parse_endpoints(spec.endpoint or "localhost", scheme=options.scheme)
     except UsageError as exc:
-        return exc.problems
-    return []
+        return None, exc.problems
+    return Options(options, endpoints), []
 
 
-def open_handler(spec: RendezvousSpec, settings: RendezvousSettings) -> RendezvousHandler:
-    endpoint = spec.endpoint or "localhost"
-    store = create_etcd_store(endpoint, spec.run_id, _store_conf(spec))
-    first = urlsplit(conf.parse_endpoints(endpoint)[0])
+def open_handler(
+    spec: RendezvousSpec, settings: RendezvousSettings, options: Options
+) -> RendezvousHandler:
+    store = open_etcd_store(options.endpoints, spec.run_id, options.store)
+    first = urlsplit(options.endpoints[0])
     addr = node_address(first.hostname or "localhost", first.port or 2379, spec.local_addr)
     return DynamicRendezvous(
         store,

@@ -18,7 +18,8 @@ from phalanx.rendezvous.stores.base import StoreUnavailable
 from phalanx.rendezvous.stores.tcp import TcpKVStore
 
 
-def check(spec: RendezvousSpec) -> list[str]:
+def check(spec: RendezvousSpec) -> tuple[None, list[str]]:
+    """No options of its own: node rank and master address/port are fields of the spec."""
     problems = unknown_keys(spec, frozenset(), SETTINGS_KEYS)
     if spec.min_nodes != spec.max_nodes:
         problems.append(
@@ -33,10 +34,12 @@ def check(spec: RendezvousSpec) -> list[str]:
         )
     if not 0 < spec.master_port < 65536:
         problems.append(f"--master-port {spec.master_port}: expected 1..65535")
-    return problems
+    return None, problems
 
 
-def open_handler(spec: RendezvousSpec, settings: RendezvousSettings) -> RendezvousHandler:
+def open_handler(
+    spec: RendezvousSpec, settings: RendezvousSettings, options: None
+) -> RendezvousHandler:
     host, port = spec.master_addr, spec.master_port
     if spec.node_rank == 0:
         try:

@@ -74,9 +74,7 @@ class TcpKVStore:
         # in TCPStore's connect loop, which does neither.
         left = wait_reachable(host, port, connect_timeout, "the rendezvous store")
         try:
-            store = TCPStore(
-                host, port, is_master=False, timeout=timedelta(seconds=max(left, 1.0))
-            )
+            store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=max(left, 1.0)))
         except (RuntimeError, OSError) as exc:
             raise StoreUnavailable(f"cannot connect to {where}: {exc}") from None
         store.set_timeout(timedelta(seconds=read_timeout))

@@ -54,7 +54,11 @@ def create_etcd_store(endpoint: str, run_id: str, conf: dict[str, str]) -> EtcdS
     refuses (credentials, permissions). Makes one request, so that such problems show at once.
     """
     options = etcd_options_from_conf(conf)
-    endpoints = parse_endpoints(endpoint, scheme=options.scheme)
+    return open_etcd_store(parse_endpoints(endpoint, scheme=options.scheme), run_id, options)
+
+
+def open_etcd_store(endpoints: list[str], run_id: str, options: EtcdOptions) -> EtcdStore:
+    """``create_etcd_store`` for options already checked (the backend's ``check``)."""
     store = EtcdStore(endpoints, run_prefix(run_id), options)
     try:
         store.check()
