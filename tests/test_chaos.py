@@ -245,3 +245,50 @@ def _seconds(value: float) -> object:
     from datetime import timedelta
 
     return timedelta(seconds=value)
+
+
+def _job_cgroup(run_dir: Path) -> list[Path]:
+    """The cgroup phalanx made for the run in ``run_dir``, if it still exists."""
+    from phalanx.supervisor.cgroup import _hierarchies
+
+    return [p for root in _hierarchies() if (p := root / f"phalanx-{run_dir.name}").exists()]
+
+
+@pytest.mark.parametrize("mode", ["warm", "cold"])
+@pytest.mark.parametrize("how", ["kill -9 of the launcher", "a worker fails"])
+def test_a_process_that_left_its_session_does_not_outlive_the_job(
+    tmp_path: Path, mode: str, how: str
+) -> None:
+    """A worker's child calls setsid(): it is in no process group phalanx knows. The job's
+    cgroup still holds it, so it is gone once the launcher is -- SIGKILLed (the guardian
+    empties the cgroup) or ending on a failure (the agent does) -- and the cgroup with it."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    args = ["--log-dir", str(tmp_path / "logs"), *(["--cold-start"] if mode == "cold" else []),
+            worker("escape_session.py"), str(pids)]  # fmt: skip
+    if how == "a worker fails":
+        args.append("fail")
+    launcher = subprocess.Popen(
+        [*PHALANX, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    escaped = -1
+    try:
+        wait_for(lambda: (pids / "escaped.pid").exists(), HANG, "the escaped child")
+        escaped = int((pids / "escaped.pid").read_text())
+        assert os.getsid(escaped) == escaped  # it really left phalanx's sessions and groups
+        (run_dir,) = (tmp_path / "logs").iterdir()
+        assert _job_cgroup(run_dir), "the job runs in a cgroup of its own"
+        if how == "kill -9 of the launcher":
+            launcher.kill()
+            launcher.wait(HANG)
+        else:
+            assert launcher.wait(HANG) == 3
+        wait_for(lambda: not alive(escaped), 10, "the process that left its session to be gone")
+        wait_for(lambda: not _job_cgroup(run_dir), 10, "the job cgroup to be removed")
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+        if escaped > 0 and alive(escaped):
+            os.kill(escaped, signal.SIGKILL)

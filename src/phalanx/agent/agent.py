@@ -14,6 +14,7 @@ from phalanx.agent.loop import Rounds, write_launcher_file
 from phalanx.config import LaunchConfig
 from phalanx.errors import UsageError
 from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.supervisor.cgroup import JobCgroup
 from phalanx.supervisor.group import Supervisor
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.process import exec_worker
@@ -61,12 +62,16 @@ class Agent:
         base_env: Mapping[str, str] | None = None,
         *,
         console: tuple[BinaryIO, BinaryIO] | None = None,
+        contain: bool = False,
     ) -> None:
+        """``contain``: run the job in a cgroup of its own where one can be made (the CLI; not
+        ``phalanx.spawn``, whose agent is the user's own process)."""
         self._config = config
         self._open_rendezvous = open_rendezvous
         self._run_id = run_id
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._console = console or (sys.stdout.buffer, sys.stderr.buffer)
+        self._contain = contain
 
     def run(self) -> int:
         """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
@@ -81,7 +86,9 @@ class Agent:
         )
         with SignalWatcher(config.signals_to_handle, stacks=True) as signals:
             write_launcher_file(run_dir, signals)
-            guardian = Guardian()
+            # Entered before anything is started, so every process of the job is born in it.
+            cgroup = JobCgroup.enter(f"phalanx-{run_dir.name}") if self._contain else None
+            guardian = Guardian(cgroup)
             template: Template | None = None
             rendezvous: RendezvousHandler | None = None
             try:
@@ -103,5 +110,7 @@ class Agent:
                 if template is not None:
                     template.close()
                 guardian.close()
+                if cgroup is not None:
+                    cgroup.leave()
                 if rendezvous is not None:
                     rendezvous.shutdown()

@@ -28,7 +28,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if config.dry_run:
         print(describe(launch.dry_run_plan(environ), environ))
         return 0
-    return Agent(config, launch.open_rendezvous, launch.run_id, environ).run()
+    return Agent(config, launch.open_rendezvous, launch.run_id, environ, contain=True).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,10 @@ children (DataLoader workers, ``mp.spawn`` children). The guardian holds the rea
 pipe whose write end only the launcher has: when the launcher dies -- even by SIGKILL -- the
 kernel closes it, the guardian reads EOF and SIGKILLs every process group it was told about.
 It starts with ``python -I -S`` (no site, no torch) so it costs a few milliseconds.
+
+With a job cgroup (``phalanx.supervisor.cgroup``) it then SIGKILLs every other member of the
+cgroup but the agent -- which catches what left its process group, ``setsid`` included --
+and, when the agent is gone, leaves the cgroup and removes it.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ import os
 import subprocess
 import sys
 
+from phalanx.supervisor.cgroup import JobCgroup
+
 _GUARDIAN_CODE = """
-import os, signal
+import os, signal, sys, time
+agent = os.getppid()
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
     signal.signal(s, signal.SIG_IGN)
 groups, buf = set(), b""
@@ -34,15 +41,40 @@ for group in groups:
         os.killpg(group, signal.SIGKILL)
     except OSError:
         pass
+if len(sys.argv) > 2:
+    job, parent, me = sys.argv[1], sys.argv[2], os.getpid()
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        try:
+            with open(job + "/cgroup.procs") as procs:
+                others = [int(p) for p in procs.read().split() if int(p) not in (me, agent)]
+        except OSError:
+            break
+        if not others:
+            break
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
+    if os.getppid() != agent:  # the agent died: nobody else will remove the cgroup
+        try:
+            with open(parent + "/cgroup.procs", "w") as procs:
+                procs.write(str(me))
+            os.rmdir(job)
+        except OSError:
+            pass
 """
 
 
 class Guardian:
     """Owns the guardian process; ``watch``/``forget`` tell it which groups to kill."""
 
-    def __init__(self) -> None:
+    def __init__(self, cgroup: JobCgroup | None = None) -> None:
+        where = [str(cgroup.path), str(cgroup.parent)] if cgroup is not None else []
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _GUARDIAN_CODE],
+            [sys.executable, "-I", "-S", "-c", _GUARDIAN_CODE, *where],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
