@@ -292,3 +292,58 @@ def test_a_process_that_left_its_session_does_not_outlive_the_job(
         launcher.wait(10)
         if escaped > 0 and alive(escaped):
             os.kill(escaped, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def frozen(pid: int, name: str) -> Iterator[None]:
+    """``pid`` frozen by the cgroup-v1 freezer: it sleeps in the kernel (state D) and even
+    SIGKILL waits until it is thawed, as with a hung NFS mount. Thawed and removed after."""
+    group = Path("/sys/fs/cgroup/freezer") / name
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+        (group / "freezer.state").write_text("FROZEN")
+        wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10, "frozen")
+        yield
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        wait_for(lambda: not alive(pid), 10, "the thawed process to die of its pending SIGKILL")
+        group.rmdir()
+
+
+@pytest.mark.parametrize("mode", ["warm", "cold"])
+def test_a_worker_stuck_in_the_kernel_is_named_and_does_not_hold_up_the_launcher(
+    tmp_path: Path, mode: str
+) -> None:
+    """Rank 1 is frozen (state D: SIGKILL cannot end it); rank 0 fails. phalanx SIGTERMs,
+    SIGKILLs, waits a bounded time, then reports rank 1 as stuck, with its state, and exits
+    with the root cause's code instead of waiting for it forever."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    args = ["--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "2",
+            "--shutdown-timeout", "1", *(["--cold-start"] if mode == "cold" else []),
+            worker("freeze_me.py"), str(folder)]  # fmt: skip
+    launcher = subprocess.Popen(
+        [*PHALANX, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (folder / "victim.pid").exists(), HANG, "rank 1 to start")
+        victim = int((folder / "victim.pid").read_text())
+        with frozen(victim, f"phalanx-test-{os.getpid()}-{mode}"):
+            (folder / "go").touch()
+            _, stderr = launcher.communicate(timeout=HANG)
+            assert launcher.returncode == 3, stderr
+            assert "Root cause: rank 0 (local rank 0)" in stderr
+            assert (
+                "rank 1 (local rank 1) on" in stderr
+                and "could not be ended: still in state D (disk sleep) after SIGKILL" in stderr
+            ), stderr
+            assert "Traceback" not in stderr
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate(timeout=10)
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    for leftover in _job_cgroup(run_dir):  # not removable while the frozen worker was in it
+        leftover.rmdir()

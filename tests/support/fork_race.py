@@ -138,6 +138,12 @@ def _race(launcher: subprocess.Popen[bytes], child: int) -> dict[str, object]:
     launcher, then follow the child's syscalls to its end."""
     with open(f"/proc/{child}/cmdline", "rb") as handle:
         cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    # The guardian first: its cleanup (process groups, the job's cgroup) would end the held
+    # child itself, and this checks the child's own race check alone.
+    for other in _children(launcher.pid):
+        with contextlib.suppress(OSError), open(f"/proc/{other}/cmdline", "rb") as handle:
+            if handle.read().split(b"\0")[1:3] == [b"-I", b"-S"]:
+                os.kill(other, signal.SIGKILL)
     os.kill(launcher.pid, signal.SIGKILL)
     while True:  # a stop reported before the kill may come first
         _, launcher_status = os.waitpid(launcher.pid, WALL)
@@ -165,6 +171,15 @@ def _race(launcher: subprocess.Popen[bytes], child: int) -> dict[str, object]:
             os.kill(child, signal.SIGKILL)  # (its death is the next status: the loop ends)
             continue
         ptrace(PTRACE_SYSCALL, child)
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(c) for c in handle.read().split()]
+    return found
 
 
 def _reap_orphans() -> None:

@@ -29,6 +29,7 @@ class WorkerExit:
     node_rank: int = 0
     kind: str = ""  # why it failed (phalanx.report.classify): exception, exit_code, signal, ... hang
     reason: str = ""  # one line: "ValueError: boom", "killed by SIGSEGV", "no progress for 30 s"
+    stuck_state: str = ""  # SIGKILLed but still there: its state ("in state D (disk sleep)")
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> WorkerExit:
@@ -76,6 +77,8 @@ class WorkerExit:
             return f"signal {-self.returncode}"
 
     def describe_exit(self) -> str:
+        if self.stuck_state:
+            return f"could not be ended: still {self.stuck_state} after SIGKILL"
         name = self.signal_name
         return f"killed by {name}" if name else f"exit code {self.returncode}"
 

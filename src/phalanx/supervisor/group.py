@@ -8,7 +8,9 @@ every worker's process group, wait to a ``time.monotonic()`` deadline, SIGKILL, 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import select
 import selectors
 import signal
 import socket
@@ -28,6 +30,7 @@ from phalanx.supervisor.signals import SignalWatcher
 
 # After SIGKILL a process normally vanishes at once; one stuck in an uninterruptible call
 # (a GPU driver call, a dead NFS mount) cannot be reaped, so the wait is bounded.
+log = logging.getLogger("phalanx")
 _KILL_WAIT = 5.0
 _DRAIN_WAIT = 1.0
 
@@ -233,6 +236,9 @@ class Supervisor:
                     for slot in slots:
                         _killpg(slot.proc.pid, signal.SIGKILL)
                 break
+        for slot in slots:
+            if slot.exit is None:  # SIGKILLed and still there: stuck in the kernel
+                slot.exit = self._stuck(slot)
         self._drain(streams, selector)
         for slot in slots:
             if slot.exit is not None:
@@ -262,11 +268,44 @@ class Supervisor:
         return tuple(s.exit for s in slots if s.exit is not None)
 
     def _kill_all(self, slots: list[_Slot]) -> None:
+        """SIGKILL every group and reap what ends within ``_KILL_WAIT``; never wait longer:
+        a process stuck in the kernel (D state) cannot be reaped until it leaves it."""
         for slot in slots:
             _killpg(slot.proc.pid, signal.SIGKILL)
-            if slot.exit is None:
-                with contextlib.suppress(ChildProcessError):
-                    slot.exit = self._record_exit(slot, slot.proc.reap(), stopping=True)
+        deadline = time.monotonic() + _KILL_WAIT
+        while pending := [s for s in slots if s.exit is None]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for slot in pending:
+                    slot.exit = self._stuck(slot)
+                return
+            ready, _, _ = select.select([s.proc.exit_fd for s in pending], [], [], left)
+            for slot in pending:
+                if slot.proc.exit_fd in ready:
+                    with contextlib.suppress(ChildProcessError):
+                        slot.exit = self._record_exit(slot, slot.proc.reap(), stopping=True)
+
+    def _stuck(self, slot: _Slot) -> WorkerExit:
+        """A worker that SIGKILL did not end: named in the report with its state."""
+        state = process_state(slot.proc.pid)
+        log.warning(
+            "%s (pid %d) could not be ended: still %s after SIGKILL; it is left to the kernel",
+            slot.plan.name, slot.proc.pid, state,
+        )  # fmt: skip
+        exit_ = self._record_exit(slot, -signal.SIGKILL, stopping=True)
+        return replace(exit_, stuck_state=state)
+
+
+def process_state(pid: int) -> str:
+    """``D (disk sleep)`` and the like, from ``/proc``; ``gone`` once it is."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("State:"):
+                    return "in state " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "gone"
 
 
 def _killpg(pgid: int, sig: int) -> None:
