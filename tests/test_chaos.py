@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from phalanx.net import free_port
 from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
 
 HANG = 60.0  # bounds that only catch a hang
+HANGFS = Path(__file__).parent / "support" / "hangfs.py"
 
 
 @contextlib.contextmanager
@@ -48,7 +50,7 @@ def test_a_full_log_disk_does_not_stop_a_healthy_job(tmp_path: Path) -> None:
     said = [line for line in result.stderr.splitlines() if "No space left on device" in line]
     # Once per stream whose file filled (stdout's; stderr's finds the disk full too).
     assert len(said) == 2, result.stderr
-    assert "rank_0/stdout.log" in said[0] and "rank_0/stderr.log" in said[1]
+    assert sorted(line.split("/")[-1].split()[0] for line in said) == ["stderr.log", "stdout.log"]
     assert "Traceback" not in result.stderr
 
 
@@ -347,3 +349,79 @@ def test_a_worker_stuck_in_the_kernel_is_named_and_does_not_hold_up_the_launcher
     (run_dir,) = (tmp_path / "logs").iterdir()
     for leftover in _job_cgroup(run_dir):  # not removable while the frozen worker was in it
         leftover.rmdir()
+
+
+@contextlib.contextmanager
+def hang_filesystem(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A FUSE mount (``support/hangfs.py``) that stops answering writes while
+    ``<backing>/.frozen`` exists, as a hung NFS mount does: yields (mountpoint, switch).
+    Thawed, unmounted and its daemon ended after, whatever happened."""
+    backing, mountpoint = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mountpoint.mkdir()
+    daemon = subprocess.Popen(
+        [sys.executable, str(HANGFS), str(backing), str(mountpoint)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    switch = backing / ".frozen"
+    try:
+        wait_for(lambda: os.path.ismount(mountpoint), HANG, "the FUSE mount")
+        yield mountpoint, switch
+    finally:
+        switch.unlink(missing_ok=True)
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], timeout=30, check=False)
+        try:
+            daemon.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait(10)
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_log_filesystem_that_stops_answering_does_not_stop_the_job(
+    tmp_path: Path, status: int
+) -> None:
+    """--log-dir on a mount that stops answering mid-run (its writes hang, as on a hung NFS
+    server): the loop that watches the workers only queues log writes, so while the mount is
+    still frozen every line reaches the console, the job's end is seen and reported, the
+    stuck file and (on a failure) the report.json that cannot be written are one line each.
+    A process cannot finish exiting while one of its writes waits in the kernel, so phalanx's
+    own exit -- with the job's status -- comes once the mount answers again."""
+    out_path, err_path = tmp_path / "console.out", tmp_path / "console.err"
+    with hang_filesystem(tmp_path) as (logs, switch):
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            launcher = subprocess.Popen(
+                [*PHALANX, "--log-dir", str(logs), worker("slow_chatty.py"), "150", str(status)],
+                stdout=out, stderr=err, start_new_session=True,
+            )  # fmt: skip
+        try:
+            backing = tmp_path / "backing"
+            wait_for(
+                lambda: any(p.stat().st_size for p in backing.glob("*/attempt_0/rank_0/stdout.log")),
+                HANG, "the first lines in the log file",
+            )  # fmt: skip
+            switch.touch()  # from now on every write to the mount hangs
+            end = "all 1 workers finished" if status == 0 else "Root cause: rank 0 (local rank 0)"
+            wait_for(lambda: end in err_path.read_text(), HANG, "the job's end, still frozen")
+            wait_for(
+                lambda: "stdout.log: writes did not finish" in err_path.read_text(), HANG,
+                "the stuck log file to be said",
+            )  # fmt: skip
+            if status:
+                wait_for(
+                    lambda: "report.json (its filesystem did not answer within 2 s)"
+                    in err_path.read_text(), HANG, "the report.json line",
+                )  # fmt: skip
+            assert len(out_path.read_text().splitlines()) == 150
+        finally:
+            switch.unlink(missing_ok=True)
+            try:
+                launcher.wait(HANG)
+            finally:
+                if launcher.poll() is None:
+                    os.killpg(launcher.pid, signal.SIGKILL)
+                    launcher.wait(10)
+    said = err_path.read_text()
+    assert launcher.returncode == status, said
+    assert out_path.read_text().splitlines() == [f"[rank0]: line {i:04d}" for i in range(150)]
+    assert "Traceback" not in said

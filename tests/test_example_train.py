@@ -263,8 +263,9 @@ def _kill_at(cmd: list[str], logs: Path, beats: int, attempt: str = "attempt_0")
             if seen is not None and seen[0] >= beats:
                 victim = _worker_holding(psutil.Process(proc.pid), found[0].resolve())
                 if victim is not None:
-                    at = read_progress(str(found[0]))
                     victim.kill()
+                    victim.wait(30)
+                    at = read_progress(str(found[0]))  # after the kill: its last count
                     break
             time.sleep(0.005)
         code = proc.wait(timeout=120)
@@ -298,7 +299,9 @@ def test_killed_at_random_steps_under_phalanx_resumes_bit_identically(tmp_path: 
     assert not (out / "final.pt").exists(), why
     resumed = checkpoint.latest(out / "checkpoints")
     start = 0 if resumed is None else resumed.step
-    assert start <= killed_at, why
+    # Rank 0 saves after its own step, which needs rank 1's gradients of that step, not its
+    # optimizer step: rank 1 may die between the two, one step behind the newest checkpoint.
+    assert start <= killed_at + 1, why
 
     second = rng.randrange(1, steps - start - 10)  # steps after the resume
     code, again = _kill_at(

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -226,10 +227,7 @@ class Rounds:
                 "checkpoint in between; not spending the remaining restarts."
             )
         print(text, file=sys.stderr, flush=True)
-        try:
-            (self.run_dir / "report.json").write_text(json.dumps(report.data, indent=2))
-        except OSError as exc:  # a full disk: the report is printed above all the same
-            log.warning("cannot write %s (%s)", self.run_dir / "report.json", exc.strerror)
+        write_bounded(self.run_dir / "report.json", json.dumps(report.data, indent=2))
         cause = report.cause
         if cause is None:
             reason = _describe_event(event) if event is not None else ""
@@ -254,6 +252,23 @@ class Rounds:
             if done or self.signals.pending() is not None:  # Ctrl-C: report what is here
                 return records
             time.sleep(0.2)
+
+
+def write_bounded(path: Path, text: str, timeout: float = 2.0) -> None:
+    """Write ``path`` from a thread, waiting at most ``timeout``: a full disk or a filesystem
+    that stops answering costs one line (the report was printed already), never the exit."""
+
+    def write() -> None:
+        try:
+            path.write_text(text)
+        except OSError as exc:
+            log.warning("cannot write %s (%s)", path, exc.strerror)
+
+    writer = threading.Thread(target=write, name="phalanx-report", daemon=True)
+    writer.start()
+    writer.join(timeout)
+    if writer.is_alive():
+        log.warning("cannot write %s (its filesystem did not answer within %g s)", path, timeout)
 
 
 def write_launcher_file(run_dir: Path, signals: SignalWatcher) -> None:

@@ -24,7 +24,7 @@ from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import JobEvent
 from phalanx.report.exits import WorkerExit, read_error_file
 from phalanx.supervisor.guardian import Guardian
-from phalanx.supervisor.logs import LogStream, open_log
+from phalanx.supervisor.logs import LogFile, LogStream, finish_all
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.supervisor.signals import SignalWatcher
 
@@ -60,7 +60,7 @@ OnTick = Callable[[Sequence[tuple[WorkerPlan, int]]], bool]
 class _Slot:
     plan: WorkerPlan
     proc: RunningWorker
-    files: list[BinaryIO]
+    files: list[LogFile]
     exit: WorkerExit | None = None
     streams: list[LogStream] = field(default_factory=list)  # stdout, stderr
 
@@ -139,10 +139,9 @@ class Supervisor:
             self._drain(streams, selector)
             for slot in slots:
                 slot.proc.close()
-                for handle in slot.files:
-                    handle.close()
                 self._guardian.forget(slot.proc.pid)
             selector.close()
+            finish_all(handle for slot in slots for handle in slot.files)
 
     def _start(
         self,
@@ -151,7 +150,7 @@ class Supervisor:
         selector: selectors.BaseSelector,
         streams: dict[int, LogStream],
     ) -> _Slot:
-        with contextlib.suppress(OSError):  # a full disk: _open_log says so, the job goes on
+        with contextlib.suppress(OSError):  # a full disk: its LogFile says so, the job goes on
             worker.log_dir.mkdir(parents=True, exist_ok=True)
         proc = self._launch(worker)
         self._guardian.watch(proc.pid)  # the worker leads its own process group
@@ -164,17 +163,14 @@ class Supervisor:
                 ("stderr", proc.stderr_fd, worker.stderr_path),
             )
         ):
-            handle = open_log(path)
-            if handle is not None:
-                slot.files.append(handle)
+            handle = LogFile(path)
+            slot.files.append(handle)
             console = (
                 self._console[index] if self._console and name in worker.console_streams else None
             )
             duplicate = None
-            dup = None
             if self._duplicate_filters[index]:
-                dup = open_log(plan.attempt_dir / f"filtered_{name}.log")
-            if dup is not None:
+                dup = LogFile(plan.attempt_dir / f"filtered_{name}.log")
                 slot.files.append(dup)
                 duplicate = (dup, self._duplicate_filters[index])
             os.set_blocking(fd, False)

@@ -1,17 +1,24 @@
 """Copying worker output: every byte to the rank's log file, and -- prefixed with the rank,
 line by line -- to the launcher's console unless filtered out.
 
-Logging never stops supervision: a log file that cannot be written (a full disk, a failing
-filesystem) is reported once and dropped, and the stream goes on to the console. The last
-``TAIL_BYTES`` of each stream are kept in memory, so a failure report quotes the worker's
-last words even when its log file could not hold them. Copying is linear for any output
-shape: a "line" longer than ``MAX_LINE`` without a newline is emitted in pieces of that size.
+Logging never stops supervision. Each log file is written by a thread of its own
+(``LogFile``), so a filesystem that stops answering (a hung NFS mount) never holds up the
+loop that watches the workers: the loop only queues. A file that cannot be written (a full
+disk, a failing filesystem) or whose writes are stuck for more than ``BACKLOG`` bytes is
+reported once and dropped, and the stream goes on to the console. The last ``TAIL_BYTES`` of
+each stream are kept in memory, so a failure report quotes the worker's last words even when
+its log file could not hold them. Copying is linear for any output shape: a "line" longer
+than ``MAX_LINE`` without a newline is emitted in pieces of that size.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -19,6 +26,86 @@ log = logging.getLogger("phalanx")
 
 TAIL_BYTES = 16384  # what the failure report can quote
 MAX_LINE = 65536  # longer runs without a newline go to the console in pieces this long
+BACKLOG = 8 << 20  # bytes waiting for a stuck log file before it is given up on
+CLOSE_WAIT = 2.0  # seconds all of a round's log files may take to finish writing at the end
+
+
+class LogFile:
+    """An append-only log file written by a thread of its own (see the module docstring).
+
+    ``write`` never blocks: it queues, and returns False once the file has been given up on
+    (it could not be opened or written, or its backlog passed ``BACKLOG``), said once.
+    """
+
+    def __init__(self, path: os.PathLike[str] | str) -> None:
+        self.name = str(path)
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._backlog = 0
+        self._given_up = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"phalanx-log-{os.path.basename(self.name)}", daemon=True
+        )  # a daemon: one stuck in the kernel must not keep the launcher from exiting
+        self._thread.start()
+
+    def write(self, data: bytes) -> bool:
+        with self._lock:
+            if self._given_up:
+                return False
+            if self._backlog > BACKLOG:
+                self._give_up("its writes are stuck (is the filesystem answering?)")
+                return False
+            self._backlog += len(data)
+        self._queue.put(data)
+        return True
+
+    def close(self) -> None:
+        """Ask the thread to finish and close the file (see ``finish``)."""
+        self._queue.put(None)
+
+    def finished(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _give_up(self, why: str) -> None:
+        """Called with the lock held."""
+        if not self._given_up:
+            self._given_up = True
+            log.warning(
+                "cannot write %s (%s): its worker goes on; the rest of this stream goes to "
+                "the console only", self.name, why,
+            )  # fmt: skip
+
+    def _run(self) -> None:
+        try:
+            handle = open(self.name, "ab", buffering=0)  # noqa: SIM115 -- closed below
+        except OSError as exc:
+            with self._lock:
+                self._give_up(exc.strerror or str(exc))
+            return
+        with handle:
+            while (chunk := self._queue.get()) is not None:
+                try:
+                    _write_all(handle, chunk)
+                except OSError as exc:
+                    with self._lock:
+                        self._give_up(exc.strerror or str(exc))
+                    return
+                finally:
+                    with self._lock:
+                        self._backlog -= len(chunk)
+
+
+def finish_all(files: Iterable[LogFile], timeout: float = CLOSE_WAIT) -> None:
+    """Close every file and wait, ``timeout`` in all, for their writes to finish; a file
+    whose writes are stuck is said and left to its (daemon) thread."""
+    files = list(files)
+    for handle in files:
+        handle.close()
+    deadline = time.monotonic() + timeout
+    for handle in files:
+        if not handle.finished(max(0.0, deadline - time.monotonic())):
+            log.warning("%s: writes did not finish (is its filesystem answering?)", handle.name)
 
 
 @dataclass
@@ -26,10 +113,10 @@ class LogStream:
     """One pipe (a worker's stdout or stderr) and where its lines go."""
 
     fd: int
-    file: BinaryIO | None
+    file: LogFile | None
     prefix: bytes
     console: BinaryIO | None
-    duplicate: tuple[BinaryIO, tuple[bytes, ...]] | None = None
+    duplicate: tuple[LogFile, tuple[bytes, ...]] | None = None
     _partial: bytes = field(default=b"", repr=False)
     _recent: bytearray = field(default_factory=bytearray, repr=False)
 
@@ -44,7 +131,7 @@ class LogStream:
             return False
         self._recent += chunk
         del self._recent[:-TAIL_BYTES]
-        if self.file is not None and not _write(self.file, chunk):
+        if self.file is not None and not self.file.write(chunk):
             self.file = None
         data = self._partial + chunk  # _partial is under MAX_LINE: linear in the output
         complete, newline, rest = data.rpartition(b"\n")
@@ -74,7 +161,7 @@ class LogStream:
         if self.duplicate is not None:
             target, words = self.duplicate
             picked = [line for line in lines if any(word in line for word in words)]
-            if picked and not _write(target, b"".join(self._prefixed(x) + b"\n" for x in picked)):
+            if picked and not target.write(b"".join(self._prefixed(x) + b"\n" for x in picked)):
                 self.duplicate = None
         if self.console is None:
             return
@@ -86,31 +173,11 @@ class LogStream:
             self.console = None
 
 
-def open_log(path: os.PathLike[str] | str) -> BinaryIO | None:
-    """A log file to append to, unbuffered (each write reaches the file or fails there, never
-    later in a flush or a close); None, said once, when it cannot be opened."""
-    try:
-        return open(path, "ab", buffering=0)
-    except OSError as exc:
-        log.warning("cannot open %s (%s): this stream goes to the console only", path, exc.strerror)
-        return None
-
-
-def _write(target: BinaryIO, data: bytes) -> bool:
-    """Write all of ``data`` to an unbuffered file; False (said once, here) when it failed."""
-    try:
-        view = memoryview(data)
-        while view:
-            written = target.write(view)
-            view = view[written or 0 :]
-            if not written:
-                raise OSError("nothing written")
-    except OSError as exc:
-        log.warning(
-            "cannot write %s (%s): its worker goes on; the rest of this stream goes to the "
-            "console only",
-            getattr(target, "name", "a log file"),
-            exc.strerror or exc,
-        )
-        return False
-    return True
+def _write_all(target: BinaryIO, data: bytes) -> None:
+    """All of ``data`` to an unbuffered file (a regular file may take it in parts)."""
+    view = memoryview(data)
+    while view:
+        written = target.write(view)
+        if not written:
+            raise OSError("nothing written")
+        view = view[written:]
