@@ -188,7 +188,7 @@ def test_add(etcd: EtcdCluster, make_store: StoreFactory) -> None:
     assert store.add("n", -10) == -4
     assert store.get("n") == b"-4"
     store.set("text", b"abc")
-    with pytest.raises(MalformedValue, match="'text'.*not an integer"):
+    with pytest.raises(MalformedValue, match=r"'text'.*not an integer"):
         store.add("text", 1)
 
 

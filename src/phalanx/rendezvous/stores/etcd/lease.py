@@ -77,7 +77,9 @@ class EtcdLease:
             self._keeper.join(timeout=timeout)
         if self._id is not None and not self._lost:
             left = max(0.1, deadline - time.monotonic())
-            self._client.call("lease/revoke", {"ID": str(self._id)}, wire.ignore, timeout=left)
+            self._client.call(
+                "lease/revoke", {"ID": str(self._id)}, wire.acknowledged, timeout=left
+            )
 
     def _keep_alive(self, lease_id: int, interval: float) -> None:
         """Renew every ``interval`` (a third of the TTL). A renewal may take until the lease

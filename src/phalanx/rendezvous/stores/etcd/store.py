@@ -108,7 +108,9 @@ class EtcdStore:
         return kvs[0].value if kvs else None
 
     def set(self, key: str, value: bytes) -> None:
-        self._client.call("kv/put", wire.put_op(self._key(key), value)["request_put"], wire.ignore)
+        self._client.call(
+            "kv/put", wire.put_op(self._key(key), value)["request_put"], wire.acknowledged
+        )
 
     def set_ephemeral(self, key: str, value: bytes) -> None:
         """Set ``key`` bound to this store's lease.
@@ -119,7 +121,7 @@ class EtcdStore:
         """
         body = wire.put_op(self._key(key), value)["request_put"] | {"lease": str(self._lease.id())}
         try:
-            self._client.call("kv/put", body, wire.ignore)
+            self._client.call("kv/put", body, wire.acknowledged)
         except EtcdRequestError as exc:
             if exc.code != LEASE_NOT_FOUND:
                 raise
@@ -215,7 +217,9 @@ class EtcdStore:
             self._lease.close(_CLOSE_TIMEOUT)  # stops the renewals first, even if revoking fails
             if self._receipt_written:
                 receipt = {"key": wire.b64(self._receipt)}
-                self._client.call("kv/deleterange", receipt, wire.ignore, timeout=_CLOSE_TIMEOUT)
+                self._client.call(
+                    "kv/deleterange", receipt, wire.acknowledged, timeout=_CLOSE_TIMEOUT
+                )
         except (StoreUnavailable, EtcdRequestError) as exc:
             log.info("etcd: cleanup on close skipped (%s); the lease will expire", exc)
         finally:

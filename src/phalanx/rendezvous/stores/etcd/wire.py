@@ -94,8 +94,10 @@ def delete_op(key: bytes) -> JSON:
 # -- replies -------------------------------------------------------------------------------
 
 
-def ignore(reply: JSON) -> None:
-    """For requests whose reply phalanx does not read (put, delete, revoke)."""
+def acknowledged(reply: JSON) -> None:
+    """A reply that carries nothing but etcd's header (put, delete, revoke): only a reply
+    with one counts as done, so junk is never taken for a write that happened."""
+    _revision(reply, "reply")
 
 
 def range_reply(reply: JSON) -> tuple[KV, ...]:
