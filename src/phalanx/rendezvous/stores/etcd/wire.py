@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,6 +181,7 @@ def watch_result(message: object) -> WatchResult:
 # -- field checks --------------------------------------------------------------------------
 
 _MISSING = object()
+_DECIMAL = re.compile(r"-?[0-9]{1,20}")  # int64, as the gateway spells it (no "+", "_", "1e3")
 
 
 def _field(obj: JSON, name: str, kind: type[Any], where: str, *, default: Any = _MISSING) -> Any:
@@ -203,7 +205,7 @@ def _int(obj: JSON, name: str, where: str, *, default: int | None = None) -> int
         return default
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lstrip("-").isdigit() and value.isascii():
+    if isinstance(value, str) and _DECIMAL.fullmatch(value):
         return int(value)
     raise BadReply(f"{where}.{name} is {_show(value)}, not an integer")
 
