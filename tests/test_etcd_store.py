@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from phalanx.errors import RendezvousError, UsageError
-from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
+from phalanx.rendezvous.stores.base import KVStore, MalformedValue, StoreUnavailable
 from phalanx.rendezvous.stores.etcd import wire
 from phalanx.rendezvous.stores.etcd.conf import parse_endpoints, run_prefix
 from phalanx.rendezvous.stores.etcd.store import (
@@ -188,7 +188,7 @@ def test_add(etcd: EtcdCluster, make_store: StoreFactory) -> None:
     assert store.add("n", -10) == -4
     assert store.get("n") == b"-4"
     store.set("text", b"abc")
-    with pytest.raises(ValueError, match="not an integer"):
+    with pytest.raises(MalformedValue, match=r"'text'.*not an integer"):
         store.add("text", 1)
 
 

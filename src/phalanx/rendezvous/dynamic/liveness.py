@@ -36,7 +36,7 @@ from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.dynamic.pulse import Verdict, pulse_for
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.rendezvous.stores.base import MalformedValue, StoreUnavailable
+from phalanx.rendezvous.stores.base import Malformed, StoreUnavailable
 
 log = logging.getLogger("phalanx")
 
@@ -151,7 +151,7 @@ class Liveness:
             pause = self._s.event_interval
             try:
                 self.tick()
-            except MalformedValue as exc:
+            except Malformed as exc:
                 log.error("rendezvous: %s", exc)
                 with self._lock:
                     self._expelled = str(exc)  # final: the same read would find the same junk

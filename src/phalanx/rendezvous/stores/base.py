@@ -24,13 +24,29 @@ class StoreUnavailable(Exception):
     """The store could not be reached or did not answer within its timeout."""
 
 
-class MalformedValue(StoreUnavailable):
+class Malformed(StoreUnavailable):
+    """The store answered, with something phalanx cannot use: final, unlike an unreachable
+    store (asking again would get the same junk), so the rendezvous stops at once."""
+
+
+class MalformedValue(Malformed):
     """A value in the store is not what phalanx writes there (junk, a hostile or broken
-    writer): final, unlike an unreachable store, and the message names the key."""
+    writer); the message names the key."""
 
     def __init__(self, key: str, why: str) -> None:
         super().__init__(f"the rendezvous store holds a malformed value at {key!r}: {why}")
         self.key = key
+
+
+class MalformedReply(Malformed):
+    """The store's server answered a request with a reply that breaks its protocol (not the
+    server it claims to be, a broken proxy, a hostile peer); the message names the server and
+    the request."""
+
+    def __init__(self, server: str, request: str, why: str) -> None:
+        super().__init__(f"{server} sent a malformed reply to {request}: {why}")
+        self.server = server
+        self.request = request
 
 
 class KVStore(Protocol):

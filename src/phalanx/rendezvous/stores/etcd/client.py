@@ -10,6 +10,11 @@ The client tries the endpoint that answered last, then the others in order, unti
 or ``EtcdOptions.request_timeout`` runs out (then ``StoreUnavailable`` names every endpoint and
 why it failed). Every request is retried as a whole, so callers only send requests that are
 safe to repeat (``EtcdStore`` makes its transactions so).
+
+Every reply is decoded by a checker of ``wire`` that the caller names; a reply that is not
+what etcd sends (not an object, a missing or mistyped field, bad base64, a stream line that
+is not JSON) raises ``MalformedReply`` naming the endpoint and the request, at once: asking
+again would only get the same junk.
 """
 
 from __future__ import annotations
@@ -19,14 +24,21 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import TypeVar
 
 import requests
 
 from phalanx.errors import RendezvousError
-from phalanx.rendezvous.stores.base import StoreUnavailable
+from phalanx.rendezvous.stores.base import MalformedReply, StoreUnavailable
 from phalanx.rendezvous.stores.etcd.conf import EtcdOptions
-from phalanx.rendezvous.stores.etcd.wire import JSON
+from phalanx.rendezvous.stores.etcd.wire import (
+    JSON,
+    BadReply,
+    WatchResult,
+    auth_token,
+    watch_result,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +48,11 @@ _READ_TIMEOUT = 5.0  # per attempt: long enough for an fsync on a loaded disk
 # reports some raft errors so), DEADLINE_EXCEEDED, UNAVAILABLE ("no leader", "request timed out").
 _TRY_NEXT_CODES = frozenset({1, 2, 4, 14})
 _UNAUTHENTICATED = 16
+# A stream line longer than this is not etcd's (its requests are capped at 1.5 MiB by default,
+# and phalanx's watches carry only its own small keys): the buffer stays bounded.
+_MAX_LINE = 16 * 1024 * 1024
+
+T = TypeVar("T")
 
 
 class EtcdRequestError(RendezvousError):
@@ -58,53 +75,68 @@ class EtcdClient:
         self._token: str | None = None
         self._lock = threading.Lock()
         # requests.Session is not documented as thread-safe: one per thread (the caller's,
-        # the lease keep-alive thread's), all closed together.
-        self._local = threading.local()
-        self._sessions: list[requests.Session] = []
+        # the lease keep-alive thread's). A session of a thread that ended is closed at the
+        # next request from any thread, so short-lived threads do not pile up sessions and
+        # their pooled connections; ``close`` closes the rest.
+        self._sessions: dict[threading.Thread, requests.Session] = {}
 
     @property
     def current_endpoint(self) -> str:
         """The endpoint that answered last (where the next request goes first)."""
         return self.endpoints[self._current]
 
-    def call(self, path: str, body: JSON, *, timeout: float | None = None) -> JSON:
-        """POST ``body`` to ``/v3/<path>``; return the reply, failing over between endpoints.
+    def call(
+        self,
+        path: str,
+        body: JSON,
+        decode: Callable[[JSON], T],
+        *,
+        timeout: float | None = None,
+    ) -> T:
+        """POST ``body`` to ``/v3/<path>``; return ``decode(reply)``, failing over between
+        endpoints.
 
         Raises ``StoreUnavailable`` when no endpoint answers within ``timeout`` (default
-        ``request_timeout``) and ``EtcdRequestError`` when etcd refuses the request.
+        ``request_timeout``), ``MalformedReply`` when one answers junk (``decode`` raised
+        ``BadReply``) and ``EtcdRequestError`` when etcd refuses the request.
         """
         deadline = time.monotonic() + (self.options.request_timeout if timeout is None else timeout)
         failures: dict[str, str] = {}
-        for endpoint in self._attempts(deadline, failures):
+        for endpoint in self._attempts(path, deadline, failures):
             try:
                 reply = self._post(endpoint, path, body, deadline, failures, stream=False)
                 with reply:
-                    data = self._check(reply, endpoint, failures)
+                    data = self._check(reply, endpoint, path, failures)
             except _TryNext:
                 continue
+            try:
+                decoded = decode(data)
+            except BadReply as exc:
+                raise MalformedReply(f"etcd at {endpoint}", path, str(exc)) from None
             self._answered(endpoint)
-            return data
+            return decoded
         raise AssertionError("unreachable: _attempts ends by raising")  # pragma: no cover
 
-    def stream(self, path: str, body: JSON, deadline: float) -> Generator[JSON, None, None]:
-        """POST to a streaming method and yield its ``result`` objects until ``deadline``.
+    def stream(self, path: str, body: JSON, deadline: float) -> Generator[WatchResult, None, None]:
+        """POST to a streaming method and yield its checked results until ``deadline``.
 
         Opening fails over like ``call``. Returns quietly at ``deadline``; raises
-        ``StreamBroken`` when the connection drops earlier (the caller re-syncs and reopens).
+        ``StreamBroken`` when the connection drops earlier (the caller re-syncs and reopens)
+        and ``MalformedReply`` for a line that is not etcd's.
         """
         open_deadline = min(deadline, time.monotonic() + self.options.request_timeout)
         failures: dict[str, str] = {}
-        for endpoint in self._attempts(open_deadline, failures):
+        for endpoint in self._attempts(path, open_deadline, failures):
             try:
                 reply = self._post(endpoint, path, body, deadline, failures, stream=True)
                 if reply.status_code != 200:
                     with reply:
-                        self._check(reply, endpoint, failures)
+                        self._check(reply, endpoint, path, failures)
             except _TryNext:
                 continue
             self._answered(endpoint)
             with reply:
-                yield from _read_stream(reply, endpoint, deadline)
+                yield from _read_stream(reply, endpoint, path, deadline)
             return
 
     def invalidate_token(self) -> None:
@@ -112,13 +144,18 @@ class EtcdClient:
 
     def close(self) -> None:
         with self._lock:
-            sessions, self._sessions = self._sessions, []
+            sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             session.close()
 
+    def open_sessions(self) -> int:
+        """How many HTTP sessions (one per thread that used the client recently) are open."""
+        with self._lock:
+            return len(self._sessions)
+
     # -- internals ---------------------------------------------------------------------------
 
-    def _attempts(self, deadline: float, failures: dict[str, str]) -> Iterator[str]:
+    def _attempts(self, path: str, deadline: float, failures: dict[str, str]) -> Iterator[str]:
         """Endpoints to try, the last healthy one first, round after round until ``deadline``.
 
         The attempts record why each endpoint failed in ``failures``, for the final error.
@@ -129,17 +166,17 @@ class EtcdClient:
             start = self._current
             for i in range(len(self.endpoints)):
                 if time.monotonic() >= deadline:
-                    raise self._unavailable(failures, budget)
+                    raise self._unavailable(path, failures, budget)
                 yield self.endpoints[(start + i) % len(self.endpoints)]
             # Every endpoint refused: back off a little before the next round so a cluster
             # electing a leader is not hammered; the pause never outlasts the deadline.
             time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
             pause = min(pause * 2, 0.5)
 
-    def _unavailable(self, failures: dict[str, str], budget: float) -> StoreUnavailable:
+    def _unavailable(self, path: str, failures: dict[str, str], budget: float) -> StoreUnavailable:
         why = "; ".join(f"{ep}: {err}" for ep, err in failures.items()) or "no time left"
         return StoreUnavailable(
-            f"no etcd endpoint answered within {budget:.3g} s "
+            f"no etcd endpoint answered {path} within {budget:.3g} s "
             f"(endpoints: {', '.join(self.endpoints)}): {why}. "
             "Check --rdzv-endpoint, that etcd is running, and the TLS keys of --rdzv-conf."
         )
@@ -151,7 +188,13 @@ class EtcdClient:
             self._current = index
 
     def _session(self) -> requests.Session:
-        session: requests.Session | None = getattr(self._local, "session", None)
+        me = threading.current_thread()
+        with self._lock:
+            ended = [t for t in self._sessions if t is not me and not t.is_alive()]
+            stale = [self._sessions.pop(t) for t in ended]
+            session = self._sessions.get(me)
+        for old in stale:
+            old.close()  # its thread is gone: nobody else uses it
         if session is None:
             session = requests.Session()
             # etcd is cluster-internal: no HTTP(S)_PROXY (a proxy would also buffer the watch
@@ -161,9 +204,8 @@ class EtcdClient:
                 session.verify = self.options.cacert
             if self.options.cert and self.options.key:
                 session.cert = (self.options.cert, self.options.key)
-            self._local.session = session
             with self._lock:
-                self._sessions.append(session)
+                self._sessions[me] = session
         return session
 
     def _post(
@@ -197,8 +239,12 @@ class EtcdClient:
             failures[endpoint] = describe(exc)
             raise _TryNext from exc
 
-    def _check(self, reply: requests.Response, endpoint: str, failures: dict[str, str]) -> JSON:
-        """The reply's JSON; ``_TryNext`` for errors another endpoint (or a new token) may fix."""
+    def _check(
+        self, reply: requests.Response, endpoint: str, path: str, failures: dict[str, str]
+    ) -> JSON:
+        """The reply's JSON object; ``_TryNext`` for errors another endpoint (or a new token)
+        may fix. A reply that is not JSON (another server on that port, a proxy's error page)
+        counts as no answer from that endpoint."""
         try:
             data = reply.json()
         except ValueError:
@@ -212,8 +258,11 @@ class EtcdClient:
         if reply.status_code == 200 and not isinstance(error, dict):
             return data
         detail = error if isinstance(error, dict) else data
-        code = int(detail.get("code") or detail.get("grpc_code") or -1)
-        message = str(detail.get("message", detail))
+        code = detail.get("code") or detail.get("grpc_code") or -1
+        if not isinstance(code, int) or isinstance(code, bool):
+            why = f"HTTP {reply.status_code} with error code {str(code)[:60]!r}, not a gRPC code"
+            raise MalformedReply(f"etcd at {endpoint}", path, why)
+        message = str(detail.get("message", detail))[:300]  # a hostile reply may be huge
         if code == _UNAUTHENTICATED and self.options.user is not None:
             self.invalidate_token()  # expired (simple tokens live --auth-token-ttl): log in again
             failures[endpoint] = message
@@ -240,7 +289,7 @@ class EtcdClient:
             raise _TryNext from exc
         with reply:
             try:
-                data = self._check(reply, endpoint, failures)
+                data = self._check(reply, endpoint, "auth/authenticate", failures)
             except EtcdRequestError as exc:
                 if "authentication is not enabled" in str(exc):
                     self._token = ""  # as etcd's Go client does: go on without a token
@@ -250,7 +299,10 @@ class EtcdClient:
                     "check the user and password keys of --rdzv-conf",
                     exc.code,
                 ) from None
-        token = str(data["token"])
+        try:
+            token = auth_token(data)
+        except BadReply as exc:
+            raise MalformedReply(f"etcd at {endpoint}", "auth/authenticate", str(exc)) from None
         self._token = token
         return token
 
@@ -263,13 +315,16 @@ class _TryNext(Exception):
     """This endpoint cannot answer now; the reason is in the attempt's ``failures``."""
 
 
-def _read_stream(reply: requests.Response, endpoint: str, deadline: float) -> Iterator[JSON]:
-    """Yield the ``result`` objects of a newline-delimited JSON stream until ``deadline``."""
+def _read_stream(
+    reply: requests.Response, endpoint: str, path: str, deadline: float
+) -> Iterator[WatchResult]:
+    """Yield the checked results of a newline-delimited JSON stream until ``deadline``."""
     # The read timeout given to requests is per socket read, fixed when the request was
     # made; narrowing the socket's own timeout before each read keeps the whole wait
     # within ``deadline`` even when unrelated events keep arriving.
     sock = getattr(getattr(reply.raw, "connection", None), "sock", None)
-    buffer = b""
+    pending: list[bytes] = []  # the unfinished line, in pieces: no quadratic rejoining
+    size = 0
     chunks = reply.iter_content(chunk_size=None)
     while True:
         remaining = deadline - time.monotonic()
@@ -285,15 +340,35 @@ def _read_stream(reply: requests.Response, endpoint: str, deadline: float) -> It
             raise StreamBroken(f"etcd stream from {endpoint} broke: {describe(exc)}") from exc
         if chunk is None:
             raise StreamBroken(f"etcd at {endpoint} closed the stream")
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            size += len(chunk)
+            if size > _MAX_LINE:
+                why = f"a stream line longer than {_MAX_LINE} bytes"
+                raise MalformedReply(f"etcd at {endpoint}", path, why)
+            continue
+        first, *lines, rest = chunk.split(b"\n")
+        lines.insert(0, b"".join([*pending, first]))
+        pending, size = [rest], len(rest)
         for line in lines:
-            if not line.strip():
-                continue
-            message = json.loads(line)
-            if "error" in message:
-                raise StreamBroken(f"etcd stream from {endpoint} failed: {message['error']}")
-            yield message.get("result", {})
+            if line.strip():
+                yield _stream_message(line, endpoint, path)
+
+
+def _stream_message(line: bytes, endpoint: str, path: str) -> WatchResult:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        raise MalformedReply(
+            f"etcd at {endpoint}", path, f"a stream line is not JSON: {line[:60]!r}"
+        ) from None
+    if isinstance(message, dict) and "error" in message:
+        detail = str(message["error"])[:300]
+        raise StreamBroken(f"etcd stream from {endpoint} failed: {detail}")
+    try:
+        return watch_result(message)
+    except BadReply as exc:
+        raise MalformedReply(f"etcd at {endpoint}", path, str(exc)) from None
 
 
 def describe(exc: BaseException) -> str:

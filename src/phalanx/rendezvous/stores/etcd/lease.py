@@ -13,6 +13,7 @@ import threading
 import time
 
 from phalanx.rendezvous.stores.base import StoreUnavailable
+from phalanx.rendezvous.stores.etcd import wire
 from phalanx.rendezvous.stores.etcd.client import EtcdClient, EtcdRequestError
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,11 @@ class EtcdLease:
             if self._lost:
                 raise LeaseExpired("the etcd lease of this node expired")
             if self._id is None:
-                reply = self._client.call("lease/grant", {"TTL": str(self._ttl)})
-                self._id = int(reply["ID"])
+                self._id, ttl = self._client.call(
+                    "lease/grant", {"TTL": str(self._ttl)}, wire.lease_grant
+                )
                 # etcd raises a TTL below its minimum (1.5 election timeouts): renew by its figure.
-                interval = int(reply.get("TTL", self._ttl)) / 3
+                interval = ttl / 3
                 self._keeper = threading.Thread(
                     target=self._keep_alive,
                     args=(self._id, interval),
@@ -75,7 +77,9 @@ class EtcdLease:
             self._keeper.join(timeout=timeout)
         if self._id is not None and not self._lost:
             left = max(0.1, deadline - time.monotonic())
-            self._client.call("lease/revoke", {"ID": str(self._id)}, timeout=left)
+            self._client.call(
+                "lease/revoke", {"ID": str(self._id)}, wire.acknowledged, timeout=left
+            )
 
     def _keep_alive(self, lease_id: int, interval: float) -> None:
         """Renew every ``interval`` (a third of the TTL). A renewal may take until the lease
@@ -85,17 +89,19 @@ class EtcdLease:
         failing = False
         while not self._stop.wait(interval):
             try:
-                reply = self._client.call(
+                ttl = self._client.call(
                     "lease/keepalive",
                     {"ID": str(lease_id)},
+                    wire.keepalive_ttl,
                     timeout=max(interval, expires - time.monotonic()),
                 )
             except (StoreUnavailable, EtcdRequestError) as exc:
+                # (a junk reply too, MalformedReply: the thread must outlive it, and renew
+                # again in case the junk came from one member or a passing proxy)
                 if not failing:
                     log.warning("etcd: could not renew the lease (%s); retrying", exc)
                 failing = True
                 continue
-            ttl = int(reply.get("result", reply).get("TTL", 0))
             if ttl <= 0:
                 log.error("etcd: the lease of this node expired; peers will consider it gone")
                 self._lost = True

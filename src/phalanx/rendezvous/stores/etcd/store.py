@@ -18,9 +18,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
-from phalanx.rendezvous.stores.base import StoreUnavailable
+from phalanx.rendezvous.stores.base import MalformedValue, StoreUnavailable
 from phalanx.rendezvous.stores.etcd import wire
 from phalanx.rendezvous.stores.etcd.client import EtcdClient, EtcdRequestError, StreamBroken
 from phalanx.rendezvous.stores.etcd.conf import (
@@ -68,12 +67,6 @@ def open_etcd_store(endpoints: list[str], run_id: str, options: EtcdOptions) -> 
     return store
 
 
-@dataclass(frozen=True)
-class _Found:
-    value: bytes
-    mod_revision: int
-
-
 class EtcdStore:
     """``KVStore`` on etcd v3, plus ``set_ephemeral``. Thread-safe; constructing it does no I/O.
 
@@ -107,14 +100,17 @@ class EtcdStore:
 
     def check(self) -> None:
         """One cheap request: an endpoint answers and the credentials may read the prefix."""
-        self._client.call("kv/range", {"key": wire.b64(self._receipt), "count_only": True})
+        body = {"key": wire.b64(self._receipt), "count_only": True}
+        self._client.call("kv/range", body, wire.range_reply)
 
     def get(self, key: str) -> bytes | None:
-        kv = wire.first_kv(self._client.call("kv/range", {"key": wire.b64(self._key(key))}))
-        return None if kv is None else wire.kv_value(kv)
+        kvs = self._client.call("kv/range", {"key": wire.b64(self._key(key))}, wire.range_reply)
+        return kvs[0].value if kvs else None
 
     def set(self, key: str, value: bytes) -> None:
-        self._client.call("kv/put", wire.put_op(self._key(key), value)["request_put"])
+        self._client.call(
+            "kv/put", wire.put_op(self._key(key), value)["request_put"], wire.acknowledged
+        )
 
     def set_ephemeral(self, key: str, value: bytes) -> None:
         """Set ``key`` bound to this store's lease.
@@ -125,19 +121,29 @@ class EtcdStore:
         """
         body = wire.put_op(self._key(key), value)["request_put"] | {"lease": str(self._lease.id())}
         try:
-            self._client.call("kv/put", body)
+            self._client.call("kv/put", body, wire.acknowledged)
         except EtcdRequestError as exc:
             if exc.code != LEASE_NOT_FOUND:
                 raise
             raise self._lease.lapsed(exc) from None
 
     def add(self, key: str, amount: int) -> int:
+        """Raises ``StoreUnavailable`` when other writers keep changing the key for longer than
+        ``request_timeout``, and ``MalformedValue`` when it holds no integer."""
         full = self._key(key)
         compare, base = wire.compare_absent(full), 0  # guess "absent"; a miss returns the value
+        # Each miss is a request answered; a deadline (not a count) bounds the retries, so no
+        # reply (a key that keeps changing, or a member that keeps saying so) makes this spin.
+        deadline = time.monotonic() + self.options.request_timeout
         while True:
             done, found = self._conditional_put(full, compare, str(base + amount).encode())
             if done:
                 return base + amount
+            if time.monotonic() >= deadline:
+                raise StoreUnavailable(
+                    f"add({key!r}) on etcd at {self.current_endpoint}: the key changed under "
+                    f"every attempt for {self.options.request_timeout:.3g} s"
+                )
             if found is None:
                 compare, base = wire.compare_absent(full), 0
             else:
@@ -163,15 +169,14 @@ class EtcdStore:
         full = self._key(key)
         with self._txn_lock:
             token = self._token()
-            reply = self._client.call(
-                "kv/txn",
+            reply = self._txn(
                 {
                     "compare": [wire.compare_present(full)],
                     "success": [wire.delete_op(full), wire.put_op(self._receipt, token)],
                     "failure": [wire.range_op(self._receipt)],
-                },
+                }
             )
-        return bool(reply.get("succeeded")) or _is_token(wire.txn_kv(reply, 0), token)
+        return reply.succeeded or _is_token(reply.first(0), token)
 
     def wait(self, keys: list[str], timeout: float) -> bool:
         """Read the keys, then follow a ``/v3/watch`` stream from that revision: never polls.
@@ -181,16 +186,19 @@ class EtcdStore:
         """
         deadline = time.monotonic() + timeout
         wanted = sorted({self._key(k) for k in keys})
+        pause = 0.05
         while wanted:
-            reads = [wire.range_op(k, keys_only=True) for k in wanted]
-            reply = self._client.call("kv/txn", {"success": reads})
-            present = {k: wire.txn_kv(reply, i) is not None for i, k in enumerate(wanted)}
+            reply = self._txn({"success": [wire.range_op(k, keys_only=True) for k in wanted]})
+            present = {k: reply.first(i) is not None for i, k in enumerate(wanted)}
             if all(present.values()) or time.monotonic() >= deadline:
                 return all(present.values())
             try:
-                return self._watch(present, int(reply["header"]["revision"]) + 1, deadline)
+                return self._watch(present, reply.revision + 1, deadline)
             except StreamBroken as exc:
                 log.info("etcd: watch interrupted (%s); reading again", exc)
+                # A member that breaks every watch at once must not make this loop spin.
+                time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+                pause = min(pause * 2, 0.5)
             except StoreUnavailable:
                 if time.monotonic() < deadline:
                     raise
@@ -209,7 +217,9 @@ class EtcdStore:
             self._lease.close(_CLOSE_TIMEOUT)  # stops the renewals first, even if revoking fails
             if self._receipt_written:
                 receipt = {"key": wire.b64(self._receipt)}
-                self._client.call("kv/deleterange", receipt, timeout=_CLOSE_TIMEOUT)
+                self._client.call(
+                    "kv/deleterange", receipt, wire.acknowledged, timeout=_CLOSE_TIMEOUT
+                )
         except (StoreUnavailable, EtcdRequestError) as exc:
             log.info("etcd: cleanup on close skipped (%s); the lease will expire", exc)
         finally:
@@ -224,24 +234,25 @@ class EtcdStore:
         self._receipt_written = True  # (or about to be: close() cleans up either way)
         return self._receipt + f"#{next(self._tokens)}".encode()
 
+    def _txn(self, request: wire.JSON) -> wire.TxnReply:
+        return self._client.call("kv/txn", request, lambda reply: wire.txn_reply(request, reply))
+
     def _conditional_put(
         self, full: bytes, compare: wire.JSON, value: bytes
-    ) -> tuple[bool, _Found | None]:
+    ) -> tuple[bool, wire.KV | None]:
         """Put ``value`` if ``compare`` holds; otherwise report what the key holds."""
         with self._txn_lock:
             token = self._token()
-            reply = self._client.call(
-                "kv/txn",
+            reply = self._txn(
                 {
                     "compare": [compare],
                     "success": [wire.put_op(full, value), wire.put_op(self._receipt, token)],
                     "failure": [wire.range_op(full), wire.range_op(self._receipt)],
-                },
+                }
             )
-        if reply.get("succeeded") or _is_token(wire.txn_kv(reply, 1), token):
+        if reply.succeeded or _is_token(reply.first(1), token):
             return True, None  # (a resent request that found its own receipt: the first one won)
-        kv = wire.txn_kv(reply, 0)
-        return False, None if kv is None else _Found(wire.kv_value(kv), int(kv["mod_revision"]))
+        return False, reply.first(0)
 
     def _watch(self, present: dict[bytes, bool], start_revision: int, deadline: float) -> bool:
         """Follow the keys' range from ``start_revision`` until all exist or time is up."""
@@ -254,31 +265,30 @@ class EtcdStore:
         with contextlib.closing(stream):  # closes the HTTP stream on every way out
             return self._follow(stream, present)
 
-    def _follow(self, stream: Iterator[wire.JSON], present: dict[bytes, bool]) -> bool:
+    def _follow(self, stream: Iterator[wire.WatchResult], present: dict[bytes, bool]) -> bool:
         """Apply watch events to ``present``; ``True`` once every key exists."""
         for result in stream:
-            if result.get("canceled"):
-                reason = str(result.get("cancel_reason") or "history compacted")
+            if result.canceled:
+                reason = result.cancel_reason or "history compacted"
                 if "PermissionDenied" in reason:
                     raise EtcdRequestError(f"etcd refused to watch {self.prefix}: {reason}")
                 if "Unauthenticated" in reason:
                     self._client.invalidate_token()
                 raise StreamBroken(f"etcd cancelled the watch: {reason}")
-            for event in result.get("events", []):
-                key = wire.unb64(event["kv"]["key"])
-                if key in present:
-                    present[key] = event.get("type") != "DELETE"
+            for event in result.events:
+                if event.key in present:
+                    present[event.key] = not event.deleted
             if all(present.values()):
                 return True
         return False
 
 
-def _is_token(kv: wire.JSON | None, token: bytes) -> bool:
-    return kv is not None and wire.kv_value(kv) == token
+def _is_token(kv: wire.KV | None, token: bytes) -> bool:
+    return kv is not None and kv.value == token
 
 
 def _as_int(key: str, value: bytes) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"add({key!r}): the key holds {value!r}, not an integer") from None
+        raise MalformedValue(key, f"add: {value[:80]!r} is not an integer") from None
