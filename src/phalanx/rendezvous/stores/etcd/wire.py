@@ -48,6 +48,11 @@ def delete_op(key: bytes) -> JSON:
     return {"request_delete_range": {"key": b64(key)}}
 
 
+def delete_range_op(start: bytes, end: bytes) -> JSON:
+    """Delete the keys in ``[start, end)``."""
+    return {"request_delete_range": {"key": b64(start), "range_end": b64(end)}}
+
+
 def first_kv(range_reply: JSON) -> JSON | None:
     """The first key-value of a range reply, ``None`` when the key is absent."""
     kvs = range_reply.get("kvs") or []
