@@ -78,8 +78,10 @@ def restart_rounds(handlers: list[RendezvousHandler], count_keys: object) -> lis
 
 
 def assert_bounded(counts: list[int]) -> None:
-    """Every round does the same work, so once two rounds are kept the count stops growing."""
-    assert max(counts[6:]) <= max(counts[2:6]), counts
+    """Every round does the same work and two rounds are kept, so the count stays level.
+    A round of two nodes adds about 16 keys; the spread allowed is half that, for the keys a
+    heartbeat thread may be writing at the moment of counting (never a round's worth)."""
+    assert max(counts) - min(counts) < 8, counts
 
 
 def test_restart_rounds_keep_the_memory_store_bounded(cluster: Cluster) -> None:
@@ -94,15 +96,23 @@ def test_restart_rounds_keep_the_memory_store_bounded(cluster: Cluster) -> None:
 def test_restart_rounds_keep_a_real_tcpstore_bounded() -> None:
     from torch.distributed import TCPStore
 
-    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                      timeout=timedelta(seconds=30))  # fmt: skip
+    server = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
     stores = [
         TcpKVStore(server, where="the test's store", hosting=True),
         TcpKVStore.connect("127.0.0.1", server.port, connect_timeout=10, read_timeout=30),
     ]
     nodes: list[RendezvousHandler] = [
-        DynamicRendezvous(s, run_id="tcp", min_nodes=2, max_nodes=2, addr="127.0.0.1",
-                          hostname=f"n{i}", settings=FAST)  # fmt: skip
+        DynamicRendezvous(
+            s,
+            run_id="tcp",
+            min_nodes=2,
+            max_nodes=2,
+            addr="127.0.0.1",
+            hostname=f"n{i}",
+            settings=FAST,
+        )
         for i, s in enumerate(stores)
     ]
     try:
@@ -113,8 +123,12 @@ def test_restart_rounds_keep_a_real_tcpstore_bounded() -> None:
 
 
 # -- etcd ----------------------------------------------------------------------------------
-CONF = {"last_call_timeout": "1", "heartbeat_interval": "0.5", "heartbeat_timeout": "5",
-        "lease_ttl": "3"}  # fmt: skip
+CONF = {
+    "last_call_timeout": "1",
+    "heartbeat_interval": "0.5",
+    "heartbeat_timeout": "5",
+    "lease_ttl": "3",
+}
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +141,11 @@ def run_keys(cluster: EtcdCluster, run_id: str) -> list[str]:
     """Every key under the run's prefix, read straight from etcd."""
     prefix = run_prefix(run_id).encode()
     end = prefix[:-1] + bytes([prefix[-1] + 1])
-    body = {"key": base64.b64encode(prefix).decode(), "range_end": base64.b64encode(end).decode(),
-            "keys_only": True}  # fmt: skip
+    body = {
+        "key": base64.b64encode(prefix).decode(),
+        "range_end": base64.b64encode(end).decode(),
+        "keys_only": True,
+    }
     with cluster.session() as session:
         reply = session.post(f"{cluster.endpoints[0]}/v3/kv/range", json=body, timeout=10)
     reply.raise_for_status()

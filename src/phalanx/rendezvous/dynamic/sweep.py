@@ -8,14 +8,19 @@ operations for that one node (about 3 per member, plus the events and stacks ans
 none for the others; it never scans the history.
 
 With the round go the heartbeat keys of its members that are in neither of the two rounds
-after it (nobody watches them), and the failure records of rounds up to ``r`` (the report
-reads the failing round's records only).
+after it (nobody watches them; see ``_forget_heartbeat`` for leased ones), and the failure
+records of rounds up to ``r`` (the report reads the failing round's records only).
+
+A straggler can write to a swept round again (a member pushed out of a full round whose
+heartbeat thread still watches it may record a peer as lost there): a few keys, removed on
+etcd with the rest of the run at the end.
 """
 
 from __future__ import annotations
 
-from phalanx.rendezvous.dynamic.board import Board, parsed
+from phalanx.rendezvous.dynamic.board import LEFT, Board, parsed
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.stores.base import LeasedStore
 
 
 def sweep(board: Board, current: Membership) -> None:
@@ -40,8 +45,19 @@ def sweep(board: Board, current: Membership) -> None:
     for key in doomed:
         board.store.delete(key)
     for node_id in gone:
-        board.store.delete(keys.heartbeat(node_id))
+        _forget_heartbeat(board, node_id)
     _sweep_failures(board, r)
+
+
+def _forget_heartbeat(board: Board, node_id: str) -> None:
+    """Delete the liveness key of a node no current round has. A counter or ``LEFT`` can
+    go (a node still alive writes its counter again). A leased key cannot: a node pushed
+    out of two full rounds may still wait as a spare, and would read its key's absence as
+    a lapsed lease; its lease removes the key when the node ends."""
+    key = board.keys.heartbeat(node_id)
+    if isinstance(board.store, LeasedStore) and board.store.get(key) != LEFT:
+        return
+    board.store.delete(key)
 
 
 def _sweep_failures(board: Board, r: int) -> None:
@@ -75,4 +91,3 @@ def _membership(board: Board, r: int) -> Membership | None:
     if body is None or "fail" in body:
         return None
     return parsed(key, body, Membership.from_json)
-
