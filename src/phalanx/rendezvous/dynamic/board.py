@@ -95,6 +95,11 @@ class Board:
     def read_int(self, key: str) -> int:
         return self.store.add(key, 0)
 
+    def counter(self, key: str) -> int:
+        """The integer at ``key`` (absent: 0) by a plain read (``add(key, 0)`` writes on etcd)."""
+        data = self.store.get(key)
+        return 0 if data is None else _integer(key, data)
+
     def put_first(self, key: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Write ``obj`` unless the key exists; return what the key holds (first writer wins)."""
         _, current = self.store.compare_set(key, None, encode({**obj, "by": self.node_id}))
@@ -140,9 +145,17 @@ class Board:
         return result
 
     # -- the job ---------------------------------------------------------------------------
-    def stopped(self) -> str | None:
+    def stopped(self) -> tuple[str, bool] | None:
+        """Why the job stopped and whether it finished (the tombstone of a successful run),
+        or None while it runs."""
         found = self.get_json(self.keys.stopped)
-        return None if found is None else str(found.get("reason", "stopped"))
+        if found is None:
+            return None
+        return str(found.get("reason", "stopped")), found.get("finished") is True
+
+    def finish(self) -> None:
+        """Mark the job finished for good (kept by ``clear``: a reused run id is refused)."""
+        self.put_first(self.keys.stopped, {"reason": "the job finished", "finished": True})
 
     def stop(self, reason: str, node_rank: int | None) -> bool:
         """Stop the job for good (the first reason is kept); return whether this call did."""
@@ -153,8 +166,8 @@ class Board:
         """Record how member ``rank`` of round ``r`` (of ``count``) left it: ``rejoined``,
         ``lost`` or ``left``. Only the first fate counts; returns whether this one did.
 
-        ``gone`` is counted before ``settled`` so whoever sees ``all_settled`` reads a final
-        ``gone``.
+        ``gone`` (and ``lost``) are counted before ``settled`` so whoever sees
+        ``all_settled`` reads final counts.
         """
         swapped, _ = self.store.compare_set(
             self.keys.fate(r, rank), None, f"{fate}:{self.node_id}".encode()
@@ -162,6 +175,8 @@ class Board:
         if swapped:
             if fate != "rejoined":
                 self.store.add(self.keys.round(r, "gone"), 1)
+            if fate == "lost":  # tells the last node to leave a failed job who is left
+                self.store.add(self.keys.round(r, "lost"), 1)
             if self.store.add(self.keys.round(r, "settled"), 1) >= count:
                 self.store.set(self.keys.round(r, "all_settled"), b"1")
         return swapped
@@ -187,10 +202,13 @@ class Board:
     def all_ok(self, r: int) -> bool:
         return self.store.get(self.keys.round(r, "all_ok")) is not None
 
-    def depart(self, r: int, count: int) -> None:
-        """This member of round ``r`` saw ``all_ok`` and is leaving: it touches the store no more."""
+    def depart(self, r: int, count: int) -> bool:
+        """This member of round ``r`` is leaving: it touches the store no more. Returns
+        whether it is the last of ``count`` to say so."""
         if self.store.add(self.keys.round(r, "departed"), 1) >= count:
             self.store.set(self.keys.round(r, "all_departed"), b"1")
+            return True
+        return False
 
     # -- stacks on request ----------------------------------------------------------------
     def request_stacks(self, r: int) -> int:
@@ -268,10 +286,15 @@ class Board:
     def add_failure(self, record: dict[str, Any]) -> None:
         self.append(self.keys.failure_count, self.keys.failure, record)
 
+    def failures_from(self) -> int:
+        """The failure log's first entry not yet swept (``sweep``)."""
+        return max(1, self.counter(self.keys.failures_from))
+
     def failures(self) -> list[dict[str, Any]]:
-        """Every failure record of the job, oldest first (holes skipped)."""
+        """The job's failure records of the last rounds (older ones are swept), oldest
+        first (holes skipped)."""
         found = []
-        for index in range(1, self.read_int(self.keys.failure_count) + 1):
+        for index in range(self.failures_from(), self.read_int(self.keys.failure_count) + 1):
             body = self.get_json(self.keys.failure(index))
             if body is not None:
                 found.append({k: v for k, v in body.items() if k != "nonce"})

@@ -97,11 +97,21 @@ class RoundFormer:
 
     # -- joining ---------------------------------------------------------------------------
     def _check_stopped(self) -> None:
-        reason = self._b.stopped()
-        if reason is not None:
-            raise RendezvousError(
-                f"rendezvous {self._keys.run_id!r}: the job stopped: {reason} ({_SINGLE_USE})"
-            )
+        stopped = self._b.stopped()
+        if stopped is None:
+            return
+        reason, finished = stopped
+        if finished:  # the tombstone of a run that succeeded (its other keys may be gone)
+            raise self._finished()
+        raise RendezvousError(
+            f"rendezvous {self._keys.run_id!r}: the job stopped: {reason} ({_SINGLE_USE})"
+        )
+
+    def _finished(self) -> RendezvousError:
+        return RendezvousError(
+            f"rendezvous {self._keys.run_id!r}: the job finished while this node waited "
+            f"to join ({_SINGLE_USE})"
+        )
 
     def _first_undecided(self, t: int) -> int:
         """The first round not yet closed (closed ones run, or ran, without this node)."""
@@ -127,10 +137,7 @@ class RoundFormer:
         while not self._b.is_open(t):
             self._check_stopped()
             if self._b.all_ok(t - 1):
-                raise RendezvousError(
-                    f"rendezvous {self._keys.run_id!r}: the job finished while this node waited "
-                    f"to join ({_SINGLE_USE})"
-                )
+                raise self._finished()
             left = deadline - self._clock()
             if left <= 0:
                 raise RendezvousError(

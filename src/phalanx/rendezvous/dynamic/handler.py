@@ -12,6 +12,11 @@ Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
 ``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it;
 ``failures`` returns nothing once the store counts as lost. Stacks requests: see
 ``request_stacks`` and the methods after it.
+
+Growth: node rank 0 of each round deletes the round before the previous one (``sweep``). On
+a store that outlives the job (etcd, a ``DurableStore``) the last node to leave -- the last
+to depart after success, or the last survivor to leave a failed job -- deletes every key of
+the run but ``stopped``, the tombstone that refuses a reused run id.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
+from phalanx.rendezvous.dynamic.sweep import sweep
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
+from phalanx.rendezvous.stores.base import DurableStore, KVStore, StoreUnavailable
 
 log = logging.getLogger("phalanx")
 
@@ -110,6 +116,8 @@ class DynamicRendezvous:
         try:
             self._liveness.announce()
             membership, rank, (addr, port) = self._former.form(me, self._membership, self._rank)
+            if rank == 0:  # (after the master is published: the others need not wait)
+                sweep(self._board, membership)
         except StoreUnavailable as exc:
             raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
         self._membership, self._rank = membership, rank
@@ -335,11 +343,34 @@ class DynamicRendezvous:
         r = membership.round
         if not self._store.hosting:
             self._liveness.stop()
-        self._board.depart(r, membership.count)
+        if self._board.depart(r, membership.count):
+            self._clear(finished=True)
         if self._store.hosting:
             everyone = self._board.keys.round(r, "all_departed")
             if not self._board.store.wait([everyone], self._settings.heartbeat_timeout):
                 log.info("rendezvous: a node did not confirm it left; closing the store anyway")
+
+    def _leave_failed(self, membership: Membership) -> None:
+        """After a final failure, once every member's fate is known: on a store that outlives
+        the job, the last survivor to leave clears the run (the lost ones never will)."""
+        if not isinstance(self._store, DurableStore):
+            return
+        r = membership.round
+        survivors = membership.count - self._board.counter(self._board.keys.round(r, "lost"))
+        if self._board.depart(r, survivors):
+            self._clear(finished=False)
+
+    def _clear(self, *, finished: bool) -> None:
+        """The last node out of a finished or failed job (see ``_depart``, ``_leave_failed``):
+        on a store that outlives the job, delete all of the run but its tombstone. The
+        others have stopped using the store by now (they said so before this node did)."""
+        if not isinstance(self._store, DurableStore):
+            return  # c10d, static: the store ends with the job
+        if finished:  # (a failed job's tombstone is the reason it stopped, written then)
+            self._board.finish()
+        self._store.clear(self._board.keys.stopped)
+        outcome = "finished" if finished else "failed"
+        log.info("rendezvous %r %s: removed its keys but the tombstone", self.run_id, outcome)
 
     def _current(self) -> tuple[Membership, int]:
         if self._membership is None or self._rank is None:
@@ -360,7 +391,8 @@ class DynamicRendezvous:
                 self._depart(membership)
         elif self._done is False:
             settled = self._board.keys.round(membership.round, "all_settled")
-            self._board.store.wait([settled], self._settings.heartbeat_timeout)
+            if self._board.store.wait([settled], self._settings.heartbeat_timeout):
+                self._leave_failed(membership)
         else:
             self._liveness.stop_beating()
             self._board.store.set(self._board.keys.heartbeat(self._node_id), LEFT)

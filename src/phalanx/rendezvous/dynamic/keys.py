@@ -1,23 +1,29 @@
 """Where a run's rendezvous lives in the store: every key under ``phalanx/rdzv/<run id>/``.
 
 Job-wide keys:  ``round`` (the newest opened round), ``stopped`` (someone gave up for good),
-``failures`` + ``fail/<i>`` (the failure log), ``hb/<node id>`` (liveness: a heartbeat
-counter, or a key bound to the node's lease; see ``pulse``).
+``failures`` + ``fail/<i>`` (the failure log) + ``fail_from`` (its first entry not yet
+swept), ``hb/<node id>`` (liveness: a heartbeat counter, or a key bound to the node's lease;
+see ``pulse``).
 Per round r, under ``r<r>/``: ``open``, ``joined`` (arrival counter), ``node/<slot>`` (an
 arrival's details), ``waiting`` (nodes queued for this round while the previous one ran),
 ``closed`` (the decision: how many arrivals are in, or why the round failed), ``members``,
 ``master``, ``fate/<rank>`` (how a member left the round: rejoined the next, lost, left),
-``settled``/``gone``/``all_settled`` (counting those fates), ``events`` + ``ev/<i>`` (the
+``settled``/``gone``/``lost``/``all_settled`` (counting those fates), ``events`` + ``ev/<i>`` (the
 event log),
 ``claim`` (the restart decision), ``ok``/``all_ok`` (members done successfully),
 ``departed``/``all_departed`` (members that saw ``all_ok`` and stopped using the store),
 ``stack_requests`` (how many job-wide stacks requests were made) + ``stacks/<n>/<rank>``
 (node ``rank``'s answer to request ``n``; the requester deletes it once read).
+
+Nothing is kept for ever: ``sweep`` deletes a round's keys two rounds later, and on a store
+that outlives the job (etcd) the last node to leave deletes all but ``stopped``, which stays
+as the run's tombstone (see ``handler``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from phalanx.errors import UsageError
@@ -58,6 +64,10 @@ class Keys:
         return self.prefix + "stopped"
 
     @property
+    def failures_from(self) -> str:
+        return self.prefix + "fail_from"
+
+    @property
     def failure_count(self) -> str:
         return self.prefix + "failures"
 
@@ -82,3 +92,27 @@ class Keys:
 
     def stacks(self, r: int, request: int, rank: int) -> str:
         return self.round(r, f"stacks/{request}/{rank}")
+
+    # Every fixed name a round may hold (the numbered ones are listed by ``round_keys``).
+    ROUND_NAMES = (
+        "open", "joined", "waiting", "closed", "members", "master", "settled", "gone", "lost",
+        "all_settled", "events", "claim", "ok", "all_ok", "departed", "all_departed",
+        "stack_requests",
+    )  # fmt: skip
+
+    def round_keys(
+        self, r: int, *, slots: int, members: int, events: int, requests: int
+    ) -> Iterator[str]:
+        """Every key round ``r`` can hold, given its counters: ``slots`` arrivals, ``members``
+        fates, ``events`` log entries, ``requests`` stacks requests (one answer per member)."""
+        for name in self.ROUND_NAMES:
+            yield self.round(r, name)
+        for slot in range(1, slots + 1):
+            yield self.node(r, slot)
+        for rank in range(members):
+            yield self.fate(r, rank)
+        for index in range(1, events + 1):
+            yield self.event(r, index)
+        for request in range(1, requests + 1):
+            for rank in range(members):
+                yield self.stacks(r, request, rank)

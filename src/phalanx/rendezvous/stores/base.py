@@ -12,7 +12,9 @@ No call blocks longer than its own ``timeout`` (``wait``) or the backend's read 
 rendezvous turns into ``EventKind.STORE_LOST`` / ``RendezvousError``.
 
 A store with leases (etcd) also implements ``LeasedStore``; the rendezvous then uses keys
-that die with their owner for liveness instead of heartbeat counters (see ``pulse``).
+that die with their owner for liveness instead of heartbeat counters (see ``pulse``). A
+store that outlives the job (etcd) also implements ``DurableStore``, so the last node to
+leave can remove the run's keys.
 """
 
 from __future__ import annotations
@@ -96,3 +98,13 @@ class LeasedStore(KVStore, Protocol):
         ends the lease at once. A later plain ``set`` of the key unbinds it. Raises
         ``StoreUnavailable`` once the lease has lapsed (the owner should leave the job).
         """
+
+
+@runtime_checkable
+class DurableStore(KVStore, Protocol):
+    """A ``KVStore`` that outlives the job (etcd), so a finished run's keys must be removed."""
+
+    def clear(self, keep: str) -> None:
+        """Delete every key of this run (this handle's and every other's, receipts and leased
+        keys included) except ``keep``, at once. Call it only when no node uses the run any
+        more."""

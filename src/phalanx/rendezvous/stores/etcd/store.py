@@ -178,6 +178,17 @@ class EtcdStore:
             )
         return reply.succeeded or _is_token(reply.first(0), token)
 
+    def clear(self, keep: str) -> None:
+        """Delete everything under the run's prefix but data key ``keep``, in one transaction:
+        two ranges, either side of ``keep``, so it costs one request however many keys."""
+        kept = self._key(keep)
+        end = _prefix_end(self.prefix.encode())
+        ops = [
+            wire.delete_range_op(self.prefix.encode(), kept),
+            wire.delete_range_op(kept + b"\0", end),
+        ]
+        self._txn({"success": ops})
+
     def wait(self, keys: list[str], timeout: float) -> bool:
         """Read the keys, then follow a ``/v3/watch`` stream from that revision: never polls.
 
@@ -281,6 +292,12 @@ class EtcdStore:
             if all(present.values()):
                 return True
         return False
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The end of the range of keys that start with ``prefix`` (it ends in ``/``, so adding
+    one to its last byte never overflows)."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
 def _is_token(kv: wire.KV | None, token: bytes) -> bool:

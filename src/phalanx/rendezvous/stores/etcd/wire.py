@@ -92,6 +92,11 @@ def delete_op(key: bytes) -> JSON:
     return {"request_delete_range": {"key": b64(key)}}
 
 
+def delete_range_op(start: bytes, end: bytes) -> JSON:
+    """Delete the keys in ``[start, end)``."""
+    return {"request_delete_range": {"key": b64(start), "range_end": b64(end)}}
+
+
 # -- replies -------------------------------------------------------------------------------
 
 

@@ -1,0 +1,93 @@
+"""Deleting what no node can need any more, so the store does not grow with the rounds.
+
+Round ``r``'s keys are read by its members, by the members' heartbeat threads while they
+re-form (they watch ``r`` until round ``r+1`` forms) and by nodes queued for ``r+1``. Once
+round ``r+2`` has formed, every member of ``r+1`` has followed it, so nobody reads round
+``r`` again: node rank 0 of round ``r+2`` deletes it. That is O(keys of round ``r``) store
+operations for that one node (about 3 per member, plus the events and stacks answers) and
+none for the others; it never scans the history.
+
+With the round go the heartbeat keys of its members that are in neither of the two rounds
+after it (nobody watches them; see ``_forget_heartbeat`` for leased ones), and the failure
+records of rounds up to ``r`` (the report reads the failing round's records only).
+
+A straggler can write to a swept round again (a member pushed out of a full round whose
+heartbeat thread still watches it may record a peer as lost there): a few keys, removed on
+etcd with the rest of the run at the end.
+"""
+
+from __future__ import annotations
+
+from phalanx.rendezvous.dynamic.board import LEFT, Board, parsed
+from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.stores.base import LeasedStore
+
+
+def sweep(board: Board, current: Membership) -> None:
+    """Node rank 0 of ``current`` deletes round ``current.round - 2``. Deleting an absent
+    key is harmless, so a sweep that dies half-way, or runs twice, does no damage."""
+    r = current.round - 2
+    if r < 0:
+        return
+    keys = board.keys
+    old = _membership(board, r)
+    count = old.count if old is not None else board.counter(keys.round(r, "joined"))
+    later = _membership(board, r + 1)
+    kept = set(current.node_ids) | set(later.node_ids if later is not None else ())
+    gone = [n for n in (old.node_ids if old is not None else ()) if n not in kept]
+    doomed = keys.round_keys(
+        r,
+        slots=board.counter(keys.round(r, "joined")),
+        members=count,
+        events=board.counter(keys.round(r, "events")),
+        requests=board.counter(keys.round(r, "stack_requests")),
+    )
+    for key in doomed:
+        board.store.delete(key)
+    for node_id in gone:
+        _forget_heartbeat(board, node_id)
+    _sweep_failures(board, r)
+
+
+def _forget_heartbeat(board: Board, node_id: str) -> None:
+    """Delete the liveness key of a node no current round has. A counter or ``LEFT`` can
+    go (a node still alive writes its counter again). A leased key cannot: a node pushed
+    out of two full rounds may still wait as a spare, and would read its key's absence as
+    a lapsed lease; its lease removes the key when the node ends."""
+    key = board.keys.heartbeat(node_id)
+    if isinstance(board.store, LeasedStore) and board.store.get(key) != LEFT:
+        return
+    board.store.delete(key)
+
+
+def _sweep_failures(board: Board, r: int) -> None:
+    """Delete the failure log's oldest entries while they are of round ``r`` or earlier.
+
+    Entries come in round order but for stragglers (a report that lost a race with the next
+    round); one behind a later round's entry waits for the next sweep. ``fail_from`` moves
+    past what was deleted, so readers and later sweeps start there.
+    """
+    keys = board.keys
+    first = board.failures_from()
+    index = first
+    last = board.read_int(keys.failure_count)
+    while index <= last:
+        key = keys.failure(index)
+        body = board.get_json(key)
+        if body is None and index == last:
+            break  # the newest slot: its writer may be about to write it
+        if body is not None:
+            if parsed(key, body, lambda b: int(b.get("round", -1))) > r:
+                break
+            board.store.delete(key)
+        index += 1  # (an absent older entry is a hole left by a writer that died)
+    if index > first:
+        board.store.set(keys.failures_from, str(index).encode())
+
+
+def _membership(board: Board, r: int) -> Membership | None:
+    key = board.keys.round(r, "members")
+    body = board.get_json(key)
+    if body is None or "fail" in body:
+        return None
+    return parsed(key, body, Membership.from_json)

@@ -1,0 +1,204 @@
+"""The store does not grow with the rounds: old rounds are swept (``dynamic.sweep``), and a
+finished or failed run on etcd leaves only its tombstone (``stopped``).
+
+The algorithm on the in-memory store, then the same on a real TCPStore (counted with
+``num_keys()``) and on a real etcd server (the run's prefix read back over etcd's API)."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from phalanx.errors import RendezvousError
+from phalanx.rendezvous.api import EventKind, RendezvousHandler
+from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
+from phalanx.rendezvous.registry import create_handler
+from phalanx.rendezvous.spec import RendezvousSpec
+from phalanx.rendezvous.stores.etcd.conf import run_prefix
+from phalanx.rendezvous.stores.tcp import TcpKVStore
+from support.etcd_server import EtcdCluster
+from support.memcluster import FAST, WAIT, Cluster, wait_event
+from support.tools import needs_etcd
+
+ROUNDS = 20
+
+
+def form_all(handlers: list[RendezvousHandler]) -> None:
+    errors: list[BaseException] = []
+
+    def join(h: RendezvousHandler) -> None:
+        try:
+            h.next_round(1)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, args=(h,)) for h in handlers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert not any(t.is_alive() for t in threads), "next_round hung"
+    if errors:
+        raise errors[0]
+
+
+def failing_round(handlers: list[RendezvousHandler], *, restart: bool = True) -> None:
+    """Node 0 of the list fails, the rest see it, one stacks request is answered, and
+    every node claims the restart (with budget to spare)."""
+    handlers[0].report_failure({"rank": 0, "exit_code": 3})
+    for h in handlers[1:]:
+        wait_event(h, EventKind.PEER_FAILED)  # type: ignore[arg-type]
+    asker = handlers[0]
+    request = asker.stacks().request_stacks()
+    for h in handlers:
+        h.stacks().post_stacks(request, "a stack\n")
+    assert isinstance(asker, DynamicRendezvous)
+    membership, _ = asker._current()
+    ranks = list(range(membership.count))
+    assert len(asker.stacks().gather_stacks(membership.round, request, ranks, WAIT)) == 2
+    assert {h.claim_restart(ROUNDS + 5 if restart else 0) for h in handlers} == {restart}
+
+
+def restart_rounds(handlers: list[RendezvousHandler], count_keys: object) -> list[int]:
+    """Form, then ``ROUNDS`` failing rounds each followed by a restart; the store's key count
+    after each round forms."""
+    assert callable(count_keys)
+    counts = []
+    form_all(handlers)
+    for _ in range(ROUNDS):
+        failing_round(handlers)
+        form_all(handlers)
+        counts.append(int(count_keys()))
+    return counts
+
+
+def assert_bounded(counts: list[int]) -> None:
+    """Every round does the same work and two rounds are kept, so the count stays level.
+    A round of two nodes adds about 16 keys; the spread allowed is half that, for the keys a
+    heartbeat thread may be writing at the moment of counting (never a round's worth)."""
+    assert max(counts) - min(counts) < 8, counts
+
+
+def test_restart_rounds_keep_the_memory_store_bounded(cluster: Cluster) -> None:
+    nodes: list[RendezvousHandler] = [cluster.node(n) for n in "ab"]
+    counts = restart_rounds(nodes, lambda: len(cluster.server.data))
+    assert_bounded(counts)
+    # The report still has the failing round's records (older rounds' are swept).
+    assert [f["round"] for f in nodes[1].failures()][-1] == ROUNDS - 1
+    assert len(nodes[1].failures()) <= 3
+
+
+def test_restart_rounds_keep_a_real_tcpstore_bounded() -> None:
+    from torch.distributed import TCPStore
+
+    server = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
+    stores = [
+        TcpKVStore(server, where="the test's store", hosting=True),
+        TcpKVStore.connect("127.0.0.1", server.port, connect_timeout=10, read_timeout=30),
+    ]
+    nodes: list[RendezvousHandler] = [
+        DynamicRendezvous(
+            s,
+            run_id="tcp",
+            min_nodes=2,
+            max_nodes=2,
+            addr="127.0.0.1",
+            hostname=f"n{i}",
+            settings=FAST,
+        )
+        for i, s in enumerate(stores)
+    ]
+    try:
+        assert_bounded(restart_rounds(nodes, server.num_keys))
+    finally:
+        for h in reversed(nodes):
+            h.shutdown()
+
+
+# -- etcd ----------------------------------------------------------------------------------
+CONF = {
+    "last_call_timeout": "1",
+    "heartbeat_interval": "0.5",
+    "heartbeat_timeout": "5",
+    "lease_ttl": "3",
+}
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdCluster]:
+    with EtcdCluster(size=1) as cluster:
+        yield cluster
+
+
+def run_keys(cluster: EtcdCluster, run_id: str) -> list[str]:
+    """Every key under the run's prefix, read straight from etcd."""
+    prefix = run_prefix(run_id).encode()
+    end = prefix[:-1] + bytes([prefix[-1] + 1])
+    body = {
+        "key": base64.b64encode(prefix).decode(),
+        "range_end": base64.b64encode(end).decode(),
+        "keys_only": True,
+    }
+    with cluster.session() as session:
+        reply = session.post(f"{cluster.endpoints[0]}/v3/kv/range", json=body, timeout=10)
+    reply.raise_for_status()
+    return sorted(base64.b64decode(kv["key"]).decode() for kv in reply.json().get("kvs", []))
+
+
+def etcd_nodes(cluster: EtcdCluster, run_id: str) -> list[RendezvousHandler]:
+    spec = RendezvousSpec("etcd", run_id, 2, 2, cluster.endpoint_arg, CONF)
+    return [create_handler(spec) for _ in range(2)]
+
+
+@needs_etcd
+def test_a_finished_etcd_run_leaves_only_its_tombstone(etcd: EtcdCluster) -> None:
+    run_id = uuid.uuid4().hex
+    nodes = etcd_nodes(etcd, run_id)
+    try:
+        form_all(nodes)
+        for _ in range(3):  # rounds to sweep on the way
+            failing_round(nodes)
+            form_all(nodes)
+        for h in nodes:
+            h.report_done(True)
+    finally:
+        for h in nodes:
+            h.shutdown()
+    assert run_keys(etcd, run_id) == [run_prefix(run_id) + f"kv/phalanx/rdzv/{run_id}/stopped"]
+    again = create_handler(RendezvousSpec("etcd", run_id, 2, 2, etcd.endpoint_arg, CONF))
+    try:
+        with pytest.raises(RendezvousError, match=r"finished.*give a new --rdzv-id"):
+            again.next_round(1)
+    finally:
+        again.shutdown()
+
+
+@needs_etcd
+def test_a_failed_etcd_run_leaves_only_its_tombstone(etcd: EtcdCluster) -> None:
+    run_id = uuid.uuid4().hex
+    nodes = etcd_nodes(etcd, run_id)
+    try:
+        form_all(nodes)
+        failing_round(nodes, restart=False)
+        for h in nodes:
+            h.report_done(False)
+    finally:
+        threads = [threading.Thread(target=h.shutdown) for h in nodes]  # they linger together
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+    assert run_keys(etcd, run_id) == [run_prefix(run_id) + f"kv/phalanx/rdzv/{run_id}/stopped"]
+    again = create_handler(RendezvousSpec("etcd", run_id, 2, 2, etcd.endpoint_arg, CONF))
+    try:
+        with pytest.raises(RendezvousError, match=r"the job stopped.*give a new --rdzv-id"):
+            again.next_round(1)
+    finally:
+        again.shutdown()
