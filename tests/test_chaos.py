@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from phalanx.net import free_port
+from phalanx.supervisor.cgroup import hierarchies
 from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
 
 HANG = 60.0  # bounds that only catch a hang
@@ -251,9 +252,7 @@ def _seconds(value: float) -> object:
 
 def _job_cgroup(run_dir: Path) -> list[Path]:
     """The cgroup phalanx made for the run in ``run_dir``, if it still exists."""
-    from phalanx.supervisor.cgroup import _hierarchies
-
-    return [p for root in _hierarchies() if (p := root / f"phalanx-{run_dir.name}").exists()]
+    return [p for root in hierarchies() if (p := root / f"phalanx-{run_dir.name}").exists()]
 
 
 @pytest.mark.parametrize("mode", ["warm", "cold"])

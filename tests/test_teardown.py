@@ -24,7 +24,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support.launch import PHALANX, alive, read_pids, run_phalanx, wait_for, worker
+from support.launch import (
+    PHALANX,
+    alive,
+    read_pids,
+    remove_job_cgroups,
+    run_phalanx,
+    wait_for,
+    worker,
+)
 
 MODES = {"warm": [], "cold": ["--cold-start"]}
 GONE_WAIT = 10.0  # only catches a survivor; SIGKILL delivery takes milliseconds
@@ -141,6 +149,8 @@ def test_pdeathsig_alone_ends_the_workers_when_the_launcher_is_killed(
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait(10)
+        wait_for(lambda: not any(alive(p) for p in leftovers), GONE_WAIT, "the job to be gone")
+        remove_job_cgroups(tmp_path / "logs")  # its guardian, which would have, was killed
 
 
 FORK_RACE = Path(__file__).parent / "support" / "fork_race.py"
@@ -158,9 +168,13 @@ def test_a_launcher_killed_between_fork_and_prctl_leaves_no_child(
     out.mkdir()
     argv = [*PHALANX, *MODES[mode], "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"),
             worker("deathsig_tree.py"), str(out), "none", "keep"]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, str(FORK_RACE), "--", *argv], capture_output=True, text=True, timeout=180
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, str(FORK_RACE), "--", *argv],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    finally:
+        remove_job_cgroups(tmp_path / "logs")  # the race kills the guardian that would have
     assert done.returncode == 0, done.stderr
     race = json.loads(done.stdout.splitlines()[-1])
     assert race["launcher"] == signal.SIGKILL  # a wait status: killed by SIGKILL

@@ -60,6 +60,17 @@ def run_phalanx(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def remove_job_cgroups(log_dir: Path) -> None:
+    """Remove the job cgroups of the runs under ``log_dir`` that nobody was left to remove
+    (a test that SIGKILLed the guardian as well as the launcher), once they are empty."""
+    from phalanx.supervisor.cgroup import hierarchies
+
+    for run_dir in log_dir.iterdir() if log_dir.is_dir() else ():
+        for root in hierarchies():
+            with contextlib.suppress(OSError):
+                (root / f"phalanx-{run_dir.name}").rmdir()
+
+
 def wait_for(predicate: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

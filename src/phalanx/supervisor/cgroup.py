@@ -25,7 +25,7 @@ log = logging.getLogger("phalanx")
 EMPTY_WAIT = 2.0  # seconds to see every member gone after SIGKILL (a D-state one may stay)
 
 
-def _hierarchies() -> list[Path]:
+def hierarchies() -> list[Path]:
     """This process's cgroup directory in each usable hierarchy: v2 first, then v1 pids."""
     mounts: dict[str, Path] = {}  # "2" or "pids" -> mount point
     with contextlib.suppress(OSError), open("/proc/self/mountinfo") as info:
@@ -76,7 +76,7 @@ class JobCgroup:
     def enter(cls, name: str) -> JobCgroup | None:
         """Make the cgroup ``name`` beside nothing else of ours, under this process's own,
         and move this process into it; None (said at debug level) where that cannot be."""
-        for parent in _hierarchies():
+        for parent in hierarchies():
             path = parent / name
             try:
                 path.mkdir()
