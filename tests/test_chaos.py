@@ -209,37 +209,36 @@ def test_junk_in_the_store_is_a_rendezvous_error_naming_the_key(tmp_path: Path) 
     """A hostile (or broken) client of the c10d store writes an event that is not JSON into
     a running job: every node's heartbeat thread reads it, and each node stops its workers
     and exits 1 with one line naming the key -- no dead thread, no traceback, no false
-    "store has not answered" later."""
+    "store has not answered" later. The store is served here, by the test, so that no node's
+    leaving takes it away from the other before it has read the junk."""
     from torch.distributed import TCPStore
 
     from phalanx.rendezvous.dynamic.keys import Keys
 
-    port = free_port()
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                      timeout=_seconds(30))  # fmt: skip
     script = tmp_path / "sleeper.py"
     script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(300)\n")
-    args = [*_c10d(f"127.0.0.1:{port}", "2"), str(script)]
-    first = _start(args, tmp_path / "n0.err")
-    second = None
+    conf = "join_timeout=300,is_host=false"
+    args = [*_c10d(f"127.0.0.1:{server.port}", "2", conf), str(script)]
+    agents = [_start(args, tmp_path / f"n{i}.err") for i in (0, 1)]
     try:
-        wait_for(lambda: _reachable(port), HANG, "the first agent to serve the store")
-        second = _start([*args[:-1][:-2], "--rdzv-conf", "join_timeout=300,is_host=false",
-                         str(script)], tmp_path / "n1.err")  # fmt: skip
-        for log in ("n0.err", "n1.err"):
-            wait_for(lambda log=log: "round 0:" in (tmp_path / log).read_text(), HANG, "round 0")
-        workers = [p for agent in (first, second) for p in _descendants(agent.pid)]
-        hostile = TCPStore("127.0.0.1", port, is_master=False, timeout=_seconds(30))
+        for i in (0, 1):
+            log = tmp_path / f"n{i}.err"
+            wait_for(lambda log=log: "round 0:" in log.read_text(), HANG, "round 0")
+        workers = [p for agent in agents for p in _descendants(agent.pid)]
         keys = Keys("chaos")
-        hostile.add(keys.round(0, "events"), 1)
-        hostile.set(keys.event(0, 1), b"{this is not json")
-        for agent, log in ((first, "n0.err"), (second, "n1.err")):
+        server.add(keys.round(0, "events"), 1)
+        server.set(keys.event(0, 1), b"{this is not json")
+        for i, agent in enumerate(agents):
             assert agent.wait(HANG) == 1
-            said = (tmp_path / log).read_text()
+            said = (tmp_path / f"n{i}.err").read_text()
             assert f"malformed value at {keys.event(0, 1)!r}" in said, said
             assert "Traceback" not in said and "has not answered" not in said
         wait_for(lambda: not any(alive(pid) for pid in workers), 10, "every worker to be gone")
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
+        for proc in agents:
+            if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
 
