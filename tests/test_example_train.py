@@ -21,10 +21,9 @@ import torch
 
 from phalanx import checkpoint
 from phalanx.worker.progress import read as read_progress
-from support.tools import TORCHRUN
+from support.tools import TORCH_EXIT_ABORT, TORCHRUN
 
 ROOT = Path(__file__).resolve().parents[1]
-TORCH_EXIT_ABORT = "terminate called without an active exception"
 TRAIN = ROOT / "examples" / "train.py"
 TINY = ROOT / "examples" / "configs" / "tiny.json"
 

