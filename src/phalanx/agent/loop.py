@@ -21,6 +21,7 @@ from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import PEER_DUMP_WAIT
 from phalanx.hang.watch import RoundWatch
+from phalanx.nofollow import replace_file
 from phalanx.plan import build_plan
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
 from phalanx.report import job as jobreport
@@ -260,7 +261,7 @@ def write_bounded(path: Path, text: str, timeout: float = 2.0) -> None:
 
     def write() -> None:
         try:
-            path.write_text(text)
+            replace_file(path, text.encode())  # never through a symlink planted there
         except OSError as exc:
             log.warning("cannot write %s (%s)", path, exc.strerror)
 
@@ -278,7 +279,7 @@ def write_launcher_file(run_dir: Path, signals: SignalWatcher) -> None:
         "stacks_signal": STACK_SIGNAL.name if signals.stacks_active else None,
     }
     try:
-        (run_dir / LAUNCHER_FILE).write_text(json.dumps(data) + "\n")
+        replace_file(run_dir / LAUNCHER_FILE, (json.dumps(data) + "\n").encode())
     except OSError as exc:
         log.warning(
             "cannot write %s (%s): phalanx stacks will not find this agent",

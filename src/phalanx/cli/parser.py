@@ -106,7 +106,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option(
         "log-dir",
         None,
-        "Base directory for run directories (default: a temp dir, printed at start).",
+        "Base directory for run directories (default: $TMPDIR/phalanx-<uid>, yours only, "
+        "mode 0700; refused if someone else owns it, it is a symlink, or others may write "
+        "to it). An explicit directory is followed as given, refused only if anyone may "
+        "write to it without the sticky bit; what phalanx makes below it is mode 0700 and "
+        "never reached through a symlink. Each run's directory is printed at start.",
     )
     option(
         "redirects",

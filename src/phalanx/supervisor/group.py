@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import BinaryIO
 
+from phalanx.nofollow import make_dirs
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import JobEvent
 from phalanx.report.exits import WorkerExit, read_error_file
@@ -151,7 +152,7 @@ class Supervisor:
         streams: dict[int, LogStream],
     ) -> _Slot:
         with contextlib.suppress(OSError):  # a full disk: its LogFile says so, the job goes on
-            worker.log_dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(worker.log_dir)  # a symlink planted on the way is refused, not followed
         proc = self._launch(worker)
         self._guardian.watch(proc.pid)  # the worker leads its own process group
         slot = _Slot(worker, proc, [])
