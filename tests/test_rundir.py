@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from phalanx.errors import UsageError
-from phalanx.nofollow import SymlinkRefused, append_to, make_dirs, open_file, replace_file
 from phalanx.rundir import default_log_base, make_run_dir
+from phalanx.worker.nofollow import SymlinkRefused, append_to, make_dirs, open_file, replace_file
 from support.launch import PHALANX, launched, wait_for, worker
 
 HANG = 60.0  # bounds that only catch a hang
@@ -74,9 +74,7 @@ def test_the_default_base_is_per_user_and_private(tmpdir_env: Path) -> None:
     ],
     ids=["another-users", "mode-0777", "group-writable"],
 )
-def test_an_unsafe_default_base_is_refused(
-    tmpdir_env: Path, prepare: object, message: str
-) -> None:
+def test_an_unsafe_default_base_is_refused(tmpdir_env: Path, prepare: object, message: str) -> None:
     base = default_log_base()
     base.mkdir(mode=0o700)
     prepare(base)  # type: ignore[operator]
@@ -141,7 +139,7 @@ def test_files_in_a_run_directory_never_go_through_a_symlink(tmp_path: Path) -> 
         append_to(run_dir / "attempt_1" / "precious")
     # A planted file: appending refuses it, a whole-file write replaces the link itself.
     (run_dir / "stdout.log").symlink_to(victim)
-    with pytest.raises(SymlinkRefused, match="'stdout.log'"):
+    with pytest.raises(SymlinkRefused, match=r"'stdout\.log'"):
         append_to(run_dir / "stdout.log")
     with pytest.raises(FileExistsError):  # a file that must be new: the link is "there"
         open_file(run_dir / "stdout.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL)

@@ -14,7 +14,7 @@ the sticky bit is refused; every directory phalanx makes below it (missing ``--l
 components, then the run directory) is made 0700 and never a symlink followed.
 
 Each run gets a fresh directory under that base, made 0700 and named by its path resolved
-once, so nothing below it is ever reached through a symlink (``phalanx.nofollow``).
+once, so nothing below it is ever reached through a symlink (``phalanx.worker.nofollow``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from phalanx.errors import UsageError
-from phalanx.nofollow import open_dir
+from phalanx.worker.nofollow import open_dir
 
 _WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 

@@ -21,7 +21,6 @@ from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import PEER_DUMP_WAIT
 from phalanx.hang.watch import RoundWatch
-from phalanx.nofollow import replace_file
 from phalanx.plan import build_plan
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
 from phalanx.report import job as jobreport
@@ -30,6 +29,7 @@ from phalanx.report.oom import OomProbe
 from phalanx.supervisor.group import Outcome, Supervisor
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.contract import CHECKPOINT_LOG_FILE, STACK_SIGNAL
+from phalanx.worker.nofollow import replace_file
 
 log = logging.getLogger("phalanx")
 LAUNCHER_FILE = "launcher.json"  # the agent's pid, for ``phalanx stacks RUN_DIR``

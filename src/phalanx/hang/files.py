@@ -1,5 +1,6 @@
 """Files the agent's watch writes: whole or not at all (a reader polling for them never sees
-half of one), never over an earlier one, and never through a symlink (``phalanx.nofollow``)."""
+half of one), never over an earlier one, and never through a symlink
+(``phalanx.worker.nofollow``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from phalanx.nofollow import make_dirs, open_dir, open_file, replace_file
+from phalanx.worker.nofollow import make_dirs, open_dir, open_file, replace_file
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.nofollow import append_to
 from phalanx.worker.contract import STACK_SIGNAL, STACKS_FILE
+from phalanx.worker.nofollow import append_to
 
 SETTLE = 0.1  # a dump is complete once its file stopped growing for this long
 PY_SPY_TIMEOUT = 10.0

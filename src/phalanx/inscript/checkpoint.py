@@ -38,8 +38,8 @@ from typing import IO, Any
 
 import torch
 
-from phalanx.nofollow import append_to
 from phalanx.worker.contract import CHECKPOINT_LOG_ENV
+from phalanx.worker.nofollow import append_to
 
 LOG_ENV = CHECKPOINT_LOG_ENV
 DEFAULT_KEEP = 2

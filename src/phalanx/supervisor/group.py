@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import BinaryIO
 
-from phalanx.nofollow import make_dirs
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import JobEvent
 from phalanx.report.exits import WorkerExit, read_error_file
@@ -28,6 +27,7 @@ from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogFile, LogStream, finish_all
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.supervisor.signals import SignalWatcher
+from phalanx.worker.nofollow import make_dirs
 
 # After SIGKILL a process normally vanishes at once; one stuck in an uninterruptible call
 # (a GPU driver call, a dead NFS mount) cannot be reaped, so the wait is bounded.

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from phalanx.nofollow import append_to
+from phalanx.worker.nofollow import append_to
 
 log = logging.getLogger("phalanx")
 

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from phalanx.config import LaunchConfig, LaunchMode
-from phalanx.nofollow import append_to
 from phalanx.plan import WorkerPlan
 from phalanx.plan.env import node_env
 from phalanx.supervisor.process import RunningWorker, exec_worker
+from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import ForkRequest, ProtocolError, make_pair, receive, send
 
 log = logging.getLogger("phalanx")

@@ -30,9 +30,9 @@ import zipfile
 from collections.abc import Mapping
 from typing import TextIO
 
-from phalanx.nofollow import append_to
 from phalanx.worker import become, progress
 from phalanx.worker.contract import STACK_SIGNAL, STACKS_FILE, rank_dir
+from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import ForkRequest
 
 _stacks: TextIO | None = None  # faulthandler writes to its descriptor: keep it open

@@ -31,7 +31,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from phalanx.nofollow import open_file
+from phalanx.worker.nofollow import open_file
 
 FILE_NAME = "progress"
 LAYOUT = struct.Struct("=Qq")  # beats, step
