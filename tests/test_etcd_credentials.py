@@ -170,7 +170,7 @@ def test_a_job_authenticates_from_a_file_and_the_environment_and_shows_it_nowher
         "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
         "--rdzv-endpoint", endpoint, "--rdzv-id", uuid.uuid4().hex, "--log-dir", str(logs),
     ]  # fmt: skip
-    hold = [worker("hold_until_go.py"), str(gate)]
+    hold = [worker("hold_until_go.py"), str(gate), "1"]  # rank 1 fails: a report.json is written
     by_file = [*common, "--rdzv-conf", f"{CONF},user=alice,password_file={password_file}"]
     by_env = [*common, "--rdzv-conf", f"{CONF},user=alice"]
     env = {**os.environ, ETCD_PASSWORD_ENV: PASSWORD}
@@ -197,11 +197,12 @@ def test_a_job_authenticates_from_a_file_and_the_environment_and_shows_it_nowher
         (gate / "go").touch()
         outputs = [a.communicate(timeout=HANG) for a in agents]
     for agent, (out, err) in zip(agents, outputs, strict=True):
-        assert agent.returncode == 0, err
+        assert agent.returncode == 3, err  # the job formed, ran, and rank 1 failed as told
         assert PASSWORD not in out + err
         assert err.count("the etcd password travels over plain http") == 1, err
     written = [p for p in logs.rglob("*") if p.is_file()]
-    assert any(p.name == "stdout.log" for p in written), written
+    names = {p.name for p in written}
+    assert {"stdout.log", "report.json", "launcher.json"} <= names, names
     assert [p for p in written if _secret_in(str(p))] == []
 
 
@@ -222,3 +223,9 @@ def test_a_wrong_password_fails_in_one_line_without_showing_it(
     errors = [line for line in done.stderr.splitlines() if "did not accept user 'alice'" in line]
     assert len(errors) == 1, done.stderr
     assert PASSWORD not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_help_says_where_the_password_and_the_logs_go() -> None:
+    text = " ".join(_cli(["--help"]).stdout.split())
+    assert "password_file=PATH or the PHALANX_ETCD_PASSWORD variable" in text
+    assert "(default: $TMPDIR/phalanx-<uid>, yours only, mode 0700;" in text

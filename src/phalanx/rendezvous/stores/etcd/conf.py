@@ -61,7 +61,7 @@ class EtcdOptions:
     user: str | None = None
     password: str | None = field(default=None, repr=False)  # never printed
     # Where the password came from, for messages: a --rdzv-conf key or the variable's name.
-    password_source: str | None = None
+    password_source: str | None = field(default=None, compare=False)
     # One operation, all endpoints and retries included. Below heartbeat_timeout (10), so a
     # lost etcd is reported with its endpoints and why each failed, not only as silence.
     request_timeout: float = 5.0
