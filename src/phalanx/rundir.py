@@ -72,17 +72,18 @@ def _private_base(base: Path) -> Path:
     parent = Path(os.path.realpath(base.parent))
     try:
         above = os.stat(parent)
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         why = f"its parent cannot be read ({exc.strerror})"
         raise _unsafe(where, why, "set TMPDIR or --log-dir") from None
     if above.st_mode & _WRITABLE_BY_OTHERS and not above.st_mode & stat.S_ISVTX:
+        os.close(parent_fd)
         raise _unsafe(
             where,
             f"{parent} may be written by others and has no sticky bit (mode "
             f"{stat.S_IMODE(above.st_mode):04o}), so anyone could replace it",
             "set TMPDIR or --log-dir",
         )
-    parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         with contextlib.suppress(FileExistsError):
             os.mkdir(base.name, 0o700, dir_fd=parent_fd)
