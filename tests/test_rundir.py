@@ -115,7 +115,13 @@ def test_an_explicit_log_dir(tmp_path: Path) -> None:
     run_dir = make_run_dir(tmp_path / "mine" / "new" / "deeper", "r")
     assert run_dir.parent == real / "new" / "deeper"  # resolved once: no symlink in it
     assert _mode(real / "new") == _mode(real / "new" / "deeper") == _mode(run_dir) == 0o700
-    # ... but a directory anyone may write to without the sticky bit is not.
+    # A component phalanx would make that is a symlink (to where nothing is yet, so a
+    # plain mkdir -p would make it there) is refused, and nothing is made through it.
+    (tmp_path / "dangling").symlink_to(tmp_path / "target")
+    with pytest.raises(UsageError, match="'dangling' in its path is a symbolic link"):
+        make_run_dir(tmp_path / "dangling" / "logs", "r")
+    assert not (tmp_path / "target").exists()
+    # ... and a directory anyone may write to without the sticky bit is not used.
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field as option_field  # `field` names a key's field below
 from urllib.parse import quote, urlsplit
 
 from phalanx.credentials import ETCD_PASSWORD_ENV
@@ -59,9 +60,9 @@ class EtcdOptions:
     cert: str | None = None
     key: str | None = None
     user: str | None = None
-    password: str | None = field(default=None, repr=False)  # never printed
+    password: str | None = option_field(default=None, repr=False)  # never printed
     # Where the password came from, for messages: a --rdzv-conf key or the variable's name.
-    password_source: str | None = field(default=None, compare=False)
+    password_source: str | None = option_field(default=None, compare=False)
     # One operation, all endpoints and retries included. Below heartbeat_timeout (10), so a
     # lost etcd is reported with its endpoints and why each failed, not only as silence.
     request_timeout: float = 5.0
