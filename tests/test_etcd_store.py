@@ -121,10 +121,10 @@ def test_options_from_conf_reports_every_problem(tmp_path: Path) -> None:
         "missing.pem: no such file",
         "missing-cert.pem: no such file",
         "cert and key go together",
-        "password given without user",
+        "a password is given (--rdzv-conf password) without user",
         "request_timeout=soon",
         "lease_ttl=-1",
-        "colour=blue: unknown key for etcd (known: ca_cert, cacert, cert,",
+        "--rdzv-conf colour: unknown key for etcd (known: ca_cert, cacert, cert,",
     ):
         assert fragment in text
     with pytest.raises(UsageError, match="sets cacert twice"):

@@ -104,7 +104,7 @@ def spec(**changes: object) -> RendezvousSpec:
         ),
         ({"conf": {"is_host": "maybe"}}, "is_host=maybe: expected true or false"),
         ({"conf": {"store_type": "file"}}, "store_type=file"),
-        ({"conf": {"nope": "1"}}, "nope=1: unknown key for c10d"),
+        ({"conf": {"nope": "1"}}, "--rdzv-conf nope: unknown key for c10d"),
         ({"endpoint": "a:b:c"}, "--rdzv-endpoint"),
         ({"run_id": "a/b"}, "--rdzv-id 'a/b'"),
         ({"min_nodes": 3, "max_nodes": 2}, "expected 1 <= MIN <= MAX"),

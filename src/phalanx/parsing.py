@@ -77,12 +77,17 @@ def parse_endpoint(text: str, what: str = "--rdzv-endpoint") -> Endpoint:
 
 
 def parse_kv_list(text: str, what: str) -> dict[str, str]:
-    """``"a=1,b=2"`` -> ``{"a": "1", "b": "2"}``; every item needs ``=`` and a key."""
+    """``"a=1,b=2"`` -> ``{"a": "1", "b": "2"}``; every item needs ``=`` and a key. A bad item
+    is counted, not quoted: it may be the tail of a secret that held a comma."""
     result: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in str(text).split(","))):
+    items = list(filter(None, (part.strip() for part in str(text).split(","))))
+    for number, item in enumerate(items, 1):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{what}: expected key=value[,key=value...], got item {item!r}")
+            raise ValueError(
+                f"{what}: expected key=value[,key=value...]; item {number} of {len(items)} "
+                "is not key=value (a value cannot hold a comma)"
+            )
         result[key.strip()] = value.strip()
     return result
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import BinaryIO
 
 from phalanx.agent.loop import Rounds, write_launcher_file
 from phalanx.config import LaunchConfig
-from phalanx.errors import UsageError
 from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.rundir import make_run_dir
 from phalanx.supervisor.cgroup import JobCgroup
 from phalanx.supervisor.group import Supervisor
 from phalanx.supervisor.guardian import Guardian
@@ -32,18 +30,6 @@ def configure_logging() -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-
-
-def make_run_dir(config: LaunchConfig, run_id: str) -> Path:
-    base = config.log_dir or Path(tempfile.gettempdir()) / "phalanx"
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=base))
-    except OSError as exc:
-        flag = "--log-dir" if config.log_dir else "the log directory (--log-dir)"
-        raise UsageError(
-            f"{flag} {base}: cannot make the run directory there: {exc.strerror or exc}"
-        ) from None
 
 
 class Agent:
@@ -76,7 +62,7 @@ class Agent:
     def run(self) -> int:
         """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
         config = self._config
-        run_dir = make_run_dir(config, self._run_id)
+        run_dir = make_run_dir(config.log_dir, self._run_id)
         log.info("run directory: %s", run_dir)
         for note in config.not_applied:
             log.warning("%s", note)

@@ -29,6 +29,7 @@ from phalanx.report.oom import OomProbe
 from phalanx.supervisor.group import Outcome, Supervisor
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.contract import CHECKPOINT_LOG_FILE, STACK_SIGNAL
+from phalanx.worker.nofollow import replace_file
 
 log = logging.getLogger("phalanx")
 LAUNCHER_FILE = "launcher.json"  # the agent's pid, for ``phalanx stacks RUN_DIR``
@@ -260,7 +261,7 @@ def write_bounded(path: Path, text: str, timeout: float = 2.0) -> None:
 
     def write() -> None:
         try:
-            path.write_text(text)
+            replace_file(path, text.encode())  # never through a symlink planted there
         except OSError as exc:
             log.warning("cannot write %s (%s)", path, exc.strerror)
 
@@ -278,7 +279,7 @@ def write_launcher_file(run_dir: Path, signals: SignalWatcher) -> None:
         "stacks_signal": STACK_SIGNAL.name if signals.stacks_active else None,
     }
     try:
-        (run_dir / LAUNCHER_FILE).write_text(json.dumps(data) + "\n")
+        replace_file(run_dir / LAUNCHER_FILE, (json.dumps(data) + "\n").encode())
     except OSError as exc:
         log.warning(
             "cannot write %s (%s): phalanx stacks will not find this agent",

@@ -84,7 +84,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option("rdzv-backend", "c10d", "Rendezvous backend: c10d, static, etcd or etcd-v2.")
     option("rdzv-endpoint", "", "Rendezvous endpoint, host[:port] ([ipv6]:port for IPv6).")
     option("rdzv-id", "none", "Job id; jobs with different ids never mix on one endpoint.")
-    option("rdzv-conf", "", "Rendezvous settings, key=value[,key=value...].")
+    option(
+        "rdzv-conf",
+        "",
+        "Rendezvous settings, key=value[,key=value...]. etcd's password: password_file=PATH "
+        "or the PHALANX_ETCD_PASSWORD variable (password=... works but ps shows it).",
+    )
     switch("standalone", "Single node: a local rendezvous on a free port (rdzv flags are ignored).")
     option("max-restarts", "0", "Restarts of the whole worker group before the job fails.")
     option(
@@ -106,7 +111,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option(
         "log-dir",
         None,
-        "Base directory for run directories (default: a temp dir, printed at start).",
+        "Base directory for run directories (default: $TMPDIR/phalanx-<uid>, yours only, "
+        "mode 0700; refused if someone else owns it, it is a symlink, or others may write "
+        "to it). An explicit directory is followed as given, refused only if anyone may "
+        "write to it without the sticky bit; what phalanx makes below it is mode 0700 and "
+        "never reached through a symlink. Each run's directory is printed at start.",
     )
     option(
         "redirects",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.worker.contract import STACK_SIGNAL, STACKS_FILE
+from phalanx.worker.nofollow import append_to
 
 SETTLE = 0.1  # a dump is complete once its file stopped growing for this long
 PY_SPY_TIMEOUT = 10.0
@@ -150,7 +151,7 @@ def catches(pid: int, signum: int) -> bool:
 
 def _mark(path: Path, line: str) -> None:
     # O_APPEND, as the worker's faulthandler: the line and the dump never overlap.
-    with contextlib.suppress(OSError), open(path, "a") as handle:
+    with contextlib.suppress(OSError), os.fdopen(append_to(path), "a") as handle:
         handle.write(line)
 
 
@@ -224,7 +225,7 @@ def _start_py_spy(targets: Sequence[DumpTarget], catching: set[int]) -> PySpyRun
             command.append("--subprocesses")
         try:
             offset = _size(out)
-            with open(out, "ab") as handle:
+            with os.fdopen(append_to(out), "ab") as handle:
                 handle.write(f"--- py-spy dump at {time.ctime()} ---\n".encode())
                 handle.flush()
                 proc = subprocess.Popen(

@@ -39,6 +39,7 @@ from typing import IO, Any
 import torch
 
 from phalanx.worker.contract import CHECKPOINT_LOG_ENV
+from phalanx.worker.nofollow import append_to
 
 LOG_ENV = CHECKPOINT_LOG_ENV
 DEFAULT_KEEP = 2
@@ -130,7 +131,7 @@ def _append_log(done: Checkpoint, when: float) -> None:
         return
     line = json.dumps({"step": done.step, "path": str(done.path.resolve()), "time": when})
     # One write(2) on an O_APPEND descriptor: concurrent appenders never interleave lines.
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = append_to(log_path)  # in the run directory: never through a symlink
     try:
         os.write(fd, (line + "\n").encode())
     finally:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.config import LaunchConfig
+from phalanx.credentials import worker_environment
 from phalanx.plan.command import WorkerCommand, spawn_owner_command, worker_command
 from phalanx.plan.env import job_env, rank_dir, worker_env
 from phalanx.rendezvous.api import RendezvousResult
@@ -69,7 +70,7 @@ def build_plan(
             local_rank=0,
             global_rank=rdzv.node_rank,
             command=spawn_owner_command(config, rdzv),
-            env={**base_env, **job_env(config, rdzv, run_dir)},
+            env={**worker_environment(base_env), **job_env(config, rdzv, run_dir)},
             log_dir=attempt_dir / f"node_{rdzv.node_rank}",
             console_streams=frozenset({"stdout", "stderr"}) - config.redirects.get(0, frozenset()),
             label=f"node{rdzv.node_rank}",
@@ -114,6 +115,8 @@ def describe(plan: RoundPlan, base_env: Mapping[str, str]) -> str:
         changed = {k: v for k, v in worker.env.items() if base_env.get(k) != v}
         for key in sorted(changed):
             lines.append(f"  {key}={changed[key]}")
+        for key in sorted(k for k in base_env if k not in worker.env):
+            lines.append(f"  {key} not passed on")
     return "\n".join(lines)
 
 

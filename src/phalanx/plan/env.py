@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from phalanx.config import LaunchConfig
+from phalanx.credentials import worker_environment
 from phalanx.rendezvous.api import RendezvousResult
 from phalanx.worker.contract import CHECKPOINT_LOG_ENV, CHECKPOINT_LOG_FILE
 
@@ -36,8 +37,9 @@ WORKER_ENV_KEYS = (
 def node_env(config: LaunchConfig, base_env: Mapping[str, str]) -> dict[str, str]:
     """What every worker of this node shares, and so what the warm-start template is started
     with: ``base_env`` and torchrun's ``OMP_NUM_THREADS=1`` when several workers share the
-    node (the OpenMP runtime reads it once, when torch loads it)."""
-    env = dict(base_env)
+    node (the OpenMP runtime reads it once, when torch loads it). The secrets phalanx reads
+    (``phalanx.credentials``) are not passed on."""
+    env = worker_environment(base_env)
     if config.nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"  # torchrun's default, so N workers do not oversubscribe
     return env

@@ -130,7 +130,8 @@ def settings_problems(
                 attempts = None
         elif key not in backend_keys:
             known = ", ".join(sorted({*SETTINGS_KEYS, *backend_keys}))
-            problems.append(f"--rdzv-conf {key}={text}: unknown key for {backend} (known: {known})")
+            # The key, not its value: a misspelt secret's value must not be printed.
+            problems.append(f"--rdzv-conf {key}: unknown key for {backend} (known: {known})")
     if _ATTEMPTS_KEY in conf and "heartbeat_timeout" in spelled:
         problems.append(
             "--rdzv-conf: give heartbeat_timeout or keep_alive_max_attempt, not both "

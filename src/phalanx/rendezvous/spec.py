@@ -56,10 +56,11 @@ def split_endpoint(text: str, default_port: int, what: str = "--rdzv-endpoint") 
 
 
 def unknown_keys(spec: RendezvousSpec, own: frozenset[str], skip: frozenset[str]) -> list[str]:
-    """A problem for each --rdzv-conf key that neither the settings nor the backend know."""
+    """A problem for each --rdzv-conf key that neither the settings nor the backend know,
+    naming the key only (its value may be a misspelt secret's)."""
     known = ", ".join(sorted(own | skip))
     return [
-        f"--rdzv-conf {key}={value}: unknown key for {spec.backend} (known: {known})"
-        for key, value in spec.conf.items()
+        f"--rdzv-conf {key}: unknown key for {spec.backend} (known: {known})"
+        for key in spec.conf
         if key not in own and key not in skip
     ]

@@ -27,6 +27,7 @@ from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogFile, LogStream, finish_all
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.supervisor.signals import SignalWatcher
+from phalanx.worker.nofollow import make_dirs
 
 # After SIGKILL a process normally vanishes at once; one stuck in an uninterruptible call
 # (a GPU driver call, a dead NFS mount) cannot be reaped, so the wait is bounded.
@@ -151,7 +152,7 @@ class Supervisor:
         streams: dict[int, LogStream],
     ) -> _Slot:
         with contextlib.suppress(OSError):  # a full disk: its LogFile says so, the job goes on
-            worker.log_dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(worker.log_dir)  # a symlink planted on the way is refused, not followed
         proc = self._launch(worker)
         self._guardian.watch(proc.pid)  # the worker leads its own process group
         slot = _Slot(worker, proc, [])

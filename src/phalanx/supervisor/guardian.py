@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 
+from phalanx.credentials import worker_environment
 from phalanx.supervisor.cgroup import JobCgroup
 
 _GUARDIAN_CODE = """
@@ -79,6 +80,7 @@ class Guardian:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             close_fds=True,
+            env=worker_environment(os.environ),  # it needs none of the launcher's secrets
             # Its own group: a Ctrl-C or a kill of the launcher's group must not take it too.
             process_group=0,
         )

@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from phalanx.worker.nofollow import append_to
+
 log = logging.getLogger("phalanx")
 
 TAIL_BYTES = 16384  # what the failure report can quote
@@ -78,7 +80,7 @@ class LogFile:
 
     def _run(self) -> None:
         try:
-            handle = open(self.name, "ab", buffering=0)  # noqa: SIM115 -- closed below
+            handle = os.fdopen(append_to(self.name), "ab", buffering=0)
         except OSError as exc:
             with self._lock:
                 self._give_up(exc.strerror or str(exc))

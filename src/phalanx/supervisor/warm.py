@@ -36,6 +36,7 @@ from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.plan import WorkerPlan
 from phalanx.plan.env import node_env
 from phalanx.supervisor.process import RunningWorker, exec_worker
+from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import ForkRequest, ProtocolError, make_pair, receive, send
 
 log = logging.getLogger("phalanx")
@@ -106,7 +107,7 @@ class Template:
     @classmethod
     def start(cls, env: Mapping[str, str], preload: tuple[str, ...], log_path: Path) -> Template:
         ours, theirs = make_pair()
-        log_file = open(log_path, "ab")  # noqa: SIM115 -- closed by close()
+        log_file = os.fdopen(append_to(log_path), "ab")
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", "phalanx.worker.template",

@@ -32,6 +32,7 @@ from typing import TextIO
 
 from phalanx.worker import become, progress
 from phalanx.worker.contract import STACK_SIGNAL, STACKS_FILE, rank_dir
+from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import ForkRequest
 
 _stacks: TextIO | None = None  # faulthandler writes to its descriptor: keep it open
@@ -45,7 +46,7 @@ def install(environ: Mapping[str, str]) -> None:
         return
     progress.open_counters(directory)
     progress.watch_optimizers()
-    _stacks = open(os.path.join(directory, STACKS_FILE), "a")  # noqa: SIM115 -- lives forever
+    _stacks = os.fdopen(append_to(os.path.join(directory, STACKS_FILE)), "a")  # lives forever
     faulthandler.register(STACK_SIGNAL, file=_stacks, all_threads=True, chain=False)
     if not faulthandler.is_enabled():  # a user's -X faulthandler keeps writing to stderr
         faulthandler.enable(file=_stacks, all_threads=True)

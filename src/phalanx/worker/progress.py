@@ -31,6 +31,8 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+from phalanx.worker.nofollow import open_file
+
 FILE_NAME = "progress"
 LAYOUT = struct.Struct("=Qq")  # beats, step
 NO_STEP = -1
@@ -69,7 +71,7 @@ def open_counters(rank_dir: str) -> None:
     global _beats, _step, _map
     path = os.path.join(rank_dir, FILE_NAME)
     temporary = f"{path}.{os.getpid()}"
-    fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = open_file(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     try:
         os.write(fd, LAYOUT.pack(0, NO_STEP))
         mapped = mmap.mmap(fd, LAYOUT.size)

@@ -6,6 +6,7 @@ gateway; a node's liveness is its lease. Any agent can be lost without losing th
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -17,6 +18,8 @@ from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings
 from phalanx.rendezvous.spec import Backend, RendezvousSpec
 from phalanx.rendezvous.stores.etcd import conf
 from phalanx.rendezvous.stores.etcd.store import open_etcd_store
+
+log = logging.getLogger("phalanx")
 
 
 def _store_conf(spec: RendezvousSpec) -> dict[str, str]:
@@ -41,6 +44,8 @@ def check(spec: RendezvousSpec) -> tuple[Options | None, list[str]]:
 def open_handler(
     spec: RendezvousSpec, settings: RendezvousSettings, options: Options
 ) -> RendezvousHandler:
+    for note in conf.credential_warnings(options.store, options.endpoints):
+        log.warning("%s", note)  # once per agent: the handler is opened once
     store = open_etcd_store(options.endpoints, spec.run_id, options.store)
     first = urlsplit(options.endpoints[0])
     addr = node_address(first.hostname or "localhost", first.port or 2379, spec.local_addr)

@@ -296,7 +296,8 @@ class EtcdClient:
                     return ""
                 raise EtcdRequestError(
                     f"etcd at {endpoint} did not accept user {self.options.user!r}: {exc}; "
-                    "check the user and password keys of --rdzv-conf",
+                    "check --rdzv-conf user and the password (password_file, "
+                    "PHALANX_ETCD_PASSWORD or password)",
                     exc.code,
                 ) from None
         try:

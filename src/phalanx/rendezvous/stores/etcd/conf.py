@@ -8,19 +8,28 @@ Keys (torchrun's spellings of its etcd backends are accepted as aliases):
 ``cacert`` (``ca_cert``)      CA bundle that signed the etcd server certificates
 ``cert`` (``ssl_cert``)       client certificate, with ``key``, for ``--client-cert-auth``
 ``key`` (``ssl_cert_key``)    the client certificate's private key
-``user``, ``password``        etcd user (auth enabled); the token is renewed when it expires
+``user``                      etcd user (auth enabled); the token is renewed when it expires
+``password_file``             file holding the user's password (one trailing newline dropped)
+``password``                  the password itself: shown by ``ps`` and kept in shell history,
+                              so a warning says so; prefer ``password_file`` or the
+                              environment variable ``PHALANX_ETCD_PASSWORD``
 ``request_timeout``           seconds one store operation may take over all endpoints (5)
 ``lease_ttl``                 seconds an ephemeral key outlives a silent owner (10)
 ============================  =================================================================
+
+The password is never echoed: an error names the key (a misspelt key's value is not shown),
+the options' ``repr`` leaves it out, and the workers never get it (``phalanx.credentials``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from dataclasses import field as option_field  # `field` names a key's field below
 from urllib.parse import quote, urlsplit
 
+from phalanx.credentials import ETCD_PASSWORD_ENV
 from phalanx.errors import UsageError
 from phalanx.rendezvous.settings import SETTINGS_KEYS, positive_seconds
 
@@ -36,6 +45,7 @@ _SPELLINGS = {
     "ssl_cert_key": "key",
     "user": "user",
     "password": "password",
+    "password_file": "password_file",
     "request_timeout": "request_timeout",
     "lease_ttl": "lease_ttl",
 }
@@ -50,7 +60,9 @@ class EtcdOptions:
     cert: str | None = None
     key: str | None = None
     user: str | None = None
-    password: str | None = None
+    password: str | None = option_field(default=None, repr=False)  # never printed
+    # Where the password came from, for messages: a --rdzv-conf key or the variable's name.
+    password_source: str | None = option_field(default=None, compare=False)
     # One operation, all endpoints and retries included. Below heartbeat_timeout (10), so a
     # lost etcd is reported with its endpoints and why each failed, not only as silence.
     request_timeout: float = 5.0
@@ -64,13 +76,17 @@ class EtcdOptions:
 
 
 def etcd_options_from_conf(
-    conf: dict[str, str], *, rendezvous_keys: Collection[str] = SETTINGS_KEYS
+    conf: dict[str, str],
+    *,
+    rendezvous_keys: Collection[str] = SETTINGS_KEYS,
+    environ: Mapping[str, str] | None = None,
 ) -> EtcdOptions:
     """Validate the etcd keys of ``--rdzv-conf``; report every problem at once as ``UsageError``.
 
     Keys in ``rendezvous_keys`` (by default the rendezvous timeouts of ``settings``) are the
     rendezvous's to check and are skipped; any other unknown key is an error listing the
-    known ones.
+    known ones. The password comes from ``password``, ``password_file`` or, failing both,
+    ``PHALANX_ETCD_PASSWORD`` in ``environ`` (default ``os.environ``).
     """
     problems: list[str] = []
     given: dict[str, tuple[str, str]] = {}  # field -> (spelling, value)
@@ -79,9 +95,8 @@ def etcd_options_from_conf(
         if field is None:
             if name not in rendezvous_keys:
                 known = ", ".join(sorted(_SPELLINGS))
-                problems.append(
-                    f"--rdzv-conf {name}={value}: unknown key for etcd (known: {known})"
-                )
+                # Not its value: a misspelt "pasword=..." must not print the password.
+                problems.append(f"--rdzv-conf {name}: unknown key for etcd (known: {known})")
         elif field in given:
             problems.append(f"--rdzv-conf sets {field} twice ({given[field][0]} and {name})")
         else:
@@ -97,8 +112,9 @@ def etcd_options_from_conf(
             problems.append(f"--rdzv-conf {given[field][0]}={path}: no such file")
     if ("cert" in text) != ("key" in text):
         problems.append("--rdzv-conf: cert and key go together (a client certificate and its key)")
-    if "password" in text and "user" not in text:
-        problems.append("--rdzv-conf: password given without user")
+    password, source = _password(text, os.environ if environ is None else environ, problems)
+    if password is not None and "user" not in text:
+        problems.append(f"--rdzv-conf: a password is given ({source}) without user")
     numbers = {
         f: seconds
         for f in ("request_timeout", "lease_ttl")
@@ -112,9 +128,57 @@ def etcd_options_from_conf(
         cert=text.get("cert"),
         key=text.get("key"),
         user=text.get("user"),
-        password=text.get("password"),
+        password=password,
+        password_source=source,
         **numbers,
     )
+
+
+def _password(
+    text: dict[str, str], environ: Mapping[str, str], problems: list[str]
+) -> tuple[str | None, str | None]:
+    """(password, where it came from); every message names the key, never the value."""
+    if "password" in text and "password_file" in text:
+        problems.append("--rdzv-conf: give password or password_file, not both")
+        return None, None
+    if "password" in text:
+        return text["password"], "--rdzv-conf password"
+    path = text.get("password_file")
+    if path is None:
+        value = environ.get(ETCD_PASSWORD_ENV)
+        return (value, ETCD_PASSWORD_ENV) if value else (None, None)
+    where = f"--rdzv-conf password_file={path}"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            secret = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        problems.append(f"{where}: cannot read it ({why or exc.__class__.__name__})")
+        return None, None
+    secret = secret.removesuffix("\n").removesuffix("\r")  # as `echo pw > file` writes it
+    if not secret:
+        problems.append(f"{where}: the file is empty")
+        return None, None
+    return secret, "--rdzv-conf password_file"
+
+
+def credential_warnings(options: EtcdOptions, endpoints: list[str]) -> list[str]:
+    """What the agent says once at start about how the password is given and sent."""
+    if options.password is None:
+        return []
+    notes = []
+    if options.password_source == "--rdzv-conf password":
+        notes.append(
+            "the etcd password is given as --rdzv-conf password=..., which ps and shell "
+            f"history show; use password_file=PATH or {ETCD_PASSWORD_ENV} instead"
+        )
+    plain = [url for url in endpoints if url.startswith("http://")]
+    if plain:
+        notes.append(
+            f"the etcd password travels over plain http to {', '.join(plain)}, readable by "
+            "anyone on the path; use https (--rdzv-conf cacert=...)"
+        )
+    return notes
 
 
 def parse_endpoints(text: str, *, scheme: str = "http") -> list[str]:
