@@ -149,8 +149,7 @@ def frozen_sleepers(count: int, name: str) -> Iterator[list[int]]:
     D: py-spy attaches and never returns). Thawed, killed and reaped after."""
     code = "import sys, time; print('ready', flush=True); time.sleep(600)"
     sleepers = [
-        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-        for _ in range(count)
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) for _ in range(count)
     ]
     group = Path("/sys/fs/cgroup/freezer") / name
     try:
