@@ -128,12 +128,13 @@ def test_stacks_errors_are_one_line(tmp_path: Path) -> None:
     (run_dir,) = (tmp_path / "logs").iterdir()
     result = run_phalanx(["stacks", str(run_dir)])
     assert result.returncode == 1 and "is not running" in result.stderr, result.stderr
-    for junk in ('{"pid": "12"}', "[1, 2]", '{"host": "x"}', "{}"):
+    junk_files = ('{"pid": "12"}', "[1, 2]", '{"host": "x"}', "{}", "not json", "\xff\x00", "")
+    for junk in junk_files:
         (run_dir / "launcher.json").write_text(junk)
         result = run_phalanx(["stacks", str(run_dir)])
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1, result.stderr
-        assert "launcher.json' is malformed" in lines[0]
+        assert "launcher.json" in lines[0], junk
 
 
 def test_a_script_named_stacks_still_runs(tmp_path: Path) -> None:
