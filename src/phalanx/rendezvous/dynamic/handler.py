@@ -36,6 +36,7 @@ from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.sweep import sweep
 from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.base import DurableStore, KVStore, StoreUnavailable
 
 log = logging.getLogger("phalanx")
@@ -88,6 +89,25 @@ class DynamicRendezvous:
         self._done: bool | None = None  # what report_done said
         self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
         self._closed = False
+
+    @classmethod
+    def for_spec(
+        cls, store: KVStore, spec: RendezvousSpec, settings: RendezvousSettings, addr: str
+    ) -> DynamicRendezvous:
+        """The handler a backend opens for ``spec`` over ``store`` (``addr``: this node's, as
+        the others reach it). A static spec (a ``node_rank`` given) fixes the node count at
+        ``max_nodes`` and this node's rank."""
+        static = spec.node_rank is not None
+        return cls(
+            store,
+            run_id=spec.run_id,
+            min_nodes=spec.max_nodes if static else spec.min_nodes,
+            max_nodes=spec.max_nodes,
+            addr=addr,
+            settings=settings,
+            worker_port=spec.worker_port,
+            fixed_rank=spec.node_rank,
+        )
 
     @property
     def run_id(self) -> str:
