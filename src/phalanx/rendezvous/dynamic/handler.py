@@ -406,9 +406,16 @@ class DynamicRendezvous:
             return
         membership, rank = self._membership, self._rank
         if self._done is True:
-            all_done, _ = self._exit_barrier()  # (at once if the agent waited already)
+            all_done, event = self._exit_barrier()  # (at once if the agent waited already)
             if all_done:
                 self._depart(membership)
+            elif event is None and isinstance(self._store, DurableStore):
+                # The barrier timed out, a peer still running: count this node out anyway,
+                # so that the peer, finishing last, still clears the run from a store that
+                # outlives the job.
+                self._liveness.stop()
+                if self._board.depart(membership.round, membership.count):
+                    self._clear(finished=True)
         elif self._done is False:
             settled = self._board.keys.round(membership.round, "all_settled")
             if self._board.store.wait([settled], self._settings.heartbeat_timeout):
