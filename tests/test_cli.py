@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.cli.main import parse_config
+from phalanx.cli.parser import build_parser
 from phalanx.config import LaunchMode
 from phalanx.errors import UsageError
 from support.launch import PHALANX, worker
@@ -71,8 +72,13 @@ def test_all_problems_reported_at_once() -> None:
     assert len(caught.value.problems) == 4
 
 
+# One case per bad value; the first argument is the option under test (the case's id, and
+# what ``test_every_option_with_a_value_has_a_bad_value_case`` counts). Later ones only set
+# the scene.
+MULTI = ["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"]  # refused before any contact
 BAD_INPUTS = [
     (["--nproc-per-node", "0", SCRIPT], "--nproc-per-node: expected an integer >= 1, got 0"),
+    (["--nproc-per-node", "x", SCRIPT], "--nproc-per-node: expected an integer, got 'x'"),
     (["--nnodes", "3:2", SCRIPT], "--nnodes: MIN must not exceed MAX"),
     (["--nnodes", "x", SCRIPT], "--nnodes: expected N or MIN:MAX"),
     (["missing_script.py"], "training script not found: 'missing_script.py'"),
@@ -81,26 +87,73 @@ BAD_INPUTS = [
         "unknown backend 'zookeeper'; known: c10d, etcd, etcd-v2, static",
     ),
     (["--rdzv-endpoint", "a:b:c", SCRIPT], "--rdzv-endpoint: expected host[:port]"),
+    (["--rdzv-endpoint", "host:99999", SCRIPT], "--rdzv-endpoint: port must be 0..65535"),
+    (["--rdzv-id", "a/b", SCRIPT], "--rdzv-id 'a/b': expected letters, digits"),
+    (["--rdzv-id", "a b", *MULTI, SCRIPT], "--rdzv-id 'a b': expected letters, digits"),
+    (["--rdzv-conf", "novalue", SCRIPT], "--rdzv-conf: expected key=value"),
+    (["--rdzv-conf", "join_timeout=abc", SCRIPT], "join_timeout=abc: expected a positive number"),
+    (["--rdzv-conf", "bogus=1", *MULTI, SCRIPT], "--rdzv-conf bogus=1: unknown key for c10d"),
+    (
+        ["--rdzv-conf", "protocol=ftp", "--rdzv-backend", "etcd", *MULTI, SCRIPT],
+        "--rdzv-conf protocol=ftp: expected http or https",
+    ),
     (["--max-restarts", "-1", SCRIPT], "--max-restarts: expected an integer >= 0, got -1"),
     (["--max-restarts", "two", SCRIPT], "--max-restarts: expected an integer, got 'two'"),
     (["--master-port", "1.5", SCRIPT], "--master-port: expected an integer"),
+    (["--master-port", "70000", SCRIPT], "--master-port: expected 0..65535, got 70000"),
+    (["--master-addr", "a b", SCRIPT], "--master-addr: expected a host name or an IP address"),
+    (["--local-addr", "", SCRIPT], "--local-addr: expected a host name or an IP address"),
+    (["--node-rank", "x", SCRIPT], "--node-rank: expected an integer, got 'x'"),
+    (["--node-rank", "-1", SCRIPT], "--node-rank: expected an integer >= 0, got -1"),
+    (
+        ["--node-rank", "5", "--rdzv-backend", "static", "--nnodes", "2", SCRIPT],
+        "--node-rank 5: expected 0..1 for --nnodes 2",
+    ),
     (["--monitor-interval", "fast", SCRIPT], "--monitor-interval: expected a number"),
-    (["--nproc-per-node", "2", "--redirects", "7", SCRIPT], "--redirects: expected 0 (none)"),
+    (["--monitor-interval", "inf", SCRIPT], "--monitor-interval: expected a finite number"),
+    (["--start-method", "nope", SCRIPT], "invalid choice: 'nope'"),
+    (["--event-log-handler", "bogus", SCRIPT], "--event-log-handler: expected null or console"),
+    (["--redirects", "7", "--nproc-per-node", "2", SCRIPT], "--redirects: expected 0 (none)"),
+    (["--redirects", "0:x", SCRIPT], "--redirects: expected an integer, got 'x'"),
+    (["--tee", "7", SCRIPT], "--tee: expected 0 (none)"),
     (
         ["--local-ranks-filter", "a,b", SCRIPT],
         "--local-ranks-filter: expected comma-separated ranks",
     ),
-    (["--rdzv-conf", "novalue", SCRIPT], "--rdzv-conf: expected key=value"),
+    (["--logs-specs", "mine", SCRIPT], "--logs-specs: custom torchrun LogsSpecs plugins"),
+    (["--numa-binding", "x", SCRIPT], "invalid choice: 'x'"),
     (["--signals-to-handle", "SIGNOPE", SCRIPT], "unknown signal 'SIGNOPE'"),
-    (["--no-python", "no-such-program-xyz"], "is not an executable file or on PATH"),
     (["--signals-to-handle", "SIGTERM,SIGKILL", SCRIPT], "SIGKILL cannot be caught"),
-    (["--monitor-interval", "inf", SCRIPT], "--monitor-interval: expected a finite number"),
     (["--shutdown-timeout", "inf", SCRIPT], "--shutdown-timeout: expected a finite number"),
+    (["--shutdown-timeout", "-1", SCRIPT], "--shutdown-timeout: expected a number >= 0"),
     (["--stall-timeout", "nan", SCRIPT], "--stall-timeout: expected a finite number"),
+    (["--preload", "a..b", SCRIPT], "--preload: 'a..b' is not a module name"),
+    (["--spawn-owner-flags", "bogus", SCRIPT], "--spawn-owner-flags: expected key=value"),
+    (["--spawn-owner-flags", "x=--y", SCRIPT], "--spawn-owner-flags: unknown fact(s) x"),
     (["--log-dir", "/proc/self/no/such", SCRIPT], "cannot make the run directory there"),
+    (["--no-python", "no-such-program-xyz"], "is not an executable file or on PATH"),
     (["--bogus-flag", SCRIPT], "unrecognized arguments: --bogus-flag"),
     ([], "the following arguments are required: training_script"),
 ]
+
+# Options that take a value of which none is bad, and why.
+ANY_VALUE = {
+    "--role": "a free-form name (ROLE_NAME), as in torchrun",
+    "--duplicate-stdout-filters": "free-form words to look for in the output",
+    "--duplicate-stderr-filters": "free-form words to look for in the output",
+}
+
+
+def test_every_option_with_a_value_has_a_bad_value_case() -> None:
+    """Generated from the parser: a new option that takes a value fails this test until it
+    has a case in ``BAD_INPUTS`` (or a reason in ``ANY_VALUE``)."""
+    tested = {args[0] for args, _ in BAD_INPUTS if args} | set(ANY_VALUE)
+    untested = [
+        action.option_strings
+        for action in build_parser({})._actions
+        if action.option_strings and action.nargs != 0 and not tested & set(action.option_strings)
+    ]
+    assert untested == []
 
 
 @pytest.mark.parametrize(

@@ -181,6 +181,28 @@ def test_a_finished_etcd_run_leaves_only_its_tombstone(etcd: EtcdCluster) -> Non
 
 
 @needs_etcd
+def test_an_etcd_run_whose_exit_barrier_timed_out_leaves_only_its_tombstone(
+    etcd: EtcdCluster,
+) -> None:
+    """Node 0 finishes and gives up waiting for node 1 (``exit_barrier_timeout``); node 1
+    finishes later: the run is still cleared, by node 1, the last node out."""
+    run_id = uuid.uuid4().hex
+    conf = {**CONF, "exit_barrier_timeout": "0.5"}
+    spec = RendezvousSpec("etcd", run_id, 2, 2, etcd.endpoint_arg, conf)
+    nodes = [create_handler(spec) for _ in range(2)]
+    try:
+        form_all(nodes)
+        nodes[0].report_done(True)
+        nodes[0].shutdown()  # the barrier times out: node 1 has not reported yet
+        assert len(run_keys(etcd, run_id)) > 1  # node 1 is still using the run
+        nodes[1].report_done(True)
+    finally:
+        for h in nodes:
+            h.shutdown()
+    assert run_keys(etcd, run_id) == [run_prefix(run_id) + f"kv/phalanx/rdzv/{run_id}/stopped"]
+
+
+@needs_etcd
 def test_a_failed_etcd_run_leaves_only_its_tombstone(etcd: EtcdCluster) -> None:
     run_id = uuid.uuid4().hex
     nodes = etcd_nodes(etcd, run_id)

@@ -3,12 +3,20 @@ node of a multi-node job; the job then finishes."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from phalanx.hang.stacks import DumpTarget, request_dumps
 from phalanx.net import free_port
 from support.hosts import Node
 from support.launch import launched, run_phalanx, wait_for, worker
@@ -120,12 +128,13 @@ def test_stacks_errors_are_one_line(tmp_path: Path) -> None:
     (run_dir,) = (tmp_path / "logs").iterdir()
     result = run_phalanx(["stacks", str(run_dir)])
     assert result.returncode == 1 and "is not running" in result.stderr, result.stderr
-    for junk in ('{"pid": "12"}', "[1, 2]", '{"host": "x"}', "{}"):
+    junk_files = ('{"pid": "12"}', "[1, 2]", '{"host": "x"}', "{}", "not json", "\xff\x00", "")
+    for junk in junk_files:
         (run_dir / "launcher.json").write_text(junk)
         result = run_phalanx(["stacks", str(run_dir)])
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1, result.stderr
-        assert "launcher.json' is malformed" in lines[0]
+        assert "launcher.json" in lines[0], junk
 
 
 def test_a_script_named_stacks_still_runs(tmp_path: Path) -> None:
@@ -133,3 +142,60 @@ def test_a_script_named_stacks_still_runs(tmp_path: Path) -> None:
     result = run_phalanx(["--log-dir", "logs", "stacks"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "[rank0]: I am a script called stacks\n"
+
+
+@contextlib.contextmanager
+def frozen_sleepers(count: int, name: str) -> Iterator[list[int]]:
+    """``count`` Python processes, each past its start, frozen by the cgroup-v1 freezer (state
+    D: py-spy attaches and never returns). Thawed, killed and reaped after."""
+    code = "import sys, time; print('ready', flush=True); time.sleep(600)"
+    sleepers = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) for _ in range(count)
+    ]
+    group = Path("/sys/fs/cgroup/freezer") / name
+    try:
+        for sleeper in sleepers:
+            assert sleeper.stdout is not None and sleeper.stdout.readline() == b"ready\n"
+        group.mkdir()
+        for sleeper in sleepers:
+            (group / "cgroup.procs").write_text(str(sleeper.pid))
+        (group / "freezer.state").write_text("FROZEN")
+        wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10, "frozen")
+        yield [sleeper.pid for sleeper in sleepers]
+    finally:
+        if group.exists():
+            (group / "freezer.state").write_text("THAWED")
+        for sleeper in sleepers:
+            sleeper.send_signal(signal.SIGKILL)
+            sleeper.wait(10)
+        if group.exists():
+            group.rmdir()
+
+
+@needs_py_spy
+def test_dumps_of_ranks_stuck_in_the_kernel_share_one_deadline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three ranks frozen in the kernel: every py-spy is started before any is given up, and
+    all are given up together at one deadline (not one deadline per rank, one after another)."""
+    with frozen_sleepers(3, f"phalanx-test-{os.getpid()}-stacks") as pids:
+        targets = []
+        for rank, pid in enumerate(pids):
+            (tmp_path / f"rank{rank}").mkdir()
+            targets.append(DumpTarget(rank, pid, tmp_path / f"rank{rank}"))
+        with caplog.at_level(logging.DEBUG, logger="phalanx"):
+            texts = request_dumps(targets, "test", timeout=0.5, py_spy_timeout=2.0)
+        assert not any(
+            "py-spy" in child.name() for child in psutil.Process().children(recursive=True)
+        )
+    said = [record.getMessage() for record in caplog.records if record.name == "phalanx"]
+    started = [i for i, line in enumerate(said) if line.startswith("stacks: py-spy started")]
+    gave_up = [i for i, line in enumerate(said) if "py-spy gave no dump" in line]
+    assert len(started) == 3 and len(gave_up) == 1, said
+    assert max(started) < gave_up[0], said
+    assert "rank(s) 0, 1, 2" in said[gave_up[0]], said
+    # No faulthandler in these processes: py-spy's file is each rank's dump, saying why.
+    for target in targets:
+        last = (target.rank_dir / "py-spy.txt").read_text().splitlines()[-1]
+        assert last == "--- py-spy gave no dump within 2 s; killed ---"
+        assert texts[target.rank].splitlines()[-1] == last

@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from phalanx.supervisor.cgroup import hierarchies
 from support.launch import (
     PHALANX,
     alive,
@@ -120,6 +121,30 @@ def test_guardian_alone_ends_workers_and_children_when_the_launcher_is_killed(
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait(10)
+
+
+def test_the_guardian_removes_the_job_cgroup_while_the_killed_launcher_is_a_zombie(
+    tmp_path: Path, leftovers: list[int]
+) -> None:
+    """The launcher is SIGKILLed and nobody reaps it: the guardian still ends the job and
+    removes its cgroup (it waits for the launcher to finish dying, then retries the rmdir
+    while a member killed a moment ago is still listed) -- no empty ``phalanx-*`` left."""
+    launcher, pids, _ = _start(tmp_path, [], child=True, clear=True)
+    leftovers.extend(pids)
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    cgroups = [root / f"phalanx-{run_dir.name}" for root in hierarchies()]
+    try:
+        assert any(path.exists() for path in cgroups), "the job runs in a cgroup of its own"
+        guardian, _ = _helpers(launcher)
+        leftovers.append(guardian.pid)
+        os.kill(launcher.pid, signal.SIGKILL)  # not Popen.kill: nothing may reap it yet
+        wait_for(lambda: not any(alive(p) for p in pids), GONE_WAIT, "the guardian's SIGKILL")
+        wait_for(lambda: not any(p.exists() for p in cgroups), GONE_WAIT, "the cgroup removed")
+        assert psutil.Process(launcher.pid).status() == psutil.STATUS_ZOMBIE  # still unreaped
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -17,8 +17,10 @@ from phalanx.config import LaunchConfig
 from phalanx.errors import UsageError
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import NodeInfo, RendezvousHandler, RendezvousResult
+from phalanx.rendezvous.dynamic.keys import check_run_id
 from phalanx.rendezvous.local import LocalRendezvous
 from phalanx.rendezvous.registry import backend_problem, create_handler, spec_problems
+from phalanx.rendezvous.settings import SETTINGS_KEYS, settings_problems
 from phalanx.rendezvous.spec import RendezvousSpec
 
 
@@ -63,10 +65,16 @@ def rendezvous_spec(config: LaunchConfig) -> RendezvousSpec:
 
 def rendezvous_problems(config: LaunchConfig) -> list[str]:
     """Every usage problem of the rendezvous part (nothing is contacted). One node needs no
-    store, so only the backend's name is checked there."""
+    store, so only the backend's name, the run id and the rendezvous settings are checked
+    there (a bad value is refused wherever the job runs; the backend's own keys are left)."""
     if not config.is_multi_node:
-        problem = backend_problem(config.rdzv_backend)
-        return [] if problem is None else [problem]
+        if (problem := backend_problem(config.rdzv_backend)) is not None:
+            return [problem]
+        conf = config.rdzv_conf_dict
+        problems = settings_problems(conf, config.rdzv_backend, frozenset(conf) - SETTINGS_KEYS)[1]
+        if config.rdzv_id != "none" and (problem := check_run_id(config.rdzv_id)) is not None:
+            problems.append(problem)
+        return problems
     return spec_problems(rendezvous_spec(config))[1]
 
 

@@ -76,6 +76,17 @@ def parse_endpoint(text: str, what: str = "--rdzv-endpoint") -> Endpoint:
     return Endpoint(match.group("host"), port)
 
 
+_HOST = re.compile(r"^[A-Za-z0-9._%-]+$|^[0-9A-Fa-f:.%]+$|^\[[0-9A-Fa-f:.%]+\]$")
+
+
+def check_host(text: str, what: str) -> str:
+    """A host name or an IP address (v6 with or without brackets), as given."""
+    text = str(text).strip()
+    if not _HOST.match(text):
+        raise ValueError(f"{what}: expected a host name or an IP address, got {text!r}")
+    return text
+
+
 def parse_kv_list(text: str, what: str) -> dict[str, str]:
     """``"a=1,b=2"`` -> ``{"a": "1", "b": "2"}``; every item needs ``=`` and a key. A bad item
     is counted, not quoted: it may be the tail of a secret that held a comma."""

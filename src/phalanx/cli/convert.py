@@ -150,8 +150,13 @@ def _rendezvous_flags(ns: argparse.Namespace, p: _Problems, max_nodes: int) -> d
     # etcd takes a list of endpoints and http(s):// URLs, which its backend checks.
     if ns.rdzv_endpoint and backend not in ("etcd", "etcd-v2"):
         p.parse(lambda: parsing.parse_endpoint(ns.rdzv_endpoint), None)
-    if node_rank >= max_nodes and backend == "static" and not ns.standalone:
+    # (More than one node: the static backend's own check says it.)
+    if node_rank >= max_nodes == 1 and backend == "static" and not ns.standalone:
         p.add(f"--node-rank: expected 0..{max_nodes - 1} for --nnodes {ns.nnodes}, got {node_rank}")
+    master_addr = p.parse(lambda: parsing.check_host(ns.master_addr, "--master-addr"), "")
+    local_addr = None
+    if ns.local_addr is not None:
+        local_addr = p.parse(lambda: parsing.check_host(ns.local_addr, "--local-addr"), None)
     no_conf: dict[str, str] = {}
     conf = p.parse(lambda: parsing.parse_kv_list(ns.rdzv_conf, "--rdzv-conf"), no_conf)
     return {
@@ -160,9 +165,9 @@ def _rendezvous_flags(ns: argparse.Namespace, p: _Problems, max_nodes: int) -> d
         "rdzv_id": str(ns.rdzv_id),
         "rdzv_conf": tuple(sorted(conf.items())),
         "node_rank": node_rank,
-        "master_addr": str(ns.master_addr),
+        "master_addr": master_addr,
         "master_port": master_port,
-        "local_addr": ns.local_addr,
+        "local_addr": local_addr,
     }
 
 

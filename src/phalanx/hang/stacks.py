@@ -14,6 +14,7 @@ dump, taken with ``--subprocesses`` so that the ranks such a program spawns are 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -27,12 +28,15 @@ from pathlib import Path
 from phalanx.worker.contract import STACK_SIGNAL, STACKS_FILE
 from phalanx.worker.nofollow import append_to
 
+log = logging.getLogger("phalanx")
+
 SETTLE = 0.1  # a dump is complete once its file stopped growing for this long
 PY_SPY_TIMEOUT = 10.0
 DUMP_TIMEOUT = 5.0  # for the faulthandler dumps of one node's ranks
-# The longest one node's dump can take (faulthandler, then py-spy's deadline); a node waiting
-# for its peers' dumps waits this plus a margin for noticing the request.
-LONGEST_DUMP = DUMP_TIMEOUT + PY_SPY_TIMEOUT
+# The longest one node's dump can take: faulthandler and py-spy are asked together, for every
+# rank at once, and each kind has one deadline for all; a node waiting for its peers' dumps
+# waits this plus a margin for noticing the request.
+LONGEST_DUMP = max(DUMP_TIMEOUT, PY_SPY_TIMEOUT)
 PEER_DUMP_WAIT = LONGEST_DUMP + 5.0
 
 
@@ -163,11 +167,18 @@ def _size(path: Path) -> int:
 
 
 def request_dumps(
-    targets: Sequence[DumpTarget], why: str, timeout: float = DUMP_TIMEOUT
+    targets: Sequence[DumpTarget],
+    why: str,
+    timeout: float = DUMP_TIMEOUT,
+    py_spy_timeout: float = PY_SPY_TIMEOUT,
 ) -> dict[int, str]:
     """Signal every target that catches ``STACK_SIGNAL``; return each rank's new dump text
     ("" when it has no handler or wrote nothing before ``timeout``). A line saying ``why``
-    goes before each dump in the rank's ``stacks.txt``."""
+    goes before each dump in the rank's ``stacks.txt``.
+
+    Every rank is asked at once and every wait shares one deadline: however many ranks are
+    stuck (a py-spy attached to a process frozen in the kernel never returns), the call
+    takes at most ``max(timeout, py_spy_timeout)``, not that times the number of ranks."""
     waiting: dict[int, DumpTarget] = {}
     catching = {t.rank for t in targets if catches(t.pid, STACK_SIGNAL)}
     for target in targets:
@@ -179,10 +190,11 @@ def request_dumps(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(target.pid, STACK_SIGNAL)
                 waiting[target.rank] = target
+    started = time.monotonic()
     pyspy = _start_py_spy(targets, catching)
     last = dict(before)
     quiet_since: dict[int, float] = {}
-    deadline = time.monotonic() + timeout
+    deadline = started + timeout
     while waiting and time.monotonic() < deadline:
         time.sleep(0.02)
         now = time.monotonic()
@@ -192,7 +204,7 @@ def request_dumps(
                 last[rank], quiet_since[rank] = size, now
             elif size > before[rank] and now - quiet_since.get(rank, now) >= SETTLE:
                 del waiting[rank]
-    _finish_py_spy(pyspy, deadline)
+    _finish_py_spy(pyspy, started + py_spy_timeout, py_spy_timeout)
     texts = {t.rank: _read_from(t.stacks_file, before[t.rank]) for t in targets}
     for rank, (_, out, offset) in pyspy.items():
         if rank not in catching:
@@ -234,13 +246,31 @@ def _start_py_spy(targets: Sequence[DumpTarget], catching: set[int]) -> PySpyRun
         except OSError:
             continue
         started[target.rank] = (proc, out, offset)
+        log.debug("stacks: py-spy started for rank %d (pid %d)", target.rank, target.pid)
     return started
 
 
-def _finish_py_spy(started: PySpyRuns, deadline: float) -> None:
-    for proc, _, _ in started.values():
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()) + PY_SPY_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def _finish_py_spy(started: PySpyRuns, deadline: float, timeout: float) -> None:
+    """Wait for every py-spy run until the one ``deadline`` they share, then kill the ones
+    still running together (each gets a line in its file saying it gave no dump)."""
+    running = dict(started)
+    while running:
+        for rank, (proc, _, _) in list(running.items()):
+            if proc.poll() is not None:
+                del running[rank]
+        if not running or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    if not running:
+        return
+    log.warning(
+        "stacks: py-spy gave no dump within %g s for rank(s) %s (a process stuck in the "
+        "kernel?); killed",
+        timeout,
+        ", ".join(str(rank) for rank in sorted(running)),
+    )
+    for proc, _, _ in running.values():
+        proc.kill()
+    for proc, out, _ in running.values():
+        proc.wait()
+        _mark(out, f"--- py-spy gave no dump within {timeout:g} s; killed ---\n")

@@ -109,7 +109,10 @@ class RendezvousHandler(Protocol):
         """Tell every node that this node's workers failed this round (``failure`` is JSON-able)."""
 
     def failures(self) -> list[dict[str, object]]:
-        """Every failure reported in this job so far, from all nodes (for the root-cause report)."""
+        """The failures reported in the job's last rounds, from all nodes, oldest first (for
+        the root-cause report). A long job's older rounds' records are deleted as it goes
+        (at least the current round's and the one before it are kept); empty once the store
+        is lost."""
 
     def claim_restart(self, max_restarts: int) -> bool:
         """Whether the job-wide budget allows another round; idempotent per round across nodes.

@@ -8,11 +8,14 @@ It starts with ``python -I -S`` (no site, no torch) so it costs a few millisecon
 
 With a job cgroup (``phalanx.supervisor.cgroup``) it then SIGKILLs every other member of the
 cgroup but the agent -- which catches what left its process group, ``setsid`` included --
-and, when the agent is gone, leaves the cgroup and removes it.
+and, when the agent died, leaves the cgroup and removes it: once the agent has finished
+dying (the guardian has been reparented), retrying for a few seconds while a member killed a
+moment ago is still listed. Every wait is bounded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -20,12 +23,14 @@ import sys
 from phalanx.credentials import worker_environment
 from phalanx.supervisor.cgroup import JobCgroup
 
+# Lines on the pipe: "+<pgid>" / "-<pgid>" (watch / forget a group), "=" (the agent is leaving
+# normally and removes its cgroup itself). EOF without "=" means the agent died.
 _GUARDIAN_CODE = """
 import os, signal, sys, time
 agent = os.getppid()
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
     signal.signal(s, signal.SIG_IGN)
-groups, buf = set(), b""
+groups, buf, leaving = set(), b"", False
 while True:
     chunk = os.read(0, 65536)
     if not chunk:
@@ -37,6 +42,8 @@ while True:
             groups.add(int(line[1:]))
         elif line[:1] == b"-":
             groups.discard(int(line[1:]))
+        elif line == b"=":
+            leaving = True
 for group in groups:
     try:
         os.killpg(group, signal.SIGKILL)
@@ -44,28 +51,40 @@ for group in groups:
         pass
 if len(sys.argv) > 2:
     job, parent, me = sys.argv[1], sys.argv[2], os.getpid()
-    deadline = time.monotonic() + 2.0
+    if not leaving:
+        # The pipe closes part-way through the agent's exit, before the kernel takes the
+        # agent out of its cgroup; it has once this process is reparented.
+        deadline = time.monotonic() + 5.0
+        while os.getppid() == agent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            with open(parent + "/cgroup.procs", "w") as procs:
+                procs.write(str(me))
+        except OSError:
+            pass
+    deadline = time.monotonic() + (2.0 if leaving else 5.0)
     while time.monotonic() < deadline:
         try:
             with open(job + "/cgroup.procs") as procs:
                 others = [int(p) for p in procs.read().split() if int(p) not in (me, agent)]
         except OSError:
             break
-        if not others:
-            break
         for pid in others:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        if leaving and not others:
+            break
+        if not leaving and not others:
+            # Nobody else will remove the cgroup. A member SIGKILLed a moment ago can still
+            # be listed (a thread of it still exiting): try again until the deadline.
+            try:
+                os.rmdir(job)
+                break
+            except OSError:
+                pass
         time.sleep(0.01)
-    if os.getppid() != agent:  # the agent died: nobody else will remove the cgroup
-        try:
-            with open(parent + "/cgroup.procs", "w") as procs:
-                procs.write(str(me))
-            os.rmdir(job)
-        except OSError:
-            pass
 """
 
 
@@ -99,8 +118,11 @@ class Guardian:
         os.write(self._pipe, f"-{pgid}\n".encode())
 
     def close(self) -> None:
-        """Stop the guardian (it kills any group still registered, then exits)."""
+        """Stop the guardian (it kills any group still registered, then exits); the caller
+        removes the job cgroup itself (``JobCgroup.leave``)."""
         if self._proc.stdin is not None and not self._proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                os.write(self._pipe, b"=\n")
             self._proc.stdin.close()
         try:
             self._proc.wait(timeout=5)

@@ -78,15 +78,8 @@ def open_handler(
     spec: RendezvousSpec, settings: RendezvousSettings, options: Options
 ) -> RendezvousHandler:
     store = open_store(options.host, options.port, options.is_host, settings)
-    return DynamicRendezvous(
-        store,
-        run_id=spec.run_id,
-        min_nodes=spec.min_nodes,
-        max_nodes=spec.max_nodes,
-        addr=node_address(options.host, options.port, spec.local_addr),
-        settings=settings,
-        worker_port=spec.worker_port,
-    )
+    addr = node_address(options.host, options.port, spec.local_addr)
+    return DynamicRendezvous.for_spec(store, spec, settings, addr)
 
 
 BACKEND = Backend("c10d", "TCPStore hosted by one agent", check, open_handler)

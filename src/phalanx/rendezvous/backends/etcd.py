@@ -49,15 +49,7 @@ def open_handler(
     store = open_etcd_store(options.endpoints, spec.run_id, options.store)
     first = urlsplit(options.endpoints[0])
     addr = node_address(first.hostname or "localhost", first.port or 2379, spec.local_addr)
-    return DynamicRendezvous(
-        store,
-        run_id=spec.run_id,
-        min_nodes=spec.min_nodes,
-        max_nodes=spec.max_nodes,
-        addr=addr,
-        settings=settings,
-        worker_port=spec.worker_port,
-    )
+    return DynamicRendezvous.for_spec(store, spec, settings, addr)
 
 
 BACKEND = Backend("etcd", "etcd v3 (torchrun's etcd-v2 name accepted)", check, open_handler)

@@ -54,16 +54,7 @@ def open_handler(
             host, port, connect_timeout=settings.join_timeout, read_timeout=settings.read_timeout
         )
         addr = node_address(host, port, spec.local_addr)
-    return DynamicRendezvous(
-        store,
-        run_id=spec.run_id,
-        min_nodes=spec.max_nodes,
-        max_nodes=spec.max_nodes,
-        addr=addr,
-        settings=settings,
-        worker_port=spec.worker_port,
-        fixed_rank=spec.node_rank,
-    )
+    return DynamicRendezvous.for_spec(store, spec, settings, addr)
 
 
 BACKEND = Backend("static", "node ranks given; node 0 hosts the store", check, open_handler)

@@ -36,6 +36,7 @@ from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.sweep import sweep
 from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.base import DurableStore, KVStore, StoreUnavailable
 
 log = logging.getLogger("phalanx")
@@ -88,6 +89,25 @@ class DynamicRendezvous:
         self._done: bool | None = None  # what report_done said
         self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
         self._closed = False
+
+    @classmethod
+    def for_spec(
+        cls, store: KVStore, spec: RendezvousSpec, settings: RendezvousSettings, addr: str
+    ) -> DynamicRendezvous:
+        """The handler a backend opens for ``spec`` over ``store`` (``addr``: this node's, as
+        the others reach it). A static spec (a ``node_rank`` given) fixes the node count at
+        ``max_nodes`` and this node's rank."""
+        static = spec.node_rank is not None
+        return cls(
+            store,
+            run_id=spec.run_id,
+            min_nodes=spec.max_nodes if static else spec.min_nodes,
+            max_nodes=spec.max_nodes,
+            addr=addr,
+            settings=settings,
+            worker_port=spec.worker_port,
+            fixed_rank=spec.node_rank,
+        )
 
     @property
     def run_id(self) -> str:
@@ -386,9 +406,16 @@ class DynamicRendezvous:
             return
         membership, rank = self._membership, self._rank
         if self._done is True:
-            all_done, _ = self._exit_barrier()  # (at once if the agent waited already)
+            all_done, event = self._exit_barrier()  # (at once if the agent waited already)
             if all_done:
                 self._depart(membership)
+            elif event is None and isinstance(self._store, DurableStore):
+                # The barrier timed out, a peer still running: count this node out anyway,
+                # so that the peer, finishing last, still clears the run from a store that
+                # outlives the job.
+                self._liveness.stop()
+                if self._board.depart(membership.round, membership.count):
+                    self._clear(finished=True)
         elif self._done is False:
             settled = self._board.keys.round(membership.round, "all_settled")
             if self._board.store.wait([settled], self._settings.heartbeat_timeout):

@@ -9,7 +9,8 @@ decimal strings. Unary calls answer one JSON object; streaming calls (``watch``,
 The client tries the endpoint that answered last, then the others in order, until one answers
 or ``EtcdOptions.request_timeout`` runs out (then ``StoreUnavailable`` names every endpoint and
 why it failed). Every request is retried as a whole, so callers only send requests that are
-safe to repeat (``EtcdStore`` makes its transactions so).
+safe to repeat (``EtcdStore`` makes its transactions so). HTTP sessions are ``sessions``';
+streaming replies are read by ``stream``.
 
 Every reply is decoded by a checker of ``wire`` that the caller names; a reply that is not
 what etcd sends (not an object, a missing or mistyped field, bad base64, a stream line that
@@ -19,10 +20,7 @@ again would only get the same junk.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TypeVar
@@ -32,13 +30,9 @@ import requests
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.stores.base import MalformedReply, StoreUnavailable
 from phalanx.rendezvous.stores.etcd.conf import EtcdOptions
-from phalanx.rendezvous.stores.etcd.wire import (
-    JSON,
-    BadReply,
-    WatchResult,
-    auth_token,
-    watch_result,
-)
+from phalanx.rendezvous.stores.etcd.sessions import Sessions, describe
+from phalanx.rendezvous.stores.etcd.stream import read_stream
+from phalanx.rendezvous.stores.etcd.wire import JSON, BadReply, WatchResult, auth_token
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +42,6 @@ _READ_TIMEOUT = 5.0  # per attempt: long enough for an fsync on a loaded disk
 # reports some raft errors so), DEADLINE_EXCEEDED, UNAVAILABLE ("no leader", "request timed out").
 _TRY_NEXT_CODES = frozenset({1, 2, 4, 14})
 _UNAUTHENTICATED = 16
-# A stream line longer than this is not etcd's (its requests are capped at 1.5 MiB by default,
-# and phalanx's watches carry only its own small keys): the buffer stays bounded.
-_MAX_LINE = 16 * 1024 * 1024
 
 T = TypeVar("T")
 
@@ -73,12 +64,7 @@ class EtcdClient:
         self.options = options
         self._current = 0  # index of the endpoint that answered last
         self._token: str | None = None
-        self._lock = threading.Lock()
-        # requests.Session is not documented as thread-safe: one per thread (the caller's,
-        # the lease keep-alive thread's). A session of a thread that ended is closed at the
-        # next request from any thread, so short-lived threads do not pile up sessions and
-        # their pooled connections; ``close`` closes the rest.
-        self._sessions: dict[threading.Thread, requests.Session] = {}
+        self._sessions = Sessions(options)
 
     @property
     def current_endpoint(self) -> str:
@@ -136,22 +122,18 @@ class EtcdClient:
                 continue
             self._answered(endpoint)
             with reply:
-                yield from _read_stream(reply, endpoint, path, deadline)
+                yield from read_stream(reply, endpoint, path, deadline)
             return
 
     def invalidate_token(self) -> None:
         self._token = None
 
     def close(self) -> None:
-        with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            session.close()
+        self._sessions.close()
 
     def open_sessions(self) -> int:
         """How many HTTP sessions (one per thread that used the client recently) are open."""
-        with self._lock:
-            return len(self._sessions)
+        return self._sessions.count()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -187,27 +169,6 @@ class EtcdClient:
             log.info("etcd: now using %s", endpoint)
             self._current = index
 
-    def _session(self) -> requests.Session:
-        me = threading.current_thread()
-        with self._lock:
-            ended = [t for t in self._sessions if t is not me and not t.is_alive()]
-            stale = [self._sessions.pop(t) for t in ended]
-            session = self._sessions.get(me)
-        for old in stale:
-            old.close()  # its thread is gone: nobody else uses it
-        if session is None:
-            session = requests.Session()
-            # etcd is cluster-internal: no HTTP(S)_PROXY (a proxy would also buffer the watch
-            # stream), no netrc, and no REQUESTS_CA_BUNDLE overriding the ``cacert`` given.
-            session.trust_env = False
-            if self.options.cacert:
-                session.verify = self.options.cacert
-            if self.options.cert and self.options.key:
-                session.cert = (self.options.cert, self.options.key)
-            with self._lock:
-                self._sessions[me] = session
-        return session
-
     def _post(
         self,
         endpoint: str,
@@ -228,7 +189,7 @@ class EtcdClient:
         remaining = max(0.001, deadline - time.monotonic())
         read = remaining if stream else min(remaining, _READ_TIMEOUT)
         try:
-            return self._session().post(
+            return self._sessions.get().post(
                 f"{endpoint}/v3/{path}",
                 json=body,
                 headers=headers,
@@ -279,7 +240,7 @@ class EtcdClient:
         body = {"name": self.options.user, "password": self.options.password or ""}
         remaining = max(0.001, deadline - time.monotonic())
         try:
-            reply = self._session().post(
+            reply = self._sessions.get().post(
                 f"{endpoint}/v3/auth/authenticate",
                 json=body,
                 timeout=(min(remaining, _CONNECT_TIMEOUT), min(remaining, _READ_TIMEOUT)),
@@ -308,82 +269,5 @@ class EtcdClient:
         return token
 
 
-class StreamBroken(StoreUnavailable):
-    """A streaming reply ended before its deadline (the member went away or cancelled it)."""
-
-
 class _TryNext(Exception):
     """This endpoint cannot answer now; the reason is in the attempt's ``failures``."""
-
-
-def _read_stream(
-    reply: requests.Response, endpoint: str, path: str, deadline: float
-) -> Iterator[WatchResult]:
-    """Yield the checked results of a newline-delimited JSON stream until ``deadline``."""
-    # The read timeout given to requests is per socket read, fixed when the request was
-    # made; narrowing the socket's own timeout before each read keeps the whole wait
-    # within ``deadline`` even when unrelated events keep arriving.
-    sock = getattr(getattr(reply.raw, "connection", None), "sock", None)
-    pending: list[bytes] = []  # the unfinished line, in pieces: no quadratic rejoining
-    size = 0
-    chunks = reply.iter_content(chunk_size=None)
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return
-        if sock is not None:
-            sock.settimeout(remaining)
-        try:
-            chunk = next(chunks, None)
-        except requests.RequestException as exc:
-            if time.monotonic() >= deadline - 0.05:
-                return
-            raise StreamBroken(f"etcd stream from {endpoint} broke: {describe(exc)}") from exc
-        if chunk is None:
-            raise StreamBroken(f"etcd at {endpoint} closed the stream")
-        if b"\n" not in chunk:
-            pending.append(chunk)
-            size += len(chunk)
-            if size > _MAX_LINE:
-                why = f"a stream line longer than {_MAX_LINE} bytes"
-                raise MalformedReply(f"etcd at {endpoint}", path, why)
-            continue
-        first, *lines, rest = chunk.split(b"\n")
-        lines.insert(0, b"".join([*pending, first]))
-        pending, size = [rest], len(rest)
-        for line in lines:
-            if line.strip():
-                yield _stream_message(line, endpoint, path)
-
-
-def _stream_message(line: bytes, endpoint: str, path: str) -> WatchResult:
-    try:
-        message = json.loads(line)
-    except ValueError:
-        raise MalformedReply(
-            f"etcd at {endpoint}", path, f"a stream line is not JSON: {line[:60]!r}"
-        ) from None
-    if isinstance(message, dict) and "error" in message:
-        detail = str(message["error"])[:300]
-        raise StreamBroken(f"etcd stream from {endpoint} failed: {detail}")
-    try:
-        return watch_result(message)
-    except BadReply as exc:
-        raise MalformedReply(f"etcd at {endpoint}", path, str(exc)) from None
-
-
-def describe(exc: BaseException) -> str:
-    """A short reason for a failed request ("Connection refused", "timed out", an SSL error)."""
-    text = str(exc)
-    patterns = (
-        r"\[SSL[^\]]*\][^'\")]*",
-        r"\[Errno -?\d+\] ([^'\")]+)",
-        r"Remote end closed[^'\")]*",
-    )
-    for pattern in patterns:
-        match = re.search(pattern, text)
-        if match:
-            return (match.group(1) if match.groups() else match.group(0)).strip()
-    if isinstance(exc, requests.Timeout) or "timed out" in text:
-        return "timed out"
-    return text[:200]

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 from phalanx.rendezvous.stores.base import MalformedValue, StoreUnavailable
 from phalanx.rendezvous.stores.etcd import wire
-from phalanx.rendezvous.stores.etcd.client import EtcdClient, EtcdRequestError, StreamBroken
+from phalanx.rendezvous.stores.etcd.client import EtcdClient, EtcdRequestError
 from phalanx.rendezvous.stores.etcd.conf import (
     EtcdOptions,
     etcd_options_from_conf,
@@ -29,6 +29,7 @@ from phalanx.rendezvous.stores.etcd.conf import (
     run_prefix,
 )
 from phalanx.rendezvous.stores.etcd.lease import LEASE_NOT_FOUND, EtcdLease, LeaseExpired
+from phalanx.rendezvous.stores.etcd.stream import StreamBroken
 
 __all__ = [
     "EtcdOptions",
