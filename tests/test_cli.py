@@ -92,7 +92,7 @@ BAD_INPUTS = [
     (["--rdzv-id", "a b", *MULTI, SCRIPT], "--rdzv-id 'a b': expected letters, digits"),
     (["--rdzv-conf", "novalue", SCRIPT], "--rdzv-conf: expected key=value"),
     (["--rdzv-conf", "join_timeout=abc", SCRIPT], "join_timeout=abc: expected a positive number"),
-    (["--rdzv-conf", "bogus=1", *MULTI, SCRIPT], "--rdzv-conf bogus=1: unknown key for c10d"),
+    (["--rdzv-conf", "bogus=1", *MULTI, SCRIPT], "--rdzv-conf bogus: unknown key for c10d"),
     (
         ["--rdzv-conf", "protocol=ftp", "--rdzv-backend", "etcd", *MULTI, SCRIPT],
         "--rdzv-conf protocol=ftp: expected http or https",
