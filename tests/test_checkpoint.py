@@ -24,6 +24,7 @@ import torch
 from phalanx import checkpoint
 from phalanx.inscript.checkpoint import Checkpoint
 from phalanx.worker.contract import CHECKPOINT_LOG_ENV
+from support.tools import STRACE, needs_strace
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -169,6 +170,26 @@ def test_only_debris_is_nothing_to_resume(tmp_path: Path) -> None:
     (tmp_path / ".step_000000040.pt.1.abcd.tmp").write_bytes(b"half")
     assert checkpoint.latest(tmp_path) is None
     assert checkpoint.load_latest(tmp_path) is None
+
+
+@needs_strace
+def test_a_filesystem_without_flock_saves_unlocked_with_a_warning(tmp_path: Path) -> None:
+    """flock(2) made to fail with ENOSYS, as on Lustre mounted without flock (strace injects
+    the error at the system call): each save says so in one line and goes on as the only
+    writer, and the checkpoints are complete."""
+    folder = tmp_path / "ck"
+    script = "import sys\nfrom phalanx import checkpoint\nfor step in (1, 2, 3):\n    checkpoint.save({'step': step}, sys.argv[1], step)\n"  # fmt: skip
+    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
+    assert STRACE is not None
+    result = subprocess.run(
+        [STRACE, "-f", "-qq", "-o", os.devnull, "-e", "trace=flock", "-e",
+         "inject=flock:error=ENOSYS", sys.executable, "-c", script, str(folder)],
+        env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = f"checkpoint directory {folder} cannot be locked (Function not implemented): saving as its only writer"  # fmt: skip
+    assert result.stderr.splitlines() == [said] * 3
+    assert [c.step for c in checkpoint.checkpoints(folder)] == [2, 3]
 
 
 # --- a full disk ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """phalanx.checkpoint under faults, in real processes (tests/support/checkpoint_writers.py):
 a writer SIGKILLed at each of its filesystem calls in turn, re-saves of a step included; two
-writers in one directory; a reader racing the writer's pruning."""
+writers in one directory; a reader racing the writer's pruning and re-saves."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -207,9 +208,10 @@ def test_a_writer_held_past_the_lock_timeout_is_named_in_one_error(
     errors = [e for e in _events(events) if e.startswith("B error")]
     assert len(errors) == 1, _events(events)
     assert errors[0].startswith(
-        f"B error 2 CheckpointLocked: checkpoint directory {folder} is still locked by pid {a} on "
+        f"B error 2 CheckpointLocked: checkpoint directory {folder} is still locked by pid {a} "
+        f"on {socket.gethostname()} (saving step 1 since "
     ), errors
-    assert "saving step 1" in errors[0] and "lock_timeout=0.2" in errors[0]
+    assert "after waiting 0.2 s (lock_timeout=0.2)" in errors[0]
     assert [c.step for c in checkpoint.checkpoints(folder)] == [1]
 
 
@@ -236,14 +238,18 @@ def test_two_writers_saving_at_once(writers: Writers, tmp_path: Path) -> None:
 # --- a reader racing the writer's pruning -----------------------------------------------------
 
 
-def test_a_reader_racing_prune_always_loads_a_whole_checkpoint(
-    writers: Writers, tmp_path: Path
+@pytest.mark.parametrize("resave", [False, True], ids=["new-steps", "resaves"])
+def test_a_reader_racing_the_writer_always_loads_a_whole_checkpoint(
+    writers: Writers, tmp_path: Path, resave: bool
 ) -> None:
-    """A writer saves 500 checkpoints with keep=1 (each save removes the one before) while a
-    reader process calls load_latest in a loop: every load returns a whole checkpoint."""
+    """A writer saves 500 times with keep=1 -- new steps, each save removing the one before,
+    or step 1 again and again, alternating two sizes -- while a reader process calls
+    load_latest in a loop: every load returns a whole checkpoint, never None."""
     folder, events, done = tmp_path / "ck", tmp_path / "events", tmp_path / "done"
-    checkpoint.save(state(0, "new"), folder, 0, keep=1)
-    writer = writers.start("writer", who="W", dir=str(folder), steps=list(range(1, 501)), keep=1, events=str(events))  # fmt: skip
+    checkpoint.save(state(1, "new"), folder, 1, keep=1)
+    steps = [1] * 500 if resave else list(range(2, 502))
+    writer = writers.start("writer", who="W", dir=str(folder), steps=steps, keep=1,
+                           alternate=resave, events=str(events))  # fmt: skip
     reader = writers.start("reader", dir=str(folder), until=str(done), events=str(events))
     try:
         assert writers.wait(writer) == {"exit": 0}

@@ -213,8 +213,9 @@ def run_writer(request: dict[str, Any]) -> None:
         os.environ[CHECKPOINT_LOG_ENV] = request["log"]
     if "lock_timeout" in request:
         options["lock_timeout"] = request["lock_timeout"]
-    for step in request["steps"]:
-        obj: dict[str, object] = state(step, "new")
+    for i, step in enumerate(request["steps"]):
+        # "alternate": every other save is the small version, so re-saves change the size.
+        obj: dict[str, object] = state(step, "old" if request.get("alternate") and i % 2 else "new")
         if step == request.get("stall_on"):
             obj["stall"] = Stall(request["flag"], request["release"])
         try:
