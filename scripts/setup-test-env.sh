@@ -2,7 +2,8 @@
 # Sets up what the test suite needs on a fresh Debian machine (run as root or with sudo):
 # etcd (the real server for the etcd rendezvous tests), openssl (their TLS certificates),
 # iproute2 (network-namespace hosts), fuse3 (a log filesystem that can stop answering, for
-# the chaos tests), python3-venv where the system Python lacks venv;
+# the chaos tests), strace (a system call made to fail, for the checkpoint tests),
+# python3-venv where the system Python lacks venv;
 # then a virtualenv in .venv without system site packages (a machine's own packages must
 # not hide a missing dependency, and Debian's system Python refuses pip install), holding
 # torch 2.13.0 CPU (pinned first, so pip never picks a multi-GB CUDA build) and the project
@@ -19,6 +20,7 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v openssl >/dev/null || need+=(openssl)
 command -v ip >/dev/null || need+=(iproute2)
 command -v fusermount3 >/dev/null || need+=(fuse3)
+command -v strace >/dev/null || need+=(strace)
 if ((${#need[@]})); then
     apt_install "${need[@]}"
 fi

@@ -1,8 +1,13 @@
-"""phalanx.inscript.checkpoint: atomic save, latest/load_latest, pruning, the checkpoint log, and real
-child processes SIGKILLed in the middle of a checkpoint write."""
+"""phalanx.inscript.checkpoint: atomic save, latest/load_latest, pruning, the checkpoint log, a
+full disk (a tiny tmpfs), and real child processes SIGKILLed in the middle of a checkpoint
+write. tests/test_checkpoint_faults.py kills a writer at every call of a save, runs two
+writers into one directory and races a reader against pruning."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import json
 import os
 import signal
@@ -10,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,8 @@ import torch
 
 from phalanx import checkpoint
 from phalanx.inscript.checkpoint import Checkpoint
+from phalanx.worker.contract import CHECKPOINT_LOG_ENV
+from support.tools import STRACE, needs_strace
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -27,7 +34,8 @@ def _state(step: int) -> dict[str, object]:
 
 
 def _names(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir())
+    """The directory's entries, without the writers' lock file."""
+    return sorted(p.name for p in folder.iterdir() if p.name != checkpoint.LOCK_FILE)
 
 
 def test_save_then_latest_and_load(tmp_path: Path) -> None:
@@ -116,7 +124,7 @@ def test_save_file_replaces_atomically(tmp_path: Path) -> None:
 
 def test_checkpoint_log_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "ckpt.log"
-    monkeypatch.setenv(checkpoint.LOG_ENV, str(log))
+    monkeypatch.setenv(CHECKPOINT_LOG_ENV, str(log))
     before = time.time()
     a = checkpoint.save(_state(1), tmp_path / "ck", 1)
     b = checkpoint.save(_state(2), tmp_path / "ck", 2)
@@ -127,9 +135,114 @@ def test_checkpoint_log_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_no_log_without_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(checkpoint.LOG_ENV, raising=False)
+    monkeypatch.delenv(CHECKPOINT_LOG_ENV, raising=False)
     checkpoint.save(_state(1), tmp_path / "ck", 1)
     assert _names(tmp_path) == ["ck"]
+
+
+def test_a_save_never_prunes_the_checkpoint_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older step saved after a newer one (a late writer) is kept, not removed by its own
+    pruning: what save returns and logs exists; the next save prunes it."""
+    log = tmp_path / "ckpt.log"
+    monkeypatch.setenv(CHECKPOINT_LOG_ENV, str(log))
+    checkpoint.save(_state(5), tmp_path / "ck", 5, keep=1)
+    late = checkpoint.save(_state(3), tmp_path / "ck", 3, keep=1)
+    assert late in checkpoint.checkpoints(tmp_path / "ck")
+    assert checkpoint.latest(tmp_path / "ck") == Checkpoint(tmp_path / "ck" / "step_000000005.pt", 5)  # fmt: skip
+    assert all(Path(json.loads(line)["path"]).exists() for line in log.read_text().splitlines())
+    checkpoint.save(_state(6), tmp_path / "ck", 6, keep=1)
+    assert [c.step for c in checkpoint.checkpoints(tmp_path / "ck")] == [6]
+
+
+def test_resaving_a_step_replaces_it(tmp_path: Path) -> None:
+    checkpoint.save(_state(1), tmp_path, 1, keep=1)
+    checkpoint.save({"step": 1, "w": torch.ones(1000)}, tmp_path, 1, keep=1)
+    assert torch.equal(checkpoint.load_latest(tmp_path)["w"], torch.ones(1000))
+    assert _names(tmp_path) == ["step_000000001.pt", "step_000000001.pt.done"]
+    marker = json.loads((tmp_path / "step_000000001.pt.done").read_text())
+    assert set(marker) == {"step", "path", "size", "time"}  # no second size once it is done
+
+
+def test_only_debris_is_nothing_to_resume(tmp_path: Path) -> None:
+    torch.save(_state(30), tmp_path / "step_000000030.pt")
+    (tmp_path / ".step_000000040.pt.1.abcd.tmp").write_bytes(b"half")
+    assert checkpoint.latest(tmp_path) is None
+    assert checkpoint.load_latest(tmp_path) is None
+
+
+@needs_strace
+def test_a_filesystem_without_flock_saves_unlocked_with_a_warning(tmp_path: Path) -> None:
+    """flock(2) made to fail with ENOSYS, as on Lustre mounted without flock (strace injects
+    the error at the system call): each save says so in one line and goes on as the only
+    writer, and the checkpoints are complete."""
+    folder = tmp_path / "ck"
+    script = "import sys\nfrom phalanx import checkpoint\nfor step in (1, 2, 3):\n    checkpoint.save({'step': step}, sys.argv[1], step)\n"  # fmt: skip
+    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
+    assert STRACE is not None
+    result = subprocess.run(
+        [STRACE, "-f", "-qq", "-o", os.devnull, "-e", "trace=flock", "-e",
+         "inject=flock:error=ENOSYS", sys.executable, "-c", script, str(folder)],
+        env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = f"checkpoint directory {folder} cannot be locked (Function not implemented): saving as its only writer"  # fmt: skip
+    assert result.stderr.splitlines() == [said] * 3
+    assert [c.step for c in checkpoint.checkpoints(folder)] == [2, 3]
+
+
+# --- a full disk ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (root only), unmounted after."""
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                   check=True, timeout=30)  # fmt: skip
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True, timeout=30)
+
+
+def test_a_full_disk_mid_write_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    """4 MiB into a 256 KiB tmpfs: save fails with ENOSPC (torch.save wraps it in its own
+    RuntimeError), removes its temporary file, and the previous checkpoint still loads."""
+    with tiny_tmpfs(tmp_path / "disk", "256k") as disk:
+        checkpoint.save(_state(1), disk / "ck", 1, keep=1)
+        with pytest.raises((OSError, RuntimeError)) as raised:
+            checkpoint.save({"step": 2, "w": torch.zeros(1 << 20)}, disk / "ck", 2, keep=1)
+        chain: list[BaseException] = []
+        error: BaseException | None = raised.value
+        while error is not None:
+            chain.append(error)
+            error = error.__context__
+        assert any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain), chain
+        assert _names(disk / "ck") == ["step_000000001.pt", "step_000000001.pt.done"]
+        assert checkpoint.load_latest(disk / "ck")["step"] == 1
+
+
+@pytest.mark.parametrize("step", [1, 2], ids=["resave", "next"])
+def test_a_full_disk_at_the_marker_keeps_the_previous_checkpoint(tmp_path: Path, step: int) -> None:
+    """The disk is filled so that the new checkpoint's data fits and its marker does not: save
+    raises ENOSPC from writing the marker, and the previous checkpoint (step 1, with keep=1)
+    still loads, whether the save was of step 1 again or of step 2."""
+    new = {"step": step, "w": torch.full((8192,), 2.0)}
+    encoded = io.BytesIO()
+    torch.save(new, encoded)
+    with tiny_tmpfs(tmp_path / "disk", "256k") as disk:
+        checkpoint.save(_state(1), disk / "ck", 1, keep=1)
+        page = os.statvfs(disk).f_bsize
+        free = os.statvfs(disk).f_bavail * page
+        (disk / "filler").write_bytes(bytes(free - -(-len(encoded.getvalue()) // page) * page))
+        with pytest.raises(OSError) as raised:
+            checkpoint.save(new, disk / "ck", step, keep=1)
+        assert raised.value.errno == errno.ENOSPC
+        assert "_write_marker" in [entry.name for entry in raised.traceback]
+        loaded = checkpoint.load_latest(disk / "ck")
+        assert loaded["step"] == 1 and torch.equal(loaded["w"], torch.full((4, 4), 1.0))
 
 
 # --- real processes killed mid-write ---------------------------------------------------------

@@ -15,12 +15,14 @@ import pytest
 
 ETCD = shutil.which("etcd")  # Debian's etcd-server puts it in /usr/bin
 PY_SPY = shutil.which("py-spy")  # the test extras install it
+STRACE = shutil.which("strace")  # makes one syscall fail for real (scripts/setup-test-env.sh)
 # torchrun as its module under this interpreter, not the ``torchrun`` on PATH: torch is a
 # dependency, so it is always there, and a version-manager shim (pyenv) in front of a PATH
 # entry would add variables of its own to the workers' environment.
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="etcd is not on PATH (Debian: etcd-server)")
+needs_strace = pytest.mark.skipif(STRACE is None, reason="strace is not on PATH (Debian: strace)")
 needs_py_spy = pytest.mark.skipif(
     PY_SPY is None,
     reason="py-spy is not on PATH (the test extras install it: pip install -e '.[test]')",

@@ -1,4 +1,4 @@
-"""Atomic checkpoints that survive being killed mid-write, and resuming from the newest one.
+"""Checkpoints that survive being killed mid-write, and resuming from the newest one.
 
 Layout of a checkpoint directory::
 
@@ -6,6 +6,7 @@ Layout of a checkpoint directory::
     step_000000100.pt.done    its completion marker: JSON {"step", "path", "size", "time"}
     .step_000000120.pt.*.tmp  a write in progress (or one that was killed; the next save
                               removes it)
+    .checkpoint.lock          held (flock) by the process saving or pruning; names it
 
 ``save`` writes a temporary file in the same directory, flushes and fsyncs it, renames it
 into place with ``os.replace``, fsyncs the directory, and only then writes the marker the
@@ -14,8 +15,21 @@ exists and names the file's step and size. A process killed at any moment (SIGKI
 therefore never replaces or hides the previous complete checkpoint: what it leaves is a
 temporary file or a renamed file without a marker, and both are ignored, then pruned.
 
-In a DDP job only rank 0 should call ``save`` (or ``prune``); this is not enforced. There is
-one writer per directory: a ``save`` removes temporary files it did not create.
+Saving a step again replaces a complete copy, so the marker is rewritten first to accept
+either copy (``"previous_size"``), then the new file is renamed over the old one, then the
+marker names the new file alone: at every moment one whole copy of the step counts.
+
+Writers: in a DDP job only rank 0 should call ``save``; this is not enforced. Several
+writers into one directory are safe: a save (and ``prune``) holds the directory's lock file,
+so the others wait; one that has waited ``lock_timeout`` seconds raises ``CheckpointLocked``
+naming the holder's pid and host. Only the lock's holder removes temporary and unmarked
+files, so it never removes another writer's work in progress. On a filesystem without
+``flock`` (Lustre mounted without it) saves go on unlocked, as one writer, after a warning.
+Readers take no lock: ``load_latest`` opens a checkpoint before it checks the marker, and
+moves to the previous complete checkpoint (or lists the directory again) when one is pruned
+or replaced under it.
+
+New directories are durable: ``save`` fsyncs the parent of each directory it creates.
 
 Crash-loop detection: when the environment variable ``PHALANX_CHECKPOINT_LOG`` names a file,
 each completed ``save`` appends one JSON line ``{"step": ..., "path": ..., "time": ...}``
@@ -29,24 +43,52 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
+from phalanx.inscript.checkpoint_files import (
+    TMP_SUFFIX,
+    fsync_dir,
+    make_dirs,
+    rename_into_place,
+    write_atomic,
+    write_tmp,
+)
+from phalanx.inscript.checkpoint_lock import (
+    DEFAULT_LOCK_TIMEOUT,
+    LOCK_FILE,
+    CheckpointLocked,
+    locked,
+)
 from phalanx.worker.contract import CHECKPOINT_LOG_ENV
 from phalanx.worker.nofollow import append_to
 
-LOG_ENV = CHECKPOINT_LOG_ENV
+__all__ = [
+    "DEFAULT_KEEP",
+    "DEFAULT_LOCK_TIMEOUT",
+    "LOCK_FILE",
+    "Checkpoint",
+    "CheckpointLocked",
+    "checkpoint_name",
+    "checkpoints",
+    "latest",
+    "load_latest",
+    "prune",
+    "save",
+    "save_file",
+]
+
 DEFAULT_KEEP = 2
+# A reader that keeps finding its checkpoint pruned or replaced lists the directory again;
+# each pass races one save of the writer, so a few passes are plenty.
+READ_PASSES = 100
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 _MARKER_SUFFIX = ".done"
-_TMP_SUFFIX = ".tmp"
 
 
 @dataclass(frozen=True)
@@ -64,60 +106,51 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:09d}.pt"
 
 
-def _fsync_dir(directory: Path) -> None:
-    # The rename is durable only once the directory entry is on disk.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    # Not tempfile.mkstemp: its 0600 mode would stick to the checkpoint; this honours umask.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        # An exception (not a kill) leaves nothing behind; a kill leaves the .tmp for prune.
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def save_file(obj: object, path: str | os.PathLike[str]) -> Path:
     """``torch.save`` to ``path`` atomically: readers see the old file or the whole new one."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(target, lambda f: torch.save(obj, f))
+    make_dirs(target.parent)
+    write_atomic(target, lambda f: torch.save(obj, f))
     return target
 
 
 def save(
-    obj: object, directory: str | os.PathLike[str], step: int, *, keep: int | None = DEFAULT_KEEP
+    obj: object,
+    directory: str | os.PathLike[str],
+    step: int,
+    *,
+    keep: int | None = DEFAULT_KEEP,
+    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
 ) -> Checkpoint:
     """Save ``obj`` as the checkpoint for ``step``, then keep only the newest ``keep``.
 
-    Returns the complete checkpoint. ``keep=None`` keeps every checkpoint. Only rank 0
-    should call this in DDP (see the module docstring).
+    Returns the complete checkpoint; the pruning that follows never removes it, even when
+    newer ones exist. ``keep=None`` keeps every checkpoint. Waits for another writer's save
+    into ``directory`` for at most ``lock_timeout`` seconds (None: as long as it takes),
+    then raises ``CheckpointLocked``. Only rank 0 should call this in DDP.
     """
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be >= 1 or None, got {keep}")
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = save_file(obj, folder / checkpoint_name(step))
-    now = time.time()
-    marker = {"step": step, "path": path.name, "size": path.stat().st_size, "time": now}
-    payload = json.dumps(marker).encode()
-    _write_atomic(_marker(path), lambda f: f.write(payload))
-    done = Checkpoint(path, step)
-    _append_log(done, now)
-    prune(folder, keep)
+    path = folder / checkpoint_name(step)
+    make_dirs(folder)
+    with locked(folder, f"saving step {step}", lock_timeout):
+        replacing = _complete_size(path, step)
+        tmp = write_tmp(path, lambda f: torch.save(obj, f))
+        size = tmp.stat().st_size
+        if replacing is not None and replacing != size:
+            # The old marker would not accept the new file: until the new marker is written,
+            # a kill must leave a marker that accepts whichever copy the name then holds.
+            try:
+                _write_marker(path, step, size, previous_size=replacing)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+        rename_into_place(tmp, path)
+        now = _write_marker(path, step, size)
+        done = Checkpoint(path, step)
+        _append_log(done, now)
+        _prune_locked(folder, keep, protect=path.name)
     return done
 
 
@@ -125,8 +158,39 @@ def _marker(path: Path) -> Path:
     return path.with_name(path.name + _MARKER_SUFFIX)
 
 
+def _write_marker(path: Path, step: int, size: int, previous_size: int | None = None) -> float:
+    now = time.time()
+    marker: dict[str, object] = {"step": step, "path": path.name, "size": size, "time": now}
+    if previous_size is not None:
+        marker["previous_size"] = previous_size
+    payload = json.dumps(marker).encode()
+    write_atomic(_marker(path), lambda f: f.write(payload))
+    return now
+
+
+def _accepted_sizes(path: Path, step: int) -> set[int]:
+    """Sizes of the file that ``path``'s marker accepts as a complete checkpoint of ``step``."""
+    try:
+        marker = json.loads(_marker(path).read_bytes())
+        if marker["step"] != step or marker["path"] != path.name:
+            return set()
+        sizes = {marker["size"], marker.get("previous_size", marker["size"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    return {s for s in sizes if type(s) is int}
+
+
+def _complete_size(path: Path, step: int) -> int | None:
+    """The size of the complete checkpoint at ``path``, or None when it is not one."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    return size if size in _accepted_sizes(path, step) else None
+
+
 def _append_log(done: Checkpoint, when: float) -> None:
-    log_path = os.environ.get(LOG_ENV)
+    log_path = os.environ.get(CHECKPOINT_LOG_ENV)
     if not log_path:
         return
     line = json.dumps({"step": done.step, "path": str(done.path.resolve()), "time": when})
@@ -138,23 +202,14 @@ def _append_log(done: Checkpoint, when: float) -> None:
         os.close(fd)
 
 
-def _is_complete(path: Path, step: int) -> bool:
-    try:
-        marker = json.loads(_marker(path).read_text())
-        return bool(
-            marker["step"] == step
-            and marker["path"] == path.name
-            and marker["size"] == path.stat().st_size
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
 def _candidates(folder: Path) -> list[Checkpoint]:
-    if not folder.is_dir():
+    """Every ``step_N.pt`` in ``folder``, complete or not, oldest first."""
+    try:
+        entries = list(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
         return []
     found = []
-    for entry in folder.iterdir():
+    for entry in entries:
         match = _NAME.match(entry.name)
         if match:
             found.append(Checkpoint(entry, int(match.group(1))))
@@ -163,7 +218,7 @@ def _candidates(folder: Path) -> list[Checkpoint]:
 
 def checkpoints(directory: str | os.PathLike[str]) -> list[Checkpoint]:
     """Every complete checkpoint in ``directory``, oldest first."""
-    return [c for c in _candidates(Path(directory)) if _is_complete(c.path, c.step)]
+    return [c for c in _candidates(Path(directory)) if _complete_size(c.path, c.step) is not None]
 
 
 def latest(directory: str | os.PathLike[str]) -> Checkpoint | None:
@@ -172,42 +227,103 @@ def latest(directory: str | os.PathLike[str]) -> Checkpoint | None:
     return done[-1] if done else None
 
 
+def _open_complete(ck: Checkpoint) -> tuple[IO[bytes] | None, object]:
+    """``ck`` opened for reading if it is complete, else None; and what was seen of it.
+
+    The file is opened before its marker is read: once open, a prune or a re-save that
+    removes the name cannot take the bytes away, and the marker then vouches for them.
+    """
+    try:
+        f = open(ck.path, "rb")  # noqa: SIM115 (returned open, or closed below)
+    except FileNotFoundError:
+        return None, (ck.path.name, None)
+    try:
+        size = os.fstat(f.fileno()).st_size
+        accepted = _accepted_sizes(ck.path, ck.step)
+    except BaseException:
+        f.close()
+        raise
+    if size in accepted:
+        return f, None
+    f.close()
+    return None, (ck.path.name, size, sorted(accepted))
+
+
 def load_latest(
     directory: str | os.PathLike[str],
     map_location: str | torch.device = "cpu",
     *,
     weights_only: bool = True,
 ) -> Any:
-    """``torch.load`` the newest complete checkpoint, or return None when there is none."""
-    newest = latest(directory)
-    if newest is None:
-        return None
-    return torch.load(newest.path, map_location=map_location, weights_only=weights_only)
+    """``torch.load`` the newest complete checkpoint, or return None when there is none.
+
+    A checkpoint pruned or replaced while it is being opened is skipped for the previous
+    complete one; when none of those is left either, the directory is listed again.
+    """
+    folder = Path(directory)
+    seen: object = None
+    for _ in range(READ_PASSES):
+        candidates = _candidates(folder)
+        if not candidates:
+            return None
+        failed = []
+        for ck in reversed(candidates):
+            f, what = _open_complete(ck)
+            if f is not None:
+                with f:
+                    return torch.load(f, map_location=map_location, weights_only=weights_only)
+            failed.append(what)
+        # Nothing complete. Seen the same way twice in a row, that is the directory's state
+        # (debris only); otherwise a writer changed it under this pass, so look again.
+        if failed == seen:
+            return None
+        seen = failed
+    raise RuntimeError(
+        f"no checkpoint in {folder} could be read in {READ_PASSES} passes: each was pruned "
+        "or replaced while it was being opened (is a writer saving in a tight loop?)"
+    )
 
 
-def prune(directory: str | os.PathLike[str], keep: int | None = DEFAULT_KEEP) -> list[Path]:
+def prune(
+    directory: str | os.PathLike[str],
+    keep: int | None = DEFAULT_KEEP,
+    *,
+    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+) -> list[Path]:
     """Remove all but the newest ``keep`` complete checkpoints, plus debris of killed writes.
 
     Debris is temporary files, checkpoint files without a valid marker, and markers without
-    their checkpoint. Returns what was removed. ``keep=None`` removes only debris.
+    their checkpoint; the lock keeps another writer's save in progress out of it. Returns
+    what was removed. ``keep=None`` removes only debris.
     """
     folder = Path(directory)
     if not folder.is_dir():
         return []
+    with locked(folder, "pruning", lock_timeout):
+        return _prune_locked(folder, keep)
+
+
+def _prune_locked(folder: Path, keep: int | None, protect: str | None = None) -> list[Path]:
     complete = checkpoints(folder)
     n_stale = max(len(complete) - keep, 0) if keep is not None else 0
     kept = {c.path.name for c in complete[n_stale:]}
+    if protect is not None and protect in {c.path.name for c in complete}:
+        kept.add(protect)  # a save never returns (and logs) a checkpoint it just removed
     removed: list[Path] = []
-    for old in complete[:n_stale]:
+    for old in complete:
+        if old.path.name in kept:
+            continue
         # Marker first: dying in between leaves debris, never a checkpoint that looks complete.
         _marker(old.path).unlink(missing_ok=True)
         old.path.unlink(missing_ok=True)
         removed.append(old.path)
     for entry in sorted(folder.iterdir()):
         base = entry.name.removesuffix(_MARKER_SUFFIX)
-        is_tmp = entry.name.startswith(".step_") and entry.name.endswith(_TMP_SUFFIX)
+        is_tmp = entry.name.startswith(".step_") and entry.name.endswith(TMP_SUFFIX)
         is_orphan = _NAME.match(base) is not None and base not in kept
         if is_tmp or is_orphan:
             entry.unlink(missing_ok=True)
             removed.append(entry)
+    if removed:
+        fsync_dir(folder)
     return removed
