@@ -73,10 +73,13 @@ def test_no_progress_anywhere_is_a_crash_loop_on_every_node(
         assert report["attempts"] == 2
 
 
-@pytest.mark.parametrize(("evidence", "loop"), [("step", False), ("none", True)])
+@pytest.mark.parametrize(
+    ("evidence", "loop"), [("step", False), ("heartbeat", False), ("none", True)]
+)
 def test_single_node_is_judged_the_same_way(tmp_path: Path, evidence: str, loop: bool) -> None:
-    """--standalone (the local rendezvous): phalanx.step() counts as progress without any
-    checkpoint; without it, the second identical failure is a crash loop."""
+    """--standalone (the local rendezvous): phalanx.step() or phalanx.heartbeat() counts as
+    progress without any checkpoint; without either, the second identical failure is a
+    crash loop."""
     shared = tmp_path / "shared"
     shared.mkdir()
     result = run_phalanx(
@@ -92,3 +95,17 @@ def test_single_node_is_judged_the_same_way(tmp_path: Path, evidence: str, loop:
     assert report["crash_loop"] is loop
     failure = "rank 0, exit code 3: rank 0 fails the same way"
     assert report["verdict"] == {"failure": failure, "previous": failure, "progressed": not loop}
+
+
+def test_a_program_with_no_progress_signal_at_all_is_a_crash_loop(tmp_path: Path) -> None:
+    """--no-python: no checkpoint log, no counters; the same failure twice stops the job."""
+    result = run_phalanx(
+        ["--standalone", "--no-python", "--max-restarts", str(MAX_RESTARTS),
+         "--log-dir", str(tmp_path / "logs"), "sh", "-c", "echo no luck >&2; exit 3"],
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.count("restarting the worker group") == 1, result.stderr
+    assert "crash loop: the same failure twice in a row (rank 0, exit code 3: no luck)" in (
+        result.stderr
+    )
+    assert _report(tmp_path / "logs")["crash_loop"] is True

@@ -1,6 +1,6 @@
 # usage: progress_or_fail.py DIR EVIDENCE -- every attempt, rank 0 shows EVIDENCE of progress
 # (checkpoint: a phalanx.checkpoint save; optimizer: 3 optimizer steps; step: phalanx.step;
-# none: nothing), then writes DIR/shown.<restart>; the last rank waits for that file and
+# heartbeat: phalanx.heartbeat; none: nothing), then writes DIR/shown.<restart>; the last rank waits for that file and
 # exits 3, the same way every time. Rank 0 then sleeps until phalanx stops it.
 import os
 import sys
@@ -30,6 +30,8 @@ if rank == 0:
     elif evidence == "step":
         for n in range(3):
             phalanx.step(n)
+    elif evidence == "heartbeat":
+        phalanx.heartbeat()
     shown.touch()
 if rank == last:
     deadline = time.monotonic() + 60
