@@ -45,9 +45,11 @@ def test_decide(
 def test_only_rounds_to_restart_from_are_judged(
     failed_here: bool, event: EventKind | None, step: Step
 ) -> None:
-    """A scale-up or a peer that ended the job needs no verdict; every other round does,
-    and without one (both inputs False) it is a restart."""
-    needs = judged(failed_here=failed_here, event=event)
+    """A scale-up or a peer that ended the job needs no verdict; every other round does
+    while a restart is left, and without one (both inputs False) it is a restart (which
+    ``claim_restart`` refuses when the budget is spent)."""
+    assert not judged(failed_here=failed_here, event=event, budget_left=False)
+    needs = judged(failed_here=failed_here, event=event, budget_left=True)
     assert needs is (step not in (Step.REFORM, Step.FAIL))
     if needs:
         assert decide(failed_here=failed_here, event=event, repeated=False, progressed=False) is (

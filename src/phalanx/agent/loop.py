@@ -102,7 +102,8 @@ class Rounds:
             failed_here = cause is not None
             event = result.event.kind if result.event is not None else None
             verdict = None
-            if judged(failed_here=failed_here, event=event):
+            budget_left = joined.restart_count < self.config.max_restarts
+            if judged(failed_here=failed_here, event=event, budget_left=budget_left):
                 verdict = self._judge(mark.progressed(plan))
             step = decide(
                 failed_here=failed_here,
@@ -112,6 +113,12 @@ class Rounds:
             )
             if step is Step.REFORM:
                 continue  # a scale-up: re-form the round, no restart spent
+            if verdict is not None and verdict.repeated and step is Step.RESTART:
+                log.warning(
+                    "the same failure as the last one (%s), but the job progressed since "
+                    "(a checkpoint, or a progress counter that moved, on some node)",
+                    verdict.failure,
+                )
             hang = watch.hang or watch.peer_hang
             if step is Step.RESTART and self.rdzv.claim_restart(self.config.max_restarts):
                 log.warning(

@@ -36,10 +36,12 @@ def _settled(failed_here: bool, event: EventKind | None) -> Step | None:
     return None
 
 
-def judged(*, failed_here: bool, event: EventKind | None) -> bool:
-    """Whether the round is one to restart from, so the job's verdict on it is needed (a
-    failure here or on a peer, a lost node), rather than a scale-up or the job's end."""
-    return _settled(failed_here, event) is None
+def judged(*, failed_here: bool, event: EventKind | None, budget_left: bool) -> bool:
+    """Whether the job's verdict on the round is needed: it is one to restart from (a
+    failure here or on a peer, a lost node; not a scale-up or the job's end) and the job
+    has a restart left to spend (``restart_count``, the same on every node, is below
+    ``--max-restarts``). Without one there is nothing to decide, and nothing to wait for."""
+    return budget_left and _settled(failed_here, event) is None
 
 
 def decide(*, failed_here: bool, event: EventKind | None, repeated: bool, progressed: bool) -> Step:
