@@ -22,7 +22,7 @@ from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import PEER_DUMP_WAIT
 from phalanx.hang.watch import RoundWatch
-from phalanx.plan import build_plan
+from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import (
     EventKind,
     JobEvent,
@@ -99,26 +99,10 @@ class Rounds:
                 self.rdzv.report_done(False)
                 raise Interrupted(result.signum)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
-            failed_here = cause is not None
             event = result.event.kind if result.event is not None else None
-            verdict = None
-            budget_left = joined.restart_count < self.config.max_restarts
-            if judged(failed_here=failed_here, event=event, budget_left=budget_left):
-                verdict = self._judge(mark.progressed(plan))
-            step = decide(
-                failed_here=failed_here,
-                event=event,
-                repeated=verdict is not None and verdict.repeated,
-                progressed=verdict is not None and verdict.progressed,
-            )
+            step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
                 continue  # a scale-up: re-form the round, no restart spent
-            if verdict is not None and verdict.repeated and step is Step.RESTART:
-                log.warning(
-                    "the same failure as the last one (%s), but the job progressed since "
-                    "(a checkpoint, or a progress counter that moved, on some node)",
-                    verdict.failure,
-                )
             hang = watch.hang or watch.peer_hang
             if step is Step.RESTART and self.rdzv.claim_restart(self.config.max_restarts):
                 log.warning(
@@ -138,6 +122,34 @@ class Rounds:
         except Interrupted:
             self.rdzv.report_done(False)
             raise
+
+    def _next_step(
+        self,
+        joined: RendezvousResult,
+        failed_here: bool,
+        event: EventKind | None,
+        mark: ProgressMark,
+        plan: RoundPlan,
+    ) -> tuple[Step, RoundVerdict | None]:
+        """The policy's step after a failed round, with the job's verdict on the round
+        when one is needed (None otherwise)."""
+        verdict = None
+        budget_left = joined.restart_count < self.config.max_restarts
+        if judged(failed_here=failed_here, event=event, budget_left=budget_left):
+            verdict = self._judge(mark.progressed(plan))
+        step = decide(
+            failed_here=failed_here,
+            event=event,
+            repeated=verdict is not None and verdict.repeated,
+            progressed=verdict is not None and verdict.progressed,
+        )
+        if verdict is not None and verdict.repeated and step is Step.RESTART:
+            log.warning(
+                "the same failure as the last one (%s), but the job progressed since "
+                "(a checkpoint, or a progress counter that moved, on some node)",
+                verdict.failure,
+            )
+        return step, verdict
 
     def _judge(self, progressed: bool) -> RoundVerdict:
         """The job's verdict on the round (waiting for the other nodes' evidence); a signal
