@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from phalanx.net import free_port
-from support.hosts import Node
+from support.etcd_server import EtcdCluster
+from support.hosts import Loopback, Node
 from support.launch import run_phalanx, worker
-from test_multinode import c10d_args
+from support.tools import needs_etcd
+from test_multinode import Hosts, c10d_args
+from test_multinode_etcd import CONF as ETCD_CONF
 
 MAX_RESTARTS = 3
 FAILURE = "rank 1, exit code 3: rank 1 fails the same way"
@@ -27,28 +30,23 @@ def _report(logs: Path) -> dict[str, object]:
     return data
 
 
-def _two_nodes(hosts: object, nodes: list[Node], tmp_path: Path, evidence: str) -> None:
-    """Node 0's rank shows ``evidence`` every attempt; node 1's rank then fails the same way."""
-    net = hosts(2)  # type: ignore[operator]
-    port = free_port()
+def _two_nodes(
+    net: Hosts, nodes: list[Node], tmp_path: Path, evidence: str, rdzv: list[str] | None = None
+) -> None:
+    """Rank 0 (node 0) shows ``evidence`` every attempt; rank 1 (node 1) then fails the same
+    way. ``rdzv``: the rendezvous flags (default: c10d, hosted by node 0)."""
+    rdzv = rdzv or c10d_args(net, free_port(), "2")
     shared = tmp_path / "shared"
     shared.mkdir()
     for i in (0, 1):
-        args = [*c10d_args(net, port, "2"), "--max-restarts", str(MAX_RESTARTS),
+        args = [*rdzv, "--max-restarts", str(MAX_RESTARTS),
                 worker("progress_or_fail.py"), str(shared), evidence]  # fmt: skip
         nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
     codes = [n.finish(timeout=240) for n in nodes]
     assert codes == [3, 3], nodes[0].stderr + nodes[1].stderr
 
 
-@pytest.mark.parametrize("evidence", ["checkpoint", "optimizer"])
-def test_progress_on_one_node_keeps_the_others_failure_restarting(
-    hosts: object, nodes: list[Node], tmp_path: Path, evidence: str
-) -> None:
-    """Node 1's ranks never save and never step: alone it would call this a crash loop. Node
-    0's checkpoint (or optimizer steps, no checkpoint at all) counts for the whole job, so
-    both nodes spend every restart."""
-    _two_nodes(hosts, nodes, tmp_path, evidence)
+def _spent_every_restart(nodes: list[Node]) -> None:
     for node in nodes:
         assert node.stderr.count("restarting the worker group") == MAX_RESTARTS, node.stderr
         assert "crash loop" not in node.stderr
@@ -61,12 +59,34 @@ def test_progress_on_one_node_keeps_the_others_failure_restarting(
         assert node.stderr.count(again) == MAX_RESTARTS - 1, node.stderr
 
 
+@pytest.mark.parametrize("evidence", ["checkpoint", "optimizer"])
+def test_progress_on_one_node_keeps_the_others_failure_restarting(
+    hosts: object, nodes: list[Node], tmp_path: Path, evidence: str
+) -> None:
+    """Node 1's ranks never save and never step: alone it would call this a crash loop. Node
+    0's checkpoint (or optimizer steps, no checkpoint at all) counts for the whole job, so
+    both nodes spend every restart."""
+    _two_nodes(hosts(2), nodes, tmp_path, evidence)  # type: ignore[operator]
+    _spent_every_restart(nodes)
+
+
+@needs_etcd
+def test_progress_on_one_node_counts_for_the_job_on_etcd(nodes: list[Node], tmp_path: Path) -> None:
+    """The same agreement through a real etcd server (two agents on loopback)."""
+    with EtcdCluster(size=1) as etcd:
+        rdzv = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
+                "--rdzv-endpoint", etcd.endpoints[0].removeprefix("http://"),
+                "--rdzv-id", "loop", "--rdzv-conf", ETCD_CONF]  # fmt: skip
+        _two_nodes(Loopback(), nodes, tmp_path, "checkpoint", rdzv)
+    _spent_every_restart(nodes)
+
+
 def test_no_progress_anywhere_is_a_crash_loop_on_every_node(
     hosts: object, nodes: list[Node], tmp_path: Path
 ) -> None:
     """The same failure twice with nothing saved or stepped anywhere: both nodes stop after
     the second attempt, print the same verdict and record it."""
-    _two_nodes(hosts, nodes, tmp_path, "none")
+    _two_nodes(hosts(2), nodes, tmp_path, "none")  # type: ignore[operator]
     for node in nodes:
         assert node.stderr.count("restarting the worker group") == 1, node.stderr
         assert f"crash loop: the same failure twice in a row ({FAILURE})" in node.stderr
