@@ -14,8 +14,9 @@ from datetime import timedelta
 
 import pytest
 
+from phalanx.agent.crashloop import failure_signature
 from phalanx.errors import RendezvousError
-from phalanx.rendezvous.api import EventKind, RendezvousHandler
+from phalanx.rendezvous.api import EventKind, RendezvousHandler, RoundVerdict
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.registry import create_handler
 from phalanx.rendezvous.spec import RendezvousSpec
@@ -47,12 +48,29 @@ def form_all(handlers: list[RendezvousHandler]) -> None:
         raise errors[0]
 
 
+def judge_all(handlers: list[RendezvousHandler]) -> None:
+    """Every node judges the round at once (the job's verdict; node 0 saw progress)."""
+    verdicts: list[RoundVerdict] = []
+
+    def judge(h: RendezvousHandler) -> None:
+        verdicts.append(h.judge_round(h is handlers[0], failure_signature))
+
+    threads = [threading.Thread(target=judge, args=(h,)) for h in handlers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert not any(t.is_alive() for t in threads), "judge_round hung"
+    assert len(verdicts) == len(handlers) and len(set(verdicts)) == 1
+
+
 def failing_round(handlers: list[RendezvousHandler], *, restart: bool = True) -> None:
-    """Node 0 of the list fails, the rest see it, one stacks request is answered, and
-    every node claims the restart (with budget to spare)."""
+    """Node 0 of the list fails, the rest see it, one stacks request is answered, every
+    node judges the round, and every node claims the restart (with budget to spare)."""
     handlers[0].report_failure({"rank": 0, "exit_code": 3})
     for h in handlers[1:]:
         wait_event(h, EventKind.PEER_FAILED)  # type: ignore[arg-type]
+    judge_all(handlers)
     asker = handlers[0]
     request = asker.stacks().request_stacks()
     for h in handlers:

@@ -14,38 +14,32 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
-from phalanx.agent.policy import Step, decide
+from phalanx.agent.crashloop import ProgressMark, failure_signature
+from phalanx.agent.policy import Step, decide, judged
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, JobFailed, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import PEER_DUMP_WAIT
 from phalanx.hang.watch import RoundWatch
-from phalanx.plan import build_plan
-from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
+from phalanx.plan import RoundPlan, build_plan
+from phalanx.rendezvous.api import (
+    EventKind,
+    JobEvent,
+    RendezvousHandler,
+    RendezvousResult,
+    RoundVerdict,
+)
 from phalanx.report import job as jobreport
 from phalanx.report.exits import WorkerExit, root_cause
 from phalanx.report.oom import OomProbe
 from phalanx.supervisor.group import Outcome, Supervisor
 from phalanx.supervisor.signals import SignalWatcher
-from phalanx.worker.contract import CHECKPOINT_LOG_FILE, STACK_SIGNAL
+from phalanx.worker.contract import STACK_SIGNAL
 from phalanx.worker.nofollow import replace_file
 
 log = logging.getLogger("phalanx")
 LAUNCHER_FILE = "launcher.json"  # the agent's pid, for ``phalanx stacks RUN_DIR``
-
-
-def _failure_signature(cause: WorkerExit) -> tuple[int, int, str]:
-    last = next((line for line in reversed(cause.stderr_tail) if line.strip()), "")
-    return (cause.rank, cause.returncode, last)
-
-
-def _count_lines(path: Path) -> int:
-    try:
-        with open(path, "rb") as handle:
-            return sum(1 for _ in handle)
-    except OSError:
-        return 0
 
 
 class Rounds:
@@ -54,7 +48,9 @@ class Rounds:
     Budget policy (see ``rendezvous.api``): a worker failure here or on a peer, and a lost
     node, spend a restart (``claim_restart``, job-wide); a node waiting to join (elastic
     scale-up) re-forms the round without spending one; a peer that gave up or a lost store
-    ends the job.
+    ends the job. Before a restart, the job judges the round (``judge_round``, with this
+    node's evidence from ``crashloop``): the same failure as the previous one with no
+    progress anywhere is a crash loop, on every node at once.
     """
 
     def __init__(
@@ -75,8 +71,6 @@ class Rounds:
         self.attempts = 0
 
     def run(self) -> int:
-        checkpoint_log = self.run_dir / CHECKPOINT_LOG_FILE
-        previous: tuple[int, int, str] | None = None
         while True:
             joined = self._next_round()
             if joined.num_nodes > 1 or self.attempts == 0:
@@ -86,7 +80,7 @@ class Rounds:
                     joined.master_addr, joined.master_port,
                 )  # fmt: skip
             plan = build_plan(self.config, joined, self.run_dir, self.base_env)
-            checkpoints_before = _count_lines(checkpoint_log)
+            mark = ProgressMark.take(plan)
             self.attempts += 1
             watch = RoundWatch(
                 plan,
@@ -105,14 +99,8 @@ class Rounds:
                 self.rdzv.report_done(False)
                 raise Interrupted(result.signum)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
-            signature = _failure_signature(cause) if cause is not None else None
-            step = decide(
-                failed_here=cause is not None,
-                event=result.event.kind if result.event is not None else None,
-                repeated=signature is not None and signature == previous,
-                progressed=_count_lines(checkpoint_log) != checkpoints_before,
-            )
-            previous = signature or previous
+            event = result.event.kind if result.event is not None else None
+            step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
                 continue  # a scale-up: re-form the round, no restart spent
             hang = watch.hang or watch.peer_hang
@@ -122,7 +110,8 @@ class Rounds:
                     self.attempts, self.config.max_restarts,
                 )  # fmt: skip
                 continue
-            self._fail(joined, exits, result.event, hang, crash_loop=step is Step.CRASH_LOOP)
+            crash_loop = step is Step.CRASH_LOOP
+            self._fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
 
     def _next_round(self) -> RendezvousResult:
         """Join the next round; a signal meanwhile ends the wait at once, and the other nodes
@@ -130,6 +119,44 @@ class Rounds:
         try:
             with self.signals.raising():
                 return self.rdzv.next_round(self.config.nproc_per_node)
+        except Interrupted:
+            self.rdzv.report_done(False)
+            raise
+
+    def _next_step(
+        self,
+        joined: RendezvousResult,
+        failed_here: bool,
+        event: EventKind | None,
+        mark: ProgressMark,
+        plan: RoundPlan,
+    ) -> tuple[Step, RoundVerdict | None]:
+        """The policy's step after a failed round, with the job's verdict on the round
+        when one is needed (None otherwise)."""
+        verdict = None
+        budget_left = joined.restart_count < self.config.max_restarts
+        if judged(failed_here=failed_here, event=event, budget_left=budget_left):
+            verdict = self._judge(mark.progressed(plan))
+        step = decide(
+            failed_here=failed_here,
+            event=event,
+            repeated=verdict is not None and verdict.repeated,
+            progressed=verdict is not None and verdict.progressed,
+        )
+        if verdict is not None and verdict.repeated and step is Step.RESTART:
+            log.warning(
+                "the same failure as the last one (%s), but the job progressed since "
+                "(a checkpoint, or a progress counter that moved, on some node)",
+                verdict.failure,
+            )
+        return step, verdict
+
+    def _judge(self, progressed: bool) -> RoundVerdict:
+        """The job's verdict on the round (waiting for the other nodes' evidence); a signal
+        meanwhile ends the wait at once, and the job stops, as in ``_next_round``."""
+        try:
+            with self.signals.raising():
+                return self.rdzv.judge_round(progressed, failure_signature)
         except Interrupted:
             self.rdzv.report_done(False)
             raise
@@ -147,7 +174,7 @@ class Rounds:
         # The job failed elsewhere after these workers finished: it cannot restart (they
         # would not run again), so every node reports the failure and stops.
         log.warning("the job failed after this node's workers finished: %s", _describe_event(late))
-        self._fail(joined, exits, late, None, crash_loop=False)
+        self._fail(joined, exits, late, None, None, crash_loop=False)
 
     def _record_failure(
         self,
@@ -203,6 +230,7 @@ class Rounds:
         exits: list[WorkerExit],
         event: JobEvent | None,
         hang: HangAnalysis | None,
+        verdict: RoundVerdict | None,
         *,
         crash_loop: bool,
     ) -> NoReturn:
@@ -219,13 +247,17 @@ class Rounds:
             local_hang=hang,
             lost=lost,
             reason=_describe_event(event) if event is not None else "",
-            extra={"crash_loop": crash_loop},
+            extra={
+                "crash_loop": crash_loop,
+                "verdict": verdict.to_json() if verdict is not None else None,
+            },
         )
         text = report.text
-        if crash_loop:
+        if crash_loop and verdict is not None:
             text += (
-                "\nphalanx: crash loop: the same failure happened twice in a row with no new "
-                "checkpoint in between; not spending the remaining restarts."
+                f"\nphalanx: crash loop: the same failure twice in a row ({verdict.failure}) "
+                "with no progress on any node in between (no checkpoint completed, no "
+                "optimizer step or phalanx.step/heartbeat); not spending the remaining restarts."
             )
         print(text, file=sys.stderr, flush=True)
         write_bounded(self.run_dir / "report.json", json.dumps(report.data, indent=2))

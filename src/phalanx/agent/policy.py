@@ -1,7 +1,9 @@
 """What a node does after a round ended without success: a pure function, tested by tables.
 
 The budget itself is job-wide and lives in the rendezvous (``claim_restart``): ``RESTART``
-means "spend a restart if one is left", and the loop asks the rendezvous for it.
+means "spend a restart if one is left", and the loop asks the rendezvous for it. So is the
+crash-loop evidence: ``repeated`` and ``progressed`` come from the job's verdict on the
+round (``judge_round``), the same on every node, so every node takes the same step.
 """
 
 from __future__ import annotations
@@ -22,15 +24,33 @@ class Step(Enum):
 FINAL_EVENTS = frozenset({EventKind.JOB_STOPPED, EventKind.STORE_LOST})
 
 
-def decide(*, failed_here: bool, event: EventKind | None, repeated: bool, progressed: bool) -> Step:
-    """``failed_here``: a worker of this node failed (it is then the round's story, whatever
-    event came with it). ``repeated``: with the same failure as this node's last one.
-    ``progressed``: a checkpoint was completed during the round. ``event``: what stopped the
-    workers otherwise (a peer's failure, a lost node, a node waiting to join, ...)."""
+def _settled(failed_here: bool, event: EventKind | None) -> Step | None:
+    """The step that needs no verdict: a scale-up, or a peer that ended the job. A failure
+    of this node's workers is the round's story, whatever event came with it."""
     if failed_here:
-        return Step.CRASH_LOOP if repeated and not progressed else Step.RESTART
+        return None
     if event is EventKind.NODE_WAITING:
         return Step.REFORM
     if event in FINAL_EVENTS:
         return Step.FAIL
-    return Step.RESTART
+    return None
+
+
+def judged(*, failed_here: bool, event: EventKind | None, budget_left: bool) -> bool:
+    """Whether the job's verdict on the round is needed: it is one to restart from (a
+    failure here or on a peer, a lost node; not a scale-up or the job's end) and the job
+    has a restart left to spend (``restart_count``, the same on every node, is below
+    ``--max-restarts``). Without one there is nothing to decide, and nothing to wait for."""
+    return budget_left and _settled(failed_here, event) is None
+
+
+def decide(*, failed_here: bool, event: EventKind | None, repeated: bool, progressed: bool) -> Step:
+    """``failed_here``: a worker of this node failed. ``event``: what stopped the workers
+    otherwise (a peer's failure, a lost node, a node waiting to join, ...). From the job's
+    verdict (both False for a round that is not ``judged``): ``repeated``, the round's
+    root-cause failure is the same as the previous failure's; ``progressed``, some node
+    saw progress during the round (a checkpoint, a progress counter that moved)."""
+    settled = _settled(failed_here, event)
+    if settled is not None:
+        return settled
+    return Step.CRASH_LOOP if repeated and not progressed else Step.RESTART

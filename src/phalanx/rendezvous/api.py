@@ -10,6 +10,11 @@ assume this policy: a worker failure (local, or ``PEER_FAILED``) and ``NODE_LOST
 straight to ``next_round`` without claiming, as torchelastic does; ``JOB_STOPPED`` and
 ``STORE_LOST`` end the job (``report_done(False)``, then ``shutdown()``).
 
+Crash loops are judged job-wide: after a round that ended in failure every node calls
+``judge_round`` with whether it saw progress, and gets the same ``RoundVerdict`` back (the
+round's root-cause failure, the one before it, whether any node progressed); the agent's
+policy turns that into "restart" or "crash loop" identically everywhere.
+
 Stacks on request (``phalanx stacks`` on any node) go through a ``StackExchange``, which a
 multi-node handler gives out (``stacks()``): the node asked posts ``request_stacks()``; every
 node's watch sees the number grow in ``stack_requests()`` (non-blocking), dumps its ranks and
@@ -21,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,55 @@ class JobEvent:
     failure: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RoundVerdict:
+    """What the whole job agreed about a round that ended in failure: the inputs of the
+    crash-loop rule, the same on every node (the first node to judge the round writes it).
+
+    ``failure`` is the round's root cause as a signature (rank, exit, last line of stderr;
+    "" when no worker failed on its own, e.g. its node was lost); ``previous`` the latest
+    signature of the rounds before ("" none); ``progressed`` whether any node saw progress
+    during the round (a completed checkpoint, a progress counter that moved).
+    """
+
+    failure: str = ""
+    previous: str = ""
+    progressed: bool = False
+
+    @property
+    def repeated(self) -> bool:
+        """The round failed the same way as the last failure before it."""
+        return bool(self.failure) and self.failure == self.previous
+
+    @property
+    def latest(self) -> str:
+        """The failure the next round is compared with (a round without one carries it on)."""
+        return self.failure or self.previous
+
+    @staticmethod
+    def after(previous: RoundVerdict | None, failure: str, progressed: bool) -> RoundVerdict:
+        """The verdict on a round whose own facts are ``failure`` and ``progressed``, given
+        the verdict on the round before it (None: none, or it was not judged)."""
+        return RoundVerdict(failure, previous.latest if previous else "", progressed)
+
+    def to_json(self) -> dict[str, object]:
+        return {"failure": self.failure, "previous": self.previous, "progressed": self.progressed}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RoundVerdict:
+        """Raises ``KeyError``/``TypeError`` on a malformed body (the caller names the key)."""
+        failure, previous, progressed = data["failure"], data["previous"], data["progressed"]
+        if not (isinstance(failure, str) and isinstance(previous, str)):
+            raise TypeError(f"failure {failure!r}, previous {previous!r}")
+        if not isinstance(progressed, bool):
+            raise TypeError(f"progressed {progressed!r}")
+        return cls(failure, previous, progressed)
+
+
+# The round's root cause as a signature, from its failure records of every node.
+Signature = Callable[[list[dict[str, object]]], str]
+
+
 class RendezvousHandler(Protocol):
     @property
     def run_id(self) -> str: ...
@@ -119,6 +173,16 @@ class RendezvousHandler(Protocol):
 
         No restart once a node of the round has finished its workers (``report_done(True)``):
         they would not run again, so the next round could not form."""
+
+    def judge_round(self, progressed: bool, signature: Signature) -> RoundVerdict:
+        """After a round that ended in failure (this node's ``report_failure`` done, if it
+        had one): say whether this node saw progress during the round, wait until every
+        member of the round has said so too or left it (at most ``join_timeout``; a lost
+        node is seen as such by the heartbeats), and return the job's verdict on the round:
+        ``signature`` of the round's failure records from every node, the verdict before
+        it, and whether any node progressed. The first node to judge writes the verdict
+        for all: idempotent per round, the same on every node (as ``claim_restart``).
+        Raises ``RendezvousError`` when the store cannot be reached."""
 
     def report_done(self, ok: bool) -> None:
         """This node's workers finished (``ok=True``: peers see nothing) or the node gives up

@@ -7,7 +7,14 @@ import uuid
 from collections.abc import Callable
 
 from phalanx.net import free_port
-from phalanx.rendezvous.api import JobEvent, NodeInfo, RendezvousResult, StackExchange
+from phalanx.rendezvous.api import (
+    JobEvent,
+    NodeInfo,
+    RendezvousResult,
+    RoundVerdict,
+    Signature,
+    StackExchange,
+)
 
 
 class LocalRendezvous:
@@ -30,6 +37,7 @@ class LocalRendezvous:
         self._worker_port = worker_port
         self._round = -1
         self._failures: list[dict[str, object]] = []
+        self._verdict: tuple[int, RoundVerdict] | None = None  # the last round judged
 
     @property
     def run_id(self) -> str:
@@ -57,7 +65,18 @@ class LocalRendezvous:
         return None
 
     def report_failure(self, failure: dict[str, object]) -> None:
-        self._failures.append(failure)
+        self._failures.append({"round": self._round, **failure})
+
+    def judge_round(self, progressed: bool, signature: Signature) -> RoundVerdict:
+        """The multi-node rule with this node as the whole job: nobody to wait for."""
+        judged = self._verdict
+        if judged is not None and judged[0] == self._round:
+            return judged[1]
+        previous = judged[1] if judged is not None and judged[0] == self._round - 1 else None
+        records = [f for f in self._failures if f.get("round") == self._round]
+        verdict = RoundVerdict.after(previous, signature(records), progressed)
+        self._verdict = (self._round, verdict)
+        return verdict
 
     def failures(self) -> list[dict[str, object]]:
         return list(self._failures)

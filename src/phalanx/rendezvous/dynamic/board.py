@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.rendezvous.api import EventKind, JobEvent, RoundVerdict
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.stores.base import KVStore, MalformedValue, StoreUnavailable
 
@@ -190,6 +190,25 @@ class Board:
         key = self.keys.round(r, "claim")
         found = self.get_json(key)
         return bool(found and parsed(key, found, lambda b: bool(b["restart"])))
+
+    def post_progress(self, r: int, progressed: bool) -> int:
+        """This member of round ``r`` judged it: counted in ``judged``, and in ``progressed``
+        if it saw progress (first, so whoever counts every member judged reads a final
+        ``progressed``). Returns how many members have judged so far."""
+        if progressed:
+            self.store.add(self.keys.round(r, "progressed"), 1)
+        return self.store.add(self.keys.round(r, "judged"), 1)
+
+    def verdict(self, r: int) -> RoundVerdict | None:
+        """The job's verdict on round ``r`` (None: not judged yet)."""
+        key = self.keys.round(r, "verdict")
+        found = self.get_json(key)
+        return None if found is None else parsed(key, found, RoundVerdict.from_json)
+
+    def propose_verdict(self, r: int, verdict: RoundVerdict) -> RoundVerdict:
+        """Propose the verdict on round ``r``; return the one that won (maybe another's)."""
+        key = self.keys.round(r, "verdict")
+        return parsed(key, self.put_first(key, verdict.to_json()), RoundVerdict.from_json)
 
     def mark_ok(self, r: int, count: int) -> None:
         if self.store.add(self.keys.round(r, "ok"), 1) >= count:

@@ -10,7 +10,8 @@ leases (etcd): see ``pulse``.
 
 Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
 ``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it;
-``failures`` returns nothing once the store counts as lost. Stacks requests: see
+``failures`` returns nothing once the store counts as lost; ``judge_round`` (the job-wide
+crash-loop verdict, in ``judge``) raises as ``claim_restart`` does. Stacks requests: see
 ``request_stacks`` and the methods after it.
 
 Growth: node rank 0 of each round deletes the round before the previous one (``sweep``). On
@@ -28,9 +29,17 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from phalanx.errors import RendezvousError, UsageError
-from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult, StackExchange
+from phalanx.rendezvous.api import (
+    EventKind,
+    JobEvent,
+    RendezvousResult,
+    RoundVerdict,
+    Signature,
+    StackExchange,
+)
 from phalanx.rendezvous.dynamic.board import LEFT, Board
 from phalanx.rendezvous.dynamic.formation import RoundFormer
+from phalanx.rendezvous.dynamic.judge import judge
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
@@ -200,6 +209,16 @@ class DynamicRendezvous:
                 "workers, and finished workers are not run again"
             )
         return restart
+
+    def judge_round(self, progressed: bool, signature: Signature) -> RoundVerdict:
+        membership, _ = self._current()
+        problem = self._liveness.store_problem()
+        if problem is not None:
+            raise RendezvousError(problem)
+        try:
+            return judge(self._board, membership, progressed, signature, self._settings)
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
 
     def report_done(self, ok: bool) -> None:
         if self._done is True and not ok and self._membership is not None:

@@ -10,7 +10,9 @@ arrival's details), ``waiting`` (nodes queued for this round while the previous 
 ``master``, ``fate/<rank>`` (how a member left the round: rejoined the next, lost, left),
 ``settled``/``gone``/``lost``/``all_settled`` (counting those fates), ``events`` + ``ev/<i>`` (the
 event log),
-``claim`` (the restart decision), ``ok``/``all_ok`` (members done successfully),
+``claim`` (the restart decision), ``judged``/``progressed`` (members that judged the failed
+round, and those of them that saw progress during it) + ``verdict`` (the job's verdict on
+it, see ``judge``), ``ok``/``all_ok`` (members done successfully),
 ``departed``/``all_departed`` (members that saw ``all_ok`` and stopped using the store),
 ``stack_requests`` (how many job-wide stacks requests were made) + ``stacks/<n>/<rank>``
 (node ``rank``'s answer to request ``n``; the requester deletes it once read).
@@ -97,7 +99,7 @@ class Keys:
     ROUND_NAMES = (
         "open", "joined", "waiting", "closed", "members", "master", "settled", "gone", "lost",
         "all_settled", "events", "claim", "ok", "all_ok", "departed", "all_departed",
-        "stack_requests",
+        "stack_requests", "judged", "progressed", "verdict",
     )  # fmt: skip
 
     def round_keys(

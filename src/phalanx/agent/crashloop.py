@@ -1,0 +1,97 @@
+"""This node's evidence for the job-wide crash-loop verdict (``RendezvousHandler.judge_round``).
+
+Progress during a round, on this node, is either of:
+
+- a checkpoint completed by ``phalanx.checkpoint`` (a line added to the run directory's
+  checkpoint log, ``CHECKPOINT_LOG_FILE``), by any local rank;
+- a progress counter that moved (``phalanx.worker.progress``: an optimizer step,
+  ``phalanx.step()``, ``phalanx.heartbeat()``), of any local rank.
+
+A job with neither (no checkpoints, no optimizer, a ``--no-python`` binary) shows no
+progress, so the same failure twice in a row is a crash loop there, as it always was. A job
+that trains between failures is restarted within its budget even without checkpoints: a
+crash that recurs after some training may be a flaky host, and restarting errs on the side
+of the job (``--max-restarts`` bounds it).
+
+The failure itself is judged job-wide: the signature of the round's root cause among every
+node's failure records (``failure_signature``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx.plan import RoundPlan
+from phalanx.report.exits import WorkerExit, root_cause
+from phalanx.worker import progress
+from phalanx.worker.contract import CHECKPOINT_LOG_FILE
+
+# A rank's counter file, as (inode, beats): a worker makes a new file when it starts, so a
+# changed inode means the whole count is this round's.
+_Counter = tuple[int, int]
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return sum(1 for _ in handle)
+    except OSError:
+        return 0
+
+
+def _read_counter(path: Path) -> _Counter | None:
+    try:
+        inode = os.stat(path).st_ino
+    except OSError:
+        return None
+    reading = progress.read(str(path))
+    return None if reading is None else (inode, reading[0])
+
+
+def _counter_paths(plan: RoundPlan) -> list[Path]:
+    return [worker.log_dir / progress.FILE_NAME for worker in plan.workers]
+
+
+@dataclass(frozen=True)
+class ProgressMark:
+    """This node's progress evidence when a round starts; ``progressed`` compares it with
+    the same evidence when the round has ended."""
+
+    checkpoints: int
+    counters: Mapping[Path, _Counter | None]
+
+    @classmethod
+    def take(cls, plan: RoundPlan) -> ProgressMark:
+        """Before the round's workers start. Counter files may be there already: an attempt
+        directory is reused after a round re-formed for a scale-up."""
+        checkpoints = _count_lines(plan.run_dir / CHECKPOINT_LOG_FILE)
+        return cls(checkpoints, {path: _read_counter(path) for path in _counter_paths(plan)})
+
+    def progressed(self, plan: RoundPlan) -> bool:
+        """Whether a local rank completed a checkpoint or moved its counter since ``take``."""
+        if _count_lines(plan.run_dir / CHECKPOINT_LOG_FILE) > self.checkpoints:
+            return True
+        for path in _counter_paths(plan):
+            now, before = _read_counter(path), self.counters.get(path)
+            if now is None:
+                continue
+            if before is None or before[0] != now[0]:
+                if now[1] > 0:
+                    return True
+            elif now[1] > before[1]:
+                return True
+        return False
+
+
+def failure_signature(records: Sequence[Mapping[str, object]]) -> str:
+    """The round's root cause among every node's failure records, as one line: rank, how
+    it exited, the last line of its stderr ("" when no worker failed on its own)."""
+    exits = [WorkerExit.from_json(r) for r in records if "returncode" in r and "rank" in r]
+    cause = root_cause(exits)
+    if cause is None:
+        return ""
+    last = next((line for line in reversed(cause.stderr_tail) if line.strip()), "")
+    return f"rank {cause.rank}, {cause.describe_exit()}: {last.strip()}"
