@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from phalanx.agent.loop import Rounds, write_launcher_file
+from phalanx.clock import WallClock
 from phalanx.config import LaunchConfig
 from phalanx.errors import UsageError
 from phalanx.rendezvous.api import RendezvousHandler
@@ -76,6 +77,7 @@ class Agent:
     def run(self) -> int:
         """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
         config = self._config
+        wall_clock = WallClock.from_env(self._base_env)
         run_dir = make_run_dir(config, self._run_id)
         log.info("run directory: %s", run_dir)
         for note in config.not_applied:
@@ -104,6 +106,7 @@ class Agent:
                     launch=template.launch if template is not None else exec_worker,
                     console=self._console,
                     duplicate_filters=filters,
+                    wall_clock=wall_clock.now,
                 )
                 return Rounds(config, rendezvous, supervisor, signals, run_dir, self._base_env).run()
             finally:

@@ -56,8 +56,10 @@ class LocalRendezvous:
     def poll(self) -> JobEvent | None:
         return None
 
-    def report_failure(self, failure: dict[str, object]) -> None:
-        self._failures.append(failure)
+    def report_failure(self, failure: dict[str, object]) -> int | None:
+        seq = len(self._failures) + 1
+        self._failures.append({**failure, "seq": seq})
+        return seq
 
     def failures(self) -> list[dict[str, object]]:
         return list(self._failures)

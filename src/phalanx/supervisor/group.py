@@ -76,7 +76,9 @@ class Supervisor:
         console: tuple[BinaryIO, BinaryIO] | None = None,
         duplicate_filters: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ()),
         host: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """``wall_clock``: the time stamped on each exit, for display (``phalanx.clock``)."""
         self._guardian = guardian
         self._shutdown_timeout = shutdown_timeout
         self._monitor_interval = monitor_interval
@@ -84,6 +86,7 @@ class Supervisor:
         self._console = console
         self._duplicate_filters = duplicate_filters
         self._host = host or socket.gethostname()
+        self._wall_clock = wall_clock
 
     def run(
         self,
@@ -198,7 +201,7 @@ class Supervisor:
                 data.exit = self._record_exit(data, data.proc.reap(), stopping)
 
     def _record_exit(self, slot: _Slot, returncode: int, stopping: bool) -> WorkerExit:
-        noticed = time.time()
+        noticed = self._wall_clock()
         return WorkerExit(
             rank=slot.plan.global_rank,
             local_rank=slot.plan.local_rank,
@@ -209,6 +212,7 @@ class Supervisor:
             stopped_by_launcher=stopping and returncode != 0,
             log_dir=str(slot.plan.log_dir),
             label=slot.plan.name,
+            monotonic=time.monotonic(),  # orders this node's exits (report.exits.causal_order)
         )
 
     def _stop(
