@@ -7,17 +7,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from phalanx.clock import OFFSET_ENV, WallClock
 from phalanx.errors import UsageError
 from phalanx.net import free_port
 from phalanx.report.classify import classify
 from phalanx.report.exits import WorkerExit, causal_order, format_report, report_json
+from phalanx.supervisor.clock import OFFSET_ENV, WallClock
 from support.hosts import Node
-from support.launch import alive, wait_for, worker
+from support.launch import PHALANX, alive, wait_for, worker
 
 GLOO_RESET = (
     "Traceback (most recent call last):",
@@ -115,6 +116,18 @@ def test_wall_clock_offset_from_the_environment() -> None:
     for junk in ("soon", "nan", "inf"):
         with pytest.raises(UsageError, match=OFFSET_ENV):
             WallClock.from_env({OFFSET_ENV: junk})
+
+
+def test_a_junk_wall_clock_offset_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = dict(os.environ, **{OFFSET_ENV: "soon"})
+    done = subprocess.run(
+        [*PHALANX, "--log-dir", str(tmp_path), worker("echo_args.py")],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"phalanx: error: {OFFSET_ENV}='soon': expected a number of seconds, like -5"
+    ]
 
 
 # A long heartbeat timeout: node 1's agent is held (SIGSTOP) for a moment and must not be

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from phalanx.agent.loop import Rounds, write_launcher_file
-from phalanx.clock import WallClock
 from phalanx.config import LaunchConfig
 from phalanx.errors import UsageError
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.supervisor.cgroup import JobCgroup
+from phalanx.supervisor.clock import WallClock
 from phalanx.supervisor.group import Supervisor
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.process import exec_worker

@@ -78,7 +78,7 @@ class Supervisor:
         host: str | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        """``wall_clock``: the time stamped on each exit, for display (``phalanx.clock``)."""
+        """``wall_clock``: the time stamped on each exit, for display (``supervisor.clock``)."""
         self._guardian = guardian
         self._shutdown_timeout = shutdown_timeout
         self._monitor_interval = monitor_interval
