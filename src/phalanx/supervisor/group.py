@@ -135,6 +135,10 @@ class Supervisor:
                     if event is not None:
                         stopping = True
                         self._stop(slots, streams, selector, signal.SIGTERM)
+                        if any(s.exit is not None and s.exit.failed for s in slots):
+                            # A worker had died on its own before the event was acted on:
+                            # its failure is this round's story, as if noticed a moment earlier.
+                            return RoundResult(Outcome.FAILED, self._exits(slots))
                         return RoundResult(Outcome.REMOTE, self._exits(slots), event=event)
         finally:
             # Whatever happened above (even an exception in our own code), nothing survives.
@@ -222,7 +226,12 @@ class Supervisor:
         selector: selectors.BaseSelector,
         first_signal: int,
     ) -> None:
-        """Signal every group, wait to the deadline, then SIGKILL and wait a bounded time."""
+        """Signal every group, wait to the deadline, then SIGKILL and wait a bounded time.
+
+        A worker whose exit is already pending (its exit fd readable: it died before this
+        signal, e.g. while the agent was busy polling or not scheduled) is recorded first, as
+        its own exit, not as one phalanx caused."""
+        self._handle_events(selector.select(0), slots, streams, selector, stopping=False)
         for sig, wait in ((first_signal, self._shutdown_timeout), (signal.SIGKILL, _KILL_WAIT)):
             # Groups of exited workers too: their children may still be running.
             for slot in slots:
