@@ -10,6 +10,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
 from phalanx.errors import UsageError
@@ -18,7 +19,7 @@ from phalanx.report.classify import classify
 from phalanx.report.exits import WorkerExit, causal_order, format_report, report_json
 from phalanx.supervisor.clock import OFFSET_ENV, WallClock
 from support.hosts import Node
-from support.launch import PHALANX, alive, wait_for, worker
+from support.launch import PHALANX, wait_for, worker
 
 GLOO_RESET = (
     "Traceback (most recent call last):",
@@ -166,10 +167,15 @@ def test_a_host_whose_clock_is_behind_does_not_make_its_collateral_error_the_roo
     wait_for(lambda: len(list(shared.glob("ready.*"))) == 2, 90, "both ranks to meet")
     rank1 = int((shared / "ready.1").read_text())
     held = nodes[1].proc.pid
+    # Warm start: rank 1's parent is node 1's template, which keeps running (and reaping)
+    # while the agent is held.
+    assert psutil.Process(rank1).ppid() != held
     os.kill(held, signal.SIGSTOP)
     try:
         (shared / "go").touch()
-        wait_for(lambda: not alive(rank1), 60, "rank 1 to fail after rank 0")
+        # Gone from /proc: rank 1 has died and its parent, node 1's template, has reaped it,
+        # so node 1's agent finds its exit pending (and its status sent) when it resumes.
+        wait_for(lambda: not Path(f"/proc/{rank1}").exists(), 60, "rank 1 to fail and be reaped")
         wait_for(lambda: "exit code 7 (attempt 1)" in nodes[0].stderr, 60, "node 0's record")
     finally:
         os.kill(held, signal.SIGCONT)
