@@ -13,6 +13,7 @@ from phalanx.config import LaunchConfig
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rundir import make_run_dir
 from phalanx.supervisor.cgroup import JobCgroup
+from phalanx.supervisor.clock import WallClock
 from phalanx.supervisor.group import Supervisor
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.process import exec_worker
@@ -62,6 +63,7 @@ class Agent:
     def run(self) -> int:
         """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
         config = self._config
+        wall_clock = WallClock.from_env(self._base_env)
         run_dir = make_run_dir(config.log_dir, self._run_id)
         log.info("run directory: %s", run_dir)
         for note in config.not_applied:
@@ -90,6 +92,7 @@ class Agent:
                     launch=template.launch if template is not None else exec_worker,
                     console=self._console,
                     duplicate_filters=filters,
+                    wall_clock=wall_clock.now,
                 )
                 return Rounds(config, rendezvous, supervisor, signals, run_dir, self._base_env).run()
             finally:

@@ -193,7 +193,10 @@ class Rounds:
             record = cause.to_json()
             if watch.hang is not None:
                 record["hang"] = watch.hang.to_json()
-            self.rdzv.report_failure(record)
+            seq = self.rdzv.report_failure(record)
+            if seq is not None:  # the store's order of failures: this node's report needs it too
+                exits = [replace(e, seq=seq) if e is cause else e for e in exits]
+                cause = replace(cause, seq=seq)
             log.warning(
                 "%s on %s: %s (attempt %d)%s",
                 cause.who,

@@ -159,8 +159,13 @@ class RendezvousHandler(Protocol):
         instead of a hang. A node never sees its own events.
         """
 
-    def report_failure(self, failure: dict[str, object]) -> None:
-        """Tell every node that this node's workers failed this round (``failure`` is JSON-able)."""
+    def report_failure(self, failure: dict[str, object]) -> int | None:
+        """Tell every node that this node's workers failed this round (``failure`` is JSON-able).
+
+        Returns the failure's sequence number, job-wide and increasing in the order failures
+        reached the store (``failures()`` returns it as ``seq`` in the record): the root
+        cause is ordered by it, never by the hosts' clocks. None when the store could not
+        take it."""
 
     def failures(self) -> list[dict[str, object]]:
         """The failures reported in the job's last rounds, from all nodes, oldest first (for

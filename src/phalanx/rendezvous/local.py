@@ -64,8 +64,10 @@ class LocalRendezvous:
     def poll(self) -> JobEvent | None:
         return None
 
-    def report_failure(self, failure: dict[str, object]) -> None:
-        self._failures.append({"round": self._round, **failure})
+    def report_failure(self, failure: dict[str, object]) -> int | None:
+        seq = len(self._failures) + 1
+        self._failures.append({"round": self._round, **failure, "seq": seq})
+        return seq
 
     def judge_round(self, progressed: bool, signature: Signature) -> RoundVerdict:
         """The multi-node rule with this node as the whole job: nobody to wait for."""

@@ -16,6 +16,12 @@ oom            killed by SIGKILL, and the cgroup's ``oom_kill`` count grew or th
 hang           stopped by phalanx after it made no progress for ``--stall-timeout`` seconds
 node_lost      its node stopped heartbeating (the agent died, the host went away)
 =============  ==============================================================================
+
+Apart from its kind, an exception or a signal is marked ``peer_error`` when its own message
+says a peer went away (a Gloo connection closed or reset by the peer, NCCL's remote error,
+the workers' store gone): the collective library's view of another rank's failure. The
+job-wide order (``exits.causal_order``) puts such failures after every other, whichever
+was reported first.
 """
 
 from __future__ import annotations
@@ -34,6 +40,16 @@ _RANK_PREFIX = re.compile(r"^\[(?:rank|node)\d+\]: ")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s(.*))?$")
 _EXCEPTION_NAME = re.compile(r"(Error|Exception|Interrupt|Exit|Warning|Failure)$")
 _TRACEBACK = "Traceback (most recent call last):"
+# What Gloo, NCCL and torch's TCPStore client say when the other end of a connection died
+# or stopped answering: the failure is somebody else's.
+_PEER_GONE = re.compile(
+    r"connection closed by peer|connection reset by peer|broken pipe|"
+    r"failed to recv, got 0 bytes|ncclRemoteError|remote process exited|"
+    r"NCCL communicator was aborted|"
+    r"timed out waiting \d+ ?ms for (?:recv|send) operation|"
+    r"watchdog caught collective operation timeout",
+    re.IGNORECASE,
+)
 
 
 def exception_from(tail: Sequence[str]) -> str | None:
@@ -106,14 +122,29 @@ def _by_signal(e: WorkerExit, oom: str, fatal: str) -> tuple[str, str] | None:
 RULES: tuple[Rule, ...] = (_by_error_file, _by_traceback, _by_exit_code, _by_sigkill, _by_signal)
 
 
+def peer_error(exit_: WorkerExit) -> bool:
+    """Whether a classified failure's own message says a peer went away: an exception (its
+    line, its error file, or the traceback's last message) or a signal (the lines its
+    process printed before, as NCCL's watchdog does before it aborts). A chosen exit code,
+    a kill or a hang is never a peer's error."""
+    if exit_.kind not in ("exception", "signal"):
+        return False
+    tail = list(exit_.stderr_tail)
+    headers = [i for i, line in enumerate(tail) if line.strip().endswith(_TRACEBACK)]
+    message = tail[headers[-1] + 1 :] if headers else tail
+    evidence = [exit_.reason, exit_.error_message, *message]
+    return any(_PEER_GONE.search(text) for text in evidence)
+
+
 def classify(exit_: WorkerExit, *, oom_evidence: str = "", fatal_frame: str = "") -> WorkerExit:
-    """``exit_`` with ``kind`` and ``reason`` filled in; unchanged when it did not fail on
-    its own or is already classified (a hang, a record from another node)."""
+    """``exit_`` with ``kind``, ``reason`` and ``peer_error`` filled in; unchanged when it
+    did not fail on its own or is already classified (a hang, a record from another node)."""
     if not exit_.failed or exit_.kind:
         return exit_
     for rule in RULES:
         verdict = rule(exit_, oom_evidence, fatal_frame)
         if verdict is not None:
             kind, reason = verdict
-            return replace(exit_, kind=kind, reason=reason)
+            classified = replace(exit_, kind=kind, reason=reason)
+            return replace(classified, peer_error=peer_error(classified))
     return exit_

@@ -1,11 +1,12 @@
-"""Worker exits as data, and the framed root-cause report."""
+"""Worker exits as data, their causal order, and the framed root-cause report."""
 
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -20,7 +21,7 @@ class WorkerExit:
     host: str
     pid: int
     returncode: int  # negative: killed by that signal
-    time: float  # wall clock, when the launcher noticed
+    time: float  # wall clock, when the launcher noticed: for display only (see causal_order)
     stopped_by_launcher: bool
     stderr_tail: tuple[str, ...] = ()
     error_message: str = ""  # from TORCHELASTIC_ERROR_FILE, when the worker wrote one
@@ -30,6 +31,12 @@ class WorkerExit:
     kind: str = ""  # why it failed (phalanx.report.classify): exception, exit_code, signal, ... hang
     reason: str = ""  # one line: "ValueError: boom", "killed by SIGSEGV", "no progress for 30 s"
     stuck_state: str = ""  # SIGKILLed but still there: its state ("in state D (disk sleep)")
+    # Ordering (causal_order): the store's sequence number when its node posted it (0: not
+    # posted), its node's monotonic clock when noticed, and whether its own evidence says a
+    # peer went away (classify.peer_error).
+    seq: int = 0
+    monotonic: float = 0.0
+    peer_error: bool = False
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> WorkerExit:
@@ -107,9 +114,38 @@ def read_error_file(path: Path) -> str:
     return str(message)
 
 
-def root_cause(exits: list[WorkerExit]) -> WorkerExit | None:
+def causal_order(exits: Iterable[WorkerExit]) -> list[WorkerExit]:
+    """The failures among ``exits``, the root cause first, ordered without comparing the
+    clocks of different hosts (a host whose clock is behind would win any such comparison):
+
+    1. a failure whose own evidence says a peer went away (``peer_error``: a Gloo peer reset)
+       comes after every failure that does not -- it is collateral even when it was noticed
+       and reported first;
+    2. then the order the store saw them in (``seq``, an atomic counter taken when a node
+       posted its failure). A node's other failed ranks, which it did not post (its cause was
+       at least as early), take its cause's number;
+    3. within one node, its monotonic clock.
+
+    Where neither tells failures apart (no peer error, the same sequence number), only
+    exits of one node remain tied, and its own clock orders them.
+    """
     failures = [e for e in exits if e.failed]
-    return min(failures, key=lambda e: e.time) if failures else None
+    node_seq: dict[int, int] = {}
+    for e in failures:
+        if e.seq:
+            node_seq[e.node_rank] = min(e.seq, node_seq.get(e.node_rank, e.seq))
+
+    def key(e: WorkerExit) -> tuple[bool, float, int, float]:
+        seq = e.seq or node_seq.get(e.node_rank) or math.inf  # inf: never posted (no store)
+        return (e.peer_error, seq, e.node_rank, e.monotonic)
+
+    return sorted(failures, key=key)
+
+
+def root_cause(exits: Iterable[WorkerExit]) -> WorkerExit | None:
+    """The first of ``causal_order``, or None when no worker failed on its own."""
+    ordered = causal_order(exits)
+    return ordered[0] if ordered else None
 
 
 def format_report(

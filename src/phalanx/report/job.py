@@ -1,5 +1,7 @@
 """The job-wide failure report: every node's failures gathered through the rendezvous store,
-classified; the earliest is the root cause and every other rank is collateral.
+classified; the first in causal order (``exits.causal_order``: peer errors last, then the
+store's sequence numbers, never the hosts' clocks) is the root cause and every other rank
+is collateral.
 
 Failure records in the store are ``WorkerExit.to_json()`` (with ``kind`` and ``reason``),
 plus ``"hang"`` (that node's ``HangAnalysis``) for a hang. A node that only dumped its
@@ -44,16 +46,19 @@ def _hang_reason(analysis: HangAnalysis, culprit: RankState) -> str:
 
 
 def blame_hang(
-    exits: Sequence[WorkerExit], analysis: HangAnalysis, detected_at: float
+    exits: Sequence[WorkerExit], analysis: HangAnalysis, detected_at: float, seq: int = 0
 ) -> list[WorkerExit]:
     """Mark the culprit of ``analysis`` as the failure (kind ``hang``); clear any other hang
-    mark (a node's own analysis may be overruled by the job-wide one)."""
+    mark (a node's own analysis may be overruled by the job-wide one). The culprit takes
+    the hang's place in the job's order: its sequence number ``seq`` (``causal_order``)."""
     culprit = analysis.culprit
-    marked = [replace(e, kind="", reason="") if e.kind == "hang" else e for e in exits]
+    marked = [replace(e, kind="", reason="", seq=0) if e.kind == "hang" else e for e in exits]
     for i, e in enumerate(marked):
         if e.rank == culprit.rank and e.node_rank == culprit.node_rank:
             reason = _hang_reason(analysis, culprit)
-            marked[i] = replace(e, kind="hang", reason=reason, time=detected_at)
+            marked[i] = replace(
+                e, kind="hang", reason=reason, time=detected_at, seq=seq, peer_error=False
+            )
             return marked
     marked.append(  # a rank of another node: build its record from what that node saw
         WorkerExit(
@@ -68,6 +73,7 @@ def blame_hang(
             node_rank=culprit.node_rank,
             kind="hang",
             reason=_hang_reason(analysis, culprit),
+            seq=seq,
         )
     )
     return marked
@@ -130,7 +136,7 @@ def build(
     job_hang = merge(analyses)
     cause = root_cause(every)
     if job_hang is not None and cause is not None and cause.kind == "hang":
-        every = blame_hang(every, job_hang, cause.time)
+        every = blame_hang(every, job_hang, cause.time, cause.seq)
     if root_cause(every) is None and lost is not None:
         every.append(lost)
     cause = root_cause(every)

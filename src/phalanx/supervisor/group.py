@@ -77,7 +77,9 @@ class Supervisor:
         console: tuple[BinaryIO, BinaryIO] | None = None,
         duplicate_filters: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ()),
         host: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """``wall_clock``: the time stamped on each exit, for display (``supervisor.clock``)."""
         self._guardian = guardian
         self._shutdown_timeout = shutdown_timeout
         self._monitor_interval = monitor_interval
@@ -85,6 +87,7 @@ class Supervisor:
         self._console = console
         self._duplicate_filters = duplicate_filters
         self._host = host or socket.gethostname()
+        self._wall_clock = wall_clock
 
     def run(
         self,
@@ -133,6 +136,10 @@ class Supervisor:
                     if event is not None:
                         stopping = True
                         self._stop(slots, streams, selector, signal.SIGTERM)
+                        if any(s.exit is not None and s.exit.failed for s in slots):
+                            # A worker had died on its own before the event was acted on:
+                            # its failure is this round's story, as if noticed a moment earlier.
+                            return RoundResult(Outcome.FAILED, self._exits(slots))
                         return RoundResult(Outcome.REMOTE, self._exits(slots), event=event)
         finally:
             # Whatever happened above (even an exception in our own code), nothing survives.
@@ -199,7 +206,7 @@ class Supervisor:
                 data.exit = self._record_exit(data, data.proc.reap(), stopping)
 
     def _record_exit(self, slot: _Slot, returncode: int, stopping: bool) -> WorkerExit:
-        noticed = time.time()
+        noticed = self._wall_clock()
         return WorkerExit(
             rank=slot.plan.global_rank,
             local_rank=slot.plan.local_rank,
@@ -210,6 +217,7 @@ class Supervisor:
             stopped_by_launcher=stopping and returncode != 0,
             log_dir=str(slot.plan.log_dir),
             label=slot.plan.name,
+            monotonic=time.monotonic(),  # orders this node's exits (report.exits.causal_order)
         )
 
     def _stop(
@@ -219,7 +227,12 @@ class Supervisor:
         selector: selectors.BaseSelector,
         first_signal: int,
     ) -> None:
-        """Signal every group, wait to the deadline, then SIGKILL and wait a bounded time."""
+        """Signal every group, wait to the deadline, then SIGKILL and wait a bounded time.
+
+        A worker whose exit is already pending (its exit fd readable: it died before this
+        signal, e.g. while the agent was busy polling or not scheduled) is recorded first, as
+        its own exit, not as one phalanx caused."""
+        self._handle_events(selector.select(0), slots, streams, selector, stopping=False)
         for sig, wait in ((first_signal, self._shutdown_timeout), (signal.SIGKILL, _KILL_WAIT)):
             # Groups of exited workers too: their children may still be running.
             for slot in slots:

@@ -260,15 +260,22 @@ class Board:
         return found
 
     # -- logs ------------------------------------------------------------------------------
-    def append(self, counter: str, key_of: Callable[[int], str], obj: dict[str, Any]) -> int:
+    def append(
+        self,
+        counter: str,
+        key_of: Callable[[int], str],
+        obj: dict[str, Any],
+        index_field: str | None = None,
+    ) -> int:
         """Append to a log ``key_of(1), key_of(2), ...``: O(1) however many write at once.
 
-        The slot comes from an atomic counter, then the entry is written; a writer that dies
-        in between leaves a hole, which readers skip once ``counter`` shows later entries.
-        Returns the index written.
+        The slot comes from an atomic counter, then the entry is written (with its index as
+        ``index_field``, when given); a writer that dies in between leaves a hole, which
+        readers skip once ``counter`` shows later entries. Returns the index written.
         """
         index = self.store.add(counter, 1)
-        self.store.set(key_of(index), encode({**obj, "nonce": uuid.uuid4().hex}))
+        entry = {**obj, index_field: index} if index_field else obj
+        self.store.set(key_of(index), encode({**entry, "nonce": uuid.uuid4().hex}))
         return index
 
     def post_event(self, r: int, event: JobEvent, about: str) -> None:
@@ -302,8 +309,11 @@ class Board:
     def event_count(self, r: int) -> int:
         return self.read_int(self.keys.round(r, "events"))
 
-    def add_failure(self, record: dict[str, Any]) -> None:
-        self.append(self.keys.failure_count, self.keys.failure, record)
+    def add_failure(self, record: dict[str, Any]) -> int:
+        """Post ``record``; returns its sequence number (its index in the failure log, also
+        written into it as ``seq``): the store's order of failures, which no host's clock
+        can change."""
+        return self.append(self.keys.failure_count, self.keys.failure, record, "seq")
 
     def failures_from(self) -> int:
         """The failure log's first entry not yet swept (``sweep``)."""

@@ -173,17 +173,19 @@ class DynamicRendezvous:
             return JobEvent(EventKind.STORE_LOST, detail=problem)
         return self._liveness.next_event()
 
-    def report_failure(self, failure: dict[str, object]) -> None:
+    def report_failure(self, failure: dict[str, object]) -> int | None:
         membership, rank = self._current()
         record = {"node_rank": rank, "hostname": self._hostname, "round": membership.round}
         record.update(failure)
         detail = f"node {rank} ({self._hostname}) reported a worker failure"
+        seq = None
         try:
-            self._board.add_failure(record)
+            seq = self._board.add_failure(record)
             event = JobEvent(EventKind.PEER_FAILED, rank, detail, dict(failure))
             self._board.post_event(membership.round, event, about=self._node_id)
         except StoreUnavailable as exc:
             log.warning("rendezvous: could not tell the other nodes about the failure: %s", exc)
+        return seq
 
     def failures(self) -> list[dict[str, object]]:
         """Empty once the store is lost: asking would only wait out its timeout again."""

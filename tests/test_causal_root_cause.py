@@ -1,0 +1,197 @@
+"""The job's root cause is ordered without comparing the clocks of different hosts: a pure
+table over records from several hosts (``causal_order``), and two real agents, one with its
+wall clock 5 s behind, where the report on both still names the true first failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from phalanx.errors import UsageError
+from phalanx.net import free_port
+from phalanx.report.classify import classify
+from phalanx.report.exits import WorkerExit, causal_order, format_report, report_json
+from phalanx.supervisor.clock import OFFSET_ENV, WallClock
+from support.hosts import Node
+from support.launch import PHALANX, wait_for, worker
+
+GLOO_RESET = (
+    "Traceback (most recent call last):",
+    '  File "train.py", line 9, in <module>',
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+    "by peer [10.0.0.1]:40473",
+)
+
+
+def failed(
+    rank: int,
+    node: int,
+    *,
+    seq: int = 0,
+    mono: float = 0.0,
+    wall: float = 1000.0,
+    code: int = 1,
+    tail: tuple[str, ...] = (),
+) -> WorkerExit:
+    """A failure as its node's agent classified it (seq: the store's number, 0: not posted)."""
+    exit_ = WorkerExit(
+        rank=rank, local_rank=0, host=f"host{node}", pid=100 + rank, returncode=code,
+        time=wall, stopped_by_launcher=False, stderr_tail=tail, node_rank=node, seq=seq,
+        monotonic=mono,
+    )  # fmt: skip
+    return classify(exit_)
+
+
+def order(exits: list[WorkerExit]) -> list[int]:
+    return [e.rank for e in causal_order(exits)]
+
+
+@pytest.mark.parametrize(
+    ("exits", "expected"),
+    [
+        # Host 1's clock is behind: its wall times are earlier, its sequence numbers later.
+        ([failed(0, 0, seq=1, wall=1000.0), failed(1, 1, seq=2, wall=995.0)], [0, 1]),
+        ([failed(1, 1, seq=2, wall=995.0), failed(0, 0, seq=1, wall=1000.0)], [0, 1]),
+        # A Gloo peer reset reported first (seq 1) is still collateral to the real failure.
+        ([failed(1, 1, seq=1, wall=990.0, tail=GLOO_RESET), failed(0, 0, seq=2, code=7)], [0, 1]),
+        # Only peer errors: the store's order decides between them.
+        ([failed(2, 2, seq=3, tail=GLOO_RESET), failed(1, 1, seq=2, tail=GLOO_RESET)], [1, 2]),
+        # Three hosts, clocks all over the place: sequence numbers only.
+        (
+            [
+                failed(0, 0, seq=3, wall=1.0),
+                failed(1, 1, seq=1, wall=9.0),
+                failed(2, 2, seq=2, wall=5.0),
+            ],
+            [1, 2, 0],
+        ),
+        # This node's second failure (not posted) follows its posted cause, by its own
+        # monotonic clock, and comes before a later node's failure.
+        (
+            [failed(3, 0, mono=7.0), failed(0, 0, seq=1, mono=5.0), failed(1, 1, seq=2)],
+            [0, 3, 1],
+        ),
+        # Nothing posted (no store): one node's monotonic clock, never its wall clock.
+        ([failed(1, 0, mono=2.0, wall=1.0), failed(0, 0, mono=1.0, wall=2.0)], [0, 1]),
+    ],
+)
+def test_causal_order(exits: list[WorkerExit], expected: list[int]) -> None:
+    assert order(exits) == expected
+    cause = causal_order(exits)[0]
+    data = report_json(exits, 1)
+    assert isinstance(data["root_cause"], dict) and data["root_cause"]["rank"] == cause.rank
+    assert f"Root cause: rank {cause.rank} (local rank 0)" in format_report(exits, 1)
+
+
+def test_peer_errors_are_told_from_the_evidence() -> None:
+    assert failed(1, 1, tail=GLOO_RESET).peer_error
+    nccl = ("[rank1]: torch.distributed.DistBackendError: NCCL error: remote process exited "
+            "or there was a network error",)  # fmt: skip
+    assert failed(1, 1, tail=nccl).peer_error
+    store = ("torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was "
+             "likely closed. Did the remote server shutdown or crash?",)  # fmt: skip
+    assert failed(1, 1, tail=store).peer_error
+    timeout = ("RuntimeError: [pair.cc:598] Timed out waiting 1800000ms for recv operation "
+               "to complete",)  # fmt: skip
+    assert failed(1, 1, tail=timeout).peer_error
+    abort = ("terminate called after throwing an instance of 'gloo::IoException'",
+             "  what():  [pair.cc:553] Connection reset by peer")  # fmt: skip
+    assert failed(1, 1, code=-signal.SIGABRT, tail=abort).peer_error
+    assert not failed(1, 1, tail=("ValueError: the loss is nan",)).peer_error
+    # A chosen exit code is the program's own word, whatever it printed before.
+    assert not failed(1, 1, code=3, tail=GLOO_RESET[-1:]).peer_error
+    # A message about a peer printed before an unrelated traceback does not count.
+    earlier = ("Connection reset by peer (retrying)", *GLOO_RESET[:2], "KeyError: 'lr'")
+    assert not failed(1, 1, tail=earlier).peer_error
+
+
+def test_wall_clock_offset_from_the_environment() -> None:
+    assert WallClock.from_env({}).offset == 0.0
+    assert WallClock.from_env({OFFSET_ENV: "-5"}).offset == -5.0
+    for junk in ("soon", "nan", "inf"):
+        with pytest.raises(UsageError, match=OFFSET_ENV):
+            WallClock.from_env({OFFSET_ENV: junk})
+
+
+def test_a_junk_wall_clock_offset_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = dict(os.environ, **{OFFSET_ENV: "soon"})
+    done = subprocess.run(
+        [*PHALANX, "--log-dir", str(tmp_path), worker("echo_args.py")],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"phalanx: error: {OFFSET_ENV}='soon': expected a number of seconds, like -5"
+    ]
+
+
+# A long heartbeat timeout: node 1's agent is held (SIGSTOP) for a moment and must not be
+# judged lost meanwhile.
+CONF = "heartbeat_interval=0.5,heartbeat_timeout=30,last_call_timeout=1,join_timeout=60"
+
+
+def report(node: Node) -> dict[str, object]:
+    (run_dir,) = node.logs.iterdir()
+    return dict(json.loads((run_dir / "report.json").read_text()))
+
+
+def test_a_host_whose_clock_is_behind_does_not_make_its_collateral_error_the_root_cause(
+    hosts: object, nodes: list[Node], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 (node 0, true clock) exits 7; rank 1 (node 1, its agent's wall clock 5 s
+    behind) then fails in its all_reduce with Gloo's "connection closed by peer". Node 1's
+    agent is held with SIGSTOP from before rank 0 fails until rank 1 is dead and node 0 has
+    posted its failure, so what happens first is fixed: rank 0 dies, rank 1 fails because of
+    it, and node 1's record carries the earlier wall time. Both reports name rank 0, exit
+    code 7, and both agents exit 7."""
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for i in (0, 1):
+        args = [
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{net.addr(0)}:{port}", "--rdzv-id", "clock", "--rdzv-conf",
+            CONF, worker("first_failure.py"), str(shared),
+        ]  # fmt: skip
+        if i == 1:
+            monkeypatch.setenv(OFFSET_ENV, "-5")  # Node copies the environment as it starts
+        nodes.append(Node(net, i, args, tmp_path))
+    monkeypatch.delenv(OFFSET_ENV)
+    wait_for(lambda: len(list(shared.glob("ready.*"))) == 2, 90, "both ranks to meet")
+    rank1 = int((shared / "ready.1").read_text())
+    held = nodes[1].proc.pid
+    # Warm start: rank 1's parent is node 1's template, which keeps running (and reaping)
+    # while the agent is held.
+    assert psutil.Process(rank1).ppid() != held
+    os.kill(held, signal.SIGSTOP)
+    try:
+        (shared / "go").touch()
+        # Gone from /proc: rank 1 has died and its parent, node 1's template, has reaped it,
+        # so node 1's agent finds its exit pending (and its status sent) when it resumes.
+        wait_for(lambda: not Path(f"/proc/{rank1}").exists(), 60, "rank 1 to fail and be reaped")
+        wait_for(lambda: "exit code 7 (attempt 1)" in nodes[0].stderr, 60, "node 0's record")
+    finally:
+        os.kill(held, signal.SIGCONT)
+    codes = [node.finish(120) for node in nodes]
+    errs = nodes[0].stderr + nodes[1].stderr
+    assert codes == [7, 7], errs
+    both = [report(node) for node in nodes]
+    for node, data in zip(nodes, both, strict=True):
+        cause = data["root_cause"]
+        assert isinstance(cause, dict), node.stderr
+        assert (cause["rank"], cause["exit_code"], data["kind"]) == (0, 7, "exit_code"), errs
+        assert "Root cause: rank 0 (local rank 0)" in node.stderr
+    # Node 1 saw its own collateral failure: a Gloo error, noticed at an earlier wall time
+    # than rank 0's exit, and posted after it.
+    exits = {e["rank"]: e for e in both[1]["exits"]}  # type: ignore[attr-defined]
+    assert both[1]["also_failed"] == [1], errs
+    assert exits[1]["peer_error"] is True and exits[1]["kind"] == "exception", exits[1]
+    assert exits[1]["time"] < exits[0]["time"], (exits[0]["time"], exits[1]["time"])
+    assert exits[0]["seq"] < exits[1]["seq"], (exits[0]["seq"], exits[1]["seq"])
