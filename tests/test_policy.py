@@ -103,9 +103,10 @@ SIGNATURES = [
     ([], ""),
     ([{"hang": {"ranks": []}}], ""),  # a node that only posted where its ranks were
     ([_record(1, 1, 5.0, 3, "ValueError: boom")], "rank 1, exit code 3: ValueError: boom"),
-    # The job's root cause is the earliest, whichever node posted it.
+    # The job's root cause is the first the store recorded, whichever node posted it and
+    # whatever the nodes' clocks say.
     (
-        [_record(0, 0, 7.0, 1, "RuntimeError: Gloo"), _record(1, 1, 5.0, -9, "step 3")],
+        [_record(0, 0, 5.0, 1, "RuntimeError: Gloo", seq=2), _record(1, 1, 7.0, -9, "step 3", seq=1)],
         "rank 1, killed by SIGKILL: step 3",
     ),
     # Stopped by phalanx: not a failure of its own.
