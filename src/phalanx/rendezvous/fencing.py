@@ -66,11 +66,11 @@ def lease_seconds(lease_ttl: float) -> int:
 
 
 def lease_timing(lease_ttl: float) -> FenceTiming:
-    """Leases (etcd): renewed three times per ``fence_after`` (and at least three times per
-    TTL), so one slow renewal costs neither the lease nor the workers."""
+    """Leases (etcd): renewed three times per ``fence_after`` (more often than etcd's own
+    TTL/3), so one slow renewal costs neither the lease nor the workers."""
     ttl = lease_seconds(lease_ttl)
     fence_after = ttl - KILL_BOUND - MARGIN
-    beat = min(ttl / 3, fence_after / 3) if fence_after > 0 else ttl / 3
+    beat = fence_after / 3 if fence_after > 0 else ttl / 3
     return FenceTiming(float(ttl), beat, "lease_ttl")
 
 
