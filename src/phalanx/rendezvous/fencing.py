@@ -189,10 +189,10 @@ class Fence:
         """SIGKILL every guarded group (syscalls only, under the lock so ``guard`` cannot
         slip a group in between); returns how many."""
         self._reason = (
-            f"fenced: no store write proved this node alive for "
-            f"{self.timing.fence_after:g} s ({self.timing.source} {self.timing.wait:g} s - "
-            f"{KILL_BOUND:g} s to kill - {MARGIN:g} s margin), so its workers were SIGKILLed "
-            "before the other nodes could count it lost and re-form without it"
+            f"fenced: no store write confirmed this node alive for {self.timing.fence_after:g} s "
+            f"({self.timing.source} {self.timing.wait:g} s - {KILL_BOUND:g} s to kill - "
+            f"{MARGIN:g} s margin): its workers were SIGKILLed before the others could count "
+            "it lost"
         )
         self._fired_at = now
         for pgid in self._groups:

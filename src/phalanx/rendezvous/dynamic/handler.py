@@ -241,6 +241,8 @@ class DynamicRendezvous:
             raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
 
     def report_done(self, ok: bool) -> None:
+        if not ok:
+            self._liveness.settle()  # fenced: learn what became of the store, bounded
         if self._done is True and not ok and self._membership is not None:
             self._done = False  # the job failed elsewhere after this node's workers finished
             self._stop_job()

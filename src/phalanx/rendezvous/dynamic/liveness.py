@@ -136,21 +136,38 @@ class Liveness:
     def store_problem(self) -> str | None:
         """Why the store counts as lost, or None: errors for two heartbeats in a row, no
         answer at all (a call stuck on a vanished host) for ``heartbeat_timeout``, this
-        node's lease expired (the others count it as lost), or it fenced itself."""
-        if self._fence is not None and (fenced := self._fence.reason) is not None:
-            return fenced
+        node's lease expired (the others count it as lost), or it fenced itself (then what
+        is known of the store too: see ``settle``)."""
+        fenced = self._fence.reason if self._fence is not None else None
         if self._thread is None:
-            return None
+            return fenced
         now = self._clock()
         with self._lock:
             failing, last_ok, error = self._failing_since, self._last_ok, self._last_error
             if self._expelled is not None:
-                return self._expelled
+                return self._expelled if fenced is None else f"{fenced}; {self._expelled}"
+        if fenced is not None:  # the store's side, as far as it is known yet
+            if failing is not None:
+                return f"{fenced}; the rendezvous store is unreachable: {error}"
+            if now - last_ok > self._s.heartbeat_interval:
+                return f"{fenced}; the rendezvous store has not answered for {now - last_ok:.0f} s"
+            return fenced
         if failing is not None and now - failing >= 2 * self._s.heartbeat_interval:
             return f"the rendezvous store is unreachable: {error}"
         if now - last_ok > self._s.heartbeat_timeout:
             return f"the rendezvous store has not answered for {now - last_ok:.0f} s"
         return None
+
+    def settle(self) -> None:
+        """After the fence fired: wait for the thread's last store call to end, so that
+        ``store_problem`` can say what became of the store, at most until the store would
+        have counted as lost anyway (``heartbeat_timeout`` after its last answer)."""
+        thread = self._thread
+        if self._fence is None or self._fence.reason is None or thread is None:
+            return
+        with self._lock:
+            until = self._last_ok + self._s.heartbeat_timeout
+        thread.join(timeout=max(0.0, until - self._clock()))
 
     def stop(self) -> None:
         """End the thread; waits at most one heartbeat (a call stuck on a lost store is left
