@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 
 from phalanx.net import free_port
+from phalanx.rendezvous.dynamic.board import Board
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.pulse import Counters, Verdict
 from phalanx.rendezvous.fencing import (
     KILL_BOUND,
     MARGIN,
@@ -31,9 +34,13 @@ from phalanx.rendezvous.fencing import (
     lease_timing,
     timing_problem,
 )
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.etcd.conf import EtcdOptions
+from phalanx.rendezvous.stores.etcd.store import EtcdStore
 from support.etcd_server import EtcdCluster
 from support.hosts import NamespaceHosts, Node
 from support.launch import run_phalanx, wait_for, worker
+from support.memory_store import MemoryServer, MemoryStore
 from support.netns import NetNamespaces
 from support.tools import needs_etcd
 
@@ -115,6 +122,38 @@ def test_an_etcd_lease_too_short_to_fence_is_refused(tmp_path: Path) -> None:
     assert "give lease_ttl >= 3" in lines[0]
 
 
+# -- tier (b): the survivors' side, on a fake clock ------------------------------------------
+class SlowReads(MemoryStore):
+    """A store whose reads take ``delay`` seconds of the fake ``clock``."""
+
+    def __init__(self, server: MemoryServer, clock: list[float], delay: float) -> None:
+        super().__init__(server)
+        self._clock, self.delay = clock, delay
+
+    def get(self, key: str) -> bytes | None:
+        self._clock[0] += self.delay
+        return super().get(key)
+
+
+def test_a_watcher_counts_silence_from_after_the_read_that_showed_the_value() -> None:
+    """The watcher's tick time is taken before its reads; a slow read must not let the
+    silence start before the node's write did (the fence counts from that write)."""
+    settings = RendezvousSettings(heartbeat_interval=1.0, heartbeat_timeout=10.0)
+    server, clock = MemoryServer(), [1000.0]
+    keys = Keys("job")
+    writer = Counters(Board(MemoryStore(server), keys, "node-b"), settings)
+    store = SlowReads(server, clock, delay=5.0)
+    watcher = Counters(Board(store, keys, "node-a"), settings, clock=lambda: clock[0])
+    writer.beat(True)
+    tick = clock[0]
+    assert watcher.judge("node-b", tick)[0] is Verdict.ALIVE  # read at 1005, value new
+    store.delay = 0.0
+    clock[0] = tick + settings.heartbeat_timeout + 1  # 11 s after the tick, 6 after the read
+    assert watcher.judge("node-b", clock[0])[0] is not Verdict.LOST
+    clock[0] = tick + 5.0 + settings.heartbeat_timeout
+    assert watcher.judge("node-b", clock[0])[0] is Verdict.LOST
+
+
 # -- tier (c): the Fence against real processes -----------------------------------------------
 @pytest.fixture
 def sleepers() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
@@ -176,6 +215,24 @@ def test_a_proof_that_comes_after_the_deadline_fires_the_fence(
     fence.proved_alive(101.0)
     assert proc.wait(HANG) == -signal.SIGKILL
     assert fence.reason is not None
+
+
+@needs_etcd
+def test_the_etcd_lease_reports_each_renewal_as_often_as_fencing_asks() -> None:
+    """A real etcd, a 30 s lease (etcd's own pace: a renewal every 10 s): asked for one every
+    0.1 s, the store reports grant and renewals, each with the time its request was sent."""
+    with EtcdCluster(size=1) as etcd:
+        store = EtcdStore(etcd.endpoints, "/phalanx/runs/fence/", EtcdOptions(lease_ttl=30))
+        proofs: list[tuple[float, float]] = []
+        try:
+            store.on_renewed(lambda sent: proofs.append((sent, time.monotonic())), every=0.1)
+            assert store.lease_ttl == 30
+            store.set_ephemeral("alive", b"1")
+            wait_for(lambda: len(proofs) >= 5, 30, "a grant and four renewals")
+        finally:
+            store.close()
+    assert all(sent <= answered for sent, answered in proofs)
+    assert [sent for sent, _ in proofs] == sorted(sent for sent, _ in proofs)
 
 
 # -- tier (c): partitions of real hosts -------------------------------------------------------
@@ -330,3 +387,40 @@ def test_a_node_cut_off_from_etcd_is_fenced_before_its_lease_expires(
         finally:
             for node in nodes:
                 node.kill()  # before etcd stops: no agent waits on a vanished store
+
+
+@pytest.mark.slow
+def test_a_store_lost_by_its_errors_stops_the_workers_without_grace(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
+) -> None:
+    """The c10d store's host is SIGKILLed: node 1's connection is reset, its store calls
+    fail at once and it finds the store lost by the errors (or its fence, whichever comes
+    first). Its worker ignores SIGTERM and would get 600 s of grace: it is SIGKILLed instead,
+    and node 1 exits 1 long before the grace could have run out (90 s only catches that)."""
+    spaces = netns(2)
+    net = NamespaceHosts(spaces)
+    port = free_port()
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    for i in (0, 1):
+        conf = f"{FAST},heartbeat_timeout=4,is_host={str(i == 0).lower()}"
+        args = ["--nnodes", "2", "--nproc-per-node", "1", "--shutdown-timeout", "600",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{spaces.addr(0)}:{port}",
+                "--rdzv-id", "lost-store", "--rdzv-conf", conf,
+                worker("fence_stamp.py"), str(stamps), f"n{i}"]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    try:
+        wait_for(
+            lambda: all(stamp_files(stamps, f"n{i}") for i in (0, 1)), HANG, "both workers"
+        )
+        nodes[0].kill()  # the store's host, its whole session
+        assert nodes[1].finish(HANG) == 1, nodes[1].stderr
+        wait_for(lambda: namespace_pids(spaces, 1) == [], 30, "node 1's namespace to be empty")
+    finally:
+        (stamps / "stop").touch()
+    err = nodes[1].stderr
+    assert "stopped by phalanx (killed by SIGKILL)" in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(
+        ("phalanx: the job stopped: the rendezvous store", "phalanx: the job stopped: fenced: ")
+    ), err
