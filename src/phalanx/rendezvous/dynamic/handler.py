@@ -193,6 +193,8 @@ class DynamicRendezvous:
 
     def report_failure(self, failure: dict[str, object]) -> int | None:
         membership, rank = self._current()
+        if self._liveness.fenced():
+            return  # nobody to tell: a store call would only wait out its timeout
         record = {"node_rank": rank, "hostname": self._hostname, "round": membership.round}
         record.update(failure)
         detail = f"node {rank} ({self._hostname}) reported a worker failure"
@@ -216,6 +218,8 @@ class DynamicRendezvous:
 
     def claim_restart(self, max_restarts: int) -> bool:
         membership, _ = self._current()
+        if self._liveness.fenced():  # the others are forming the next round without us
+            raise RendezvousError(self._liveness.store_problem() or "fenced")
         r = membership.round
         try:
             within = membership.restart_count < max_restarts

@@ -158,6 +158,10 @@ class Liveness:
             return f"the rendezvous store has not answered for {now - last_ok:.0f} s"
         return None
 
+    def fenced(self) -> bool:
+        """Whether this node fenced itself (then no store call is worth its timeout)."""
+        return self._fence is not None and self._fence.reason is not None
+
     def settle(self) -> None:
         """After the fence fired: wait for the thread's last store call to end, so that
         ``store_problem`` can say what became of the store, at most until the store would
