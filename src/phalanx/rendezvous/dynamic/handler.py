@@ -194,7 +194,7 @@ class DynamicRendezvous:
     def report_failure(self, failure: dict[str, object]) -> int | None:
         membership, rank = self._current()
         if self._liveness.fenced():
-            return  # nobody to tell: a store call would only wait out its timeout
+            return None  # nobody to tell: a store call would only wait out its timeout
         record = {"node_rank": rank, "hostname": self._hostname, "round": membership.round}
         record.update(failure)
         detail = f"node {rank} ({self._hostname}) reported a worker failure"
