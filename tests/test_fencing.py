@@ -265,6 +265,18 @@ def namespace_pids(spaces: NetNamespaces, i: int) -> list[int]:
     return [int(pid) for pid in listed.stdout.split()]
 
 
+def wait_for_a_round_of_two(nodes: list[Node], stamps: Path) -> None:
+    def both_in_a_round_of_two() -> bool:
+        for node in nodes:
+            assert node.proc.poll() is None, node.stderr
+        return all(
+            any(world == 2 and last is not None for _, last, world in stamp_files(stamps, f"n{i}"))
+            for i in (0, 1)
+        )
+
+    wait_for(both_in_a_round_of_two, HANG, "a round of two nodes with both workers stamping")
+
+
 def partition_scenario(
     spaces: NetNamespaces,
     nodes: list[Node],
@@ -292,15 +304,7 @@ def partition_scenario(
         tail = [*grace, worker("fence_stamp.py"), str(stamps), f"n{i}"]
         nodes.append(Node(net, i, [*args_for(i), *tail], tmp, f"n{i}"))
 
-    def both_in_a_round_of_two() -> bool:
-        for node in nodes:
-            assert node.proc.poll() is None, node.stderr
-        return all(
-            any(world == 2 and last is not None for _, last, world in stamp_files(stamps, f"n{i}"))
-            for i in (0, 1)
-        )
-
-    wait_for(both_in_a_round_of_two, HANG, "a round of two nodes with both workers stamping")
+    wait_for_a_round_of_two(nodes, stamps)
     cut = time.monotonic()
     spaces.cut(1) if how == "link-down" else spaces.drop(1)
     try:
@@ -359,6 +363,57 @@ def test_a_node_cut_off_from_the_c10d_store_is_fenced_before_the_others_re_form(
                 "--rdzv-id", "fence-c10d", "--rdzv-conf", conf]  # fmt: skip
 
     partition_scenario(spaces, nodes, tmp_path, args, "link-down", fenced_always=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_a_node_cut_off_during_its_workers_grace_is_fenced_all_the_same(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
+) -> None:
+    """Node 0's worker fails, so both nodes stop theirs: node 1 with SIGTERM and 600 s of
+    grace, which its worker spends saving (it goes on stamping). Node 1 is cut off then: its
+    fence SIGKILLs the worker in the middle of the grace, before node 0 re-forms alone."""
+    spaces = netns(2)
+    net = NamespaceHosts(spaces)
+    port = free_port()
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    for i in (0, 1):
+        conf = f"{FAST},heartbeat_timeout=4,read_timeout=30,is_host={str(i == 0).lower()}"
+        args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
+                "--shutdown-timeout", "1" if i == 0 else "600",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{spaces.addr(0)}:{port}",
+                "--rdzv-id", "fence-grace", "--rdzv-conf", conf,
+                worker("fence_stamp.py"), str(stamps), f"n{i}"]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    wait_for_a_round_of_two(nodes, stamps)
+    (stamps / "fail").touch()
+
+    def node_1_in_its_grace() -> bool:
+        assert nodes[1].proc.poll() is None, nodes[1].stderr
+        return any("sigterm" in p.read_text() for p in stamps.glob("n1-*.stamps"))
+
+    wait_for(node_1_in_its_grace, HANG, "node 1's worker to get SIGTERM")
+    cut = time.monotonic()
+    spaces.cut(1)
+    try:
+        assert nodes[1].finish(HANG) == 1, nodes[1].stderr  # (the grace would be 600 s)
+        wait_for(lambda: namespace_pids(spaces, 1) == [], 30, "node 1's namespace to be empty")
+
+        def node_0_started_again() -> bool:
+            assert nodes[0].proc.poll() is None, nodes[0].stderr
+            return any(start > cut for start, _, _ in stamp_files(stamps, "n0"))
+
+        wait_for(node_0_started_again, HANG, "node 0 to re-form alone and start a worker")
+    finally:
+        (stamps / "stop").touch()
+    assert nodes[0].finish(HANG) == 0, nodes[0].stderr
+    last_old = max(last for _, last, _ in stamp_files(stamps, "n1") if last is not None)
+    first_new = min(start for start, _, _ in stamp_files(stamps, "n0") if start > cut)
+    assert cut < last_old < first_new, (cut, last_old, first_new)  # stamped in its grace
+    err = nodes[1].stderr
+    assert "phalanx: rendezvous: fenced: no store write confirmed this node alive" in err, err
+    assert "fenced: " in err.strip().splitlines()[-1] and "Traceback" not in err, err
 
 
 @pytest.mark.slow
