@@ -3,7 +3,9 @@
 Each member runs the ``etcd`` on PATH (``support.tools.ETCD``; Debian ``etcd-server``) with a fresh data directory
 (on ``/dev/shm`` when possible: fsync on a shared disk is what makes etcd slow), is stopped by
 its PID (SIGTERM, wait, SIGKILL, wait) and has its directory removed. Nothing here talks to
-anything but 127.0.0.1.
+anything but 127.0.0.1 -- or, given ``host`` and ``prefix`` (``ip netns exec NAME``), the
+address of a test network namespace the member runs in, whose health is then asked from
+inside it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -123,6 +126,8 @@ class EtcdCluster:
     size: int = 1
     tls: TlsFiles | None = None
     extra_args: tuple[str, ...] = ()
+    host: str = "127.0.0.1"  # the address the members listen on
+    prefix: tuple[str, ...] = ()  # runs each member (and its health check) elsewhere
     members: list[EtcdMember] = field(default_factory=list)
     root: Path | None = None
 
@@ -145,8 +150,8 @@ class EtcdCluster:
             self.members.append(
                 EtcdMember(
                     name=f"m{i}",
-                    client_url=f"{scheme}://127.0.0.1:{ports[2 * i]}",
-                    peer_url=f"http://127.0.0.1:{ports[2 * i + 1]}",
+                    client_url=f"{scheme}://{self.host}:{ports[2 * i]}",
+                    peer_url=f"http://{self.host}:{ports[2 * i + 1]}",
                     data_dir=self.root / f"m{i}",
                     log_path=self.root / f"m{i}.log",
                 )
@@ -212,6 +217,7 @@ class EtcdCluster:
         if ETCD is None:
             raise FileNotFoundError("etcd is not on PATH (Debian: etcd-server)")
         args = [
+            *self.prefix,
             ETCD,
             f"--name={member.name}",
             f"--data-dir={member.data_dir}",
@@ -241,6 +247,8 @@ class EtcdCluster:
 
     def _wait_healthy(self, member: EtcdMember, deadline: float) -> None:
         """Poll ``/health`` (true once the cluster has a leader) until ``deadline``."""
+        if self.prefix:
+            return self._wait_healthy_inside(member, deadline)
         with self.session() as session:
             while True:
                 assert member.process is not None
@@ -261,6 +269,29 @@ class EtcdCluster:
                         f"{member.log_tail()}"
                     )
                 time.sleep(0.1)
+
+
+    def _wait_healthy_inside(self, member: EtcdMember, deadline: float) -> None:
+        """``_wait_healthy`` for a member behind ``prefix``: one probe process inside."""
+        probe = (
+            "import json, sys, time, urllib.request\n"
+            "deadline = time.monotonic() + float(sys.argv[2])\n"
+            "while time.monotonic() < deadline:\n"
+            "    try:\n"
+            "        with urllib.request.urlopen(sys.argv[1] + '/health', timeout=2) as r:\n"
+            "            if json.load(r).get('health') == 'true':\n"
+            "                sys.exit(0)\n"
+            "    except (OSError, ValueError):\n"
+            "        pass\n"
+            "    time.sleep(0.1)\n"
+            "sys.exit(1)\n"
+        )
+        left = max(1.0, deadline - time.monotonic())
+        argv = [*self.prefix, sys.executable, "-c", probe, member.client_url, str(left)]
+        if subprocess.run(argv, timeout=left + 30).returncode != 0:
+            raise RuntimeError(
+                f"etcd {member.name} not healthy after {START_TIMEOUT} s:\n{member.log_tail()}"
+            )
 
 
 def _b64(text: str) -> str:

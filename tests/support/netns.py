@@ -71,6 +71,13 @@ class NetNamespaces:
         """Take node i off the network without a word: its peers get no reset, only silence."""
         self._ip(self.names[i], "link", "set", "eth0", "down")
 
+    def drop(self, i: int) -> None:
+        """Drop every packet node i sends to the others, with its link still up: blackhole
+        routes (iproute2, no firewall needed) more specific than the subnet's. Nothing fails
+        on node i (a connect or a send just gets no answer), and its peers hear nothing."""
+        for half in ("0/25", "128/25"):
+            self._ip(self.names[i], "route", "add", "blackhole", f"{self.subnet}.{half}")
+
     def destroy(self) -> None:
         """Remove every namespace made (their links go with them). Idempotent."""
         while self._made:

@@ -93,6 +93,7 @@ class Agent:
                     console=self._console,
                     duplicate_filters=filters,
                     wall_clock=wall_clock.now,
+                    fence=rendezvous.fence(),
                 )
                 return Rounds(config, rendezvous, supervisor, signals, run_dir, self._base_env).run()
             finally:

@@ -239,6 +239,9 @@ class Rounds:
     ) -> NoReturn:
         """Print and save the job-wide report, then raise with the root cause's exit code."""
         self.rdzv.report_done(False)
+        if event is not None and event.kind is EventKind.STORE_LOST:
+            known = self.rdzv.poll()  # what is known of the store by now (after a fence)
+            event = known if known is not None and known.kind is EventKind.STORE_LOST else event
         records = self._round_records(joined, waiting_for_hangs=hang is not None)
         lost = None
         if event is not None and event.kind is EventKind.NODE_LOST:

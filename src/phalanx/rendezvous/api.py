@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
+from phalanx.rendezvous.fencing import Fence
+
 
 @dataclass(frozen=True)
 class NodeInfo:
@@ -212,6 +214,11 @@ class RendezvousHandler(Protocol):
         peers still finishing (torchrun's exit barrier). Without ``report_done`` first,
         peers see this node as ``NODE_LOST`` (a graceful scale-down).
         """
+
+    def fence(self) -> Fence | None:
+        """What SIGKILLs this node's workers once it may have lost the store for longer than
+        the others wait (``phalanx.rendezvous.fencing``): the supervisor guards every worker
+        group with it. None where no other node can count this one lost (single node)."""
 
     def stacks(self) -> StackExchange | None:
         """How this node asks the others for their ranks' stacks and answers them; None when

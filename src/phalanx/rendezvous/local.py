@@ -95,5 +95,8 @@ class LocalRendezvous:
     def shutdown(self) -> None:
         pass
 
+    def fence(self) -> None:
+        return None  # no other node can count this one lost
+
     def stacks(self) -> StackExchange | None:
         return None  # no other node to ask

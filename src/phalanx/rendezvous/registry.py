@@ -18,6 +18,7 @@ from typing import Any
 from phalanx.errors import RendezvousError, UsageError
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.dynamic.keys import check_run_id
+from phalanx.rendezvous.fencing import timing_problem
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings, settings_problems
 from phalanx.rendezvous.spec import Backend, RendezvousSpec
 from phalanx.rendezvous.stores.base import StoreUnavailable
@@ -60,6 +61,8 @@ def _checked(spec: RendezvousSpec) -> tuple[RendezvousSettings, Any, list[str]]:
     except ImportError as exc:
         return settings, None, [*problems, f"--rdzv-backend {spec.backend} is not available: {exc}"]
     options, own = backend.check(spec)
+    if not own and (fencing := timing_problem(backend.fencing(settings, options))) is not None:
+        own = [fencing]
     return settings, options, [*problems, *own]
 
 

@@ -17,7 +17,9 @@ key (aliases)              default    meaning
 (``keep_alive_interval``)             checks for peer events)
 ``heartbeat_timeout``      10         a node silent this long is lost (peers see ``NODE_LOST``;
                                       on etcd the node's lease decides instead: ``lease_ttl``);
-                                      also how long an unreachable store is tolerated
+                                      also how long an unreachable store is tolerated; c10d and
+                                      static need >= 2 + 2 x heartbeat_interval to fence in time
+                                      (``fencing``: the backend's check refuses less)
 ``keep_alive_max_attempt`` --         torchrun's way to say heartbeat_timeout: this many
                                       heartbeat intervals
 ``read_timeout``           60         seconds one store operation may take (c10d, static)

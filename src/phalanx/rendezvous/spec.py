@@ -8,6 +8,7 @@ from typing import Any
 
 from phalanx.parsing import parse_endpoint
 from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.rendezvous.fencing import FenceTiming, counters_timing
 from phalanx.rendezvous.settings import RendezvousSettings
 
 
@@ -30,6 +31,11 @@ class RendezvousSpec:
     worker_port: int | None = None
 
 
+def heartbeat_fencing(settings: RendezvousSettings, options: Any) -> FenceTiming:
+    """Fencing by heartbeat counters (every backend but one with leases)."""
+    return counters_timing(settings.heartbeat_interval, settings.heartbeat_timeout)
+
+
 @dataclass(frozen=True)
 class Backend:
     """One entry of the registry."""
@@ -42,6 +48,9 @@ class Backend:
     check: Callable[[RendezvousSpec], tuple[Any, list[str]]]
     # Connect (or host) and build the handler; may raise StoreUnavailable.
     open: Callable[[RendezvousSpec, RendezvousSettings, Any], RendezvousHandler]
+    # How a node of this backend proves it is alive, for fencing (checked before ``open``,
+    # so settings that leave no time to fence are a usage error).
+    fencing: Callable[[RendezvousSettings, Any], FenceTiming] = heartbeat_fencing
 
 
 def split_endpoint(text: str, default_port: int, what: str = "--rdzv-endpoint") -> tuple[str, int]:

@@ -3,6 +3,9 @@
 Worker exits arrive as readable pidfds and log output as readable pipes, in one ``select``
 loop; the only timer is the rendezvous poll. Shutdown order is fixed: the stop signal to
 every worker's process group, wait to a ``time.monotonic()`` deadline, SIGKILL, bounded wait.
+A lost store skips the grace: SIGKILL at once. Every worker group is guarded by the node's
+fence too (``phalanx.rendezvous.fencing``), whose own thread SIGKILLs them when the node may
+have been cut off from the store for too long; the loop then reports ``STORE_LOST``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from enum import Enum
 from typing import BinaryIO
 
 from phalanx.plan import RoundPlan, WorkerPlan
-from phalanx.rendezvous.api import JobEvent
+from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.rendezvous.fencing import KILL_BOUND, Fence
 from phalanx.report.exits import WorkerExit, read_error_file
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogFile, LogStream, finish_all
@@ -78,9 +82,12 @@ class Supervisor:
         duplicate_filters: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ()),
         host: str | None = None,
         wall_clock: Callable[[], float] = time.time,
+        fence: Fence | None = None,
     ) -> None:
-        """``wall_clock``: the time stamped on each exit, for display (``supervisor.clock``)."""
+        """``wall_clock``: the time stamped on each exit, for display (``supervisor.clock``).
+        ``fence``: guards every worker group (``phalanx.rendezvous.fencing``)."""
         self._guardian = guardian
+        self._fence = fence
         self._shutdown_timeout = shutdown_timeout
         self._monitor_interval = monitor_interval
         self._launch = launch
@@ -110,7 +117,9 @@ class Supervisor:
             while True:
                 timeout = max(0.0, next_poll - time.monotonic())
                 events = selector.select(timeout)
-                self._handle_events(events, slots, streams, selector, stopping)
+                # Read before the exits: the fence's SIGKILLs are phalanx's, not failures.
+                fenced = self._fence.reason if self._fence is not None else None
+                self._handle_events(events, slots, streams, selector, stopping or bool(fenced))
                 if any(key.fd == signals.fd for key, _ in events):
                     signals.drain()  # or select would return at once forever
                 signum = signals.pending()
@@ -118,6 +127,11 @@ class Supervisor:
                     stopping = True
                     self._stop(slots, streams, selector, signum)
                     return RoundResult(Outcome.INTERRUPTED, self._exits(slots), signum=signum)
+                if fenced is not None:
+                    stopping = True
+                    self._reap_fenced(slots, streams, selector)
+                    lost = JobEvent(EventKind.STORE_LOST, detail=fenced)
+                    return RoundResult(Outcome.REMOTE, self._exits(slots), event=lost)
                 if any(s.exit is not None and s.exit.failed for s in slots):
                     stopping = True
                     self._stop(slots, streams, selector, signal.SIGTERM)
@@ -135,7 +149,11 @@ class Supervisor:
                     event = poll()
                     if event is not None:
                         stopping = True
-                        self._stop(slots, streams, selector, signal.SIGTERM)
+                        # Without the store the others may re-form without this node at any
+                        # moment: no grace period for workers that may overlap new ones.
+                        gone = event.kind is EventKind.STORE_LOST
+                        stop_with = signal.SIGKILL if gone else signal.SIGTERM
+                        self._stop(slots, streams, selector, stop_with)
                         if any(s.exit is not None and s.exit.failed for s in slots):
                             # A worker had died on its own before the event was acted on:
                             # its failure is this round's story, as if noticed a moment earlier.
@@ -148,6 +166,8 @@ class Supervisor:
             for slot in slots:
                 slot.proc.close()
                 self._guardian.forget(slot.proc.pid)
+                if self._fence is not None:
+                    self._fence.release(slot.proc.pid)
             selector.close()
             finish_all(handle for slot in slots for handle in slot.files)
 
@@ -162,6 +182,8 @@ class Supervisor:
             make_dirs(worker.log_dir)  # a symlink planted on the way is refused, not followed
         proc = self._launch(worker)
         self._guardian.watch(proc.pid)  # the worker leads its own process group
+        if self._fence is not None:
+            self._fence.guard(proc.pid)  # killed at once if the node has fenced already
         slot = _Slot(worker, proc, [])
         selector.register(proc.exit_fd, selectors.EVENT_READ, slot)
         prefix = f"[{worker.name}]: ".encode()
@@ -231,9 +253,12 @@ class Supervisor:
 
         A worker whose exit is already pending (its exit fd readable: it died before this
         signal, e.g. while the agent was busy polling or not scheduled) is recorded first, as
-        its own exit, not as one phalanx caused."""
-        self._handle_events(selector.select(0), slots, streams, selector, stopping=False)
-        for sig, wait in ((first_signal, self._shutdown_timeout), (signal.SIGKILL, _KILL_WAIT)):
+        its own exit, not as one phalanx caused -- unless the fence has fired: its SIGKILLs
+        are phalanx's."""
+        fenced = self._fence is not None and self._fence.reason is not None
+        self._handle_events(selector.select(0), slots, streams, selector, stopping=fenced)
+        grace = _KILL_WAIT if first_signal == signal.SIGKILL else self._shutdown_timeout
+        for sig, wait in ((first_signal, grace), (signal.SIGKILL, _KILL_WAIT)):
             # Groups of exited workers too: their children may still be running.
             for slot in slots:
                 _killpg(slot.proc.pid, sig)
@@ -253,6 +278,29 @@ class Supervisor:
         for slot in slots:
             if slot.exit is not None:
                 slot.exit = self._with_logs(slot.exit, slot)
+
+    def _reap_fenced(
+        self,
+        slots: list[_Slot],
+        streams: dict[int, LogStream],
+        selector: selectors.BaseSelector,
+    ) -> None:
+        """The fence SIGKILLed the workers: reap them. One still there ``KILL_BOUND`` after
+        the kill breaks the fencing argument (the others may start its rank again while it
+        exists) and is named; then the usual SIGKILL and bounded wait."""
+        assert self._fence is not None
+        deadline = (self._fence.fired_at or time.monotonic()) + KILL_BOUND
+        while any(s.exit is None for s in slots) and time.monotonic() < deadline:
+            events = selector.select(max(0.0, deadline - time.monotonic()))
+            self._handle_events(events, slots, streams, selector, stopping=True)
+        for slot in slots:
+            if slot.exit is None:
+                log.error(
+                    "%s (pid %d) was not reaped %g s after the fence's SIGKILL: the other "
+                    "nodes may start rank %d again while it still exists",
+                    slot.plan.name, slot.proc.pid, KILL_BOUND, slot.plan.global_rank,
+                )  # fmt: skip
+        self._stop(slots, streams, selector, signal.SIGKILL)
 
     def _drain(self, streams: dict[int, LogStream], selector: selectors.BaseSelector) -> None:
         """Copy what is left in the pipes, bounded: a stray grandchild may hold one open."""

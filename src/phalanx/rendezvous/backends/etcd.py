@@ -14,6 +14,7 @@ from phalanx.errors import UsageError
 from phalanx.rendezvous.addr import node_address
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
+from phalanx.rendezvous.fencing import FenceTiming, lease_timing
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings
 from phalanx.rendezvous.spec import Backend, RendezvousSpec
 from phalanx.rendezvous.stores.etcd import conf
@@ -52,4 +53,11 @@ def open_handler(
     return DynamicRendezvous.for_spec(store, spec, settings, addr)
 
 
-BACKEND = Backend("etcd", "etcd v3 (torchrun's etcd-v2 name accepted)", check, open_handler)
+def fencing(settings: RendezvousSettings, options: Options) -> FenceTiming:
+    """A node proves it is alive by renewing its lease."""
+    return lease_timing(options.store.lease_ttl)
+
+
+BACKEND = Backend(
+    "etcd", "etcd v3 (torchrun's etcd-v2 name accepted)", check, open_handler, fencing
+)

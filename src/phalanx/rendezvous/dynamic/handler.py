@@ -6,7 +6,8 @@ algorithm is in ``formation``, the heartbeat/event thread in ``liveness``, the k
 ``--node-rank`` fixed.
 
 Liveness is by heartbeat counters, or by keys bound to the node's lease where the store has
-leases (etcd): see ``pulse``.
+leases (etcd): see ``pulse``. Either way the node fences itself (``fence()``; see
+``phalanx.rendezvous.fencing``) when no write has proved it alive for ``fence_after``.
 
 Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
 ``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it;
@@ -44,9 +45,22 @@ from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.sweep import sweep
+from phalanx.rendezvous.fencing import (
+    Fence,
+    FenceTiming,
+    counters_timing,
+    lease_timing,
+    timing_problem,
+)
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.spec import RendezvousSpec
-from phalanx.rendezvous.stores.base import DurableStore, KVStore, StoreUnavailable
+from phalanx.rendezvous.stores.base import (
+    DurableStore,
+    KVStore,
+    LeasedStore,
+    RenewingStore,
+    StoreUnavailable,
+)
 
 log = logging.getLogger("phalanx")
 
@@ -89,7 +103,8 @@ class DynamicRendezvous:
         self._former = RoundFormer(
             self._board, self._settings, min_nodes, max_nodes, worker_port=worker_port
         )
-        self._liveness = Liveness(self._board, self._settings)
+        self._fence = _fence_for(store, self._settings)
+        self._liveness = Liveness(self._board, self._settings, fence=self._fence)
         self._addr = addr
         self._hostname = hostname or socket.gethostname()
         self._fixed_rank = fixed_rank
@@ -144,6 +159,7 @@ class DynamicRendezvous:
         )
         try:
             self._liveness.announce()
+            self._liveness.start()  # beats while joining: see ``Liveness``
             membership, rank, (addr, port) = self._former.form(me, self._membership, self._rank)
             if rank == 0:  # (after the master is published: the others need not wait)
                 sweep(self._board, membership)
@@ -151,7 +167,6 @@ class DynamicRendezvous:
             raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
         self._membership, self._rank = membership, rank
         self._liveness.follow(membership, rank)
-        self._liveness.start()
         log.info(
             "rendezvous %r round %d: node rank %d of %d, master %s:%d, restart %d",
             self.run_id, membership.round, rank, membership.count, addr, port,
@@ -167,6 +182,9 @@ class DynamicRendezvous:
             master_port=port,
         )
 
+    def fence(self) -> Fence | None:
+        return self._fence
+
     def poll(self) -> JobEvent | None:
         problem = self._liveness.store_problem()
         if problem is not None:
@@ -175,6 +193,8 @@ class DynamicRendezvous:
 
     def report_failure(self, failure: dict[str, object]) -> int | None:
         membership, rank = self._current()
+        if self._liveness.fenced():
+            return None  # nobody to tell: a store call would only wait out its timeout
         record = {"node_rank": rank, "hostname": self._hostname, "round": membership.round}
         record.update(failure)
         detail = f"node {rank} ({self._hostname}) reported a worker failure"
@@ -198,6 +218,8 @@ class DynamicRendezvous:
 
     def claim_restart(self, max_restarts: int) -> bool:
         membership, _ = self._current()
+        if self._liveness.fenced():  # the others are forming the next round without us
+            raise RendezvousError(self._liveness.store_problem() or "fenced")
         r = membership.round
         try:
             within = membership.restart_count < max_restarts
@@ -223,6 +245,8 @@ class DynamicRendezvous:
             raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
 
     def report_done(self, ok: bool) -> None:
+        if not ok:
+            self._liveness.settle()  # fenced: learn what became of the store, bounded
         if self._done is True and not ok and self._membership is not None:
             self._done = False  # the job failed elsewhere after this node's workers finished
             self._stop_job()
@@ -448,3 +472,26 @@ class DynamicRendezvous:
                 detail = f"node {rank} ({self._hostname}) left the job"
                 event = JobEvent(EventKind.NODE_LOST, rank, detail)
                 self._board.post_event(membership.round, event, about=self._node_id)
+
+
+def fence_timing(store: KVStore, settings: RendezvousSettings) -> FenceTiming | None:
+    """How a node on ``store`` proves it is alive, for fencing: its lease's renewals, or its
+    heartbeats; None for a leased store that does not say when it renewed."""
+    if isinstance(store, RenewingStore):
+        return lease_timing(store.lease_ttl)
+    if isinstance(store, LeasedStore):
+        return None
+    return counters_timing(settings.heartbeat_interval, settings.heartbeat_timeout)
+
+
+def _fence_for(store: KVStore, settings: RendezvousSettings) -> Fence | None:
+    """The node's fence (no I/O: a leased store is only told to report its renewals)."""
+    timing = fence_timing(store, settings)
+    if timing is None:
+        return None
+    if (problem := timing_problem(timing)) is not None:
+        raise UsageError(problem)
+    fence = Fence(timing)
+    if isinstance(store, RenewingStore):
+        store.on_renewed(fence.proved_alive, timing.beat)
+    return fence

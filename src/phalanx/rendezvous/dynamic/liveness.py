@@ -19,7 +19,10 @@ It does every periodic store operation, so ``poll()`` never touches the network:
 
 The thread keeps watching the previous round while the agent is in ``next_round`` (that
 is how members that died during a restart are found and the restart stops waiting for
-them), and switches to the new round on ``follow``.
+them), and switches to the new round on ``follow``. It starts before the first round forms
+and beats while the node joins, so the heartbeats that prove the node alive (to its
+``Fence``, ``phalanx.rendezvous.fencing``) run on without a gap from before the round
+closes, when the others may start watching it, until the node leaves.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.dynamic.pulse import Verdict, pulse_for
+from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import Malformed, StoreUnavailable
 
@@ -53,12 +57,15 @@ class Liveness:
         board: Board,
         settings: RendezvousSettings,
         clock: Callable[[], float] = time.monotonic,
+        fence: Fence | None = None,
     ) -> None:
         """``clock`` times heartbeats and holes (a fake one drives the thread's ``tick`` by
-        hand in tests)."""
+        hand in tests). ``fence`` hears of every heartbeat written (counters; a leased store
+        tells it of renewals itself), and once it fired the store counts as lost."""
         self._b = board
         self._s = settings
         self._clock = clock
+        self._fence = fence
         self._lock = threading.Lock()
         self._view: _View | None = None
         self._events: deque[JobEvent] = deque()
@@ -66,7 +73,8 @@ class Liveness:
         # (index, since): the counter shows slot ``index`` taken but its entry is absent.
         self._hole: tuple[int, float] | None = None
         self._stack_requests = 0  # the newest stacks request of the round seen so far
-        self._pulse = pulse_for(board, settings)
+        proved = fence.proved_alive if fence is not None else (lambda start: None)
+        self._pulse = pulse_for(board, settings, clock, proved)
         self._declared: set[str] = set()
         self._beating = True
         self._next_beat = 0.0
@@ -90,7 +98,8 @@ class Liveness:
             self._next_beat = 0.0
 
     def start(self) -> None:
-        """Start the thread (once; later calls do nothing). Call after the first ``follow``."""
+        """Start the thread (once; later calls do nothing). Until the first ``follow`` it
+        only beats."""
         if self._thread is None:
             self._last_ok = self._clock()
             self._thread = threading.Thread(
@@ -103,9 +112,12 @@ class Liveness:
         self._pulse.announce()
 
     def stop_beating(self) -> None:
-        """This node left on purpose: no more heartbeats (peers read ``LEFT`` instead)."""
+        """This node left on purpose: no more heartbeats (peers read ``LEFT`` instead), so
+        no more proofs either: the fence stands down (no peer waits for this node now)."""
         with self._lock:
             self._beating = False
+        if self._fence is not None:
+            self._fence.stand_down()
 
     def next_event(self) -> JobEvent | None:
         with self._lock:
@@ -123,25 +135,50 @@ class Liveness:
 
     def store_problem(self) -> str | None:
         """Why the store counts as lost, or None: errors for two heartbeats in a row, no
-        answer at all (a call stuck on a vanished host) for ``heartbeat_timeout``, or this
-        node's lease expired (the others count it as lost)."""
+        answer at all (a call stuck on a vanished host) for ``heartbeat_timeout``, this
+        node's lease expired (the others count it as lost), or it fenced itself (then what
+        is known of the store too: see ``settle``)."""
+        fenced = self._fence.reason if self._fence is not None else None
         if self._thread is None:
-            return None
+            return fenced
         now = self._clock()
         with self._lock:
             failing, last_ok, error = self._failing_since, self._last_ok, self._last_error
             if self._expelled is not None:
-                return self._expelled
+                return self._expelled if fenced is None else f"{fenced}; {self._expelled}"
+        if fenced is not None:  # the store's side, as far as it is known yet
+            if failing is not None:
+                return f"{fenced}; the rendezvous store is unreachable: {error}"
+            if now - last_ok > self._s.heartbeat_interval:
+                return f"{fenced}; the rendezvous store has not answered for {now - last_ok:.0f} s"
+            return fenced
         if failing is not None and now - failing >= 2 * self._s.heartbeat_interval:
             return f"the rendezvous store is unreachable: {error}"
         if now - last_ok > self._s.heartbeat_timeout:
             return f"the rendezvous store has not answered for {now - last_ok:.0f} s"
         return None
 
+    def fenced(self) -> bool:
+        """Whether this node fenced itself (then no store call is worth its timeout)."""
+        return self._fence is not None and self._fence.reason is not None
+
+    def settle(self) -> None:
+        """After the fence fired: wait for the thread's last store call to end, so that
+        ``store_problem`` can say what became of the store, at most until the store would
+        have counted as lost anyway (``heartbeat_timeout`` after its last answer)."""
+        thread = self._thread
+        if self._fence is None or self._fence.reason is None or thread is None:
+            return
+        with self._lock:
+            until = self._last_ok + self._s.heartbeat_timeout
+        thread.join(timeout=max(0.0, until - self._clock()))
+
     def stop(self) -> None:
         """End the thread; waits at most one heartbeat (a call stuck on a lost store is left
-        behind: the thread is a daemon)."""
+        behind: the thread is a daemon). The fence stands down: no heartbeats follow."""
         self._stop.set()
+        if self._fence is not None:
+            self._fence.stand_down()
         if self._thread is not None:
             self._thread.join(timeout=self._s.heartbeat_interval)
 
@@ -174,14 +211,14 @@ class Liveness:
         May raise ``StoreUnavailable``."""
         with self._lock:
             view = self._view
-        if view is None:
-            return
-        self._read_events(view)
+        if view is not None:
+            self._read_events(view)
         now = self._clock()
         if now < self._next_beat:
             return
         self._next_beat = now + self._s.heartbeat_interval
-        self._skip_hole(view)
+        if view is not None:
+            self._skip_hole(view)
         with self._lock:
             beating = self._beating
         expelled = self._pulse.beat(beating)
@@ -190,6 +227,8 @@ class Liveness:
             with self._lock:
                 self._expelled = expelled
             return
+        if view is None:
+            return  # joining: nobody to judge yet
         requests = self._b.stack_requests(view.membership.round)
         with self._lock:
             if self._view is view:  # not the previous round's count after a switch

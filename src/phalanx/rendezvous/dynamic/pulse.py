@@ -5,7 +5,10 @@ Both use the key ``hb/<node id>``; a node that leaves on purpose overwrites it w
 
 ``Counters`` work on every store (c10d, static): each heartbeat the node bumps its counter;
 a watcher that sees the value unchanged for ``heartbeat_timeout`` (timed on the watcher's
-own clock, so no clock sync is needed) declares the node lost.
+own clock, so no clock sync is needed) declares the node lost. The watcher's clock starts
+after the read that first showed the value, so it never starts before the write of it did:
+that is what fencing counts on (``phalanx.rendezvous.fencing``; each successful write is
+reported to ``proved`` with the time it started).
 
 ``Leases`` need a ``LeasedStore`` (etcd). Before it joins a round the node writes its key
 bound to its lease, once; the store deletes the key when the lease expires (the agent died,
@@ -18,6 +21,8 @@ on as a member nobody waits for.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -51,11 +56,16 @@ class Pulse(Protocol):
         """Read ``node_id``'s key and judge it; for ``LOST`` also say why."""
 
 
-def pulse_for(board: Board, settings: RendezvousSettings) -> Pulse:
-    """Leases where the store has them, counters otherwise."""
+def pulse_for(
+    board: Board,
+    settings: RendezvousSettings,
+    clock: Callable[[], float] = time.monotonic,
+    proved: Callable[[float], None] = lambda start: None,
+) -> Pulse:
+    """Leases where the store has them, counters otherwise (``proved``: see ``Counters``)."""
     if isinstance(board.store, LeasedStore):
         return Leases(board, board.store)
-    return Counters(board, settings)
+    return Counters(board, settings, clock, proved)
 
 
 @dataclass
@@ -65,9 +75,19 @@ class _Seen:
 
 
 class Counters:
-    def __init__(self, board: Board, settings: RendezvousSettings) -> None:
+    def __init__(
+        self,
+        board: Board,
+        settings: RendezvousSettings,
+        clock: Callable[[], float] = time.monotonic,
+        proved: Callable[[float], None] = lambda start: None,
+    ) -> None:
+        """``proved(start)`` is called after each heartbeat written, with the ``clock`` time
+        at which the write began."""
         self._b = board
         self._s = settings
+        self._clock = clock
+        self._proved = proved
         self._key = board.keys.heartbeat(board.node_id)
         self._beats = 0
         self._seen: dict[str, _Seen] = {}
@@ -81,7 +101,9 @@ class Counters:
     def beat(self, beating: bool) -> str | None:
         if beating:
             self._beats += 1
+            start = self._clock()
             self._b.store.set(self._key, str(self._beats).encode())
+            self._proved(start)
         else:
             self._b.store.set(self._key, LEFT)
         return None
@@ -92,7 +114,9 @@ class Counters:
             return Verdict.LEFT, ""
         seen = self._seen.get(node_id)
         if seen is None or seen.value != value:
-            self._seen[node_id] = seen = _Seen(value, now)
+            # From after the read (``now`` was taken before it, maybe long before, when a
+            # call ahead of it was slow): the silence never counts from before the write.
+            self._seen[node_id] = seen = _Seen(value, max(now, self._clock()))
         silent = now - seen.since
         if silent >= self._s.heartbeat_timeout:
             return Verdict.LOST, f"sent no heartbeat for {silent:.0f} s"

@@ -19,6 +19,7 @@ leave can remove the run's keys.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 
@@ -98,6 +99,21 @@ class LeasedStore(KVStore, Protocol):
         ends the lease at once. A later plain ``set`` of the key unbinds it. Raises
         ``StoreUnavailable`` once the lease has lapsed (the owner should leave the job).
         """
+
+
+@runtime_checkable
+class RenewingStore(LeasedStore, Protocol):
+    """A ``LeasedStore`` that says when its lease was renewed, so the node can fence itself
+    (``phalanx.rendezvous.fencing``) before the lease can expire."""
+
+    @property
+    def lease_ttl(self) -> float:
+        """The TTL asked for, in seconds (the server may only make it longer)."""
+
+    def on_renewed(self, proved: Callable[[float], None], every: float) -> None:
+        """From now on call ``proved(start)`` each time the lease is granted or renewed,
+        ``start`` being the ``time.monotonic()`` at which that request was sent, and renew at
+        least every ``every`` seconds. Call before the lease is first used; does no I/O."""
 
 
 @runtime_checkable

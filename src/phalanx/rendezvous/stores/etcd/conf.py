@@ -14,7 +14,8 @@ Keys (torchrun's spellings of its etcd backends are accepted as aliases):
                               so a warning says so; prefer ``password_file`` or the
                               environment variable ``PHALANX_ETCD_PASSWORD``
 ``request_timeout``           seconds one store operation may take over all endpoints (5)
-``lease_ttl``                 seconds an ephemeral key outlives a silent owner (10)
+``lease_ttl``                 seconds an ephemeral key outlives a silent owner (10; at least 3,
+                              so that a node cut off from etcd can fence in time: ``fencing``)
 ============================  =================================================================
 
 The password is never echoed: an error names the key (a misspelt key's value is not shown),

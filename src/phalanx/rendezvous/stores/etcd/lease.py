@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
+from phalanx.rendezvous.fencing import lease_seconds
 from phalanx.rendezvous.stores.base import StoreUnavailable
 from phalanx.rendezvous.stores.etcd import wire
 from phalanx.rendezvous.stores.etcd.client import EtcdClient, EtcdRequestError
@@ -30,12 +32,26 @@ class EtcdLease:
 
     def __init__(self, client: EtcdClient, ttl: float) -> None:
         self._client = client
-        self._ttl = max(1, round(ttl))
+        self._ttl = lease_seconds(ttl)
+        self._proved: Callable[[float], None] = lambda start: None
+        self._every = float("inf")
         self._lock = threading.Lock()
         self._id: int | None = None
         self._lost = False
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
+
+    @property
+    def ttl(self) -> int:
+        """The TTL asked of etcd, in seconds."""
+        return self._ttl
+
+    def on_renewed(self, proved: Callable[[float], None], every: float) -> None:
+        """Call ``proved(start)`` after each grant and renewal that etcd took, ``start`` the
+        monotonic time the request was sent (the lease lives ``ttl`` past it at least), and
+        renew at least every ``every`` seconds. Call before the lease is granted."""
+        self._proved = proved
+        self._every = every
 
     def id(self) -> int:
         """The lease id, granting the lease (and starting its renewal) on first use.
@@ -46,11 +62,14 @@ class EtcdLease:
             if self._lost:
                 raise LeaseExpired("the etcd lease of this node expired")
             if self._id is None:
+                sent = time.monotonic()
                 self._id, ttl = self._client.call(
                     "lease/grant", {"TTL": str(self._ttl)}, wire.lease_grant
                 )
-                # etcd raises a TTL below its minimum (1.5 election timeouts): renew by its figure.
-                interval = ttl / 3
+                self._proved(sent)
+                # etcd raises a TTL below its minimum (1.5 election timeouts): renew by its
+                # figure, or more often where fencing needs proofs sooner.
+                interval = min(ttl / 3, self._every)
                 self._keeper = threading.Thread(
                     target=self._keep_alive,
                     args=(self._id, interval),
@@ -88,6 +107,7 @@ class EtcdLease:
         expires = time.monotonic() + 3 * interval
         failing = False
         while not self._stop.wait(interval):
+            sent = time.monotonic()
             try:
                 ttl = self._client.call(
                     "lease/keepalive",
@@ -106,6 +126,7 @@ class EtcdLease:
                 log.error("etcd: the lease of this node expired; peers will consider it gone")
                 self._lost = True
                 return
+            self._proved(sent)
             if failing:
                 log.info("etcd: lease renewed again")
             failing = False

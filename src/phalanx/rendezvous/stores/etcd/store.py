@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from phalanx.rendezvous.stores.base import MalformedValue, StoreUnavailable
 from phalanx.rendezvous.stores.etcd import wire
@@ -93,6 +93,14 @@ class EtcdStore:
         self._lease = EtcdLease(self._client, options.lease_ttl)
         self._closed = False
         self._receipt_written = False  # close() deletes the receipt key only if it exists
+
+    @property
+    def lease_ttl(self) -> float:
+        return float(self._lease.ttl)
+
+    def on_renewed(self, proved: Callable[[float], None], every: float) -> None:
+        """See ``RenewingStore``: fencing hears of every grant and renewal of the lease."""
+        self._lease.on_renewed(proved, every)
 
     @property
     def current_endpoint(self) -> str:
