@@ -111,6 +111,36 @@ def test_restart_rounds_keep_the_memory_store_bounded(cluster: Cluster) -> None:
     assert len(nodes[1].failures()) <= 3
 
 
+def test_a_sweep_missed_by_a_dead_sweeper_is_caught_up_by_the_next(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node rank 0 of round 3 dies between forming it and sweeping round 1 (the sweep is
+    skipped); node rank 0 of round 4 deletes rounds 1 and 2, and the store stays level."""
+    from phalanx.rendezvous.dynamic import handler as handler_module
+    from phalanx.rendezvous.dynamic.sweep import sweep
+
+    def sweep_unless_round_3(board: object, current: object) -> None:
+        if getattr(current, "round", None) != 3:
+            sweep(board, current)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(handler_module, "sweep", sweep_unless_round_3)
+    nodes: list[RendezvousHandler] = [cluster.node(n) for n in "ab"]
+
+    def round_keys(r: int) -> list[str]:
+        return [k for k in cluster.server.data if f"/r{r}/" in k]
+
+    form_all(nodes)
+    counts = []
+    for expected_round in range(1, 7):
+        failing_round(nodes)
+        form_all(nodes)
+        counts.append(len(cluster.server.data))
+        if expected_round == 3:
+            assert round_keys(1), "the test's premise: round 1 was not swept"
+    assert not round_keys(1) and not round_keys(2), sorted(cluster.server.data)
+    assert_bounded([counts[1], *counts[3:]])  # round 3 holds the unswept round, then level
+
+
 def test_restart_rounds_keep_a_real_tcpstore_bounded() -> None:
     from torch.distributed import TCPStore
 

@@ -2,7 +2,7 @@
 
 Job-wide keys:  ``round`` (the newest opened round), ``stopped`` (someone gave up for good),
 ``failures`` + ``fail/<i>`` (the failure log) + ``fail_from`` (its first entry not yet
-swept), ``hb/<node id>`` (liveness: a heartbeat counter, or a key bound to the node's lease;
+swept), ``sweep_from`` (the oldest round not yet swept), ``hb/<node id>`` (liveness: a heartbeat counter, or a key bound to the node's lease;
 see ``pulse``).
 Per round r, under ``r<r>/``: ``open``, ``joined`` (arrival counter), ``node/<slot>`` (an
 arrival's details), ``waiting`` (nodes queued for this round while the previous one ran),
@@ -64,6 +64,10 @@ class Keys:
     @property
     def stopped(self) -> str:
         return self.prefix + "stopped"
+
+    @property
+    def sweep_from(self) -> str:
+        return self.prefix + "sweep_from"
 
     @property
     def failures_from(self) -> str:

@@ -11,6 +11,10 @@ With the round go the heartbeat keys of its members that are in neither of the t
 after it (nobody watches them; see ``_forget_heartbeat`` for leased ones), and the failure
 records of rounds up to ``r`` (the report reads the failing round's records only).
 
+A sweep can be missed: node rank 0 of a round may die between forming it and sweeping. So
+``sweep_from`` records the oldest round not yet swept, and the next sweeper also deletes
+every round from there to its own (O(missed rounds) once, one ``get`` and one ``set`` otherwise).
+
 A straggler can write to a swept round again (a member pushed out of a full round whose
 heartbeat thread still watches it may record a peer as lost there): a few keys, removed on
 etcd with the rest of the run at the end.
@@ -24,16 +28,29 @@ from phalanx.rendezvous.stores.base import LeasedStore
 
 
 def sweep(board: Board, current: Membership) -> None:
-    """Node rank 0 of ``current`` deletes round ``current.round - 2``. Deleting an absent
-    key is harmless, so a sweep that dies half-way, or runs twice, does no damage."""
-    r = current.round - 2
-    if r < 0:
+    """Node rank 0 of ``current`` deletes round ``current.round - 2``, and any round before it
+    that a sweeper which died did not. Deleting an absent key is harmless, so a sweep that
+    dies half-way, or runs twice, does no damage."""
+    newest = current.round - 2
+    if newest < 0:
         return
+    first = board.counter(board.keys.sweep_from)
+    previous = _membership(board, current.round - 1)
+    watching = set(current.node_ids) | set(previous.node_ids if previous is not None else ())
+    for r in range(first, newest + 1):
+        _sweep_round(board, r, watching)
+    if first <= newest:
+        board.store.set(board.keys.sweep_from, str(newest + 1).encode())
+
+
+def _sweep_round(board: Board, r: int, watching: set[str]) -> None:
+    """Delete round ``r``, and the heartbeat keys of its members that are in neither the
+    round after it nor the two newest (``watching``)."""
     keys = board.keys
     old = _membership(board, r)
     count = old.count if old is not None else board.counter(keys.round(r, "joined"))
     later = _membership(board, r + 1)
-    kept = set(current.node_ids) | set(later.node_ids if later is not None else ())
+    kept = watching | set(later.node_ids if later is not None else ())
     gone = [n for n in (old.node_ids if old is not None else ()) if n not in kept]
     doomed = keys.round_keys(
         r,
