@@ -141,24 +141,9 @@ class Supervisor:
                     return RoundResult(Outcome.SUCCEEDED, self._exits(slots))
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self._monitor_interval
-                    running = [(s.plan, s.proc.pid) for s in slots if s.exit is None]
-                    if on_tick(running):
-                        stopping = True
-                        self._stop(slots, streams, selector, signal.SIGTERM)
-                        return RoundResult(Outcome.STOPPED, self._exits(slots))
-                    event = poll()
-                    if event is not None:
-                        stopping = True
-                        # Without the store the others may re-form without this node at any
-                        # moment: no grace period for workers that may overlap new ones.
-                        gone = event.kind is EventKind.STORE_LOST
-                        stop_with = signal.SIGKILL if gone else signal.SIGTERM
-                        self._stop(slots, streams, selector, stop_with)
-                        if any(s.exit is not None and s.exit.failed for s in slots):
-                            # A worker had died on its own before the event was acted on:
-                            # its failure is this round's story, as if noticed a moment earlier.
-                            return RoundResult(Outcome.FAILED, self._exits(slots))
-                        return RoundResult(Outcome.REMOTE, self._exits(slots), event=event)
+                    ended = self._tick(slots, streams, selector, poll, on_tick)
+                    if ended is not None:
+                        return ended
         finally:
             # Whatever happened above (even an exception in our own code), nothing survives.
             self._kill_all(slots)
@@ -170,6 +155,32 @@ class Supervisor:
                     self._fence.release(slot.proc.pid)
             selector.close()
             finish_all(handle for slot in slots for handle in slot.files)
+
+    def _tick(
+        self,
+        slots: list[_Slot],
+        streams: dict[int, LogStream],
+        selector: selectors.BaseSelector,
+        poll: Callable[[], JobEvent | None],
+        on_tick: OnTick,
+    ) -> RoundResult | None:
+        """The caller's checks, then the rendezvous: the round's result if either ends it."""
+        running = [(s.plan, s.proc.pid) for s in slots if s.exit is None]
+        if on_tick(running):
+            self._stop(slots, streams, selector, signal.SIGTERM)
+            return RoundResult(Outcome.STOPPED, self._exits(slots))
+        event = poll()
+        if event is None:
+            return None
+        # Without the store the others may re-form without this node at any moment: no
+        # grace period for workers that may overlap new ones.
+        gone = event.kind is EventKind.STORE_LOST
+        self._stop(slots, streams, selector, signal.SIGKILL if gone else signal.SIGTERM)
+        if any(s.exit is not None and s.exit.failed for s in slots):
+            # A worker had died on its own before the event was acted on: its failure is
+            # this round's story, as if noticed a moment earlier.
+            return RoundResult(Outcome.FAILED, self._exits(slots))
+        return RoundResult(Outcome.REMOTE, self._exits(slots), event=event)
 
     def _start(
         self,
