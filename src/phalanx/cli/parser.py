@@ -199,6 +199,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "is dumped to its log directory, a hang report names the suspect ranks, and the round "
         "fails (restarted within --max-restarts).",
     )
+    switch(
+        "allow-mismatch",
+        "Multi-node: start even when the nodes differ in Python, phalanx, torch, CUDA or "
+        "NCCL version, or in the content of the script or of a file named on its command "
+        "line (compared at the rendezvous, as sha256 hashes). Without it such a job stops "
+        "on every node before any worker starts, with a table of the nodes that differ "
+        "(exit 2); with it the table is a warning.",
+    )
     parser.add_argument("training_script", help="The script (or module, or program) to run.")
     parser.add_argument(
         "training_script_args",
