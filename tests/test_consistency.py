@@ -45,10 +45,10 @@ def test_one_differing_field_is_named_with_the_node_that_differs(field: str, oth
     assert table is not None
     lines = table.splitlines()
     assert lines[0].endswith(f"(they differ in: {field}):")
-    assert lines[1].split() == ["node", "host", field]
-    assert lines[2].split()[:2] == ["0", "alpha"]
+    assert lines[1].split() == ["node", "host", "addr", field]
+    assert lines[2].split()[:3] == ["0", "alpha", "10.0.0.1"]
     assert BASE[field] in lines[2] and "*" not in lines[2]
-    assert lines[3].split()[:2] == ["1", "beta"]
+    assert lines[3].split()[:3] == ["1", "beta", "10.0.0.2"]
     assert f"*{other}" in lines[3]  # beta's value is the odd one (a tie goes to node 0)
     assert lines[-1] == "HINT"
 
@@ -208,6 +208,9 @@ def test_every_node_gets_every_members_fingerprint_from_the_rendezvous(cluster: 
     ]
     results = form(*handlers)
     for result in results:
-        by_host = {n.hostname: fp["script"] for n, fp in zip(result.nodes, result.fingerprints)}
+        by_host = {
+            n.hostname: fp["script"]
+            for n, fp in zip(result.nodes, result.fingerprints, strict=True)
+        }
         assert by_host == {"alpha": "aaaa", "beta": "bbbb"}
     assert results[0].fingerprints == results[1].fingerprints

@@ -31,7 +31,7 @@ def mismatch_table(
     nodes: Sequence[NodeInfo], prints: Sequence[Mapping[str, str]], hint: str
 ) -> str | None:
     """None when every node runs the same code; otherwise the message naming the nodes
-    (rank, host) that differ and in what. ``prints[i]`` is ``nodes[i]``'s fingerprint; a
+    (rank, host, address) that differ and in what. ``prints[i]`` is ``nodes[i]``'s fingerprint; a
     node that published none (an older phalanx) is not compared."""
     if not prints:
         return None
@@ -48,11 +48,11 @@ def mismatch_table(
             value = columns[f][i]
             odd = value not in (common[f], UNKNOWN)
             cells.append(("*" if odd else " ") + value)
-        rows.append(
-            (any(c.startswith("*") for c in cells), [str(node.node_rank), node.hostname, *cells])
-        )
+        # The address too: hosts that share a name (containers, namespaces) still differ by it.
+        place = [str(node.node_rank), node.hostname, node.addr]
+        rows.append((any(c.startswith("*") for c in cells), [*place, *cells]))
     shown = [row for odd, row in rows if odd or len(rows) <= MAX_ROWS]
-    header = ["node", "host", *(f" {f}" for f in fields)]
+    header = ["node", "host", "addr", *(f" {f}" for f in fields)]
     widths = [max(len(r[c]) for r in [header, *shown]) for c in range(len(header))]
     lines = [
         f"the nodes do not run the same code and versions (they differ in: {', '.join(fields)}):",
