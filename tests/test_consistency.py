@@ -214,3 +214,41 @@ def test_every_node_gets_every_members_fingerprint_from_the_rendezvous(cluster: 
         }
         assert by_host == {"alpha": "aaaa", "beta": "bbbb"}
     assert results[0].fingerprints == results[1].fingerprints
+
+
+def test_a_no_python_program_is_hashed_from_the_working_directory_or_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")
+    found = node_fingerprint(Target("program", "run.sh"), tmp_path)
+    assert found["script"] == file_hash(tmp_path / "run.sh")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "trainer").write_text("#!/bin/sh\necho\n")
+    (bin_dir / "trainer").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    found = node_fingerprint(Target("program", "trainer"), tmp_path / "elsewhere")
+    assert found["script"] == file_hash(bin_dir / "trainer")
+
+
+def test_files_up_to_64_mib_are_hashed() -> None:
+    assert fpmod.MAX_HASHED == 64 * 1024 * 1024
+
+
+def test_allow_mismatch_is_a_flag_with_help_and_a_pet_fallback(tmp_path: Path) -> None:
+    from phalanx.cli.main import parse_config
+
+    script = str(tmp_path / "train.py")
+    Path(script).write_text("")
+    assert parse_config([script], {}).allow_mismatch is False
+    assert parse_config(["--allow-mismatch", script], {}).allow_mismatch is True
+    assert parse_config(["--allow_mismatch", script], {}).allow_mismatch is True
+    assert parse_config([script], {"PET_ALLOW_MISMATCH": "1"}).allow_mismatch is True
+    help_text = subprocess.run(
+        [sys.executable, "-m", "phalanx", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "--allow-mismatch" in help_text and "NCCL" in help_text

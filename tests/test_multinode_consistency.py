@@ -19,7 +19,7 @@ import phalanx
 from phalanx.consistency.fingerprint import file_hash
 from phalanx.net import free_port
 from support.hosts import Loopback, NamespaceHosts, Node
-from support.launch import WORKERS
+from support.launch import WORKERS, wait_for
 
 Hosts = Loopback | NamespaceHosts
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,join_timeout=60,exit_barrier_timeout=30"
@@ -67,6 +67,11 @@ def start(
     return marks
 
 
+def ran(marks: Path) -> list[str]:
+    """The worker markers (``mark_ran.py``) as ``rank<RANK> <cwd> <world size>``, sorted."""
+    return sorted(f"{p.name.split('-')[0]} {p.read_text()}" for p in marks.iterdir())
+
+
 def table_rows(stderr: str) -> dict[str, list[str]]:
     """The mismatch table's rows by node rank (the lines after the header)."""
     lines = stderr.splitlines()
@@ -93,7 +98,7 @@ def test_a_script_that_differs_by_one_byte_stops_the_job_before_any_worker_start
     same, changed = checkout(tmp_path, "a"), checkout(tmp_path, "b", script_tail="#")
     marks = start(net, nodes, tmp_path, [same, changed])
     assert [n.finish() for n in nodes] == [2, 2], nodes[0].stderr + nodes[1].stderr
-    assert list(marks.iterdir()) == []  # no worker ran, on either node
+    assert ran(marks) == []  # no worker ran, on either node
     for node in nodes:
         assert "(they differ in: script):" in node.stderr, node.stderr
         rows = table_rows(node.stderr)
@@ -112,7 +117,7 @@ def test_a_config_file_named_on_the_command_line_that_differs_stops_the_job(
     b = checkout(tmp_path, "b", config='{"lr": 0.2}\n')
     marks = start(net, nodes, tmp_path, [a, b], "--cold-start")
     assert [n.finish() for n in nodes] == [2, 2], nodes[0].stderr + nodes[1].stderr
-    assert list(marks.iterdir()) == []
+    assert ran(marks) == []
     for node in nodes:
         assert "(they differ in: file configs/tiny.json):" in node.stderr, node.stderr
         rows = table_rows(node.stderr)
@@ -126,8 +131,7 @@ def test_allow_mismatch_warns_with_the_table_and_runs(
     checkouts = [checkout(tmp_path, "a"), checkout(tmp_path, "b", script_tail="#")]
     marks = start(net, nodes, tmp_path, checkouts, "--allow-mismatch")
     assert [n.finish() for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
-    assert sorted(p.name for p in marks.iterdir()) == ["rank0", "rank1"]
-    assert [(marks / f"rank{i}").read_text() for i in (0, 1)] == list(map(str, checkouts))
+    assert ran(marks) == [f"rank{i} {where} 2" for i, where in enumerate(checkouts)]
     for node in nodes:
         assert "(they differ in: script):" in node.stderr
         assert "starting anyway (--allow-mismatch)" in node.stderr
@@ -137,9 +141,10 @@ def test_equal_checkouts_in_different_directories_run_as_before(
     hosts: object, nodes: list[Node], tmp_path: Path
 ) -> None:
     net = hosts(2)  # type: ignore[operator]
-    marks = start(net, nodes, tmp_path, [checkout(tmp_path, "a"), checkout(tmp_path, "b")])
+    checkouts = [checkout(tmp_path, "a"), checkout(tmp_path, "b")]
+    marks = start(net, nodes, tmp_path, checkouts)
     assert [n.finish() for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
-    assert sorted(p.name for p in marks.iterdir()) == ["rank0", "rank1"]
+    assert ran(marks) == [f"rank{i} {where} 2" for i, where in enumerate(checkouts)]
     for node in nodes:
         assert "differ in" not in node.stderr
 
@@ -159,7 +164,7 @@ def test_a_node_with_another_torch_version_is_named_in_the_table(
     env = [{}, {"PYTHONPATH": pythonpath(fake)}]
     marks = start(net, nodes, tmp_path, same, "--cold-start", env=env)
     assert [n.finish() for n in nodes] == [2, 2], nodes[0].stderr + nodes[1].stderr
-    assert list(marks.iterdir()) == []
+    assert ran(marks) == []
     real = subprocess.run(
         [sys.executable, "-c", "import importlib.metadata as m; print(m.version('torch'))"],
         capture_output=True, text=True, timeout=60, check=True,
@@ -219,8 +224,35 @@ def test_phalanx_spawn_compares_the_programs_own_script(tmp_path: Path, allow: b
                 proc.communicate()
     errs = [err for _, err in outputs]
     assert [p.returncode for p in procs] == ([0, 0] if allow else [2, 2]), errs
-    assert sorted(p.name for p in marks.iterdir()) == (["rank0", "rank1"] if allow else [])
+    assert [m.split()[0] for m in ran(marks)] == (["rank0", "rank1"] if allow else [])
     for err in errs:
         assert "(they differ in: script):" in err, err
         rows = table_rows(err)
         assert rows["1"][3] == "*" + file_hash(tmp_path / "node1" / "train.py")
+
+
+def test_a_node_that_joins_later_with_other_code_stops_the_whole_job(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """Elastic (c10d, 1:2): node 0 runs alone; node 1 joins from a checkout whose script
+    differs, the round re-forms with it, and the check of that round stops both nodes
+    before its workers start (node 0's round-0 worker is the only one that ever ran)."""
+    net = hosts(2)  # type: ignore[operator]
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    port = free_port()
+    checkouts = [checkout(tmp_path, "a"), checkout(tmp_path, "b", script_tail="#")]
+    for i, where in enumerate(checkouts):
+        args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{net.addr(0)}:{port}", "--rdzv-id", "late",
+                "--rdzv-conf", FAST + ",last_call_timeout=1", "--cold-start",
+                "train.py", str(marks)]  # fmt: skip
+        env = {"PYTHONPATH": pythonpath()}
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}", cwd=where, env=env))
+        if i == 0:
+            wait_for(lambda: ran(marks) != [], 90, "node 0 to start alone after the last call")
+    assert [n.finish() for n in nodes] == [2, 2], nodes[0].stderr + nodes[1].stderr
+    assert ran(marks) == [f"rank0 {checkouts[0]} 1"]
+    for node in nodes:
+        assert "round 1: the nodes do not run the same code" in node.stderr, node.stderr
+        assert "(they differ in: script):" in node.stderr

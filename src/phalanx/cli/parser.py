@@ -26,7 +26,8 @@ examples:
   phalanx stacks RUN_DIR       # print every rank's Python stack now; the job goes on
 exit status: 0 success; the root-cause worker's exit code (128+N for signal N) on failure,
 1 for a hang or a lost node;
-2 usage error; 130/143 when interrupted by SIGINT/SIGTERM."""
+2 usage error, or the nodes run different code or versions (see --allow-mismatch);
+130/143 when interrupted by SIGINT/SIGTERM."""
 
 
 class _Parser(argparse.ArgumentParser):
