@@ -109,6 +109,9 @@ def test_fingerprint_hashes_the_script_and_the_files_its_arguments_name(tmp_path
     assert found["file configs/tiny.json"] == tiny  # both spellings name it once
     assert not any(k.startswith("file data") for k in found)  # directories are not hashed
     assert [k for k in found if k.startswith("file ")] == ["file configs/tiny.json"]
+    # An argument that is no path (a long inline value) is simply not a file.
+    long_arg = Target("script", "train.py", ("--json=" + "x" * 5000, "y" * 300))
+    assert not any(k.startswith("file") for k in node_fingerprint(long_arg, tmp_path))
     assert found["python"].startswith(sys.implementation.name)
     assert len(json.dumps(found)) < 400  # hashes, not contents
 

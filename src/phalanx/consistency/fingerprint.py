@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from phalanx import __version__
 from phalanx.config import LaunchConfig, LaunchMode
 
 MAX_HASHED = 64 * 1024 * 1024  # bytes; larger files are compared by size
@@ -67,7 +68,7 @@ def node_fingerprint(target: Target, cwd: Path | None = None) -> dict[str, str]:
     found["script"] = file_hash(_program_file(target, base))
     for arg in target.args:
         path = arg.partition("=")[2] if arg.startswith("-") else arg
-        if path and (base / path).is_file():
+        if path and _is_file(base / path):
             found[f"file {path}"] = file_hash(base / path)
     return found
 
@@ -76,10 +77,7 @@ def versions() -> dict[str, str]:
     """The version fields that can be read here, without importing torch."""
     impl = sys.implementation
     v = sys.version_info
-    found = {"python": f"{impl.name} {v.major}.{v.minor}.{v.micro}"}
-    from phalanx import __version__
-
-    found["phalanx"] = __version__
+    found = {"python": f"{impl.name} {v.major}.{v.minor}.{v.micro}", "phalanx": __version__}
     try:
         torch = importlib.metadata.distribution("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -98,7 +96,7 @@ def versions() -> dict[str, str]:
 def file_hash(path: Path | None) -> str:
     """sha256 of the file's content (cut short), its size beyond ``MAX_HASHED``, or
     ``missing`` for no regular file."""
-    if path is None or not path.is_file():
+    if path is None or not _is_file(path):
         return MISSING
     try:
         size = path.stat().st_size
@@ -113,11 +111,20 @@ def file_hash(path: Path | None) -> str:
     return digest.hexdigest()[:HASH_DIGITS]
 
 
+def _is_file(path: Path) -> bool:
+    """A regular file; False for anything that cannot even be looked up (an argument that
+    is no path at all: too long a name, a NUL byte)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def _program_file(target: Target, base: Path) -> Path | None:
     if target.kind == "module":
         return _module_file(target.name, [str(base), *sys.path])
     path = base / target.name
-    if target.kind == "program" and not path.is_file():
+    if target.kind == "program" and not _is_file(path):
         which = shutil.which(target.name)
         return Path(which) if which else None
     return path
