@@ -18,8 +18,10 @@ import pytest
 import phalanx
 from phalanx.consistency.fingerprint import file_hash
 from phalanx.net import free_port
+from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import WORKERS, wait_for
+from support.tools import needs_etcd
 
 Hosts = Loopback | NamespaceHosts
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,join_timeout=60,exit_barrier_timeout=30"
@@ -256,3 +258,25 @@ def test_a_node_that_joins_later_with_other_code_stops_the_whole_job(
     for node in nodes:
         assert "round 1: the nodes do not run the same code" in node.stderr, node.stderr
         assert "(they differ in: script):" in node.stderr
+
+
+@needs_etcd
+def test_over_etcd_a_differing_script_stops_both_nodes(nodes: list[Node], tmp_path: Path) -> None:
+    """The same check on the etcd backend (a real server on loopback), elastic ranks."""
+    checkouts = [checkout(tmp_path, "a"), checkout(tmp_path, "b", script_tail="#")]
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with EtcdCluster(size=1) as etcd:
+        endpoint = etcd.endpoints[0].split("://", 1)[-1]
+        for i, where in enumerate(checkouts):
+            args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
+                    "--rdzv-endpoint", endpoint, "--rdzv-id", "etcd-mismatch",
+                    "--rdzv-conf", "lease_ttl=4,request_timeout=4,heartbeat_interval=0.5,"
+                    "heartbeat_timeout=8,join_timeout=60", "--cold-start",
+                    "train.py", str(marks)]  # fmt: skip
+            env = {"PYTHONPATH": pythonpath()}
+            nodes.append(Node(Loopback(), i, args, tmp_path, f"n{i}", cwd=where, env=env))
+        assert [n.finish() for n in nodes] == [2, 2], nodes[0].stderr + nodes[1].stderr
+    assert ran(marks) == []
+    for node in nodes:
+        assert "(they differ in: script):" in node.stderr, node.stderr
