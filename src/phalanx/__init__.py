@@ -11,7 +11,14 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from phalanx.errors import Interrupted, JobFailed, PhalanxError, RendezvousError, UsageError
+from phalanx.errors import (
+    Interrupted,
+    JobFailed,
+    MismatchError,
+    PhalanxError,
+    RendezvousError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from phalanx.inscript import checkpoint, dist
@@ -37,6 +44,7 @@ __all__ = [
     "DistInfo",
     "Interrupted",
     "JobFailed",
+    "MismatchError",
     "PhalanxError",
     "RendezvousError",
     "UsageError",

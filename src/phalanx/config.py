@@ -60,6 +60,9 @@ class LaunchConfig:
     # Seconds without progress after which the ranks are declared hung (stacks dumped, a
     # hang report written, the round failed); None (the default, --stall-timeout 0) is off.
     stall_timeout: float | None = None
+    # Start even when the nodes' code or versions differ (a warning with the table instead
+    # of stopping the job: phalanx.consistency).
+    allow_mismatch: bool = False
     # torchrun flags accepted (so a torchrun command line keeps working) but not applied:
     # one line each, logged when the job starts.
     not_applied: tuple[str, ...] = ()

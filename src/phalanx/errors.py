@@ -25,6 +25,15 @@ class RendezvousError(PhalanxError):
     exit_code = 1
 
 
+class MismatchError(PhalanxError):
+    """The nodes of a round do not run the same code or versions (``phalanx.consistency``).
+
+    Exit code 2, as a usage error: a configuration to fix before anything can run, found at
+    the rendezvous but always before a worker starts."""
+
+    exit_code = 2
+
+
 class JobFailed(PhalanxError):
     """A worker failed and the restart budget is spent; ``exit_code`` is the root cause's code."""
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from phalanx.config import LaunchConfig
+from phalanx.consistency.fingerprint import Target, node_fingerprint, target_of
 from phalanx.errors import UsageError
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import NodeInfo, RendezvousHandler, RendezvousResult
@@ -78,14 +79,22 @@ def rendezvous_problems(config: LaunchConfig) -> list[str]:
     return spec_problems(rendezvous_spec(config))[1]
 
 
-def prepare(config: LaunchConfig) -> Launch:
-    """Raises ``UsageError`` listing every rendezvous problem."""
+def prepare(config: LaunchConfig, checked: Target | None = None) -> Launch:
+    """Raises ``UsageError`` listing every rendezvous problem. ``checked``: the program
+    whose content the nodes compare (default: the config's own; ``phalanx.spawn`` names the
+    user's script, since its workers run phalanx's entry point)."""
     problems = rendezvous_problems(config)
     if problems:
         raise UsageError(problems)
     if config.is_multi_node:
         spec = rendezvous_spec(config)
-        return Launch(config, config.rdzv_id, lambda: create_handler(spec))
+        target = checked or target_of(config)
+
+        def open_multi_node() -> RendezvousHandler:
+            # Hashed when the agent opens the rendezvous (never for --dry-run).
+            return create_handler(replace(spec, fingerprint=node_fingerprint(target)))
+
+        return Launch(config, config.rdzv_id, open_multi_node)
     # One node: no store, no peers; LocalRendezvous picks a fresh port per round.
     own_id = config.standalone or config.rdzv_id == "none"
     run_id = str(uuid.uuid4()) if own_id else config.rdzv_id

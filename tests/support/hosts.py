@@ -59,14 +59,19 @@ class Node:
         args: Sequence[str],
         tmp: Path,
         name: str = "",
+        *,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
+        """``cwd``: the agent's working directory (a checkout of its own); ``env``: variables
+        set on top of the test's environment."""
         name = name or f"n{i}"
         self.out, self.err, self.logs = (
             tmp / f"{name}.out",
             tmp / f"{name}.err",
             tmp / f"{name}-logs",
         )
-        env = dict(os.environ, **hosts.env())
+        env = dict(os.environ, **hosts.env(), **(env or {}))
         argv = [
             sys.executable,
             "-m",
@@ -79,7 +84,12 @@ class Node:
         ]
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(
-                hosts.command(i, argv), stdout=out, stderr=err, env=env, start_new_session=True
+                hosts.command(i, argv),
+                stdout=out,
+                stderr=err,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
             )
 
     def finish(self, timeout: float = 120) -> int:

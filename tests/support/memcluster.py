@@ -41,6 +41,7 @@ class Cluster:
         settings: RendezvousSettings = FAST,
         fixed_rank: int | None = None,
         hosting: bool = False,
+        fingerprint: dict[str, str] | None = None,
     ) -> DynamicRendezvous:
         handler = DynamicRendezvous(
             MemoryStore(self.server, hosting=hosting),
@@ -51,6 +52,7 @@ class Cluster:
             hostname=name,
             settings=settings,
             fixed_rank=fixed_rank,
+            fingerprint=fingerprint,
         )
         self.handlers.append(handler)
         return handler

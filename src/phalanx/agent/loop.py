@@ -17,7 +17,8 @@ from typing import NoReturn
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.policy import Step, decide, judged
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, JobFailed, RendezvousError
+from phalanx.consistency.compare import mismatch_table
+from phalanx.errors import Interrupted, JobFailed, MismatchError, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import PEER_DUMP_WAIT
@@ -118,10 +119,31 @@ class Rounds:
         are told this node left (the job stops: it cannot form without it)."""
         try:
             with self.signals.raising():
-                return self.rdzv.next_round(self.config.nproc_per_node)
+                joined = self.rdzv.next_round(self.config.nproc_per_node)
         except Interrupted:
             self.rdzv.report_done(False)
             raise
+        self._check_same_code(joined)
+        return joined
+
+    def _check_same_code(self, joined: RendezvousResult) -> None:
+        """Stop the job before any worker starts when the members' code or versions differ
+        (every node computes the same table from the same records, so every node stops; the
+        others also see ``JOB_STOPPED``), or warn with the table under ``allow_mismatch``."""
+        hint = (
+            "starting anyway (--allow-mismatch)"
+            if self.config.allow_mismatch
+            else "run the same code, files and versions on every node, or pass "
+            "--allow-mismatch (phalanx.spawn: allow_mismatch=True) to start anyway"
+        )
+        table = mismatch_table(joined.nodes, joined.fingerprints, hint)
+        if table is None:
+            return
+        if self.config.allow_mismatch:
+            log.warning("round %d: %s", joined.round, table)
+            return
+        self.rdzv.report_done(False)
+        raise MismatchError(f"round {joined.round}: {table}")
 
     def _next_step(
         self,

@@ -234,6 +234,7 @@ def to_config(
         warm_start=not ns.cold_start,
         preload=preload,
         stall_timeout=stall or None,
+        allow_mismatch=bool(ns.allow_mismatch),
         not_applied=_not_applied(ns),
     )
     for problem in rendezvous_problems(config):

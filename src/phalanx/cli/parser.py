@@ -26,7 +26,8 @@ examples:
   phalanx stacks RUN_DIR       # print every rank's Python stack now; the job goes on
 exit status: 0 success; the root-cause worker's exit code (128+N for signal N) on failure,
 1 for a hang or a lost node;
-2 usage error; 130/143 when interrupted by SIGINT/SIGTERM."""
+2 usage error, or the nodes run different code or versions (see --allow-mismatch);
+130/143 when interrupted by SIGINT/SIGTERM."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -198,6 +199,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "rank's first step the CPU time of its main thread. On a hang every rank's Python stack "
         "is dumped to its log directory, a hang report names the suspect ranks, and the round "
         "fails (restarted within --max-restarts).",
+    )
+    switch(
+        "allow-mismatch",
+        "Multi-node: start even when the nodes differ in Python, phalanx, torch, CUDA or "
+        "NCCL version, or in the content of the script or of a file named on its command "
+        "line (compared at the rendezvous, as sha256 hashes). Without it such a job stops "
+        "on every node before any worker starts, with a table of the nodes that differ "
+        "(exit 2); with it the table is a warning.",
     )
     parser.add_argument("training_script", help="The script (or module, or program) to run.")
     parser.add_argument(

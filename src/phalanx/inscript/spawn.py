@@ -8,6 +8,7 @@ import logging
 import multiprocessing.spawn
 import os
 import pickle
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from phalanx.agent import Agent, configure_logging
 from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.consistency.fingerprint import Target
 from phalanx.errors import UsageError
 from phalanx.inscript.dist import resolve_backend
 from phalanx.inscript.envs import BACKEND_ENV
@@ -95,6 +97,7 @@ def spawn(
     shutdown_timeout: float = 5.0,
     stall_timeout: float | None = None,
     rdzv_port: int | None = None,
+    allow_mismatch: bool = False,
 ) -> None:
     """Run ``fn(local_rank, *args)`` in ``num_gpus`` processes on this node.
 
@@ -113,6 +116,11 @@ def spawn(
     another port of node 0, ``rdzv_port`` (default ``master_port + 1``, logged at start);
     both must be open between the nodes. ``master_port=0`` (one node only): a free port,
     a new one each round.
+
+    With ``num_nodes > 1`` the nodes compare their code at the rendezvous, as the CLI's do
+    (the program's main script, ``sys.argv[0]``, and the files its arguments name): a
+    difference raises ``MismatchError`` (exit code 2) on every node before any process
+    starts, unless ``allow_mismatch`` (then it is a warning).
     """
     worker_port, agents_port, problems = _ports(num_nodes, master_port, rdzv_port)
     problems = (
@@ -140,6 +148,7 @@ def spawn(
             shutdown_timeout=shutdown_timeout,
             stall_timeout=stall_timeout,
             log_dir=Path(log_dir) if log_dir is not None else None,
+            allow_mismatch=allow_mismatch,
         )
         env = {**os.environ, BACKEND_ENV: chosen_backend}
         if num_nodes > 1:
@@ -147,5 +156,6 @@ def spawn(
                 "phalanx.spawn: the agents meet at %s:%d (rdzv_port); the workers' store is "
                 "%s:%d (master_port)", master_addr, agents_port, master_addr, worker_port,
             )  # fmt: skip
-        launch = prepare(config)
+        # The workers run phalanx's entry point; the code that differs would be the program's.
+        launch = prepare(config, Target("script", sys.argv[0], tuple(sys.argv[1:])))
         Agent(config, launch.open_rendezvous, launch.run_id, env).run()

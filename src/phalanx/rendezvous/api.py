@@ -23,7 +23,7 @@ node's watch sees the number grow in ``stack_requests()`` (non-blocking), dumps 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
@@ -57,6 +57,9 @@ class RendezvousResult:
     nodes: tuple[NodeInfo, ...]
     master_addr: str
     master_port: int
+    # What each node (in ``nodes`` order) published about its code and versions
+    # (``phalanx.consistency``); empty where the rendezvous carries none (one node).
+    fingerprints: tuple[Mapping[str, str], ...] = ()
 
     @property
     def num_nodes(self) -> int:

@@ -29,6 +29,8 @@ class RendezvousSpec:
     # The workers' MASTER_PORT in every round, where the program was given one and uses it
     # (phalanx.spawn's master_port); None: node 0 picks a free port each round.
     worker_port: int | None = None
+    # What this node announces of its code and versions (phalanx.consistency.fingerprint).
+    fingerprint: Mapping[str, str] = field(default_factory=dict)
 
 
 def heartbeat_fencing(settings: RendezvousSettings, options: Any) -> FenceTiming:

@@ -249,6 +249,7 @@ class RoundFormer:
                 )
                 for i in order
             ),
+            fingerprints=tuple(arrivals[i].fingerprint for i in order),
         )
         # put_first adds the writer's id; the membership itself is the same from any writer.
         return self._b.put_first(self._keys.round(t, "members"), membership.to_json())

@@ -27,7 +27,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from phalanx.errors import RendezvousError, UsageError
 from phalanx.rendezvous.api import (
@@ -88,10 +88,13 @@ class DynamicRendezvous:
         fixed_rank: int | None = None,
         node_id: str | None = None,
         worker_port: int | None = None,
+        fingerprint: Mapping[str, str] | None = None,
     ) -> None:
         """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
         ``fixed_rank``: static rendezvous (then ``min_nodes == max_nodes`` is required).
-        ``worker_port``: the workers' MASTER_PORT in every round; None: a free port per round."""
+        ``worker_port``: the workers' MASTER_PORT in every round; None: a free port per round.
+        ``fingerprint``: what this node announces of its code and versions with every join
+        (``phalanx.consistency``); each round's result carries every member's."""
         if not 1 <= min_nodes <= max_nodes:
             raise UsageError(f"--nnodes {min_nodes}:{max_nodes}: expected 1 <= MIN <= MAX")
         if fixed_rank is not None and min_nodes != max_nodes:
@@ -108,6 +111,7 @@ class DynamicRendezvous:
         self._addr = addr
         self._hostname = hostname or socket.gethostname()
         self._fixed_rank = fixed_rank
+        self._fingerprint = dict(fingerprint or {})
         self._membership: Membership | None = None
         self._rank: int | None = None
         self._done: bool | None = None  # what report_done said
@@ -131,6 +135,7 @@ class DynamicRendezvous:
             settings=settings,
             worker_port=spec.worker_port,
             fixed_rank=spec.node_rank,
+            fingerprint=spec.fingerprint,
         )
 
     @property
@@ -156,6 +161,7 @@ class DynamicRendezvous:
             prev_rank=-1 if self._rank is None else self._rank,
             prev_round=-1 if self._membership is None else self._membership.round,
             fixed_rank=self._fixed_rank,
+            fingerprint=self._fingerprint,
         )
         try:
             self._liveness.announce()
@@ -180,6 +186,7 @@ class DynamicRendezvous:
             nodes=membership.nodes,
             master_addr=addr,
             master_port=port,
+            fingerprints=membership.fingerprints,
         )
 
     def fence(self) -> Fence | None:

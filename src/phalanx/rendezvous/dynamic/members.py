@@ -4,7 +4,7 @@ rule that gives node ranks."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from phalanx.rendezvous.api import NodeInfo
@@ -21,6 +21,8 @@ class Arrival:
     prev_rank: int = -1  # its rank in the last round it was a member of (-1: none)
     prev_round: int = -1
     fixed_rank: int | None = None  # static rendezvous: the --node-rank given
+    # Its code and versions, as short strings (phalanx.consistency.fingerprint)
+    fingerprint: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,6 +40,7 @@ class Membership:
     restart_count: int
     node_ids: tuple[str, ...]
     nodes: tuple[NodeInfo, ...]
+    fingerprints: tuple[dict[str, str], ...] = ()  # by node rank, as ``nodes``
 
     @property
     def count(self) -> int:
@@ -49,6 +52,7 @@ class Membership:
             "restart_count": self.restart_count,
             "node_ids": list(self.node_ids),
             "nodes": [asdict(node) for node in self.nodes],
+            "fingerprints": list(self.fingerprints),
         }
 
     @classmethod
@@ -58,6 +62,9 @@ class Membership:
             restart_count=int(body["restart_count"]),
             node_ids=tuple(str(i) for i in body["node_ids"]),
             nodes=tuple(NodeInfo(**node) for node in body["nodes"]),
+            fingerprints=tuple(
+                {str(k): str(v) for k, v in fp.items()} for fp in body.get("fingerprints", ())
+            ),
         )
 
 
