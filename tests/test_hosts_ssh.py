@@ -80,3 +80,66 @@ def test_two_hosts_two_workers_form_one_world_of_four(ssh_hosts: SshHosts, tmp_p
     assert "GLOO_SOCKET_IFNAME" in err  # the forwarded names are printed once
     for name in ssh_hosts.names:
         assert ssh_hosts.job_pids(name) == []
+
+
+def test_a_failing_rank_on_host2_gives_one_job_report_with_its_name_and_code(
+    ssh_hosts: SshHosts, tmp_path: Path
+) -> None:
+    ssh_hosts.start()
+    code, out, err = finish(controller(ssh_hosts, tmp_path, worker("fail_rank.py"), "3", "7"))
+    assert code == 7, f"{out}\n{err}"
+    assert err.count("Root cause:") == 1, err  # every agent prints it; the controller once
+    (cause,) = [line for line in err.splitlines() if "Root cause:" in line]
+    assert "rank 3" in cause and "on host2" in cause, cause
+    assert "host2: [rank3]: rank 3 giving up with 7" in err
+    for name in ssh_hosts.names:
+        wait_for(lambda n=name: ssh_hosts.job_pids(n) == [], 10, f"nothing left on {name}")
+
+
+def _running_job(hosts: SshHosts, tmp_path: Path) -> subprocess.Popen[str]:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = controller(hosts, tmp_path, worker("sleep_tree.py"), str(pids))
+    try:
+        wait_for(lambda: len(list(pids.glob("*.pid"))) == 8, 90, "4 workers and 4 children")
+    except AssertionError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"the job did not start: {proc.communicate()}") from None
+    for name in hosts.names:
+        assert hosts.job_pids(name), f"no job processes seen on {name}"
+    return proc
+
+
+@pytest.mark.parametrize("fault", ["ctrl-c", "sigterm", "controller-sigkill", "link-cut"])
+def test_a_stopped_or_lost_controller_leaves_nothing_on_any_host_within_10_s(
+    ssh_hosts: SshHosts, tmp_path: Path, fault: str
+) -> None:
+    ssh_hosts.start()
+    proc = _running_job(ssh_hosts, tmp_path)
+    try:
+        if fault == "ctrl-c":
+            proc.send_signal(signal.SIGINT)
+        elif fault == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        elif fault == "controller-sigkill":
+            proc.send_signal(signal.SIGKILL)  # its ssh clients live on, in sessions of their own
+        else:
+            ssh_hosts.spaces.cut(ssh_hosts.indexes[1])  # host2's link: no reset, only silence
+        for name in ssh_hosts.names:
+            wait_for(lambda n=name: ssh_hosts.job_pids(n) == [], 10, f"nothing left on {name}")
+        code, out, err = finish(proc, timeout=30)
+        expected = {"ctrl-c": 130, "sigterm": 143, "controller-sigkill": -9, "link-cut": 1}
+        assert code == expected[fault], f"{out}\n{err}"
+        if fault == "link-cut":
+            assert "the ssh session to host2 was lost" in err, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    # The controller's ssh clients end with their sessions (none is left in its namespace).
+    wait_for(lambda: _namespace_pids(ssh_hosts.spaces.names[0]) == [], 15, "the ssh clients gone")
+
+
+def _namespace_pids(namespace: str) -> list[str]:
+    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    return listed.stdout.split()
