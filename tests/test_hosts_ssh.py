@@ -143,3 +143,61 @@ def test_a_stopped_or_lost_controller_leaves_nothing_on_any_host_within_10_s(
 def _namespace_pids(namespace: str) -> list[str]:
     listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
     return listed.stdout.split()
+
+
+def test_preflight_refuses_each_host_that_differs_naming_it_and_starts_nothing(
+    ssh_hosts: SshHosts, tmp_path: Path
+) -> None:
+    """host1 lacks the script (a tmpfs over its directory) and serves the rendezvous port
+    already; host2 has another torch (its METADATA bind-mounted over) and another script;
+    the controller's own address, with no sshd, is not reachable."""
+    import importlib.metadata
+
+    job = tmp_path / "job"
+    job.mkdir()
+    script = job / "train.py"
+    script.write_text(Path(worker("allreduce.py")).read_text())
+    other = tmp_path / "other.py"
+    other.write_text("print('not the same script')\n")
+    real = Path(str(importlib.metadata.distribution("torch").locate_file(""))) / (
+        f"torch-{importlib.metadata.version('torch')}.dist-info/METADATA"
+    )
+    fake = tmp_path / "METADATA"
+    fake.write_text("".join(
+        "Version: 2.0.1\n" if line.startswith("Version:") else line
+        for line in real.read_text().splitlines(keepends=True)
+    ))  # fmt: skip
+    ssh_hosts.start(
+        {"host1": [("tmpfs", str(job))], "host2": [(str(fake), str(real)), (str(other), str(script))]}
+    )
+    listener = subprocess.Popen(ssh_hosts.spaces.command(1, [sys.executable, "-c", (
+        "import socket,sys,time;s=socket.socket();s.bind((sys.argv[1],29400));s.listen();"
+        "print('up',flush=True);time.sleep(120)"), ssh_hosts.addr("host1")]),
+        stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == "up\n"
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text(f"host1 slots=1\nhost2 slots=1\n{ssh_hosts.spaces.addr(0)} slots=1\n")
+        argv = [sys.executable, "-m", "phalanx", "--hostfile", str(hostfile),
+                "--ssh-config", str(ssh_hosts.config), "--log-dir", str(tmp_path / "logs"),
+                str(script)]  # fmt: skip
+        env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+        done = subprocess.run(ssh_hosts.spaces.command(0, argv), cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        listener.kill()
+        listener.wait(10)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("phalanx: error: ")]
+    mine = importlib.metadata.version("torch")
+    assert errors == [
+        f"phalanx: error: host1: the script {script} is not there (in {REPO})",
+        "phalanx: error: host1: the rendezvous port 29400 is already in use",
+        f"phalanx: error: host2: torch 2.0.1, but the controller has {mine}",
+        f"phalanx: error: host2: the script {script} differs from the controller's (sha256)",
+        f"phalanx: error: {ssh_hosts.spaces.addr(0)}: ssh failed: " + errors[4].split("ssh failed: ")[-1],
+        "phalanx: error: pre-flight failed: nothing was started on any host",
+    ], done.stderr  # fmt: skip
+    assert "Connection refused" in errors[4], errors[4]
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())

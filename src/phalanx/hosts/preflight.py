@@ -69,7 +69,10 @@ def preflight(config: LaunchConfig, plan: HostsPlan) -> list[str]:
     mine = facts(script, None, None)
 
     def check(index: int, host: HostPlan) -> list[str]:
-        port = [plan.rdzv_addr, str(plan.rdzv_port)] if index == 0 else ["-", "-"]
+        # The port is checked where the first host will serve it (not for an endpoint of the
+        # user's own, which may be anywhere).
+        serves = index == 0 and not config.rdzv_endpoint
+        port = [plan.rdzv_addr, str(plan.rdzv_port)] if serves else ["-", "-"]
         found = _ask(plan, host, [script or "-", *port], config)
         if isinstance(found, str):
             return [f"{host.name}: {found}"]
