@@ -77,7 +77,7 @@ def test_forwarded_env_defaults_names_and_file(tmp_path: Path) -> None:
     assert got == {"CUDA_VISIBLE_DEVICES": "0", "HF_HOME": "/hf", "MY_FLAG": "1",
                    "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "PET_NNODES": "2",
                    "PYTHONPATH": "src", "WANDB_PROJECT": "demo"}  # fmt: skip
-    with pytest.raises(ValueError, match="not set in this environment.*: NOPE"):
+    with pytest.raises(ValueError, match=r"not set in this environment.*: NOPE"):
         forwarded_env(environ, ["NOPE"], [])
 
 
@@ -136,6 +136,6 @@ def test_dry_run_prints_every_host_command_and_the_forwarded_environment(tmp_pat
         assert "--hosts" not in command and "--dry-run" not in command
     ssh_lines = [line for line in out.splitlines() if line.startswith(("a: ssh", "b: ssh"))]
     assert ssh_lines == [
-        f"a: ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=1 -o ServerAliveCountMax=4 -F '{config}' -T a COMMAND",  # noqa: E501
-        f"b: ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=1 -o ServerAliveCountMax=4 -F '{config}' -T b COMMAND",  # noqa: E501
+        f"a: ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=1 -o ServerAliveCountMax=4 -F '{config}' -T a COMMAND",
+        f"b: ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=1 -o ServerAliveCountMax=4 -F '{config}' -T b COMMAND",
     ]

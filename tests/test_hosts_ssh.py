@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,9 +22,7 @@ REPO = Path(__file__).parents[1]
 
 
 @pytest.fixture
-def ssh_hosts(
-    netns: Callable[[int], NetNamespaces], tmp_path: Path
-) -> Iterator[SshHosts]:
+def ssh_hosts(netns: Callable[[int], NetNamespaces], tmp_path: Path) -> Iterator[SshHosts]:
     """host1 and host2 with sshd; namespace 0 is the controller's."""
     hosts = SshHosts(netns(3), tmp_path, [1, 2])
     try:
@@ -168,7 +165,10 @@ def test_preflight_refuses_each_host_that_differs_naming_it_and_starts_nothing(
         for line in real.read_text().splitlines(keepends=True)
     ))  # fmt: skip
     ssh_hosts.start(
-        {"host1": [("tmpfs", str(job))], "host2": [(str(fake), str(real)), (str(other), str(script))]}
+        {
+            "host1": [("tmpfs", str(job))],
+            "host2": [(str(fake), str(real)), (str(other), str(script))],
+        }
     )
     listener = subprocess.Popen(ssh_hosts.spaces.command(1, [sys.executable, "-c", (
         "import socket,sys,time;s=socket.socket();s.bind((sys.argv[1],29400));s.listen();"

@@ -56,8 +56,7 @@ class SshHosts:
             for name, i in zip(self.names, self.indexes, strict=True)
         ]
         self.config.write_text(
-            "".join(blocks)
-            + f"Host *\n  User root\n  Port {port}\n  IdentityFile {self.key}\n"
+            "".join(blocks) + f"Host *\n  User root\n  Port {port}\n  IdentityFile {self.key}\n"
             "  IdentitiesOnly yes\n  UserKnownHostsFile /dev/null\n"
             "  StrictHostKeyChecking no\n  LogLevel ERROR\n"
         )

@@ -26,7 +26,7 @@ from phalanx.hosts.remote_env import TOKEN_VAR, shown
 from phalanx.hosts.ssh import remote_command, resolve_address, ssh_argv
 
 DEFAULT_RDZV_PORT = 29400
-REMOTE_MODULE = "phalanx.hosts.remote"
+REMOTE_MODULE = "phalanx.cli.remote"
 # Controller-only flags, never passed to the agents: name -> takes a value.
 CONTROLLER_FLAGS = {"hosts": True, "hostfile": True, "ssh-config": True, "env": True,
                     "env-file": True, "dry-run": False}  # fmt: skip
@@ -36,7 +36,7 @@ CONTROLLER_FLAGS = {"hosts": True, "hostfile": True, "ssh-config": True, "env": 
 class HostPlan:
     entry: HostSlots
     addr: str  # where ssh reaches it (``ssh -G``); also its --local-addr
-    agent_args: tuple[str, ...]  # after ``python -m phalanx.hosts.remote``
+    agent_args: tuple[str, ...]  # after ``python -m phalanx.cli.remote``
     ssh: tuple[str, ...]  # the whole ssh command line
 
     @property

@@ -1,4 +1,4 @@
-"""``python -m phalanx.hosts.remote AGENT-ARGS``: the normal phalanx agent, on a host the
+"""``python -m phalanx.cli.remote AGENT-ARGS``: the normal phalanx agent, on a host the
 controller reached over ssh, holding the lifeline (``hosts.lifeline``) on its stdin."""
 
 from __future__ import annotations
