@@ -139,3 +139,44 @@ def test_dry_run_prints_every_host_command_and_the_forwarded_environment(tmp_pat
         f"a: ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=1 -o ServerAliveCountMax=4 -F '{config}' -T a COMMAND",
         f"b: ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=1 -o ServerAliveCountMax=4 -F '{config}' -T b COMMAND",
     ]
+
+
+@pytest.mark.parametrize(
+    ("flags", "flag"),
+    [
+        (["--nnodes", "2"], "--nnodes"),
+        (["--node-rank", "1"], "--node-rank"),
+        (["--local-addr", "10.0.0.1"], "--local-addr"),
+        (["--standalone"], "--standalone"),
+        (["--rdzv-backend", "etcd"], "--rdzv-backend"),
+    ],
+)
+def test_flags_the_host_list_sets_are_refused_with_it(flags: list[str], flag: str) -> None:
+    from phalanx.cli.main import parse_config
+    from phalanx.errors import UsageError
+
+    with pytest.raises(UsageError) as caught:
+        parse_config(["--hosts", "h1:2", *flags, worker("allreduce.py")], {})
+    assert f"{flag} cannot be used with --hosts/--hostfile: the host list sets it" in (
+        caught.value.problems
+    )
+
+
+def test_dry_run_run_id_is_new_per_job_unless_given_and_the_endpoint_can_be_chosen(
+    tmp_path: Path,
+) -> None:
+    def dry(*flags: str, full: bool = False) -> str:
+        env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+        args = ["--hosts", "10.1.2.3:1,10.1.2.4:1", *flags, "--dry-run", worker("allreduce.py")]
+        done = run_phalanx(args, cwd=tmp_path, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout if full else done.stdout.splitlines()[0]
+
+    first, second = dry(), dry()
+    assert first.split("run id ")[1] != second.split("run id ")[1]
+    chosen = dry("--rdzv-id", "job42", "--rdzv-endpoint", "10.9.9.9:1234")
+    assert (
+        "c10d at 10.9.9.9:1234 (hosted by the agent on the machine it names), run id job42;"
+        in chosen
+    )
+    assert "is_host" not in dry("--rdzv-endpoint", "10.9.9.9:1234", full=True)

@@ -4,11 +4,12 @@ here, ``tests/support/sshd.py``), the controller in a third namespace, started w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -38,16 +39,15 @@ def ssh_hosts(netns: Callable[[int], NetNamespaces], tmp_path: Path) -> Iterator
 
 
 def controller(
-    hosts: SshHosts, tmp_path: Path, script: str, *args: str, slots: int = 2
+    hosts: SshHosts, tmp_path: Path, script: str, *args: str, flags: Sequence[str] = ()
 ) -> subprocess.Popen[str]:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(
-        "# two hosts, DeepSpeed's format\n"
-        + "".join(f"{name} slots={slots}\n" for name in hosts.names)
+        "# two hosts, DeepSpeed's format\n" + "".join(f"{name} slots=2\n" for name in hosts.names)
     )
     argv = [sys.executable, "-m", "phalanx", "--hostfile", str(hostfile),
             "--ssh-config", str(hosts.config), "--env", "GLOO_SOCKET_IFNAME",
-            "--log-dir", str(tmp_path / "logs"), script, *args]  # fmt: skip
+            "--log-dir", str(tmp_path / "logs"), *flags, script, *args]  # fmt: skip
     env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=str(REPO / "src"))
     return subprocess.Popen(
         hosts.spaces.command(0, argv), cwd=REPO, env=env, text=True,
@@ -74,7 +74,8 @@ def test_two_hosts_two_workers_form_one_world_of_four(ssh_hosts: SshHosts, tmp_p
     assert all("sum=10" in line for line in sums), out  # 1+2+3+4: one world of 4
     assert {line.split(":")[0] for line in sums} == {"host1", "host2"}, out
     assert {f"[rank{r}]" for r in range(4)} == {line.split()[1].rstrip(":") for line in sums}
-    assert "GLOO_SOCKET_IFNAME" in err  # the forwarded names are printed once
+    (forwarded,) = [line for line in err.splitlines() if "environment forwarded" in line]
+    assert "GLOO_SOCKET_IFNAME" in forwarded and "PYTHONPATH" in forwarded, forwarded
     for name in ssh_hosts.names:
         assert ssh_hosts.job_pids(name) == []
 
@@ -93,12 +94,18 @@ def test_a_failing_rank_on_host2_gives_one_job_report_with_its_name_and_code(
         wait_for(lambda n=name: ssh_hosts.job_pids(n) == [], 10, f"nothing left on {name}")
 
 
-def _running_job(hosts: SshHosts, tmp_path: Path) -> subprocess.Popen[str]:
+def _running_job(hosts: SshHosts, tmp_path: Path, stubborn: bool = False) -> subprocess.Popen[str]:
+    """4 workers (each with a child, or each ignoring SIGTERM under a 600 s grace), all up."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    proc = controller(hosts, tmp_path, worker("sleep_tree.py"), str(pids))
+    if stubborn:
+        proc = controller(hosts, tmp_path, worker("stubborn_sleep.py"), str(pids),
+                          flags=["--shutdown-timeout", "600"])  # fmt: skip
+    else:
+        proc = controller(hosts, tmp_path, worker("sleep_tree.py"), str(pids))
+    expected = 4 if stubborn else 8
     try:
-        wait_for(lambda: len(list(pids.glob("*.pid"))) == 8, 90, "4 workers and 4 children")
+        wait_for(lambda: len(list(pids.glob("*.pid"))) == expected, 90, "the workers up")
     except AssertionError:
         os.killpg(proc.pid, signal.SIGKILL)
         raise AssertionError(f"the job did not start: {proc.communicate()}") from None
@@ -107,14 +114,56 @@ def _running_job(hosts: SshHosts, tmp_path: Path) -> subprocess.Popen[str]:
     return proc
 
 
-@pytest.mark.parametrize("fault", ["ctrl-c", "sigterm", "controller-sigkill", "link-cut"])
-def test_a_stopped_or_lost_controller_leaves_nothing_on_any_host_within_10_s(
-    ssh_hosts: SshHosts, tmp_path: Path, fault: str
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(
+        item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item
+    )
+
+
+def _command_lines() -> list[str]:
+    lines = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                lines.append((entry / "cmdline").read_bytes().decode(errors="replace"))
+    return lines
+
+
+def test_the_job_token_reaches_every_agent_and_no_command_line(
+    ssh_hosts: SshHosts, tmp_path: Path
 ) -> None:
     ssh_hosts.start()
     proc = _running_job(ssh_hosts, tmp_path)
     try:
-        if fault == "ctrl-c":
+        tokens = {
+            name: {_environ(pid).get("PHALANX_RDZV_TOKEN") for pid in ssh_hosts.job_pids(name)}
+            - {None}
+            for name in ssh_hosts.names
+        }
+        (token,) = tokens["host1"]
+        assert tokens["host2"] == {token} and len(token) == 32, tokens
+        assert not [line for line in _command_lines() if token in line]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        finish(proc, timeout=30)
+
+
+@pytest.mark.parametrize(
+    "fault", ["ctrl-c", "sigterm", "controller-sigkill", "link-cut", "ctrl-c-stubborn"]
+)
+def test_a_stopped_or_lost_controller_leaves_nothing_on_any_host_within_10_s(
+    ssh_hosts: SshHosts, tmp_path: Path, fault: str
+) -> None:
+    """ctrl-c-stubborn: workers ignore SIGTERM and the grace is 600 s; the lifeline's SIGKILL
+    of the agent (its guardian then kills the workers) still ends everything in time."""
+    ssh_hosts.start()
+    proc = _running_job(ssh_hosts, tmp_path, stubborn=fault == "ctrl-c-stubborn")
+    try:
+        if fault.startswith("ctrl-c"):
             proc.send_signal(signal.SIGINT)
         elif fault == "sigterm":
             proc.send_signal(signal.SIGTERM)
@@ -125,7 +174,8 @@ def test_a_stopped_or_lost_controller_leaves_nothing_on_any_host_within_10_s(
         for name in ssh_hosts.names:
             wait_for(lambda n=name: ssh_hosts.job_pids(n) == [], 10, f"nothing left on {name}")
         code, out, err = finish(proc, timeout=30)
-        expected = {"ctrl-c": 130, "sigterm": 143, "controller-sigkill": -9, "link-cut": 1}
+        expected = {"ctrl-c": 130, "ctrl-c-stubborn": 130, "sigterm": 143,
+                    "controller-sigkill": -9, "link-cut": 1}  # fmt: skip
         assert code == expected[fault], f"{out}\n{err}"
         if fault == "link-cut":
             assert "the ssh session to host2 was lost" in err, err

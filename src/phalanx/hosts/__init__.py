@@ -1,6 +1,5 @@
-"""Many hosts from one command: a host list, ssh sessions running the normal agent, the
-pre-flight, and the remote side's lifeline."""
-
-from phalanx.hosts.hostfile import HostSlots, parse_hosts, read_hostfile
-
-__all__ = ["HostSlots", "parse_hosts", "read_hostfile"]
+"""Many hosts from one command: a host list (``hostfile``), ssh sessions running the normal
+agent (``plan``, ``controller``, ``console``), the pre-flight (``preflight``, ``probe``), the
+forwarded environment (``remote_env``) and the remote side's ``lifeline``. Nothing is
+re-exported: ``probe`` runs on every host before a job, and should import no more than it
+needs."""

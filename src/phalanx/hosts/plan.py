@@ -49,6 +49,7 @@ class HostsPlan:
     hosts: tuple[HostPlan, ...]
     rdzv_addr: str
     rdzv_port: int
+    hosted_by: str  # who serves the store, in words
     run_id: str
     env: Mapping[str, str]  # forwarded, the token included
     cwd: str
@@ -61,7 +62,7 @@ class HostsPlan:
     def describe(self) -> str:
         lines = [
             f"phalanx: {len(self.hosts)} hosts, {self.workers} workers; rendezvous c10d at "
-            f"{self.rdzv_addr}:{self.rdzv_port} (hosted by {self.hosts[0].name}), "
+            f"{self.rdzv_addr}:{self.rdzv_port} (hosted by {self.hosted_by}), "
             f"run id {self.run_id}; in {self.cwd} with {self.python}",
             "phalanx: environment sent to every host (on ssh's stdin, not a command line):",
             *(f"  {line}" for line in shown(self.env)),
@@ -94,7 +95,10 @@ def split_argv(argv: Sequence[str], script_args: int) -> tuple[list[str], list[s
 def _overrides(
     config: LaunchConfig, entry: HostSlots, addr: str, endpoint: str, run_id: str, first: bool
 ) -> list[str]:
-    conf = ",".join(f"{k}={v}" for k, v in (*config.rdzv_conf, ("is_host", str(first).lower())))
+    # Who hosts: the first host, unless the user's own endpoint names where the store is
+    # (then c10d's usual rule: the agent on the machine the endpoint names).
+    hosting = () if config.rdzv_endpoint else (("is_host", str(first).lower()),)
+    conf = ",".join(f"{k}={v}" for k, v in (*config.rdzv_conf, *hosting))
     return [
         "--nnodes", str(len(config.hosts)),
         "--nproc-per-node", str(entry.slots),
@@ -112,9 +116,11 @@ def build_hosts_plan(
     """Raises ``ValueError`` when a host's ssh configuration cannot be read."""
     addrs = [resolve_address(entry.host, config.ssh_config) for entry in config.hosts]
     rdzv_addr, rdzv_port = addrs[0], DEFAULT_RDZV_PORT
+    hosted_by = config.hosts[0].name
     if config.rdzv_endpoint:
         given = parsing.parse_endpoint(config.rdzv_endpoint)
         rdzv_addr, rdzv_port = given.host, given.port or DEFAULT_RDZV_PORT
+        hosted_by = "the agent on the machine it names"
     endpoint = f"[{rdzv_addr}]:{rdzv_port}" if ":" in rdzv_addr else f"{rdzv_addr}:{rdzv_port}"
     run_id = config.rdzv_id if config.rdzv_id != "none" else f"phalanx-{uuid.uuid4().hex[:12]}"
     options, program = split_argv(argv, len(config.program_args))
@@ -125,7 +131,7 @@ def build_hosts_plan(
         command = remote_command(cwd, python, REMOTE_MODULE, args)
         plans.append(HostPlan(entry, addr, args, tuple(ssh_argv(entry.host, command, config.ssh_config))))  # fmt: skip
     env = {**dict(config.forward_env), TOKEN_VAR: token or secrets.token_hex(16)}
-    return HostsPlan(tuple(plans), rdzv_addr, rdzv_port, run_id, env, cwd, python)
+    return HostsPlan(tuple(plans), rdzv_addr, rdzv_port, hosted_by, run_id, env, cwd, python)
 
 
 def plan_for_dry_run(config: LaunchConfig, argv: Sequence[str]) -> HostsPlan:
