@@ -126,7 +126,7 @@ def test_dry_run_prints_every_host_command_and_the_forwarded_environment(tmp_pat
     assert "  PHALANX_RDZV_TOKEN=<secret>\n" in out
     commands = [line for line in out.splitlines() if line.startswith("  COMMAND: ")]
     assert len(commands) == 2
-    assert all(f"cd {tmp_path} && exec {sys.executable} -c " in c for c in commands), commands
+    assert all(f"cd {tmp_path} && exec {sys.executable} -I -S -c " in c for c in commands), commands
     for command, (addr, slots, host) in zip(
         commands, [("10.1.2.3", 2, "true"), ("10.1.2.4", 1, "false")], strict=True
     ):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import IO
 
-REPORT_FRAME = "=" * 78  # opens and closes jobreport's text
+REPORT_FRAME = "=" * 78  # report.exits.format_report's rule (its default width) around the report
 
 
 class Console:

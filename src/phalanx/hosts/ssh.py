@@ -2,7 +2,8 @@
 would hang a job), the user's ssh config for ports, users and keys (``-F FILE`` with
 ``--ssh-config``).
 
-Every remote command has the same shape: ``cd CWD && exec PYTHON -c BOOTSTRAP MODULE ARGS``.
+Every remote command has the same shape: ``cd CWD && exec PYTHON -I -S -c BOOTSTRAP MODULE
+ARGS``.
 The bootstrap reads one JSON line from stdin (buffered: what it reads past the line is only
 lifeline beats, which may be lost), the environment to add (the per-job secret
 among it), and re-executes the same Python with it as ``python -m MODULE ARGS``: the
@@ -44,7 +45,9 @@ def ssh_argv(host: str, remote_command: str, ssh_config: Path | None) -> list[st
 
 def remote_command(cwd: str, python: str, module: str, args: Sequence[str]) -> str:
     """The shell command line the remote login shell runs (no secrets in it)."""
-    words = [python, "-c", BOOTSTRAP, module, *args]
+    # -I -S: the bootstrap needs nothing but the standard library, so it skips site and the
+    # user's PYTHON* variables (the re-executed Python gets them all).
+    words = [python, "-I", "-S", "-c", BOOTSTRAP, module, *args]
     return f"cd {shlex.quote(cwd)} && exec {' '.join(shlex.quote(w) for w in words)}"
 
 
