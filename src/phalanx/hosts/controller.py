@@ -4,10 +4,11 @@ the job anywhere it closes the lifelines (the agents stop their workers and exit
 ssh clients it started itself are ever killed, by their process group.
 
 When it stops everything: a signal (SIGINT, SIGTERM, SIGHUP) to the controller; a session
-lost (ssh's exit status 255: a cut link, a dead host); or a host that finished while the
-others still run ``AFTER_FIRST_EXIT`` seconds later (their agents normally end on their own,
-told by the rendezvous). The exit status is the job's: the first failing agent's code, 1 if
-only connections were lost, 128+N when stopped by signal N.
+lost (ssh's exit status 255: a cut link, a dead host); or a host that failed while the others
+still run ``AFTER_FAILURE`` seconds later (their agents normally end on their own, told by
+the rendezvous). A host that finished well stops nothing: its peers may train on, and their
+own agents watch them. The exit status is the job's: the first failing agent's code, 1 if
+the job was stopped for a lost connection, 128+N when stopped by signal N.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from phalanx.hosts.plan import HostPlan, HostsPlan
 from phalanx.hosts.ssh import env_line
 
 SSH_LOST = 255
-AFTER_FIRST_EXIT = 60.0
+AFTER_FAILURE = 60.0
 DRAIN = 15.0  # after the lifelines close: the agents stop within about 10 s
 
 
@@ -132,18 +133,19 @@ class Controller:
             if len(ended) == len(sessions):
                 return _job_code(sessions)
             lost = [s for s in ended if s.proc.returncode == SSH_LOST]
-            first = min((s.ended_at for s in ended if s.ended_at is not None), default=None)
-            late = first is not None and time.monotonic() - first > AFTER_FIRST_EXIT
+            failed = [s.ended_at for s in ended if s.ended_at is not None and s.proc.returncode]
+            late = bool(failed) and time.monotonic() - min(failed) > AFTER_FAILURE
             if lost or late:
                 why = f"the ssh session to {lost[0].host.name} was lost" if lost else (
-                    "a host finished and the others did not follow")  # fmt: skip
+                    "a host failed and the others did not follow")  # fmt: skip
                 print(
                     f"phalanx: {why}; stopping the job on every host", file=sys.stderr, flush=True
                 )
+                stopped_at = time.monotonic()
                 for session in sessions:
                     session.close_lifeline()
                 self._drain(sessions)
-                return _job_code(sessions)
+                return _job_code(sessions, stopped_at)
 
     def _drain(self, sessions: list[Session]) -> None:
         deadline = time.monotonic() + DRAIN
@@ -156,14 +158,21 @@ class Controller:
                 relay.join(max(0.1, deadline - time.monotonic()))
 
 
-def _job_code(sessions: list[Session]) -> int:
-    ended = sorted(sessions, key=lambda s: s.ended_at or float("inf"))
-    # A negative code is an ssh client killed by that signal (after the drain).
-    codes = [_shell_code(s.proc.returncode) for s in ended if s.proc.returncode is not None]
+def _job_code(sessions: list[Session], stopped_at: float | None = None) -> int:
+    """The first failing agent's code; sessions that ended after the controller stopped the
+    job (``stopped_at``) were stopped by it and do not count. 1 when the controller stopped
+    it and no agent had failed on its own (a lost connection)."""
+    own = sorted(
+        (s for s in sessions if s.ended_at is not None and s.proc.returncode is not None
+         and (stopped_at is None or s.ended_at <= stopped_at)),
+        key=lambda s: s.ended_at or 0.0,
+    )  # fmt: skip
+    # A negative code is an ssh client killed by that signal.
+    codes = [_shell_code(s.proc.returncode) for s in own if s.proc.returncode is not None]
     failed = [c for c in codes if c not in (0, SSH_LOST)]
     if failed:
         return failed[0]
-    return 1 if any(c != 0 for c in codes) or len(codes) < len(sessions) else 0
+    return 0 if stopped_at is None and all(c == 0 for c in codes) else 1
 
 
 def _shell_code(code: int) -> int:
