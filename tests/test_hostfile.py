@@ -180,3 +180,49 @@ def test_dry_run_run_id_is_new_per_job_unless_given_and_the_endpoint_can_be_chos
         in chosen
     )
     assert "is_host" not in dry("--rdzv-endpoint", "10.9.9.9:1234", full=True)
+
+
+BARRIER_SSH = """#!/bin/sh
+# An ssh stand-in that runs the remote command here, but only once every host's pre-flight
+# has reached it: a pre-flight that asked the hosts one after another would never get there.
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -o|-F) shift 2 ;;
+        -G) echo "hostname 127.0.0.1"; exit 0 ;;
+        -*) shift ;;
+        *) break ;;
+    esac
+done
+case "$2" in
+    *phalanx.hosts.probe*) ;;
+    *) echo "a stand-in: no agent runs here" >&2; exit 255 ;;
+esac
+touch "$BARRIER_DIR/$1"
+tries=0
+while [ "$(ls "$BARRIER_DIR" | wc -l)" -lt "$BARRIER_COUNT" ]; do
+    tries=$((tries + 1))
+    [ "$tries" -gt 600 ] && { echo "alone at the barrier" >&2; exit 255; }
+    sleep 0.05
+done
+exec sh -c "$2"
+"""
+
+
+def test_preflight_asks_every_host_at_once(tmp_path: Path) -> None:
+    bin_dir, barrier = tmp_path / "bin", tmp_path / "barrier"
+    bin_dir.mkdir()
+    barrier.mkdir()
+    (bin_dir / "ssh").write_text(BARRIER_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), BARRIER_DIR=str(barrier),
+               BARRIER_COUNT="4", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")  # fmt: skip
+    script = tmp_path / "train.py"
+    script.write_text("import sys; sys.exit(0)\n")
+    done = run_phalanx(["--hosts", "a:1,b:1,c:1,d:1", "--rdzv-endpoint", "127.0.0.1:1",
+                        str(script)], cwd=tmp_path, env=env, timeout=120)  # fmt: skip
+    # Every probe passed; then the stand-in refuses to run the agents (exit 255, as a lost
+    # connection): the controller stops the job and says so.
+    assert "pre-flight failed" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    assert "was lost; stopping the job on every host" in done.stderr
+    assert sorted(p.name for p in barrier.iterdir()) == ["a", "b", "c", "d"]

@@ -39,8 +39,8 @@ class Lifeline:
         return cls(fd)
 
     def start(self) -> None:
-        # A thread before the warm-start template forks: it only blocks in select/read and
-        # holds no lock a forked child could need.
+        # The agent forks nothing it does not exec (its template is a new Python), so this
+        # thread, started before any of that, cannot leave a forked child a held lock.
         self._thread.start()
 
     def _watch(self) -> None:
