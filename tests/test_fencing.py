@@ -465,7 +465,9 @@ def test_a_store_lost_by_its_errors_stops_the_workers_without_grace(
                 worker("fence_stamp.py"), str(stamps), f"n{i}"]  # fmt: skip
         nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
     try:
-        wait_for(lambda: all(stamp_files(stamps, f"n{i}") for i in (0, 1)), HANG, "both workers")
+        wait_for(
+            lambda: all(stamp_files(stamps, f"n{i}") for i in (0, 1)), HANG, "both workers"
+        )
         nodes[0].kill()  # the store's host, its whole session
         assert nodes[1].finish(HANG) == 1, nodes[1].stderr
         wait_for(lambda: namespace_pids(spaces, 1) == [], 30, "node 1's namespace to be empty")

@@ -106,10 +106,7 @@ SIGNATURES = [
     # The job's root cause is the first the store recorded, whichever node posted it and
     # whatever the nodes' clocks say.
     (
-        [
-            _record(0, 0, 5.0, 1, "RuntimeError: Gloo", seq=2),
-            _record(1, 1, 7.0, -9, "step 3", seq=1),
-        ],
+        [_record(0, 0, 5.0, 1, "RuntimeError: Gloo", seq=2), _record(1, 1, 7.0, -9, "step 3", seq=1)],
         "rank 1, killed by SIGKILL: step 3",
     ),
     # Stopped by phalanx: not a failure of its own.

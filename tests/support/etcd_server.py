@@ -270,6 +270,7 @@ class EtcdCluster:
                     )
                 time.sleep(0.1)
 
+
     def _wait_healthy_inside(self, member: EtcdMember, deadline: float) -> None:
         """``_wait_healthy`` for a member behind ``prefix``: one probe process inside."""
         probe = (

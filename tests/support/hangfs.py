@@ -23,7 +23,6 @@ import mfusepy as fuse
 
 class Passthrough(fuse.Operations):  # type: ignore[misc]
     use_ns = True  # nanosecond times, as os.lstat gives them
-
     def __init__(self, backing: str) -> None:
         self.backing = backing
         self.switch = os.path.join(backing, ".frozen")
