@@ -134,6 +134,11 @@ BAD_INPUTS = [
     (["--no-python", "no-such-program-xyz"], "is not an executable file or on PATH"),
     (["--bogus-flag", SCRIPT], "unrecognized arguments: --bogus-flag"),
     ([], "the following arguments are required: training_script"),
+    (["--hostfile", "absent.txt", SCRIPT], "--hostfile absent.txt: cannot read it"),
+    (["--hosts", "h1:0", SCRIPT], "--hosts 'h1:0': expected a worker count of 1 or more"),
+    (["--ssh-config", "nope", "--hosts", "h1", SCRIPT], "--ssh-config: no such file: nope"),
+    (["--env", "PHX_UNSET_XYZ", "--hosts", "h1", SCRIPT], "not set in this environment"),
+    (["--env-file", "absent.env", "--hosts", "h1", SCRIPT], "--env-file absent.env: cannot"),
 ]
 
 # Options that take a value of which none is bad, and why.

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from phalanx.hosts.hostfile import HostSlots
+
 
 class LaunchMode(Enum):
     SCRIPT = "script"  # python -u script.py args
@@ -63,6 +65,11 @@ class LaunchConfig:
     # Start even when the nodes' code or versions differ (a warning with the table instead
     # of stopping the job: phalanx.consistency).
     allow_mismatch: bool = False
+    # --hosts/--hostfile: this process is the controller, starting an agent on every host
+    # over ssh (phalanx.hosts); forward_env is what they are sent, beside the job's token.
+    hosts: tuple[HostSlots, ...] = ()
+    ssh_config: Path | None = None
+    forward_env: tuple[tuple[str, str], ...] = ()
     # torchrun flags accepted (so a torchrun command line keeps working) but not applied:
     # one line each, logged when the job starts.
     not_applied: tuple[str, ...] = ()

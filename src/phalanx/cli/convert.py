@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 from phalanx import parsing
 from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.errors import UsageError
+from phalanx.hosts.hostfile import HostSlots, parse_hosts, read_hostfile
+from phalanx.hosts.remote_env import forwarded_env, read_env_file
 from phalanx.launch import rendezvous_problems
 
 T = TypeVar("T")
@@ -209,6 +211,7 @@ def to_config(
     signals, preload = _check_names(ns, p)
     owner_flags = p.parse(lambda: parse_owner_flags(ns.spawn_owner_flags), SPAWN_OWNER_FACTS)
     mode, program = _program(ns, environ, p)
+    hosts = _hosts(ns, environ, p, nproc)
     standalone = bool(ns.standalone)
     config = LaunchConfig(
         program=program,
@@ -236,12 +239,51 @@ def to_config(
         stall_timeout=stall or None,
         allow_mismatch=bool(ns.allow_mismatch),
         not_applied=_not_applied(ns),
+        **hosts,
     )
     for problem in rendezvous_problems(config):
         p.add(problem)
     if p.found:
         raise UsageError(p.found)
     return config
+
+
+def _hosts(
+    ns: argparse.Namespace, environ: Mapping[str, str], p: _Problems, nproc: int
+) -> dict[str, Any]:
+    """--hosts/--hostfile and what goes with them (nothing when neither is given)."""
+    if ns.hosts is None and ns.hostfile is None:
+        for flag, value in (("--ssh-config", ns.ssh_config), ("--env-file", ns.env_file)):
+            if value is not None:
+                p.add(f"{flag} applies only with --hosts or --hostfile")
+        if ns.env:
+            p.add("--env applies only with --hosts or --hostfile")
+        return {}
+    if ns.hosts is not None and ns.hostfile is not None:
+        p.add("--hosts and --hostfile: give one of them")
+    for given, flag in (
+        (ns.standalone, "--standalone"),
+        (str(ns.nnodes) != "1", "--nnodes"),
+        (str(ns.node_rank) != "0", "--node-rank"),
+        (ns.local_addr is not None, "--local-addr"),
+        (str(ns.rdzv_backend) != "c10d", "--rdzv-backend"),
+    ):
+        if given:
+            p.add(f"{flag} cannot be used with --hosts/--hostfile: the host list sets it")
+    no_hosts: tuple[HostSlots, ...] = ()
+    if ns.hosts is not None:
+        hosts = p.parse(lambda: parse_hosts(ns.hosts, nproc), no_hosts)
+    else:
+        hosts = p.parse(lambda: read_hostfile(Path(ns.hostfile), nproc), no_hosts)
+    ssh_config = Path(ns.ssh_config) if ns.ssh_config is not None else None
+    if ssh_config is not None and not ssh_config.is_file():
+        p.add(f"--ssh-config: no such file: {ssh_config}")
+    entries: list[tuple[str, str | None]] = []
+    if ns.env_file is not None:
+        entries = p.parse(lambda: read_env_file(Path(ns.env_file)), entries)
+    no_env: dict[str, str] = {}
+    env = p.parse(lambda: forwarded_env(environ, ns.env, entries), no_env)
+    return {"hosts": hosts, "ssh_config": ssh_config, "forward_env": tuple(env.items())}
 
 
 def _not_applied(ns: argparse.Namespace) -> tuple[str, ...]:

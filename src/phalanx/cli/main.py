@@ -13,6 +13,7 @@ from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, PhalanxError, UsageError
+from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.plan import describe
 
@@ -24,6 +25,8 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfi
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     config = parse_config(argv, environ)
+    if config.hosts:
+        return run_hosts(config, argv)
     launch = prepare(config)
     if config.dry_run:
         print(describe(launch.dry_run_plan(environ), environ))

@@ -23,6 +23,7 @@ examples:
   phalanx --nproc-per-node 4 --dry-run train.py        # print the plan, start nothing
   phalanx --standalone --nproc-per-node 2 --max-restarts 3 train.py
   phalanx --nproc-per-node 8 --stall-timeout 600 train.py   # detect and explain hangs
+  phalanx --hostfile hosts.txt train.py   # every host over ssh (or --hosts h1:8,h2:8)
   phalanx stacks RUN_DIR       # print every rank's Python stack now; the job goes on
 exit status: 0 success; the root-cause worker's exit code (128+N for signal N) on failure,
 1 for a hang or a lost node;
@@ -207,6 +208,36 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "line (compared at the rendezvous, as sha256 hashes). Without it such a job stops "
         "on every node before any worker starts, with a table of the nodes that differ "
         "(exit 2); with it the table is a warning.",
+    )
+    option(
+        "hostfile",
+        None,
+        "Start the job on every host listed, over ssh: DeepSpeed's format, one 'host slots=N' "
+        "per line, '#' comments (a host without slots gets --nproc-per-node). The first host "
+        "hosts the rendezvous; every host runs this Python in this directory.",
+        pet=False,
+    )
+    option("hosts", None, "Like --hostfile, inline in Horovod's form: h1:8,h2:8.", pet=False)
+    option(
+        "ssh-config",
+        None,
+        "With --hosts/--hostfile: ssh's config file (ssh -F); ports, users and keys come from it.",
+        pet=False,
+    )
+    parser.add_argument(
+        "--env",
+        dest="env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="With --hosts/--hostfile: also forward this variable (repeatable). Forwarded "
+        "always: NCCL_*, PYTHON*, CUDA_*, PET_*, OMP_*; the list is printed at start.",
+    )
+    option(
+        "env-file",
+        None,
+        "With --hosts/--hostfile: more variables to forward, a NAME or NAME=VALUE per line.",
+        pet=False,
     )
     parser.add_argument("training_script", help="The script (or module, or program) to run.")
     parser.add_argument(

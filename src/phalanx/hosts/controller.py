@@ -1,0 +1,179 @@
+"""The controller: one ssh session per host, each running the normal agent, until the job
+ends. It sends each session the environment line, then keeps the lifeline beating; to stop
+the job anywhere it closes the lifelines (the agents stop their workers and exit), and only
+ssh clients it started itself are ever killed, by their process group.
+
+When it stops everything: a signal (SIGINT, SIGTERM, SIGHUP) to the controller; a session
+lost (ssh's exit status 255: a cut link, a dead host); or a host that failed while the others
+still run ``AFTER_FAILURE`` seconds later (their agents normally end on their own, told by
+the rendezvous). A host that finished well stops nothing: its peers may train on, and their
+own agents watch them. The exit status is the job's: the first failing agent's code, 1 if
+the job was stopped for a lost connection, 128+N when stopped by signal N.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import FrameType
+
+from phalanx.hosts.console import Console
+from phalanx.hosts.lifeline import BEAT
+from phalanx.hosts.plan import HostPlan, HostsPlan
+from phalanx.hosts.ssh import env_line
+
+SSH_LOST = 255
+AFTER_FAILURE = 60.0
+DRAIN = 15.0  # after the lifelines close: the agents stop within about 10 s
+
+
+class Session:
+    def __init__(self, host: HostPlan, line: bytes, console: Console) -> None:
+        self.host = host
+        self.proc = subprocess.Popen(
+            host.ssh,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C at the terminal is the controller's to handle
+        )
+        self._lock = threading.Lock()
+        self._open = True
+        self.ended_at: float | None = None
+        self._send(line)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.relays = [
+            threading.Thread(target=console.relay, args=(host.name, stream, sink), daemon=True)
+            for stream, sink in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
+        ]
+        for relay in self.relays:
+            relay.start()
+
+    def _send(self, data: bytes) -> None:
+        with self._lock:
+            if not self._open or self.proc.stdin is None:
+                return
+            try:
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                self._open = False
+
+    def beat(self) -> None:
+        self._send(b"\n")
+
+    def close_lifeline(self) -> None:
+        with self._lock:
+            if self._open and self.proc.stdin is not None:
+                self._open = False
+                with contextlib.suppress(BrokenPipeError):
+                    self.proc.stdin.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+
+class Controller:
+    def __init__(self, plan: HostsPlan) -> None:
+        self._plan = plan
+        self._signal: int | None = None
+        self._wake = threading.Event()
+        self._done = threading.Event()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signal = signum  # only state: the loop does the stopping
+        self._wake.set()
+
+    def run(self) -> int:
+        stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {s: signal.signal(s, self._on_signal) for s in stops}
+        console = Console()
+        sessions: list[Session] = []
+        try:
+            line = env_line(self._plan.env)
+            sessions = [Session(host, line, console) for host in self._plan.hosts]
+            threading.Thread(target=self._beat, args=(sessions,), daemon=True).start()
+            for session in sessions:
+                threading.Thread(target=self._wait, args=(session,), daemon=True).start()
+            return self._supervise(sessions)
+        finally:
+            self._done.set()
+            for session in sessions:
+                session.close_lifeline()
+            self._drain(sessions)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _beat(self, sessions: list[Session]) -> None:
+        while not self._done.wait(BEAT):
+            for session in sessions:
+                session.beat()
+
+    def _wait(self, session: Session) -> None:
+        session.proc.wait()
+        session.ended_at = time.monotonic()
+        self._wake.set()
+
+    def _supervise(self, sessions: list[Session]) -> int:
+        while True:
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if self._signal is not None:
+                print(f"phalanx: stopping the job on every host ({signal.Signals(self._signal).name})",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                return 128 + self._signal
+            ended = [s for s in sessions if s.ended_at is not None]
+            if len(ended) == len(sessions):
+                return _job_code(sessions)
+            lost = [s for s in ended if s.proc.returncode == SSH_LOST]
+            failed = [s.ended_at for s in ended if s.ended_at is not None and s.proc.returncode]
+            late = bool(failed) and time.monotonic() - min(failed) > AFTER_FAILURE
+            if lost or late:
+                why = f"the ssh session to {lost[0].host.name} was lost" if lost else (
+                    "a host failed and the others did not follow")  # fmt: skip
+                print(
+                    f"phalanx: {why}; stopping the job on every host", file=sys.stderr, flush=True
+                )
+                stopped_at = time.monotonic()
+                for session in sessions:
+                    session.close_lifeline()
+                self._drain(sessions)
+                return _job_code(sessions, stopped_at)
+
+    def _drain(self, sessions: list[Session]) -> None:
+        deadline = time.monotonic() + DRAIN
+        for session in sessions:
+            try:
+                session.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                session.kill()
+            for relay in session.relays:
+                relay.join(max(0.1, deadline - time.monotonic()))
+
+
+def _job_code(sessions: list[Session], stopped_at: float | None = None) -> int:
+    """The first failing agent's code; sessions that ended after the controller stopped the
+    job (``stopped_at``) were stopped by it and do not count. 1 when the controller stopped
+    it and no agent had failed on its own (a lost connection)."""
+    own = sorted(
+        (s for s in sessions if s.ended_at is not None and s.proc.returncode is not None
+         and (stopped_at is None or s.ended_at <= stopped_at)),
+        key=lambda s: s.ended_at or 0.0,
+    )  # fmt: skip
+    # A negative code is an ssh client killed by that signal.
+    codes = [_shell_code(s.proc.returncode) for s in own if s.proc.returncode is not None]
+    failed = [c for c in codes if c not in (0, SSH_LOST)]
+    if failed:
+        return failed[0]
+    return 0 if stopped_at is None and all(c == 0 for c in codes) else 1
+
+
+def _shell_code(code: int) -> int:
+    return 128 - code if code < 0 else code

@@ -1,0 +1,138 @@
+"""The multi-host plan, as plain data: every host's address, agent argv and ssh command, the
+rendezvous they meet at and what they are sent on stdin. ``--dry-run`` prints it; the
+controller only carries it out.
+
+The agents form one job with the existing c10d rendezvous: the first host hosts the store
+(``is_host=true``; the others connect), at the first host's ssh address and port 29400 unless
+``--rdzv-endpoint`` says otherwise, under a run id generated per job (or ``--rdzv-id``).
+A per-job secret travels in ``PHALANX_RDZV_TOKEN`` on stdin; the store's authentication with
+it is another change's (until then it is only carried).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from phalanx import parsing
+from phalanx.config import LaunchConfig
+from phalanx.hosts.hostfile import HostSlots
+from phalanx.hosts.remote_env import TOKEN_VAR, shown
+from phalanx.hosts.ssh import remote_command, resolve_address, ssh_argv
+
+DEFAULT_RDZV_PORT = 29400
+REMOTE_MODULE = "phalanx.cli.remote"
+# Controller-only flags, never passed to the agents: name -> takes a value.
+CONTROLLER_FLAGS = {"hosts": True, "hostfile": True, "ssh-config": True, "env": True,
+                    "env-file": True, "dry-run": False}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    entry: HostSlots
+    addr: str  # where ssh reaches it (``ssh -G``); also its --local-addr
+    agent_args: tuple[str, ...]  # after ``python -m phalanx.cli.remote``
+    ssh: tuple[str, ...]  # the whole ssh command line
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+
+@dataclass(frozen=True)
+class HostsPlan:
+    hosts: tuple[HostPlan, ...]
+    rdzv_addr: str
+    rdzv_port: int
+    hosted_by: str  # who serves the store, in words
+    run_id: str
+    env: Mapping[str, str]  # forwarded, the token included
+    cwd: str
+    python: str
+
+    @property
+    def workers(self) -> int:
+        return sum(h.entry.slots for h in self.hosts)
+
+    def describe(self) -> str:
+        lines = [
+            f"phalanx: {len(self.hosts)} hosts, {self.workers} workers; rendezvous c10d at "
+            f"{self.rdzv_addr}:{self.rdzv_port} (hosted by {self.hosted_by}), "
+            f"run id {self.run_id}; in {self.cwd} with {self.python}",
+            "phalanx: environment sent to every host (on ssh's stdin, not a command line):",
+            *(f"  {line}" for line in shown(self.env)),
+        ]
+        for host in self.hosts:
+            lines.append(f"{host.name}: {shlex.join(host.ssh[:-1])} COMMAND")
+            lines.append(f"  COMMAND: {host.ssh[-1]}")
+        return "\n".join(lines)
+
+
+def split_argv(argv: Sequence[str], script_args: int) -> tuple[list[str], list[str]]:
+    """``argv`` -> (the launcher's flags without the controller-only ones, the program and its
+    arguments). ``script_args``: how many arguments the program has (argparse counted them)."""
+    cut = len(argv) - script_args - 1
+    options, program = list(argv[:cut]), list(argv[cut:])
+    kept: list[str] = []
+    skip_value = False
+    for word in options:
+        if skip_value:
+            skip_value = False
+            continue
+        flag = word[2:].split("=", 1)[0].replace("_", "-") if word.startswith("--") else ""
+        if flag in CONTROLLER_FLAGS:
+            skip_value = CONTROLLER_FLAGS[flag] and "=" not in word
+            continue
+        kept.append(word)
+    return kept, program
+
+
+def _overrides(
+    config: LaunchConfig, entry: HostSlots, addr: str, endpoint: str, run_id: str, first: bool
+) -> list[str]:
+    # Who hosts: the first host, unless the user's own endpoint names where the store is
+    # (then c10d's usual rule: the agent on the machine the endpoint names).
+    hosting = () if config.rdzv_endpoint else (("is_host", str(first).lower()),)
+    conf = ",".join(f"{k}={v}" for k, v in (*config.rdzv_conf, *hosting))
+    return [
+        "--nnodes", str(len(config.hosts)),
+        "--nproc-per-node", str(entry.slots),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoint,
+        "--rdzv-id", run_id,
+        "--rdzv-conf", conf,
+        "--local-addr", addr,
+    ]  # fmt: skip
+
+
+def build_hosts_plan(
+    config: LaunchConfig, argv: Sequence[str], token: str | None = None
+) -> HostsPlan:
+    """Raises ``ValueError`` when a host's ssh configuration cannot be read."""
+    addrs = [resolve_address(entry.host, config.ssh_config) for entry in config.hosts]
+    rdzv_addr, rdzv_port = addrs[0], DEFAULT_RDZV_PORT
+    hosted_by = config.hosts[0].name
+    if config.rdzv_endpoint:
+        given = parsing.parse_endpoint(config.rdzv_endpoint)
+        rdzv_addr, rdzv_port = given.host, given.port or DEFAULT_RDZV_PORT
+        hosted_by = "the agent on the machine it names"
+    endpoint = f"[{rdzv_addr}]:{rdzv_port}" if ":" in rdzv_addr else f"{rdzv_addr}:{rdzv_port}"
+    run_id = config.rdzv_id if config.rdzv_id != "none" else f"phalanx-{uuid.uuid4().hex[:12]}"
+    options, program = split_argv(argv, len(config.program_args))
+    cwd, python = os.getcwd(), sys.executable
+    plans = []
+    for i, (entry, addr) in enumerate(zip(config.hosts, addrs, strict=True)):
+        args = (*options, *_overrides(config, entry, addr, endpoint, run_id, i == 0), *program)
+        command = remote_command(cwd, python, REMOTE_MODULE, args)
+        plans.append(HostPlan(entry, addr, args, tuple(ssh_argv(entry.host, command, config.ssh_config))))  # fmt: skip
+    env = {**dict(config.forward_env), TOKEN_VAR: token or secrets.token_hex(16)}
+    return HostsPlan(tuple(plans), rdzv_addr, rdzv_port, hosted_by, run_id, env, cwd, python)
+
+
+def plan_for_dry_run(config: LaunchConfig, argv: Sequence[str]) -> HostsPlan:
+    return build_hosts_plan(config, argv, token="<secret>")
