@@ -18,8 +18,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from phalanx.rendezvous.stores.agentstore import AgentKVStore, StoreServer, Token, TokenRefused
-from phalanx.rendezvous.stores.agentstore import auth, wire
+from phalanx.rendezvous.stores.agentstore import (
+    AgentKVStore,
+    StoreServer,
+    Token,
+    TokenRefused,
+    auth,
+    wire,
+)
 from phalanx.rendezvous.stores.base import MalformedReply, StoreUnavailable
 
 TOKEN = Token(b"the job's secret", "the test")
@@ -66,9 +72,8 @@ def _read_all(sock: socket.socket) -> bytes:
 def test_a_client_without_the_token_is_refused_with_one_line_on_both_sides(
     hosted: AgentKVStore, token: Token, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="phalanx"):
-        with pytest.raises(TokenRefused) as refused:
-            _client(hosted.port, token)
+    with caplog.at_level(logging.WARNING, logger="phalanx"), pytest.raises(TokenRefused) as refused:
+        _client(hosted.port, token)
     said = str(refused.value)
     assert "refused this node" in said and "PHALANX_RDZV_TOKEN" in said and "\n" not in said
     assert str(hosted.port) in said
@@ -178,7 +183,9 @@ def test_two_hundred_clients_connected_and_waiting_are_all_served() -> None:
     wakes them all, and every one then writes a key of its own."""
     host = AgentKVStore.host("127.0.0.1", 0, token=TOKEN, read_timeout=10)
     clients = [
-        AgentKVStore.connect("127.0.0.1", host.port, token=TOKEN, connect_timeout=10, read_timeout=10)
+        AgentKVStore.connect(
+            "127.0.0.1", host.port, token=TOKEN, connect_timeout=10, read_timeout=10
+        )
         for _ in range(200)
     ]
     try:
@@ -188,7 +195,9 @@ def test_two_hundred_clients_connected_and_waiting_are_all_served() -> None:
             results.append(client.wait(["go"], HANG))
             client.set(f"done/{i}", b"1")
 
-        threads = [threading.Thread(target=wait_then_write, args=(i, c)) for i, c in enumerate(clients)]
+        threads = [
+            threading.Thread(target=wait_then_write, args=(i, c)) for i, c in enumerate(clients)
+        ]
         for thread in threads:
             thread.start()
         host.set("go", b"1")
@@ -210,7 +219,9 @@ def _frames(data: bytes) -> list[list[bytes]]:
 def _tcp_sockets() -> list[tuple[tuple[str, int], str]]:
     """(local address, state) of every IPv4 TCP socket in /proc/net/tcp."""
     rows = []
-    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+    with open("/proc/net/tcp") as table:
+        lines = table.read().splitlines()[1:]
+    for line in lines:
         local, state = line.split()[1], line.split()[3]
         hex_ip, hex_port = local.split(":")
         ip = ".".join(str(int(hex_ip[i : i + 2], 16)) for i in (6, 4, 2, 0))

@@ -95,6 +95,11 @@ class StoreServer:
     def port(self) -> int:
         return int(self._listener.getsockname()[1])
 
+    @property
+    def key_count(self) -> int:
+        """How many keys the store holds now (a glance from another thread)."""
+        return len(self._data)
+
     def serve(self) -> None:
         self._listener.setblocking(False)
         self._wake_read.setblocking(False)
