@@ -222,3 +222,63 @@ def test_the_token_is_never_on_the_command_line_nor_echoed(tmp_path: Path) -> No
     )  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     assert secret not in dry.stdout + dry.stderr
+
+
+def _c10d_args(tmp_path: Path, endpoint: str, conf: str, nnodes: str = "2") -> list[str]:
+    return ["--log-dir", str(tmp_path / "logs"), "--nnodes", nnodes, "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", RUN_ID,
+            "--rdzv-conf", conf, worker("chatty.py"), "1"]  # fmt: skip
+
+
+_COMMAND_LINE = "--rdzv-conf token: the rendezvous token is never given on the command line"
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "conf", "says"),
+    [
+        ("2", "token=abc", _COMMAND_LINE),
+        ("1", "token=abc", _COMMAND_LINE),
+        (
+            "2",
+            "token_file={missing}",
+            "--rdzv-conf token_file={missing}: cannot read it (No such file",
+        ),
+        ("2", "token_file={empty}", "--rdzv-conf token_file={empty}: the file is empty"),
+    ],
+    ids=["token on the command line", "the same on one node", "missing file", "empty file"],
+)
+def test_a_bad_token_setting_is_one_line_and_exit_2(
+    tmp_path: Path, nnodes: str, conf: str, says: str
+) -> None:
+    """One node has no store, but ``token=`` is refused there too: ps would show it all the
+    same."""
+    paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty"}
+    paths["empty"].write_text("\n")
+    conf, says = conf.format(**paths), says.format(**paths)
+    done = run_phalanx(_c10d_args(tmp_path, "127.0.0.1:1", conf, nnodes), env=_environment(),
+                       timeout=HANG)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert says in line and "abc" not in line and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "token", "warned"),
+    [("10.213.255.1", None, True), ("10.213.255.1", "secret", False), ("127.0.0.1", None, False)],
+    ids=["no token, other machines", "a token", "loopback"],
+)
+def test_no_token_on_an_endpoint_others_reach_is_said_once(
+    tmp_path: Path, endpoint: str, token: str | None, warned: bool
+) -> None:
+    """The agent is told not to host (is_host=false) and gives up after join_timeout: what
+    matters is what it says at start."""
+    env = _environment(**({"PHALANX_RDZV_TOKEN": token} if token else {}))
+    done = run_phalanx(
+        _c10d_args(tmp_path, f"{endpoint}:{free_port()}", "is_host=false,join_timeout=1"),
+        env=env, timeout=HANG,
+    )  # fmt: skip
+    assert done.returncode == 1
+    warnings = [line for line in done.stderr.splitlines() if "has no token" in line]
+    assert len(warnings) == (1 if warned else 0), done.stderr
+    if warned:
+        assert "PHALANX_RDZV_TOKEN" in warnings[0] and "token_file=PATH" in warnings[0]

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
+from phalanx.rendezvous.stores.agentstore.conf import HOW_TO_SET
 from phalanx.rendezvous.stores.agentstore.server import StoreServer
 from phalanx.rendezvous.stores.base import (
     Malformed,
@@ -30,7 +31,9 @@ from phalanx.rendezvous.stores.base import (
 )
 from phalanx.rendezvous.stores.reach import wait_reachable
 
-HOW_TO_SET = "set the same PHALANX_RDZV_TOKEN or --rdzv-conf token_file=PATH on every node"
+
+
+_HANDSHAKE = "the handshake"
 
 
 class TokenRefused(Malformed):
@@ -149,7 +152,7 @@ class AgentKVStore:
         return sock
 
     def _handshake(self, sock: socket.socket) -> None:
-        request = "the handshake"
+        request = _HANDSHAKE
         hello = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
         if len(hello) != 2 or hello[0] != auth.GREETING or len(hello[1]) != auth.NONCE_BYTES:
             raise MalformedReply(self.where, request, "it is not a phalanx rendezvous store")
@@ -221,8 +224,13 @@ class AgentKVStore:
         except wire.FrameError as exc:
             raise MalformedReply(self.where, request, str(exc)) from None
         except TimeoutError:
+            hint = ""
+            if request == _HANDSHAKE:
+                hint = (
+                    " (a phalanx store speaks first: the process on that port is not one, or hangs)"
+                )
             raise StoreUnavailable(
-                f"{self.where} did not answer {request} within {sock.gettimeout():g} s"
+                f"{self.where} did not answer {request} within {sock.gettimeout():g} s{hint}"
             ) from None
         except OSError as exc:
             raise StoreUnavailable(f"{self.where}: {request}: {_why(exc)}") from None

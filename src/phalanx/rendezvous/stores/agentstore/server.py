@@ -14,13 +14,18 @@ not logged, so an intruder cannot flood the log). Connections that close without
 byte (the other agents' reachability probes) are not refusals.
 
 It binds only the address it is given: ``127.0.0.1`` stays on loopback, a name binds the
-address it resolves to, and only ``0.0.0.0`` (or ``::``) means every interface.
+address it resolves to, and ``0.0.0.0`` (or ``::``) means every interface. One exception
+(``bind_address``): a host name other than ``localhost`` that resolves here to loopback only
+(Debian's ``127.0.1.1 myhost`` in ``/etc/hosts``) names this machine to the other nodes,
+which resolve it to its real address; binding loopback would lock them out, so every
+interface is bound then, and a line says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
+import ipaddress
 import itertools
 import logging
 import selectors
@@ -82,7 +87,7 @@ class StoreServer:
     ) -> StoreServer:
         """Bind ``host:port`` (0: a free port) and serve from a thread of its own.
         Raises ``OSError`` when the address cannot be bound (the port is taken)."""
-        listener = bind(host, port)
+        listener = bind(bind_address(host), port)
         server = cls(listener, token, handshake_timeout=handshake_timeout)
         server.serve()
         return server
@@ -350,6 +355,30 @@ class StoreServer:
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(peer.sock)
         peer.sock.close()
+
+
+def bind_address(host: str) -> str:
+    """The address to bind for an endpoint naming ``host`` (see the module docstring)."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return host  # an address means that address
+    except ValueError:
+        pass
+    if host in ("", "localhost"):
+        return host or "0.0.0.0"
+    try:
+        found = {
+            str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        }
+    except socket.gaierror:
+        return host  # bind() says why
+    if found and all(ipaddress.ip_address(addr.split("%")[0]).is_loopback for addr in found):
+        log.info(
+            "rendezvous store: %s resolves to loopback only here (%s), which the other "
+            "nodes cannot reach; listening on every interface", host, ", ".join(sorted(found)),
+        )  # fmt: skip
+        return "0.0.0.0"
+    return host
 
 
 def bind(host: str, port: int) -> socket.socket:
