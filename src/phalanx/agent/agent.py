@@ -95,9 +95,7 @@ class Agent:
                     wall_clock=wall_clock.now,
                     fence=rendezvous.fence(),
                 )
-                return Rounds(
-                    config, rendezvous, supervisor, signals, run_dir, self._base_env
-                ).run()
+                return Rounds(config, rendezvous, supervisor, signals, run_dir, self._base_env).run()
             finally:
                 if template is not None:
                     template.close()

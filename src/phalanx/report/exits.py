@@ -28,9 +28,7 @@ class WorkerExit:
     log_dir: str = ""
     label: str = ""  # "rank3", or "node1" for a spawn owner
     node_rank: int = 0
-    kind: str = (
-        ""  # why it failed (phalanx.report.classify): exception, exit_code, signal, ... hang
-    )
+    kind: str = ""  # why it failed (phalanx.report.classify): exception, exit_code, signal, ... hang
     reason: str = ""  # one line: "ValueError: boom", "killed by SIGSEGV", "no progress for 30 s"
     stuck_state: str = ""  # SIGKILLed but still there: its state ("in state D (disk sleep)")
     # Ordering (causal_order): the store's sequence number when its node posted it (0: not
