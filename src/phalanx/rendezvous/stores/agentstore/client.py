@@ -31,8 +31,6 @@ from phalanx.rendezvous.stores.base import (
 )
 from phalanx.rendezvous.stores.reach import wait_reachable
 
-
-
 _HANDSHAKE = "the handshake"
 
 

@@ -13,19 +13,13 @@ server logs one line per peer address (later refusals from the same address are 
 not logged, so an intruder cannot flood the log). Connections that close without sending a
 byte (the other agents' reachability probes) are not refusals.
 
-It binds only the address it is given: ``127.0.0.1`` stays on loopback, a name binds the
-address it resolves to, and ``0.0.0.0`` (or ``::``) means every interface. One exception
-(``bind_address``): a host name other than ``localhost`` that resolves here to loopback only
-(Debian's ``127.0.1.1 myhost`` in ``/etc/hosts``) names this machine to the other nodes,
-which resolve it to its real address; binding loopback would lock them out, so every
-interface is bound then, and a line says so.
+It listens on the address its endpoint names, and only there (``listen``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
-import ipaddress
 import itertools
 import logging
 import selectors
@@ -36,6 +30,8 @@ from dataclasses import dataclass, field
 
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
+from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address
+from phalanx.rendezvous.stores.agentstore.table import Park, Table
 
 log = logging.getLogger("phalanx")
 
@@ -57,7 +53,7 @@ class _Peer:
     authenticated: bool = False
     inbox: bytearray = field(default_factory=bytearray)
     outbox: bytearray = field(default_factory=bytearray)
-    waiting: tuple[list[bytes], float] | None = None  # (keys, deadline) of a parked wait
+    waiting: float | None = None  # the deadline of its parked wait
     closing: bool = False  # close once the outbox is sent
     heard: bool = False  # sent at least one byte
 
@@ -70,9 +66,8 @@ class StoreServer:
         self._listener = listener
         self._key = token.key
         self._handshake_timeout = handshake_timeout
-        self._data: dict[bytes, bytes] = {}
+        self._table: Table[_Peer] = Table()
         self._peers: dict[socket.socket, _Peer] = {}
-        self._waiters: dict[bytes, set[_Peer]] = {}  # key -> peers whose wait names it
         self._deadlines: list[tuple[float, int, _Peer]] = []  # a heap; stale entries skipped
         self._order = itertools.count()
         self._refused: dict[str, int] = {}  # peer host -> refusals
@@ -103,7 +98,7 @@ class StoreServer:
     @property
     def key_count(self) -> int:
         """How many keys the store holds now (a glance from another thread)."""
-        return len(self._data)
+        return len(self._table.data)
 
     def serve(self) -> None:
         self._listener.setblocking(False)
@@ -239,70 +234,19 @@ class StoreServer:
 
     def _request(self, peer: _Peer, fields: list[bytes]) -> None:
         try:
-            reply = self._answer(peer, fields)
-        except (wire.FrameError, IndexError, ValueError) as exc:
+            reply = self._table.answer(fields, peer)
+        except (wire.FrameError, IndexError, ValueError, TypeError) as exc:
             reply = [wire.ERROR, f"a malformed request: {exc or 'missing fields'}".encode()]
-        if reply is not None:
+        if isinstance(reply, Park):
+            peer.waiting = time.monotonic() + reply.seconds
+            self._schedule(peer.waiting, peer)
+        else:
             self._send(peer, reply)
-
-    def _answer(self, peer: _Peer, fields: list[bytes]) -> list[bytes] | None:
-        op = fields[0]
-        data = self._data
-        if op == wire.GET:
-            value = data.get(fields[1])
-            return [wire.OK, wire.ABSENT] if value is None else [wire.OK, wire.PRESENT, value]
-        if op == wire.SET:
-            self._write(fields[1], fields[2])
-            return [wire.OK]
-        if op == wire.ADD:
-            key, amount = fields[1], wire.decode_int(fields[2])
-            old = data.get(key)
-            if old is not None and not _is_int(old):
-                return [wire.ERROR, b"not an integer"]
-            total = (0 if old is None else int(old)) + amount
-            self._write(key, wire.encode_int(total))
-            return [wire.OK, wire.encode_int(total)]
-        if op == wire.COMPARE_SET:
-            key, marker, expected, desired = fields[1:5]
-            current = data.get(key)
-            if (current is None) if marker == wire.ABSENT else (current == expected):
-                self._write(key, desired)
-                return [wire.OK, wire.TRUE, wire.PRESENT, desired]
-            if current is None:
-                return [wire.OK, wire.FALSE, wire.ABSENT]
-            return [wire.OK, wire.FALSE, wire.PRESENT, current]
-        if op == wire.DELETE:
-            existed = data.pop(fields[1], None) is not None
-            return [wire.OK, wire.TRUE if existed else wire.FALSE]
-        if op == wire.WAIT:
-            timeout, keys = wire.decode_int(fields[1]) / 1000, fields[2:]
-            if all(key in data for key in keys):
-                return [wire.OK, wire.TRUE]
-            deadline = time.monotonic() + max(0.0, timeout)
-            peer.waiting = (keys, deadline)
-            for key in keys:
-                self._waiters.setdefault(key, set()).add(peer)
-            self._schedule(deadline, peer)
-            return None
-        if op == wire.PING:
-            return [wire.OK]
-        raise ValueError(f"unknown operation {op[:20]!r}")
-
-    def _write(self, key: bytes, value: bytes) -> None:
-        self._data[key] = value
-        for peer in list(self._waiters.get(key, ())):
-            assert peer.waiting is not None
-            if all(k in self._data for k in peer.waiting[0]):
-                self._end_wait(peer, found=True)
+        for woken in self._table.woken():
+            self._end_wait(woken, found=True)
 
     def _end_wait(self, peer: _Peer, *, found: bool) -> None:
-        assert peer.waiting is not None
-        for key in peer.waiting[0]:
-            waiting = self._waiters.get(key)
-            if waiting is not None:
-                waiting.discard(peer)
-                if not waiting:
-                    del self._waiters[key]
+        self._table.cancel(peer)
         peer.waiting = None
         self._send(peer, [wire.OK, wire.TRUE if found else wire.FALSE])
         self._serve_inbox(peer)
@@ -320,7 +264,7 @@ class StoreServer:
                 if peer.heard:
                     self._refuse(peer, "did not finish the handshake in time")
                 self._drop(peer)
-            elif peer.waiting is not None and peer.waiting[1] == deadline:
+            elif peer.waiting == deadline:
                 self._end_wait(peer, found=False)
 
     def _send(self, peer: _Peer, fields: list[bytes]) -> None:
@@ -348,55 +292,11 @@ class StoreServer:
     def _drop(self, peer: _Peer) -> None:
         if self._peers.pop(peer.sock, None) is None:
             return
-        if peer.waiting is not None:
-            for key in peer.waiting[0]:
-                self._waiters.get(key, set()).discard(peer)
-            peer.waiting = None
+        self._table.cancel(peer)
+        peer.waiting = None
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(peer.sock)
         peer.sock.close()
-
-
-def bind_address(host: str) -> str:
-    """The address to bind for an endpoint naming ``host`` (see the module docstring)."""
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-        return host  # an address means that address
-    except ValueError:
-        pass
-    if host in ("", "localhost"):
-        return host or "0.0.0.0"
-    try:
-        found = {
-            str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        }
-    except socket.gaierror:
-        return host  # bind() says why
-    if found and all(ipaddress.ip_address(addr.split("%")[0]).is_loopback for addr in found):
-        log.info(
-            "rendezvous store: %s resolves to loopback only here (%s), which the other "
-            "nodes cannot reach; listening on every interface", host, ", ".join(sorted(found)),
-        )  # fmt: skip
-        return "0.0.0.0"
-    return host
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on the address ``host`` resolves to (the first one), ``port``."""
-    family, _, _, _, sockaddr = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        # A restarted host must not wait out its old connections' TIME_WAIT. On Linux this
-        # still refuses a port another socket listens on, whatever address it bound.
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(sockaddr)
-        listener.listen(_BACKLOG)
-    except OSError:
-        listener.close()
-        raise
-    return listener
 
 
 def _peer_name(address: object) -> str:
@@ -404,7 +304,3 @@ def _peer_name(address: object) -> str:
         host, port = address[0], address[1]
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
     return str(address)
-
-
-def _is_int(value: bytes) -> bool:
-    return value.lstrip(b"-").isdigit()
