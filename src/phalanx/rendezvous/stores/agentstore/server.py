@@ -36,7 +36,6 @@ from phalanx.rendezvous.stores.agentstore.table import Park, Table
 log = logging.getLogger("phalanx")
 
 HANDSHAKE_TIMEOUT = 10.0
-_BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
 _READ_CHUNK = 65536
 _REFUSED = (
     b"this node does not know the job's rendezvous token (set the same PHALANX_RDZV_TOKEN "
