@@ -140,7 +140,7 @@ class AgentKVStore:
         try:
             sock = socket.create_connection(self._address, timeout=self._read_timeout)
         except OSError as exc:
-            raise StoreUnavailable(f"cannot connect to {self.where}: {_why(exc)}") from None
+            raise StoreUnavailable(f"{self.where}: cannot connect ({_why(exc)})") from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._handshake(sock)
