@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,7 @@ from phalanx.rendezvous.stores.agentstore import (
     auth,
     wire,
 )
+from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
 from phalanx.rendezvous.stores.base import MalformedReply, StoreUnavailable
 
 TOKEN = Token(b"the job's secret", "the test")
@@ -227,3 +229,41 @@ def _tcp_sockets() -> list[tuple[tuple[str, int], str]]:
         ip = ".".join(str(int(hex_ip[i : i + 2], 16)) for i in (6, 4, 2, 0))
         rows.append(((ip, int(hex_port, 16)), state))
     return rows
+
+
+def test_the_token_file_wins_over_the_variable(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("from the file\n")
+    problems: list[str] = []
+    conf = {"token_file": str(tmp_path / "token")}
+    token = token_from_conf(conf, {"PHALANX_RDZV_TOKEN": "from the variable"}, problems)
+    assert problems == [] and token.secret == b"from the file"
+    assert token_from_conf({}, {"PHALANX_RDZV_TOKEN": "v"}, problems).secret == b"v"
+    assert "from the file" not in repr(token)
+
+
+def test_a_frame_past_the_limit_ends_that_connection_only(hosted: AgentKVStore) -> None:
+    with pytest.raises(StoreUnavailable):
+        hosted.set("big", b"x" * (wire.MAX_FRAME + 1))
+    _unchanged(hosted)
+
+
+def test_a_name_that_resolves_to_loopback_only_listens_everywhere(tmp_path: Path) -> None:
+    """Debian's ``127.0.1.1 myhost``: in a mount namespace of its own, a process sees an
+    /etc/hosts that maps a made-up name to loopback; the store it hosts for that name listens
+    on every interface (the other nodes reach the name at the machine's real address)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n127.0.1.1 phalanx-test-node\n")
+    script = (
+        "from phalanx.rendezvous.stores.agentstore import AgentKVStore, NO_TOKEN, StoreServer\n"
+        "server = StoreServer.start('phalanx-test-node', 0, NO_TOKEN)\n"
+        "c = AgentKVStore.connect('phalanx-test-node', server.port, token=NO_TOKEN,"
+        " connect_timeout=5, read_timeout=5)\n"
+        "c.set('k', b'v'); print(server.host, c.get('k')); c.close(); server.close()\n"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "sh", "-c",
+         'mount --bind "$1" /etc/hosts && exec "$2" -c "$3"', "sh", str(hosts), sys.executable, script],
+        capture_output=True, text=True, timeout=HANG,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.0.0.0", "b'v'"]
