@@ -267,3 +267,37 @@ def test_a_name_that_resolves_to_loopback_only_listens_everywhere(tmp_path: Path
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0.0.0.0", "b'v'"]
+
+
+def test_running_out_of_descriptors_is_said_once_and_the_store_recovers() -> None:
+    """A store process limited to 40 descriptors, flooded with 60 connections: it says once
+    that it cannot accept (no busy loop, no crash), and once they are gone serves again."""
+    script = (
+        "import logging, resource, sys, time\nlogging.basicConfig(level=logging.WARNING)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))\n"
+        "from phalanx.rendezvous.stores.agentstore import StoreServer, Token\n"
+        f"s = StoreServer.start('127.0.0.1', 0, Token({TOKEN.secret!r}), handshake_timeout=1)\n"
+        "print(s.port, flush=True)\nsys.stdin.read()\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    flood: list[socket.socket] = []
+    try:
+        assert server.stdout is not None and server.stdin is not None
+        port = int(server.stdout.readline())
+        for _ in range(60):
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=HANG))
+        for sock in flood:
+            sock.close()
+        client = AgentKVStore.connect("127.0.0.1", port, token=TOKEN, connect_timeout=HANG,
+                                      read_timeout=HANG)  # fmt: skip
+        assert client.add("n", 1) == 1
+        client.close()
+        server.stdin.close()
+        assert server.wait(HANG) == 0
+        said = server.stderr.read().decode() if server.stderr else ""
+        assert said.count("cannot accept a connection") == 1, said
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)

@@ -69,8 +69,8 @@ class AgentKVStore:
     ) -> AgentKVStore:
         """Connect to a store, waiting until ``connect_timeout`` for it to listen (its host
         may start later), and prove the token both ways once."""
-        left = wait_reachable(host, port, connect_timeout, "the rendezvous store")
-        store = cls(host, port, token, read_timeout=max(read_timeout, min(left, read_timeout)))
+        wait_reachable(host, port, connect_timeout, "the rendezvous store")
+        store = cls(host, port, token, read_timeout=read_timeout)
         store._release(store._open())
         return store
 

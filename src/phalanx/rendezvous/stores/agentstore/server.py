@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
-from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address
+from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address, raise_descriptor_limit
 from phalanx.rendezvous.stores.agentstore.table import Park, Table
 
 log = logging.getLogger("phalanx")
 
 HANDSHAKE_TIMEOUT = 10.0
+_ACCEPT_PAUSE = 0.1  # seconds without accepting after running out of descriptors
 _READ_CHUNK = 65536
 _REFUSED = (
     b"this node does not know the job's rendezvous token (set the same PHALANX_RDZV_TOKEN "
@@ -73,6 +74,8 @@ class StoreServer:
         self._selector = selectors.DefaultSelector()
         self._wake_read, self._wake_write = socket.socketpair()
         self._stopping = threading.Event()
+        self._accept_failed = False  # said once
+        self._accept_paused_until = 0.0  # 0: accepting
         self._thread = threading.Thread(target=self._loop, name="phalanx-agent-store", daemon=True)
 
     @classmethod
@@ -82,6 +85,7 @@ class StoreServer:
         """Bind ``host:port`` (0: a free port) and serve from a thread of its own.
         Raises ``OSError`` when the address cannot be bound (the port is taken)."""
         listener = bind(bind_address(host), port)
+        raise_descriptor_limit()
         server = cls(listener, token, handshake_timeout=handshake_timeout)
         server.serve()
         return server
@@ -142,11 +146,16 @@ class StoreServer:
                     ):
                         self._flush(peer)
             self._expire()
+            if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
+                self._accept_paused_until = 0.0
+                self._selector.register(self._listener, selectors.EVENT_READ)
 
     def _next_timeout(self) -> float:
-        if not self._deadlines:
-            return 1.0
-        return max(0.0, min(1.0, self._deadlines[0][0] - time.monotonic()))
+        soonest = min(
+            self._deadlines[0][0] if self._deadlines else float("inf"),
+            self._accept_paused_until or float("inf"),
+        )
+        return max(0.0, min(1.0, soonest - time.monotonic()))
 
     def _accept(self) -> None:
         while True:
@@ -154,8 +163,14 @@ class StoreServer:
                 sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # out of descriptors: the others are still served
-                log.warning("rendezvous store: cannot accept a connection: %s", exc)
+            except OSError as exc:
+                # Out of descriptors: the listener stays readable, so stop listening for a
+                # moment rather than spin; the connections already open are still served.
+                if not self._accept_failed:
+                    log.warning("rendezvous store: cannot accept a connection: %s", exc)
+                self._accept_failed = True
+                self._selector.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
