@@ -301,3 +301,33 @@ def test_running_out_of_descriptors_is_said_once_and_the_store_recovers() -> Non
         if server.poll() is None:
             server.kill()
             server.wait(10)
+
+
+def test_the_host_leaves_last_its_peers_still_read_while_it_closes() -> None:
+    """Closing the hosting handle takes no new connections but serves the connected peers
+    until they close theirs: a peer's last reads (the job's stop, the failure records for
+    its report) still get answers after the rendezvous let the host go."""
+    host = AgentKVStore.host("127.0.0.1", 0, token=TOKEN, read_timeout=5, linger=HANG)
+    peer = _client(host.port)
+    host.set("stopped", b"a peer failed")
+    closing = threading.Thread(target=host.close)
+    closing.start()
+    try:
+        wait_for_refusal(host.port)  # draining: no new connections
+        assert peer.get("stopped") == b"a peer failed"  # the connected peer is still served
+        assert closing.is_alive()
+    finally:
+        peer.close()
+    closing.join(HANG)
+    assert not closing.is_alive()  # the last peer gone, the host is done
+
+
+def wait_for_refusal(port: int) -> None:
+    deadline = time.monotonic() + HANG
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        except ConnectionRefusedError:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the draining store still accepts connections")
