@@ -222,6 +222,7 @@ def test_the_token_is_never_on_the_command_line_nor_echoed(tmp_path: Path) -> No
     )  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     assert secret not in dry.stdout + dry.stderr
+    assert "  PHALANX_RDZV_TOKEN not passed on" in dry.stdout.splitlines()
 
 
 def _c10d_args(tmp_path: Path, endpoint: str, conf: str, nnodes: str = "2") -> list[str]:
