@@ -5,8 +5,8 @@ controller only carries it out.
 The agents form one job with the existing c10d rendezvous: the first host hosts the store
 (``is_host=true``; the others connect), at the first host's ssh address and port 29400 unless
 ``--rdzv-endpoint`` says otherwise, under a run id generated per job (or ``--rdzv-id``).
-A per-job secret travels in ``PHALANX_RDZV_TOKEN`` on stdin; the store's authentication with
-it is another change's (until then it is only carried).
+A per-job secret travels in ``PHALANX_RDZV_TOKEN`` on stdin; the agents' store
+authenticates every connection with it (``rendezvous.stores.agentstore``).
 """
 
 from __future__ import annotations
