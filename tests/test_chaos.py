@@ -211,12 +211,10 @@ def test_junk_in_the_store_is_a_rendezvous_error_naming_the_key(tmp_path: Path) 
     and exits 1 with one line naming the key -- no dead thread, no traceback, no false
     "store has not answered" later. The store is served here, by the test, so that no node's
     leaving takes it away from the other before it has read the junk."""
-    from torch.distributed import TCPStore
-
     from phalanx.rendezvous.dynamic.keys import Keys
+    from phalanx.rendezvous.stores.agentstore import NO_TOKEN, AgentKVStore
 
-    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                      timeout=_seconds(30))  # fmt: skip
+    server = AgentKVStore.host("127.0.0.1", 0, token=NO_TOKEN, read_timeout=30)
     script = tmp_path / "sleeper.py"
     script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(300)\n")
     conf = "join_timeout=300,is_host=false"
@@ -241,12 +239,7 @@ def test_junk_in_the_store_is_a_rendezvous_error_naming_the_key(tmp_path: Path) 
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
-
-
-def _seconds(value: float) -> object:
-    from datetime import timedelta
-
-    return timedelta(seconds=value)
+        server.close()
 
 
 def _job_cgroup(run_dir: Path) -> list[Path]:

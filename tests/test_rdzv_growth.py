@@ -1,8 +1,8 @@
 """The store does not grow with the rounds: old rounds are swept (``dynamic.sweep``), and a
 finished or failed run on etcd leaves only its tombstone (``stopped``).
 
-The algorithm on the in-memory store, then the same on a real TCPStore (counted with
-``num_keys()``) and on a real etcd server (the run's prefix read back over etcd's API)."""
+The algorithm on the in-memory store, then the same on the real agent store (counted with
+``key_count``) and on a real etcd server (the run's prefix read back over etcd's API)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import base64
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 
@@ -20,8 +19,8 @@ from phalanx.rendezvous.api import EventKind, RendezvousHandler, RoundVerdict
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.registry import create_handler
 from phalanx.rendezvous.spec import RendezvousSpec
+from phalanx.rendezvous.stores.agentstore import AgentKVStore, StoreServer, Token
 from phalanx.rendezvous.stores.etcd.conf import run_prefix
-from phalanx.rendezvous.stores.tcp import TcpKVStore
 from support.etcd_server import EtcdCluster
 from support.memcluster import FAST, WAIT, Cluster, wait_event
 from support.tools import needs_etcd
@@ -141,15 +140,22 @@ def test_a_sweep_missed_by_a_dead_sweeper_is_caught_up_by_the_next(
     assert_bounded([counts[1], *counts[3:]])  # round 3 holds the unswept round, then level
 
 
-def test_restart_rounds_keep_a_real_tcpstore_bounded() -> None:
-    from torch.distributed import TCPStore
-
-    server = TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
-    )
+def test_restart_rounds_keep_the_real_agent_store_bounded() -> None:
+    """The store c10d and static run on, over real sockets, served by the test."""
+    token = Token(b"growth", "the test")
+    server = StoreServer.start("127.0.0.1", 0, token)
     stores = [
-        TcpKVStore(server, where="the test's store", hosting=True),
-        TcpKVStore.connect("127.0.0.1", server.port, connect_timeout=10, read_timeout=30),
+        AgentKVStore(
+            "127.0.0.1",
+            server.port,
+            token,
+            read_timeout=30,
+            where="the test's store",
+            server=server,
+        ),
+        AgentKVStore.connect(
+            "127.0.0.1", server.port, token=token, connect_timeout=10, read_timeout=30
+        ),
     ]
     nodes: list[RendezvousHandler] = [
         DynamicRendezvous(
@@ -164,7 +170,7 @@ def test_restart_rounds_keep_a_real_tcpstore_bounded() -> None:
         for i, s in enumerate(stores)
     ]
     try:
-        assert_bounded(restart_rounds(nodes, server.num_keys))
+        assert_bounded(restart_rounds(nodes, lambda: server.key_count))
     finally:
         for h in reversed(nodes):
             h.shutdown()

@@ -1,5 +1,6 @@
-"""The ``KVStore`` contract, checked the same way on the in-memory store and on a real
-TCPStore (hosted here on a free loopback port, used through a second client connection)."""
+"""The ``KVStore`` contract, checked the same way on the in-memory store, on the agent store
+and on a real TCPStore (each hosted here on a free loopback port, used through a second
+client connection)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
 from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
 from phalanx.rendezvous.stores.tcp import TcpKVStore
 from support.memory_store import MemoryServer, MemoryStore
@@ -16,7 +18,7 @@ from support.memory_store import MemoryServer, MemoryStore
 HANG = 30.0
 
 
-@pytest.fixture(params=["memory", "tcp"])
+@pytest.fixture(params=["memory", "agent", "tcp"])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[KVStore, KVStore]]:
     """(host, client): two handles on one store; closing the host stops the store."""
     host: KVStore
@@ -24,6 +26,13 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[KVStore, KVStore]]:
     if request.param == "memory":
         server = MemoryServer()
         host, client = MemoryStore(server, hosting=True), MemoryStore(server)
+    elif request.param == "agent":
+        token = Token(b"contract", "the test")
+        agent_host = AgentKVStore.host("127.0.0.1", 0, token=token, read_timeout=5)
+        host = agent_host
+        client = AgentKVStore.connect(
+            "127.0.0.1", agent_host.port, token=token, connect_timeout=10, read_timeout=5
+        )
     else:
         tcp_host = TcpKVStore.host("127.0.0.1", 0, read_timeout=5)
         host = tcp_host

@@ -22,6 +22,7 @@ from phalanx.rendezvous.local import LocalRendezvous
 from phalanx.rendezvous.registry import backend_problem, create_handler, spec_problems
 from phalanx.rendezvous.settings import SETTINGS_KEYS, settings_problems
 from phalanx.rendezvous.spec import RendezvousSpec
+from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ def rendezvous_problems(config: LaunchConfig) -> list[str]:
         problems = settings_problems(conf, config.rdzv_backend, frozenset(conf) - SETTINGS_KEYS)[1]
         if config.rdzv_id != "none" and (problem := check_run_id(config.rdzv_id)) is not None:
             problems.append(problem)
+        token_from_conf(conf, {}, problems)  # no store here, but token= is refused everywhere
         return problems
     return spec_problems(rendezvous_spec(config))[1]
 

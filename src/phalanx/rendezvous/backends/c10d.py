@@ -1,9 +1,16 @@
-"""``--rdzv-backend c10d``: dynamic rendezvous on a TCPStore that one of the agents hosts.
+"""``--rdzv-backend c10d``: dynamic rendezvous on the agent store that one of the agents hosts.
+
+The store is phalanx's own (``stores.agentstore``), not torch's ``TCPStore``, so the agent
+never imports torch; every connection proves the job's token (``PHALANX_RDZV_TOKEN`` or
+``--rdzv-conf token_file=PATH``) both ways before anything else is read. It listens only on
+the address the endpoint names (``0.0.0.0``: every interface).
 
 Who hosts: ``--rdzv-conf is_host=true|false`` if given; otherwise an agent whose machine
 the endpoint names (torchrun's heuristic) tries to, and connects as a client if another
-process already serves that port. Everyone else connects, retrying until ``join_timeout``
-(the host may start later).
+process already serves that port. That client is no blind one: the holder of the port must
+prove the token in the handshake, so a process that took the port without it (an intruder,
+a stray ``TCPStore``, another job's store) is refused in one line, never obeyed. Everyone
+else connects, retrying until ``join_timeout`` (the host may start later).
 
 The store lives in the hosting agent: when that node is lost, the others see ``STORE_LOST``
 from ``poll()`` within ``heartbeat_timeout`` (at once when the host's kernel resets the
@@ -14,20 +21,23 @@ longer than that; use ``etcd`` for a store that survives losing any node.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from phalanx.rendezvous.addr import is_this_machine, node_address
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings, parse_bool
 from phalanx.rendezvous.spec import Backend, RendezvousSpec, split_endpoint, unknown_keys
+from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
+from phalanx.rendezvous.stores.agentstore.conf import CONF_KEYS as TOKEN_KEYS
+from phalanx.rendezvous.stores.agentstore.conf import no_token_warning, token_from_conf
 from phalanx.rendezvous.stores.base import StoreUnavailable
-from phalanx.rendezvous.stores.tcp import TcpKVStore
 
 log = logging.getLogger("phalanx")
 
 DEFAULT_PORT = 29400  # torchrun's default for c10d
-CONF_KEYS = frozenset({"is_host", "store_type"})
+CONF_KEYS = frozenset({"is_host", "store_type"}) | TOKEN_KEYS
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,7 @@ class Options:
     host: str
     port: int
     is_host: bool | None  # --rdzv-conf is_host; None: torchrun's heuristic
+    token: Token = field(default=Token(), repr=False)
 
 
 def check(spec: RendezvousSpec) -> tuple[Options | None, list[str]]:
@@ -53,33 +64,44 @@ def check(spec: RendezvousSpec) -> tuple[Options | None, list[str]]:
             f"--rdzv-conf store_type={store_type}: phalanx supports tcp (a FileStore cannot "
             "serve several machines; use --standalone for one)"
         )
-    return (None if problems else Options(host, port, is_host)), problems
+    token = token_from_conf(spec.conf, os.environ, problems)
+    return (None if problems else Options(host, port, is_host, token)), problems
 
 
 def open_store(
-    host: str, port: int, is_host: bool | None, settings: RendezvousSettings
-) -> TcpKVStore:
+    host: str, port: int, is_host: bool | None, settings: RendezvousSettings, token: Token
+) -> AgentKVStore:
     """Host the store here or connect to it (see the module docstring)."""
     if is_host if is_host is not None else is_this_machine(host):
         try:
-            return TcpKVStore.host(host, port, read_timeout=settings.read_timeout)
-        except (RuntimeError, OSError) as exc:
+            return AgentKVStore.host(host, port, token=token, read_timeout=settings.read_timeout)
+        except OSError as exc:
             if is_host:
                 raise StoreUnavailable(
-                    f"cannot host the rendezvous store on port {port}: {exc}"
+                    f"cannot host the rendezvous store on {host}:{port}: {exc.strerror or exc}"
                 ) from None
-            log.info("rendezvous: port %d is served already; connecting as a client", port)
-    return TcpKVStore.connect(
-        host, port, connect_timeout=settings.join_timeout, read_timeout=settings.read_timeout
+            log.info(
+                "rendezvous: port %d is served already; connecting as a client (the server "
+                "must prove the job's token)", port,
+            )  # fmt: skip
+    return AgentKVStore.connect(
+        host,
+        port,
+        token=token,
+        connect_timeout=settings.join_timeout,
+        read_timeout=settings.read_timeout,
     )
 
 
 def open_handler(
     spec: RendezvousSpec, settings: RendezvousSettings, options: Options
 ) -> RendezvousHandler:
-    store = open_store(options.host, options.port, options.is_host, settings)
+    where = f"the c10d store at {options.host}:{options.port}"
+    if (warning := no_token_warning(options.token, options.host, where)) is not None:
+        log.warning("%s", warning)
+    store = open_store(options.host, options.port, options.is_host, settings, options.token)
     addr = node_address(options.host, options.port, spec.local_addr)
     return DynamicRendezvous.for_spec(store, spec, settings, addr)
 
 
-BACKEND = Backend("c10d", "TCPStore hosted by one agent", check, open_handler)
+BACKEND = Backend("c10d", "the agent store, hosted by one agent", check, open_handler)

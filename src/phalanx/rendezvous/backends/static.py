@@ -1,7 +1,8 @@
 """``--rdzv-backend static``: node ranks given (``--node-rank``), ``--nnodes N`` fixed.
 
-Node 0's agent hosts the coordination store at ``--master-addr:--master-port``; the others
-connect (retrying until ``join_timeout``). The workers do not use that port: node 0 picks a
+Node 0's agent hosts the coordination store (the agent store, ``stores.agentstore``: the
+job's token proved both ways on every connection) at ``--master-addr:--master-port``,
+listening on that address only; the others connect (retrying until ``join_timeout``). The workers do not use that port: node 0 picks a
 fresh free port for them every round. It is the dynamic handler with ``min = max = N`` and
 fixed ranks, so a failure on any node reaches every node and restarts are job-wide --
 torchrun's static backend restarts only the failed node.
@@ -9,18 +10,25 @@ torchrun's static backend restarts only the failed node.
 
 from __future__ import annotations
 
+import logging
+import os
+
 from phalanx.rendezvous.addr import node_address
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings
 from phalanx.rendezvous.spec import Backend, RendezvousSpec, unknown_keys
+from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
+from phalanx.rendezvous.stores.agentstore.conf import CONF_KEYS as TOKEN_KEYS
+from phalanx.rendezvous.stores.agentstore.conf import no_token_warning, token_from_conf
 from phalanx.rendezvous.stores.base import StoreUnavailable
-from phalanx.rendezvous.stores.tcp import TcpKVStore
+
+log = logging.getLogger("phalanx")
 
 
-def check(spec: RendezvousSpec) -> tuple[None, list[str]]:
-    """No options of its own: node rank and master address/port are fields of the spec."""
-    problems = unknown_keys(spec, frozenset(), SETTINGS_KEYS)
+def check(spec: RendezvousSpec) -> tuple[Token | None, list[str]]:
+    """The token is its only option: node rank and master address/port are fields of the spec."""
+    problems = unknown_keys(spec, TOKEN_KEYS, SETTINGS_KEYS)
     if spec.min_nodes != spec.max_nodes:
         problems.append(
             f"--nnodes {spec.min_nodes}:{spec.max_nodes}: static rendezvous needs a fixed "
@@ -34,24 +42,33 @@ def check(spec: RendezvousSpec) -> tuple[None, list[str]]:
         )
     if not 0 < spec.master_port < 65536:
         problems.append(f"--master-port {spec.master_port}: expected 1..65535")
-    return None, problems
+    token = token_from_conf(spec.conf, os.environ, problems)
+    return (None if problems else token), problems
 
 
 def open_handler(
-    spec: RendezvousSpec, settings: RendezvousSettings, options: None
+    spec: RendezvousSpec, settings: RendezvousSettings, token: Token
 ) -> RendezvousHandler:
     host, port = spec.master_addr, spec.master_port
+    where = f"the static store at {host}:{port}"
+    if (warning := no_token_warning(token, host, where)) is not None:
+        log.warning("%s", warning)
     if spec.node_rank == 0:
         try:
-            store = TcpKVStore.host(host, port, read_timeout=settings.read_timeout)
-        except (RuntimeError, OSError) as exc:
+            store = AgentKVStore.host(host, port, token=token, read_timeout=settings.read_timeout)
+        except OSError as exc:
             raise StoreUnavailable(
-                f"node 0 cannot host the rendezvous store on --master-port {port}: {exc}"
+                f"node 0 cannot host the rendezvous store on --master-addr {host} "
+                f"--master-port {port}: {exc.strerror or exc}"
             ) from None
         addr = spec.local_addr or host  # the user named node 0's address
     else:
-        store = TcpKVStore.connect(
-            host, port, connect_timeout=settings.join_timeout, read_timeout=settings.read_timeout
+        store = AgentKVStore.connect(
+            host,
+            port,
+            token=token,
+            connect_timeout=settings.join_timeout,
+            read_timeout=settings.read_timeout,
         )
         addr = node_address(host, port, spec.local_addr)
     return DynamicRendezvous.for_spec(store, spec, settings, addr)

@@ -1,0 +1,276 @@
+"""``KVStore`` over the agent store (``server``): the client every agent uses, hosting or not.
+
+A handle keeps a small pool of authenticated connections, one per thread that is inside a
+call at the time (the agent's thread and its heartbeat thread: two, usually), so a ``wait``
+parked on the server never holds up another thread's calls. A connection that fails is
+closed and the call raises ``StoreUnavailable``; the next call opens a fresh one, so a
+store that comes back (or a connection reset by a middlebox) costs one failed call.
+
+Every call is bounded: connecting and each request by ``read_timeout``, a ``wait`` by its
+own timeout plus ``read_timeout``. Replies that break the protocol raise ``MalformedReply``
+naming the server and the request; a server that refuses this node's token, or that cannot
+prove the token itself (another process holds the port), raises ``TokenRefused``: both are
+final, asking again would get the same answer.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Sequence
+
+from phalanx.rendezvous.stores.agentstore import auth, wire
+from phalanx.rendezvous.stores.agentstore.auth import Token
+from phalanx.rendezvous.stores.agentstore.conf import HOW_TO_SET
+from phalanx.rendezvous.stores.agentstore.server import StoreServer
+from phalanx.rendezvous.stores.base import (
+    Malformed,
+    MalformedReply,
+    MalformedValue,
+    StoreUnavailable,
+)
+from phalanx.rendezvous.stores.reach import wait_reachable
+
+_HANDSHAKE = "the handshake"
+
+
+class TokenRefused(Malformed):
+    """The handshake failed: one side does not know the other's token."""
+
+
+class AgentKVStore:
+    """A ``KVStore`` on an agent store at ``host:port`` (thread-safe)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: Token,
+        *,
+        read_timeout: float,
+        where: str | None = None,
+        server: StoreServer | None = None,
+    ) -> None:
+        """A handle that connects on first use (``connect`` checks the store first).
+        ``server``: the store this handle hosts, stopped by ``close``."""
+        self._address = (host, port)
+        self._key = token.key
+        self._read_timeout = read_timeout
+        self.where = where or f"the rendezvous store at {_hostport(host, port)}"
+        self._server = server
+        self.hosting = server is not None
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def connect(
+        cls, host: str, port: int, *, token: Token, connect_timeout: float, read_timeout: float
+    ) -> AgentKVStore:
+        """Connect to a store, waiting until ``connect_timeout`` for it to listen (its host
+        may start later), and prove the token both ways once."""
+        left = wait_reachable(host, port, connect_timeout, "the rendezvous store")
+        store = cls(host, port, token, read_timeout=max(read_timeout, min(left, read_timeout)))
+        store._release(store._open())
+        return store
+
+    @classmethod
+    def host(cls, host: str, port: int, *, token: Token, read_timeout: float) -> AgentKVStore:
+        """Serve a store on ``host:port`` (only that address; 0 picks a free port) and return
+        the hosting handle. Raises ``OSError`` when the address cannot be bound."""
+        server = StoreServer.start(host, port, token)
+        where = f"the rendezvous store this node hosts on {_hostport(host, server.port)}"
+        # Connect to the address bound: a wildcard bind is reached on loopback.
+        local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(server.host, server.host)
+        return cls(local, server.port, token, read_timeout=read_timeout, where=where, server=server)
+
+    @property
+    def port(self) -> int:
+        return self._address[1]
+
+    def get(self, key: str) -> bytes | None:
+        reply = self._call([wire.GET, _key(key)], f"get {key!r}")
+        return self._value(reply, 1, f"get {key!r}")
+
+    def set(self, key: str, value: bytes) -> None:
+        if not value:
+            raise ValueError(
+                f"empty value for {key!r}: the KVStore contract needs non-empty values"
+            )
+        self._call([wire.SET, _key(key), value], f"set {key!r}")
+
+    def add(self, key: str, amount: int) -> int:
+        request = f"add {key!r}"
+        reply = self._call([wire.ADD, _key(key), wire.encode_int(amount)], request, key=key)
+        return self._int(reply, request)
+
+    def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes
+    ) -> tuple[bool, bytes | None]:
+        if not desired or expected == b"":
+            raise ValueError("compare_set needs non-empty values (empty is no value)")
+        request = f"compare_set {key!r}"
+        marker = wire.ABSENT if expected is None else wire.PRESENT
+        reply = self._call([wire.COMPARE_SET, _key(key), marker, expected or b"", desired], request)
+        return self._flag(reply, request), self._value(reply, 2, request)
+
+    def delete(self, key: str) -> bool:
+        request = f"delete {key!r}"
+        return self._flag(self._call([wire.DELETE, _key(key)], request), request)
+
+    def wait(self, keys: list[str], timeout: float) -> bool:
+        request = f"wait {keys!r}"
+        millis = wire.encode_int(max(0, int(timeout * 1000)))
+        reply = self._call([wire.WAIT, millis, *map(_key, keys)], request, extra=max(0.0, timeout))
+        return self._flag(reply, request)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+        if self._server is not None:
+            self._server.close()
+
+    # Connections.
+
+    def _open(self) -> socket.socket:
+        """A new connection that has passed the handshake."""
+        try:
+            sock = socket.create_connection(self._address, timeout=self._read_timeout)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot connect to {self.where}: {_why(exc)}") from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._handshake(sock)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _handshake(self, sock: socket.socket) -> None:
+        request = _HANDSHAKE
+        hello = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
+        if len(hello) != 2 or hello[0] != auth.GREETING or len(hello[1]) != auth.NONCE_BYTES:
+            raise MalformedReply(self.where, request, "it is not a phalanx rendezvous store")
+        server_nonce, client_nonce = hello[1], auth.new_nonce()
+        proof = auth.client_proof(self._key, server_nonce, client_nonce)
+        self._send(sock, [proof, client_nonce], request)
+        answer = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
+        if answer[:1] == [wire.ERROR]:
+            raise TokenRefused(
+                f"{self.where} refused this node: the two do not share the job's rendezvous "
+                f"token ({HOW_TO_SET})"
+            )
+        expected = auth.server_proof(self._key, server_nonce, client_nonce)
+        if len(answer) != 2 or answer[0] != wire.OK or not auth.proves(expected, answer[1]):
+            raise TokenRefused(
+                f"{self.where} did not prove the job's rendezvous token: the process serving "
+                f"that port is not this job's store, or its token differs ({HOW_TO_SET})"
+            )
+
+    def _take(self) -> socket.socket:
+        with self._lock:
+            if self._closed:
+                raise StoreUnavailable(f"{self.where}: closed")
+            if self._idle:
+                return self._idle.pop()
+        return self._open()
+
+    def _release(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(sock)
+                return
+        sock.close()
+
+    def _call(
+        self, fields: Sequence[bytes], request: str, *, key: str | None = None, extra: float = 0.0
+    ) -> list[bytes]:
+        sock = self._take()
+        try:
+            sock.settimeout(self._read_timeout + extra)
+            self._send(sock, fields, request)
+            reply = self._receive(sock, request, wire.MAX_FRAME)
+        except BaseException:
+            sock.close()
+            raise
+        self._release(sock)
+        if reply[:1] == [wire.ERROR]:
+            why = reply[1][:200].decode("utf-8", "replace") if len(reply) > 1 else "no reason"
+            if key is not None and why == "not an integer":
+                raise MalformedValue(key, "not an integer")
+            raise MalformedReply(self.where, request, f"the server says: {why}")
+        if reply[:1] != [wire.OK]:
+            raise MalformedReply(self.where, request, "neither ok nor error")
+        return reply
+
+    def _send(self, sock: socket.socket, fields: Sequence[bytes], request: str) -> None:
+        try:
+            sock.sendall(wire.encode(fields))
+        except TimeoutError:
+            raise StoreUnavailable(f"{self.where} did not take {request} in time") from None
+        except OSError as exc:
+            raise StoreUnavailable(f"{self.where}: {request}: {_why(exc)}") from None
+
+    def _receive(self, sock: socket.socket, request: str, limit: int) -> list[bytes]:
+        try:
+            header = _read_exactly(sock, wire.HEADER)
+            body = _read_exactly(sock, wire.frame_length(header, limit))
+            return wire.decode(body)
+        except wire.FrameError as exc:
+            raise MalformedReply(self.where, request, str(exc)) from None
+        except TimeoutError:
+            hint = ""
+            if request == _HANDSHAKE:
+                hint = (
+                    " (a phalanx store speaks first: the process on that port is not one, or hangs)"
+                )
+            raise StoreUnavailable(
+                f"{self.where} did not answer {request} within {sock.gettimeout():g} s{hint}"
+            ) from None
+        except OSError as exc:
+            raise StoreUnavailable(f"{self.where}: {request}: {_why(exc)}") from None
+
+    # Reading replies.
+
+    def _flag(self, reply: list[bytes], request: str) -> bool:
+        if len(reply) < 2 or reply[1] not in (wire.TRUE, wire.FALSE):
+            raise MalformedReply(self.where, request, "no yes/no answer")
+        return reply[1] == wire.TRUE
+
+    def _value(self, reply: list[bytes], at: int, request: str) -> bytes | None:
+        if len(reply) == at + 1 and reply[at] == wire.ABSENT:
+            return None
+        if len(reply) == at + 2 and reply[at] == wire.PRESENT:
+            return reply[at + 1]
+        raise MalformedReply(self.where, request, "no value and no absent marker")
+
+    def _int(self, reply: list[bytes], request: str) -> int:
+        try:
+            return wire.decode_int(reply[1])
+        except (IndexError, wire.FrameError) as exc:
+            raise MalformedReply(self.where, request, str(exc) or "no number") from None
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise ConnectionResetError(0, "the server closed the connection")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _key(key: str) -> bytes:
+    return key.encode("utf-8")
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc) or exc.__class__.__name__
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,305 @@
+"""The agent store's server: one thread, one ``selectors`` loop, every connection authenticated.
+
+The hosting agent runs it (c10d: the agent on the endpoint's machine; static: node 0). One
+thread serves every connection, so a thousand connected agents cost a thousand sockets and
+no threads; the data is a dict only that thread touches. A connection's requests are served
+in order; a ``wait`` parks its connection (the client opens another for its other threads)
+until the keys exist or its time is up, and is woken by the writes of the keys it waits for.
+
+Until a peer has proved the token (``auth``) the server reads nothing but the handshake,
+in frames of a few hundred bytes, and drops a peer that has not finished it within
+``handshake_timeout``. A peer that fails it gets one line saying why and is closed; the
+server logs one line per peer address (later refusals from the same address are counted,
+not logged, so an intruder cannot flood the log). Connections that close without sending a
+byte (the other agents' reachability probes) are not refusals.
+
+It listens on the address its endpoint names, and only there (``listen``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from phalanx.rendezvous.stores.agentstore import auth, wire
+from phalanx.rendezvous.stores.agentstore.auth import Token
+from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address
+from phalanx.rendezvous.stores.agentstore.table import Park, Table
+
+log = logging.getLogger("phalanx")
+
+HANDSHAKE_TIMEOUT = 10.0
+_READ_CHUNK = 65536
+_REFUSED = (
+    b"this node does not know the job's rendezvous token (set the same PHALANX_RDZV_TOKEN "
+    b"or --rdzv-conf token_file=PATH on every node)"
+)
+
+
+@dataclass(eq=False)
+class _Peer:
+    sock: socket.socket
+    name: str
+    nonce: bytes
+    deadline: float  # for the handshake; float("inf") once authenticated
+    authenticated: bool = False
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: bytearray = field(default_factory=bytearray)
+    waiting: float | None = None  # the deadline of its parked wait
+    closing: bool = False  # close once the outbox is sent
+    heard: bool = False  # sent at least one byte
+
+
+class StoreServer:
+    """A running agent store. ``start`` binds and serves; ``close`` stops it."""
+
+    def __init__(self, listener: socket.socket, token: Token, *, handshake_timeout: float) -> None:
+        """Serve on a bound, listening socket (use ``start``); no thread runs until ``serve``."""
+        self._listener = listener
+        self._key = token.key
+        self._handshake_timeout = handshake_timeout
+        self._table: Table[_Peer] = Table()
+        self._peers: dict[socket.socket, _Peer] = {}
+        self._deadlines: list[tuple[float, int, _Peer]] = []  # a heap; stale entries skipped
+        self._order = itertools.count()
+        self._refused: dict[str, int] = {}  # peer host -> refusals
+        self._selector = selectors.DefaultSelector()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="phalanx-agent-store", daemon=True)
+
+    @classmethod
+    def start(
+        cls, host: str, port: int, token: Token, *, handshake_timeout: float = HANDSHAKE_TIMEOUT
+    ) -> StoreServer:
+        """Bind ``host:port`` (0: a free port) and serve from a thread of its own.
+        Raises ``OSError`` when the address cannot be bound (the port is taken)."""
+        listener = bind(bind_address(host), port)
+        server = cls(listener, token, handshake_timeout=handshake_timeout)
+        server.serve()
+        return server
+
+    @property
+    def host(self) -> str:
+        return str(self._listener.getsockname()[0])
+
+    @property
+    def port(self) -> int:
+        return int(self._listener.getsockname()[1])
+
+    @property
+    def key_count(self) -> int:
+        """How many keys the store holds now (a glance from another thread)."""
+        return len(self._table.data)
+
+    def serve(self) -> None:
+        self._listener.setblocking(False)
+        self._wake_read.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_read, selectors.EVENT_READ)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and close every connection (idempotent)."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._wake_write.send(b"x")
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(10)
+        for peer in list(self._peers.values()):
+            self._drop(peer)
+        for sock in (self._listener, self._wake_read, self._wake_write):
+            sock.close()
+        self._selector.close()
+
+    # The loop, in the server's thread.
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            events = self._selector.select(self._next_timeout())
+            for key, mask in events:
+                if key.fileobj is self._listener:
+                    self._accept()
+                elif key.fileobj is self._wake_read:
+                    self._wake_read.recv(64)
+                else:
+                    peer = self._peers.get(key.fileobj)  # type: ignore[call-overload]
+                    if peer is not None and mask & selectors.EVENT_READ:
+                        self._read(peer)
+                    if (
+                        peer is not None
+                        and peer.sock in self._peers
+                        and mask & selectors.EVENT_WRITE
+                    ):
+                        self._flush(peer)
+            self._expire()
+
+    def _next_timeout(self) -> float:
+        if not self._deadlines:
+            return 1.0
+        return max(0.0, min(1.0, self._deadlines[0][0] - time.monotonic()))
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors: the others are still served
+                log.warning("rendezvous store: cannot accept a connection: %s", exc)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer = _Peer(sock, _peer_name(address), auth.new_nonce(),
+                         time.monotonic() + self._handshake_timeout)  # fmt: skip
+            self._peers[sock] = peer
+            self._selector.register(sock, selectors.EVENT_READ)
+            self._schedule(peer.deadline, peer)
+            self._send(peer, [auth.GREETING, peer.nonce])
+
+    def _read(self, peer: _Peer) -> None:
+        try:
+            chunk = peer.sock.recv(_READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(peer)
+            return
+        peer.heard = True
+        if peer.closing:
+            return  # refused: nothing it says is read
+        peer.inbox += chunk
+        self._serve_inbox(peer)
+
+    def _serve_inbox(self, peer: _Peer) -> None:
+        while peer.waiting is None and not peer.closing and peer.sock in self._peers:
+            limit = wire.MAX_FRAME if peer.authenticated else wire.MAX_HANDSHAKE_FRAME
+            try:
+                if len(peer.inbox) < wire.HEADER:
+                    return
+                length = wire.frame_length(bytes(peer.inbox[: wire.HEADER]), limit)
+                if len(peer.inbox) < wire.HEADER + length:
+                    return
+                payload = bytes(peer.inbox[wire.HEADER : wire.HEADER + length])
+                del peer.inbox[: wire.HEADER + length]
+                fields = wire.decode(payload)
+            except wire.FrameError as exc:
+                if peer.authenticated:
+                    self._refuse(peer, f"sent junk ({exc})", quietly=True)
+                else:
+                    self._refuse(peer, f"sent something that is not the handshake ({exc})")
+                return
+            if peer.authenticated:
+                self._request(peer, fields)
+            else:
+                self._handshake(peer, fields)
+
+    def _handshake(self, peer: _Peer, fields: list[bytes]) -> None:
+        if len(fields) != 2 or len(fields[1]) != auth.NONCE_BYTES:
+            self._refuse(peer, "sent something that is not the handshake")
+            return
+        proof, client_nonce = fields
+        if not auth.proves(auth.client_proof(self._key, peer.nonce, client_nonce), proof):
+            self._refuse(peer, "did not prove this job's rendezvous token")
+            return
+        peer.authenticated = True
+        peer.deadline = float("inf")
+        self._send(peer, [wire.OK, auth.server_proof(self._key, peer.nonce, client_nonce)])
+
+    def _refuse(self, peer: _Peer, why: str, *, quietly: bool = False) -> None:
+        host = peer.name.rsplit(":", 1)[0]
+        self._refused[host] = self._refused.get(host, 0) + 1
+        if not quietly and self._refused[host] == 1:
+            log.warning(
+                "rendezvous store: refused %s: it %s (later refusals of %s are not logged)",
+                peer.name, why, host,
+            )  # fmt: skip
+        self._send(peer, [wire.ERROR, _REFUSED])
+        peer.closing = True
+        peer.inbox.clear()
+        if not peer.outbox:
+            self._drop(peer)
+
+    def _request(self, peer: _Peer, fields: list[bytes]) -> None:
+        try:
+            reply = self._table.answer(fields, peer)
+        except (wire.FrameError, IndexError, ValueError, TypeError) as exc:
+            reply = [wire.ERROR, f"a malformed request: {exc or 'missing fields'}".encode()]
+        if isinstance(reply, Park):
+            peer.waiting = time.monotonic() + reply.seconds
+            self._schedule(peer.waiting, peer)
+        else:
+            self._send(peer, reply)
+        for woken in self._table.woken():
+            self._end_wait(woken, found=True)
+
+    def _end_wait(self, peer: _Peer, *, found: bool) -> None:
+        self._table.cancel(peer)
+        peer.waiting = None
+        self._send(peer, [wire.OK, wire.TRUE if found else wire.FALSE])
+        self._serve_inbox(peer)
+
+    def _schedule(self, deadline: float, peer: _Peer) -> None:
+        heapq.heappush(self._deadlines, (deadline, next(self._order), peer))
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, _, peer = heapq.heappop(self._deadlines)
+            if peer.sock not in self._peers:
+                continue
+            if not peer.authenticated and peer.deadline == deadline:
+                if peer.heard:
+                    self._refuse(peer, "did not finish the handshake in time")
+                self._drop(peer)
+            elif peer.waiting == deadline:
+                self._end_wait(peer, found=False)
+
+    def _send(self, peer: _Peer, fields: list[bytes]) -> None:
+        peer.outbox += wire.encode(fields)
+        self._flush(peer)
+
+    def _flush(self, peer: _Peer) -> None:
+        if peer.sock not in self._peers:
+            return
+        try:
+            sent = peer.sock.send(peer.outbox) if peer.outbox else 0
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._drop(peer)
+            return
+        del peer.outbox[:sent]
+        if not peer.outbox and peer.closing:
+            self._drop(peer)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.outbox else 0)
+        if self._selector.get_key(peer.sock).events != events:
+            self._selector.modify(peer.sock, events)
+
+    def _drop(self, peer: _Peer) -> None:
+        if self._peers.pop(peer.sock, None) is None:
+            return
+        self._table.cancel(peer)
+        peer.waiting = None
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(peer.sock)
+        peer.sock.close()
+
+
+def _peer_name(address: object) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(address)

@@ -1,0 +1,229 @@
+"""The agent store over real sockets: who it lets in, what an intruder gets, where it listens.
+
+The rightful client and the server share a token; every intruder here is a real peer on the
+port -- a raw socket that sends junk, one that sends a well-formed request without the
+handshake, torch's ``TCPStore`` client (in a process of its own, bounded) -- and after each
+the store's contents are what the rightful client wrote, and it still serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from phalanx.rendezvous.stores.agentstore import (
+    AgentKVStore,
+    StoreServer,
+    Token,
+    TokenRefused,
+    auth,
+    wire,
+)
+from phalanx.rendezvous.stores.base import MalformedReply, StoreUnavailable
+
+TOKEN = Token(b"the job's secret", "the test")
+HANG = 30.0
+
+
+@pytest.fixture
+def hosted() -> Iterator[AgentKVStore]:
+    store = AgentKVStore.host("127.0.0.1", 0, token=TOKEN, read_timeout=5)
+    try:
+        store.set("master", b"10.0.0.1:1234")
+        yield store
+    finally:
+        store.close()
+
+
+def _client(port: int, token: Token = TOKEN) -> AgentKVStore:
+    return AgentKVStore.connect("127.0.0.1", port, token=token, connect_timeout=5, read_timeout=5)
+
+
+def _unchanged(store: AgentKVStore) -> None:
+    """The rightful data is as written, and a fresh rightful client is served."""
+    other = _client(store.port)
+    try:
+        assert other.get("master") == b"10.0.0.1:1234"
+        assert other.get("stopped") is None and other.get("stack_requests") is None
+        assert other.add("served", 1) == 1
+    finally:
+        other.close()
+    store.delete("served")
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (bounded by the socket's timeout)."""
+    got = bytearray()
+    while chunk := sock.recv(4096):
+        got += chunk
+    return bytes(got)
+
+
+@pytest.mark.parametrize(
+    "token", [Token(b"another secret", "the test"), Token()], ids=["wrong", "none"]
+)
+def test_a_client_without_the_token_is_refused_with_one_line_on_both_sides(
+    hosted: AgentKVStore, token: Token, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="phalanx"), pytest.raises(TokenRefused) as refused:
+        _client(hosted.port, token)
+    said = str(refused.value)
+    assert "refused this node" in said and "PHALANX_RDZV_TOKEN" in said and "\n" not in said
+    assert str(hosted.port) in said
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 1 and "did not prove this job's rendezvous token" in lines[0], lines
+    assert "secret" not in said + lines[0]  # the token's text appears nowhere
+    _unchanged(hosted)
+
+
+def test_a_server_that_cannot_prove_the_token_is_not_trusted() -> None:
+    """A process holding the port with another token (another job's store, an impostor that
+    accepts any client) is refused by the client, before it sends any request."""
+    impostor = StoreServer.start("127.0.0.1", 0, Token(b"another secret"))
+    try:
+        with pytest.raises(TokenRefused):
+            _client(impostor.port)
+    finally:
+        impostor.close()
+
+
+@pytest.mark.parametrize(
+    "intrusion",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\xff\xff\xff\xff" + b"x" * 64,  # a frame far past the handshake's limit
+        wire.encode([wire.SET, b"master", b"6.6.6.6:1"]),  # a plausible request, no handshake
+        wire.encode([wire.ADD, b"stack_requests", b"1"]),
+        wire.encode([b"x" * 32, b"y" * 32]),  # a handshake with a made-up proof
+    ],
+    ids=["http", "huge frame", "set without auth", "add without auth", "forged proof"],
+)
+def test_a_raw_intruder_reads_and_writes_nothing(hosted: AgentKVStore, intrusion: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", hosted.port), timeout=HANG) as sock:
+        sock.sendall(intrusion)
+        got = _read_all(sock)  # the server closes on it
+    fields = _frames(got)
+    assert fields[0][0] == auth.GREETING  # the greeting and a nonce, then the refusal only
+    assert fields[1:] == [[wire.ERROR, fields[1][1]]] and b"token" in fields[1][1]
+    assert b"10.0.0.1" not in got
+    _unchanged(hosted)
+
+
+def test_an_intruder_that_says_nothing_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    server = StoreServer.start("127.0.0.1", 0, TOKEN, handshake_timeout=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=HANG) as sock:
+            assert _frames(_read_all(sock))[0][0] == auth.GREETING  # then closed
+    finally:
+        server.close()
+
+
+def test_a_torch_tcpstore_client_cannot_use_the_store(hosted: AgentKVStore) -> None:
+    """torch's client (what a torchrun agent or a stray script would use) writes the keys an
+    attacker wants; it fails within its own timeout and nothing reaches the store."""
+    script = (
+        "import sys\nfrom datetime import timedelta\nfrom torch.distributed import TCPStore\n"
+        "try:\n"
+        f"    s = TCPStore('127.0.0.1', {hosted.port}, is_master=False, timeout=timedelta(seconds=2))\n"
+        "    s.set('master', b'6.6.6.6:1'); s.add('stack_requests', 1); s.set('stopped', b'1')\n"
+        "except Exception as exc:\n    print('failed:', type(exc).__name__); sys.exit(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=HANG)  # fmt: skip
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    _unchanged(hosted)
+
+
+def test_a_junk_server_is_a_malformed_reply_naming_it() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def answer_junk() -> None:
+            for _ in range(2):  # the reachability probe, then the client
+                conn, _ = listener.accept()
+                with conn:
+                    conn.sendall(b"\x00\x00\x00\x05hello")
+                    time.sleep(0.5)
+
+        threading.Thread(target=answer_junk, daemon=True).start()
+        with pytest.raises(MalformedReply) as junk:
+            _client(port)
+    assert f"127.0.0.1:{port}" in str(junk.value) and "handshake" in str(junk.value)
+
+
+def test_a_silent_server_is_unavailable_within_the_read_timeout() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(StoreUnavailable, match="did not answer the handshake within 1 s"):
+            AgentKVStore.connect("127.0.0.1", port, token=TOKEN, connect_timeout=5, read_timeout=1)
+
+
+def test_the_store_listens_only_on_the_address_it_was_given(hosted: AgentKVStore) -> None:
+    """127.0.0.1 stays 127.0.0.1: the kernel's table shows one listener on it, and another
+    local address (127.0.0.2, loopback too) is refused."""
+    listening = [addr for addr, state in _tcp_sockets() if state == "0A" and addr[1] == hosted.port]
+    assert listening == [("127.0.0.1", hosted.port)]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2", hosted.port), timeout=5).close()
+
+
+def test_two_hundred_clients_connected_and_waiting_are_all_served() -> None:
+    """Many connections on one server thread: 200 clients each wait on a key; one write
+    wakes them all, and every one then writes a key of its own."""
+    host = AgentKVStore.host("127.0.0.1", 0, token=TOKEN, read_timeout=10)
+    clients = [
+        AgentKVStore.connect(
+            "127.0.0.1", host.port, token=TOKEN, connect_timeout=10, read_timeout=10
+        )
+        for _ in range(200)
+    ]
+    try:
+        results: list[bool] = []
+
+        def wait_then_write(i: int, client: AgentKVStore) -> None:
+            results.append(client.wait(["go"], HANG))
+            client.set(f"done/{i}", b"1")
+
+        threads = [
+            threading.Thread(target=wait_then_write, args=(i, c)) for i, c in enumerate(clients)
+        ]
+        for thread in threads:
+            thread.start()
+        host.set("go", b"1")
+        for thread in threads:
+            thread.join(HANG)
+        assert results == [True] * 200
+        assert host.wait([f"done/{i}" for i in range(200)], HANG)
+    finally:
+        for client in clients:
+            client.close()
+        host.close()
+
+
+def _frames(data: bytes) -> list[list[bytes]]:
+    buffer = bytearray(data)
+    return [wire.decode(payload) for payload in wire.split_frames(buffer, wire.MAX_FRAME)]
+
+
+def _tcp_sockets() -> list[tuple[tuple[str, int], str]]:
+    """(local address, state) of every IPv4 TCP socket in /proc/net/tcp."""
+    rows = []
+    with open("/proc/net/tcp") as table:
+        lines = table.read().splitlines()[1:]
+    for line in lines:
+        local, state = line.split()[1], line.split()[3]
+        hex_ip, hex_port = local.split(":")
+        ip = ".".join(str(int(hex_ip[i : i + 2], 16)) for i in (6, 4, 2, 0))
+        rows.append(((ip, int(hex_port, 16)), state))
+    return rows
