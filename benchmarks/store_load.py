@@ -188,8 +188,8 @@ def table(results: dict[str, list[Phase]], clients: int) -> list[str]:
     lines = [
         f"All {clients} clients connected (drivers started, imports included): {connects}.",
         "",
-        "| store | phase | time | calls/s | calls per agent | p50 | p99 | max | server CPU | drivers CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| store | phase | time | calls/s | calls per agent | p50 | p99 | max | server CPU | server CPU per call | drivers CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, phases in results.items():
         for p in phases:
@@ -202,7 +202,8 @@ def table(results: dict[str, list[Phase]], clients: int) -> list[str]:
             lines.append(
                 f"| {kind} | {ROWS[p.name]} | {p.seconds:.2f} s | {calls / p.seconds:,.0f} | "
                 f"{per_agent} | {ms[0]:.2f} ms | {ms[1]:.2f} ms | {ms[2]:.2f} ms | "
-                f"{100 * p.server_cpu / p.seconds:.0f}% | {100 * p.driver_cpu / p.seconds:.0f}% |"
+                f"{100 * p.server_cpu / p.seconds:.0f}% | {1e6 * p.server_cpu / calls:.0f} us | "
+                f"{100 * p.driver_cpu / p.seconds:.0f}% |"
             )
     return lines
 

@@ -20,7 +20,7 @@ NUMBER = r"[\d,.]+"
 ROW = re.compile(
     rf"^\| (?P<store>[^|]+) \| (?P<phase>[^|]+) \| (?P<time>{NUMBER}) s \| (?P<rate>{NUMBER}) \| "
     rf"(?P<per_agent>{NUMBER})(?:/s| \(round\)) \| (?P<p50>{NUMBER}) ms \| (?P<p99>{NUMBER}) ms \| "
-    rf"(?P<max>{NUMBER}) ms \| {NUMBER}% \| {NUMBER}% \|$"
+    rf"(?P<max>{NUMBER}) ms \| {NUMBER}% \| {NUMBER} us \| {NUMBER}% \|$"
 )
 
 
