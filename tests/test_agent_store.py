@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,7 @@ from phalanx.rendezvous.stores.agentstore import (
     auth,
     wire,
 )
+from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
 from phalanx.rendezvous.stores.base import MalformedReply, StoreUnavailable
 
 TOKEN = Token(b"the job's secret", "the test")
@@ -227,3 +229,105 @@ def _tcp_sockets() -> list[tuple[tuple[str, int], str]]:
         ip = ".".join(str(int(hex_ip[i : i + 2], 16)) for i in (6, 4, 2, 0))
         rows.append(((ip, int(hex_port, 16)), state))
     return rows
+
+
+def test_the_token_file_wins_over_the_variable(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("from the file\n")
+    problems: list[str] = []
+    conf = {"token_file": str(tmp_path / "token")}
+    token = token_from_conf(conf, {"PHALANX_RDZV_TOKEN": "from the variable"}, problems)
+    assert problems == [] and token.secret == b"from the file"
+    assert token_from_conf({}, {"PHALANX_RDZV_TOKEN": "v"}, problems).secret == b"v"
+    assert "from the file" not in repr(token)
+
+
+def test_a_frame_past_the_limit_ends_that_connection_only(hosted: AgentKVStore) -> None:
+    with pytest.raises(StoreUnavailable):
+        hosted.set("big", b"x" * (wire.MAX_FRAME + 1))
+    _unchanged(hosted)
+
+
+def test_a_name_that_resolves_to_loopback_only_listens_everywhere(tmp_path: Path) -> None:
+    """Debian's ``127.0.1.1 myhost``: in a mount namespace of its own, a process sees an
+    /etc/hosts that maps a made-up name to loopback; the store it hosts for that name listens
+    on every interface (the other nodes reach the name at the machine's real address)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n127.0.1.1 phalanx-test-node\n")
+    script = (
+        "from phalanx.rendezvous.stores.agentstore import AgentKVStore, NO_TOKEN, StoreServer\n"
+        "server = StoreServer.start('phalanx-test-node', 0, NO_TOKEN)\n"
+        "c = AgentKVStore.connect('phalanx-test-node', server.port, token=NO_TOKEN,"
+        " connect_timeout=5, read_timeout=5)\n"
+        "c.set('k', b'v'); print(server.host, c.get('k')); c.close(); server.close()\n"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "sh", "-c",
+         'mount --bind "$1" /etc/hosts && exec "$2" -c "$3"', "sh", str(hosts), sys.executable, script],
+        capture_output=True, text=True, timeout=HANG,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.0.0.0", "b'v'"]
+
+
+def test_running_out_of_descriptors_is_said_once_and_the_store_recovers() -> None:
+    """A store process limited to 40 descriptors, flooded with 60 connections: it says once
+    that it cannot accept (no busy loop, no crash), and once they are gone serves again."""
+    script = (
+        "import logging, resource, sys, time\nlogging.basicConfig(level=logging.WARNING)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))\n"
+        "from phalanx.rendezvous.stores.agentstore import StoreServer, Token\n"
+        f"s = StoreServer.start('127.0.0.1', 0, Token({TOKEN.secret!r}), handshake_timeout=1)\n"
+        "print(s.port, flush=True)\nsys.stdin.read()\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    flood: list[socket.socket] = []
+    try:
+        assert server.stdout is not None and server.stdin is not None
+        port = int(server.stdout.readline())
+        for _ in range(60):
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=HANG))
+        for sock in flood:
+            sock.close()
+        client = AgentKVStore.connect("127.0.0.1", port, token=TOKEN, connect_timeout=HANG,
+                                      read_timeout=HANG)  # fmt: skip
+        assert client.add("n", 1) == 1
+        client.close()
+        server.stdin.close()
+        assert server.wait(HANG) == 0
+        said = server.stderr.read().decode() if server.stderr else ""
+        assert said.count("cannot accept a connection") == 1, said
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+
+
+def test_the_host_leaves_last_its_peers_still_read_while_it_closes() -> None:
+    """Closing the hosting handle takes no new connections but serves the connected peers
+    until they close theirs: a peer's last reads (the job's stop, the failure records for
+    its report) still get answers after the rendezvous let the host go."""
+    host = AgentKVStore.host("127.0.0.1", 0, token=TOKEN, read_timeout=5, linger=HANG)
+    peer = _client(host.port)
+    host.set("stopped", b"a peer failed")
+    closing = threading.Thread(target=host.close)
+    closing.start()
+    try:
+        wait_for_refusal(host.port)  # draining: no new connections
+        assert peer.get("stopped") == b"a peer failed"  # the connected peer is still served
+        assert closing.is_alive()
+    finally:
+        peer.close()
+    closing.join(HANG)
+    assert not closing.is_alive()  # the last peer gone, the host is done
+
+
+def wait_for_refusal(port: int) -> None:
+    deadline = time.monotonic() + HANG
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        except ConnectionRefusedError:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the draining store still accepts connections")

@@ -199,13 +199,14 @@ def test_late_joiner_is_admitted_without_spending_a_restart(
 def test_two_jobs_on_one_endpoint_never_mix(
     hosts: object, nodes: list[Node], tmp_path: Path
 ) -> None:
-    """A long-lived store (is_host=false everywhere) serving two jobs told apart by --rdzv-id."""
+    """A long-lived agent store (is_host=false everywhere) serving two jobs told apart by
+    --rdzv-id."""
     net = hosts(2)  # type: ignore[operator]
     port = free_port()
     code = (
-        f"import time, datetime, torch.distributed as d\n"
-        f"s = d.TCPStore('{net.addr(0)}', {port}, is_master=True, wait_for_workers=False, "
-        f"timeout=datetime.timedelta(seconds=60))\nprint('up', flush=True)\ntime.sleep(300)\n"
+        "import time\nfrom phalanx.rendezvous.stores.agentstore import NO_TOKEN, StoreServer\n"
+        f"s = StoreServer.start('{net.addr(0)}', {port}, NO_TOKEN)\n"
+        "print('up', flush=True)\ntime.sleep(300)\n"
     )
     store = subprocess.Popen(
         net.command(0, [sys.executable, "-c", code]),

@@ -222,6 +222,7 @@ def test_the_token_is_never_on_the_command_line_nor_echoed(tmp_path: Path) -> No
     )  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     assert secret not in dry.stdout + dry.stderr
+    assert "  PHALANX_RDZV_TOKEN not passed on" in dry.stdout.splitlines()
 
 
 def _c10d_args(tmp_path: Path, endpoint: str, conf: str, nnodes: str = "2") -> list[str]:
@@ -282,3 +283,34 @@ def test_no_token_on_an_endpoint_others_reach_is_said_once(
     assert len(warnings) == (1 if warned else 0), done.stderr
     if warned:
         assert "PHALANX_RDZV_TOKEN" in warnings[0] and "token_file=PATH" in warnings[0]
+
+
+def test_a_static_job_shares_the_token_and_its_agents_have_no_torch(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    port = free_port()
+    env = _environment(PHALANX_RDZV_TOKEN=f"s3cr3t-{uuid.uuid4().hex}")
+    agents = []
+    try:
+        for rank in (0, 1):
+            args = ["--log-dir", str(tmp_path / f"n{rank}.logs"), "--nnodes", "2",
+                    "--nproc-per-node", "1", "--rdzv-backend", "static", "--node-rank", str(rank),
+                    "--master-addr", "127.0.0.1", "--master-port", str(port),
+                    worker("hold_until_go.py"), str(work)]  # fmt: skip
+            with open(tmp_path / f"n{rank}.out", "wb") as out:
+                agents.append(subprocess.Popen([*PHALANX, *args], stdout=out, stderr=subprocess.STDOUT,
+                                               env=env, start_new_session=True))  # fmt: skip
+        wait_for(lambda: (work / "ready0").exists() and (work / "ready1").exists(), HANG,
+                 "both workers")  # fmt: skip
+        assert _listeners(port) == ["127.0.0.1"]
+        for agent in agents:
+            with open(f"/proc/{agent.pid}/maps") as maps:
+                assert "libtorch" not in maps.read(), "the agent has torch loaded"
+        (work / "go").touch()
+        for rank, agent in enumerate(agents):
+            assert agent.wait(HANG) == 0, (tmp_path / f"n{rank}.out").read_text()
+    finally:
+        for proc in agents:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)

@@ -28,7 +28,7 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[KVStore, KVStore]]:
         host, client = MemoryStore(server, hosting=True), MemoryStore(server)
     elif request.param == "agent":
         token = Token(b"contract", "the test")
-        agent_host = AgentKVStore.host("127.0.0.1", 0, token=token, read_timeout=5)
+        agent_host = AgentKVStore.host("127.0.0.1", 0, token=token, read_timeout=5, linger=1)
         host = agent_host
         client = AgentKVStore.connect(
             "127.0.0.1", agent_host.port, token=token, connect_timeout=10, read_timeout=5

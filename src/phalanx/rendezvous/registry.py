@@ -1,7 +1,7 @@
 """The rendezvous backends by name, and the one entry point the launcher calls.
 
 ============  ================================================================================
-``c10d``      dynamic (MIN:MAX) on a TCPStore hosted by one agent (``c10d``)
+``c10d``      dynamic (MIN:MAX) on the agent store hosted by one agent (``c10d``)
 ``static``    fixed node ranks; node 0 hosts the store at --master-addr:--master-port
 ``etcd``      dynamic on etcd v3 (``etcd``); ``etcd-v2`` is torchrun's name, same backend
 ============  ================================================================================

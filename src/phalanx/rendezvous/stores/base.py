@@ -1,9 +1,10 @@
 """The key-value store contract that dynamic rendezvous runs on.
 
-Backends (torch's ``TCPStore`` for ``c10d`` and ``static``, etcd v3 for ``etcd``, an
-in-memory dict for tests of the algorithm) implement this protocol; the rendezvous algorithm
-only ever talks to it. Keys are ``str``; values are non-empty ``bytes`` (TCPStore cannot tell
-an empty value from an absent key in ``compare_set``).
+Backends (the agents' own store, ``agentstore``, for ``c10d`` and ``static``, etcd v3 for
+``etcd``, an in-memory dict for tests of the algorithm) implement this protocol; the
+rendezvous algorithm only ever talks to it. Keys are ``str``; values are non-empty ``bytes``
+(torch's TCPStore, still wrapped by ``tcp``, cannot tell an empty value from an absent key
+in ``compare_set``).
 
 Every backend is thread-safe: the rendezvous calls it from the agent's thread and from its
 heartbeat thread at once, and a ``wait`` in one thread must not hold up calls in the other.

@@ -1,4 +1,8 @@
-"""``KVStore`` over ``torch.distributed.TCPStore`` (the c10d store), hosting or client.
+"""``KVStore`` over ``torch.distributed.TCPStore``, hosting or client.
+
+The agents no longer use it (c10d and static run on ``agentstore``, which needs no torch
+and authenticates every connection); it stays so that torch's store can be driven through
+the same contract, side by side with the agent store (benchmarks, the contract tests).
 
 How TCPStore's API maps onto the contract:
 

@@ -32,6 +32,9 @@ from phalanx.rendezvous.stores.base import (
 from phalanx.rendezvous.stores.reach import wait_reachable
 
 _HANDSHAKE = "the handshake"
+# Seconds a hosting handle's close waits for the other nodes to disconnect: their last reads
+# take a moment; a node that hangs or vanished without a reset must not hold the exit long.
+LINGER = 5.0
 
 
 class TokenRefused(Malformed):
@@ -50,14 +53,17 @@ class AgentKVStore:
         read_timeout: float,
         where: str | None = None,
         server: StoreServer | None = None,
+        linger: float = LINGER,
     ) -> None:
         """A handle that connects on first use (``connect`` checks the store first).
-        ``server``: the store this handle hosts, stopped by ``close``."""
+        ``server``: the store this handle hosts, stopped by ``close`` once the other nodes
+        have closed their connections, or after ``linger`` seconds."""
         self._address = (host, port)
         self._key = token.key
         self._read_timeout = read_timeout
         self.where = where or f"the rendezvous store at {_hostport(host, port)}"
         self._server = server
+        self._linger = linger
         self.hosting = server is not None
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -69,20 +75,25 @@ class AgentKVStore:
     ) -> AgentKVStore:
         """Connect to a store, waiting until ``connect_timeout`` for it to listen (its host
         may start later), and prove the token both ways once."""
-        left = wait_reachable(host, port, connect_timeout, "the rendezvous store")
-        store = cls(host, port, token, read_timeout=max(read_timeout, min(left, read_timeout)))
+        wait_reachable(host, port, connect_timeout, "the rendezvous store")
+        store = cls(host, port, token, read_timeout=read_timeout)
         store._release(store._open())
         return store
 
     @classmethod
-    def host(cls, host: str, port: int, *, token: Token, read_timeout: float) -> AgentKVStore:
+    def host(
+        cls, host: str, port: int, *, token: Token, read_timeout: float, linger: float = LINGER
+    ) -> AgentKVStore:
         """Serve a store on ``host:port`` (only that address; 0 picks a free port) and return
         the hosting handle. Raises ``OSError`` when the address cannot be bound."""
         server = StoreServer.start(host, port, token)
         where = f"the rendezvous store this node hosts on {_hostport(host, server.port)}"
         # Connect to the address bound: a wildcard bind is reached on loopback.
         local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(server.host, server.host)
-        return cls(local, server.port, token, read_timeout=read_timeout, where=where, server=server)
+        return cls(
+            local, server.port, token, read_timeout=read_timeout, where=where, server=server,
+            linger=linger,
+        )  # fmt: skip
 
     @property
     def port(self) -> int:
@@ -131,6 +142,9 @@ class AgentKVStore:
         for sock in idle:
             sock.close()
         if self._server is not None:
+            # The host leaves last: a peer may still read what it needs for its own exit
+            # (the job's stop, the failure records) after the rendezvous let this node go.
+            self._server.drain(self._linger)
             self._server.close()
 
     # Connections.
@@ -140,7 +154,7 @@ class AgentKVStore:
         try:
             sock = socket.create_connection(self._address, timeout=self._read_timeout)
         except OSError as exc:
-            raise StoreUnavailable(f"cannot connect to {self.where}: {_why(exc)}") from None
+            raise StoreUnavailable(f"{self.where}: cannot connect ({_why(exc)})") from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._handshake(sock)

@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
-from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address
+from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address, raise_descriptor_limit
 from phalanx.rendezvous.stores.agentstore.table import Park, Table
 
 log = logging.getLogger("phalanx")
 
 HANDSHAKE_TIMEOUT = 10.0
+_ACCEPT_PAUSE = 0.1  # seconds without accepting after running out of descriptors
 _READ_CHUNK = 65536
 _REFUSED = (
     b"this node does not know the job's rendezvous token (set the same PHALANX_RDZV_TOKEN "
@@ -63,6 +64,7 @@ class StoreServer:
     def __init__(self, listener: socket.socket, token: Token, *, handshake_timeout: float) -> None:
         """Serve on a bound, listening socket (use ``start``); no thread runs until ``serve``."""
         self._listener = listener
+        self._bound = listener.getsockname()
         self._key = token.key
         self._handshake_timeout = handshake_timeout
         self._table: Table[_Peer] = Table()
@@ -73,6 +75,10 @@ class StoreServer:
         self._selector = selectors.DefaultSelector()
         self._wake_read, self._wake_write = socket.socketpair()
         self._stopping = threading.Event()
+        self._accept_failed = False  # said once
+        self._accept_paused_until = 0.0  # 0: accepting
+        self._members = 0  # open connections that proved the token (only the loop writes it)
+        self._draining = False
         self._thread = threading.Thread(target=self._loop, name="phalanx-agent-store", daemon=True)
 
     @classmethod
@@ -82,17 +88,18 @@ class StoreServer:
         """Bind ``host:port`` (0: a free port) and serve from a thread of its own.
         Raises ``OSError`` when the address cannot be bound (the port is taken)."""
         listener = bind(bind_address(host), port)
+        raise_descriptor_limit()
         server = cls(listener, token, handshake_timeout=handshake_timeout)
         server.serve()
         return server
 
     @property
     def host(self) -> str:
-        return str(self._listener.getsockname()[0])
+        return str(self._bound[0])
 
     @property
     def port(self) -> int:
-        return int(self._listener.getsockname()[1])
+        return int(self._bound[1])
 
     @property
     def key_count(self) -> int:
@@ -106,13 +113,26 @@ class StoreServer:
         self._selector.register(self._wake_read, selectors.EVENT_READ)
         self._thread.start()
 
+    def drain(self, timeout: float) -> bool:
+        """Take no new connections, and wait (at most ``timeout`` seconds) until every peer
+        that proved the token has closed its connection; return whether they all did. The
+        peers' last reads after the rendezvous is over (the job's stop, the failure records
+        for their report) are still answered."""
+        self._draining = True
+        self._wake()
+        deadline = time.monotonic() + timeout
+        while self._members > 0 and self._thread.is_alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def close(self) -> None:
         """Stop serving and close every connection (idempotent)."""
         if self._stopping.is_set():
             return
         self._stopping.set()
-        with contextlib.suppress(OSError):
-            self._wake_write.send(b"x")
+        self._wake()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(10)
         for peer in list(self._peers.values()):
@@ -120,6 +140,10 @@ class StoreServer:
         for sock in (self._listener, self._wake_read, self._wake_write):
             sock.close()
         self._selector.close()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_write.send(b"x")
 
     # The loop, in the server's thread.
 
@@ -131,6 +155,8 @@ class StoreServer:
                     self._accept()
                 elif key.fileobj is self._wake_read:
                     self._wake_read.recv(64)
+                    if self._draining and self._accept_paused_until != float("inf"):
+                        self._stop_accepting()
                 else:
                     peer = self._peers.get(key.fileobj)  # type: ignore[call-overload]
                     if peer is not None and mask & selectors.EVENT_READ:
@@ -142,11 +168,23 @@ class StoreServer:
                     ):
                         self._flush(peer)
             self._expire()
+            if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
+                self._accept_paused_until = 0.0
+                self._selector.register(self._listener, selectors.EVENT_READ)
+
+    def _stop_accepting(self) -> None:
+        """For good: connecting now is refused by the kernel, at once."""
+        if self._accept_paused_until == 0.0:
+            self._selector.unregister(self._listener)
+        self._accept_paused_until = float("inf")
+        self._listener.close()
 
     def _next_timeout(self) -> float:
-        if not self._deadlines:
-            return 1.0
-        return max(0.0, min(1.0, self._deadlines[0][0] - time.monotonic()))
+        soonest = min(
+            self._deadlines[0][0] if self._deadlines else float("inf"),
+            self._accept_paused_until or float("inf"),
+        )
+        return max(0.0, min(1.0, soonest - time.monotonic()))
 
     def _accept(self) -> None:
         while True:
@@ -154,8 +192,14 @@ class StoreServer:
                 sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # out of descriptors: the others are still served
-                log.warning("rendezvous store: cannot accept a connection: %s", exc)
+            except OSError as exc:
+                # Out of descriptors: the listener stays readable, so stop listening for a
+                # moment rather than spin; the connections already open are still served.
+                if not self._accept_failed:
+                    log.warning("rendezvous store: cannot accept a connection: %s", exc)
+                self._accept_failed = True
+                self._selector.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -214,6 +258,7 @@ class StoreServer:
             self._refuse(peer, "did not prove this job's rendezvous token")
             return
         peer.authenticated = True
+        self._members += 1
         peer.deadline = float("inf")
         self._send(peer, [wire.OK, auth.server_proof(self._key, peer.nonce, client_nonce)])
 
@@ -291,6 +336,8 @@ class StoreServer:
     def _drop(self, peer: _Peer) -> None:
         if self._peers.pop(peer.sock, None) is None:
             return
+        if peer.authenticated:
+            self._members -= 1
         self._table.cancel(peer)
         peer.waiting = None
         with contextlib.suppress(KeyError, ValueError, OSError):
