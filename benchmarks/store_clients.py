@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import resource
 import sys
 import threading
@@ -154,6 +155,7 @@ class Driver:
             self.agents.append((board, arrival))
         self.memberships: list[tuple[Membership, int] | None] = [None] * count
         self.liveness: list[Liveness] = []
+        self._starting: list[threading.Timer] = []
 
     def _record(self, op: str, seconds: float) -> None:
         self.samples[self.phase][op].append(seconds)
@@ -187,14 +189,22 @@ class Driver:
             raise errors[0]
 
     def start_heartbeats(self) -> None:
+        """Start every agent's heartbeat thread, each at a random point of one heartbeat
+        interval: real agents' threads start when each agent did, seconds apart, so their
+        ticks are spread out; started together they would all tick in the same instant."""
         for (board, _), joined in zip(self.agents, self.memberships, strict=True):
             assert joined is not None
             liveness = Liveness(board, SETTINGS)
             liveness.follow(*joined)
-            liveness.start()
             self.liveness.append(liveness)
+        for liveness in self.liveness:
+            start = threading.Timer(random.uniform(0, SETTINGS.heartbeat_interval), liveness.start)
+            start.start()
+            self._starting.append(start)
 
     def stop(self) -> None:
+        for start in self._starting:
+            start.join()  # so that no thread starts after its Liveness was stopped
         for liveness in self.liveness:
             liveness.stop()
         for store in self.stores:

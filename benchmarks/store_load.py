@@ -4,7 +4,8 @@
 it the load that phalanx's rendezvous puts on it, by running phalanx's own rendezvous code
 (see ``store_clients.py``): every agent joins a first round at once, then the heartbeat
 threads run for ``--seconds`` (the steady state while workers train: about 8 store calls per
-agent per second), then every agent rejoins a restart round with its heartbeats still on.
+agent per second, each agent's ticks at its own point of the second), then every agent
+rejoins a restart round with its heartbeats still on.
 Each store in ``store_clients.STORES`` gets the same load in the same run, one after the
 other; for each phase it prints the store calls per second, the calls per agent, and the
 latency of one call (p50, p99, max; ``wait`` is counted but not timed, since it blocks
@@ -39,6 +40,8 @@ import store_clients  # next to this file
 
 CHILD = [sys.executable, str(Path(__file__).with_name("store_clients.py"))]
 REPLY_TIMEOUT = 300.0  # a round of 1,024 agents takes seconds; this only catches a hang
+# 1,024 TCPStore clients took 230 s to connect here (one connect in about 30 stalls for 5 s).
+CONNECT_TIMEOUT = 900.0
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -139,7 +142,7 @@ def run_store(kind: str, clients: int, seconds: float, drivers: int, logs: Path)
         start = time.perf_counter()
         with children(argvs, logs / kind, env) as fleet:
             for driver in fleet:
-                if driver.reply() != "ready":
+                if driver.reply(CONNECT_TIMEOUT) != "ready":
                     raise BenchError(f"driver {driver.proc.pid} did not connect")
             phases = [Phase("round0"), Phase("steady"), Phase("round1")]
             phases[0].connect = time.perf_counter() - start
