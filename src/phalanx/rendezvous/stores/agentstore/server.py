@@ -152,25 +152,30 @@ class StoreServer:
             events = self._selector.select(self._next_timeout())
             for key, mask in events:
                 if key.fileobj is self._listener:
-                    self._accept()
+                    if not self._accept_paused_until:  # the wake in this batch may have closed it
+                        self._accept()
                 elif key.fileobj is self._wake_read:
                     self._wake_read.recv(64)
                     if self._draining and self._accept_paused_until != float("inf"):
                         self._stop_accepting()
                 else:
                     peer = self._peers.get(key.fileobj)  # type: ignore[call-overload]
-                    if peer is not None and mask & selectors.EVENT_READ:
-                        self._read(peer)
-                    if (
-                        peer is not None
-                        and peer.sock in self._peers
-                        and mask & selectors.EVENT_WRITE
-                    ):
-                        self._flush(peer)
+                    if peer is not None:
+                        self._serve_peer(peer, mask)
             self._expire()
             if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
                 self._accept_paused_until = 0.0
                 self._selector.register(self._listener, selectors.EVENT_READ)
+
+    def _serve_peer(self, peer: _Peer, mask: int) -> None:
+        try:
+            if mask & selectors.EVENT_READ:
+                self._read(peer)
+            if peer.sock in self._peers and mask & selectors.EVENT_WRITE:
+                self._flush(peer)
+        except Exception as exc:  # a bug must cost one connection, not every node's store
+            log.warning("rendezvous store: dropped %s after an internal error: %r", peer.name, exc)
+            self._drop(peer)
 
     def _stop_accepting(self) -> None:
         """For good: connecting now is refused by the kernel, at once."""
