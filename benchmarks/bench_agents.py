@@ -55,7 +55,7 @@ def run_agents(launcher: str, m: int) -> float:
         )
         for i in range(m)
     ]
-    codes = [scenarios._finish(proc) for proc in procs]
+    codes = [scenarios._finish(proc)[0] for proc in procs]
     if any(codes):
         raise scenarios.BenchError(f"{launcher} M={m}: exit codes {codes}; see {scratch}")
     stamps = scenarios._stamps(out, "barrier", 0)
