@@ -49,9 +49,10 @@ def test_a_full_log_disk_does_not_stop_a_healthy_job(tmp_path: Path) -> None:
     lines = result.stdout.splitlines()
     assert len(lines) == 200 and lines[-1].startswith("[rank0]: line 000199 ")
     said = [line for line in result.stderr.splitlines() if "No space left on device" in line]
-    # Once per stream whose file filled (stdout's; stderr's finds the disk full too).
-    assert len(said) == 2, result.stderr
-    assert sorted(line.split("/")[-1].split()[0] for line in said) == ["stderr.log", "stdout.log"]
+    # Once per stream whose file found the disk full: stdout's always; stderr's line too
+    # unless its writer thread got it in before stdout's filled the disk (their own threads).
+    files = sorted(line.split("/")[-1].split()[0] for line in said)
+    assert files in (["stdout.log"], ["stderr.log", "stdout.log"]), result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -108,11 +108,14 @@ def test_every_node_answers_once_and_the_asker_writes_one_file(
     assert answered == [[1], [1]]  # once each, and node 1's own request is answered too
     (path,) = dirs[1].glob("stacks_*.txt")
     text = path.read_text()
-    assert text.startswith("stacks of 2 of 3 node(s), requested on b (node 1) at ")
-    assert "no answer within 2 s from: node 2 (c)" in text
+    # Node ranks follow arrival, so the names come from the round (not the order above).
+    name = [joined.this_node.hostname for _, joined in pairs]
+    assert text.startswith(f"stacks of 2 of 3 node(s), requested on {name[1]} (node 1) at ")
+    assert f"no answer within 2 s from: node 2 ({name[2]})" in text
     # This node first, then the others by node rank.
-    assert text.index("##### node 1 (b) #####") < text.index("##### node 0 (a) #####")
-    assert "=== rank 0 ===" in text and "=== rank 1 ===" in text and "node 2 (c) ###" not in text
+    assert text.index(f"##### node 1 ({name[1]}) #####") < text.index(f"##### node 0 ({name[0]}) #####")
+    assert "=== rank 0 ===" in text and "=== rank 1 ===" in text
+    assert f"node 2 ({name[2]}) ###" not in text
     assert not any(dirs[0].glob("stacks_*.txt")) and not any(dirs[2].glob("stacks_*.txt"))
 
 

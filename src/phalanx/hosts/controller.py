@@ -130,22 +130,22 @@ class Controller:
                       file=sys.stderr, flush=True)  # fmt: skip
                 return 128 + self._signal
             ended = [s for s in sessions if s.ended_at is not None]
+            lost = [s for s in ended if s.proc.returncode == SSH_LOST]
+            if lost:  # said even when every session ended at once: the cause is the ssh link
+                return self._stop_all(sessions, f"the ssh session to {lost[0].host.name} was lost")
             if len(ended) == len(sessions):
                 return _job_code(sessions)
-            lost = [s for s in ended if s.proc.returncode == SSH_LOST]
             failed = [s.ended_at for s in ended if s.ended_at is not None and s.proc.returncode]
-            late = bool(failed) and time.monotonic() - min(failed) > AFTER_FAILURE
-            if lost or late:
-                why = f"the ssh session to {lost[0].host.name} was lost" if lost else (
-                    "a host failed and the others did not follow")  # fmt: skip
-                print(
-                    f"phalanx: {why}; stopping the job on every host", file=sys.stderr, flush=True
-                )
-                stopped_at = time.monotonic()
-                for session in sessions:
-                    session.close_lifeline()
-                self._drain(sessions)
-                return _job_code(sessions, stopped_at)
+            if failed and time.monotonic() - min(failed) > AFTER_FAILURE:
+                return self._stop_all(sessions, "a host failed and the others did not follow")
+
+    def _stop_all(self, sessions: list[Session], why: str) -> int:
+        print(f"phalanx: {why}; stopping the job on every host", file=sys.stderr, flush=True)
+        stopped_at = time.monotonic()
+        for session in sessions:
+            session.close_lifeline()
+        self._drain(sessions)
+        return _job_code(sessions, stopped_at)
 
     def _drain(self, sessions: list[Session]) -> None:
         deadline = time.monotonic() + DRAIN
