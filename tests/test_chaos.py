@@ -23,21 +23,11 @@ import pytest
 from phalanx.net import free_port
 from phalanx.supervisor.cgroup import hierarchies
 from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
+from support.tools import tiny_tmpfs
 
 HANG = 60.0  # bounds that only catch a hang
 HANGFS = Path(__file__).parent / "support" / "hangfs.py"
 
-
-@contextlib.contextmanager
-def tiny_tmpfs(path: Path, size: str = "64k") -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` (root only), unmounted after."""
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                   check=True, timeout=30)  # fmt: skip
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True, timeout=30)
 
 
 def test_a_full_log_disk_does_not_stop_a_healthy_job(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ writers into one directory and races a reader against pruning."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import json
@@ -15,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ import torch
 from phalanx import checkpoint
 from phalanx.inscript.checkpoint import Checkpoint
 from phalanx.worker.contract import CHECKPOINT_LOG_ENV
-from support.tools import STRACE, needs_strace
+from support.tools import STRACE, needs_strace, tiny_tmpfs
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -194,17 +193,6 @@ def test_a_filesystem_without_flock_saves_unlocked_with_a_warning(tmp_path: Path
 
 # --- a full disk ------------------------------------------------------------------------------
 
-
-@contextlib.contextmanager
-def tiny_tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` (root only), unmounted after."""
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                   check=True, timeout=30)  # fmt: skip
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True, timeout=30)
 
 
 def test_a_full_disk_mid_write_keeps_the_previous_checkpoint(tmp_path: Path) -> None:

@@ -8,8 +8,12 @@ problem to fix, not a test quietly left out.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +37,15 @@ needs_py_spy = pytest.mark.skipif(
 # alike; warm phalanx workers skip finalization). Tests that meet it record it as an
 # expected failure, with the output, rather than retry.
 TORCH_EXIT_ABORT = "terminate called without an active exception"
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(path: Path, size: str = "64k") -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (root only), unmounted after: a disk that fills."""
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                   check=True, timeout=30)  # fmt: skip
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True, timeout=30)
