@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +12,7 @@ from pathlib import Path
 import pytest
 
 import phalanx
-from phalanx.net import free_port
-from support.launch import PHALANX, alive, read_pids, run_phalanx, wait_for, worker
+from support.launch import PHALANX, alive, port_pair, read_pids, run_phalanx, wait_for, worker
 
 
 def test_spawn_runs_fn_per_local_rank(tmp_path: Path) -> None:
@@ -57,18 +55,6 @@ def test_spawn_stall_timeout_names_the_hung_rank(tmp_path: Path) -> None:
     stacks = (run_dir / "attempt_0" / "rank_1" / "stacks.txt").read_text()
     assert "in work" in stacks and "spawn_user.py" in stacks
 
-
-def port_pair() -> int:
-    """A port P with P and P + 1 free: phalanx.spawn's master_port and default rdzv_port."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two adjacent free ports")
 
 
 @pytest.mark.parametrize("crash", [False, True], ids=["clean", "crash-then-restart"])

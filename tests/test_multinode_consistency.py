@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from phalanx.consistency.fingerprint import file_hash
 from phalanx.net import free_port
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, NamespaceHosts, Node
-from support.launch import WORKERS, wait_for
+from support.launch import WORKERS, port_pair, wait_for
 from support.tools import needs_etcd
 
 Hosts = Loopback | NamespaceHosts
@@ -177,18 +176,6 @@ def test_a_node_with_another_torch_version_is_named_in_the_table(
         assert rows["0"][3] == real and rows["1"][3] == "*9.9.9"
 
 
-def _port_pair() -> int:
-    """A port P with P + 1 free too: phalanx.spawn's master_port and its agents' rdzv_port."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two adjacent free ports")
-
 
 @pytest.mark.parametrize("allow", [False, True], ids=["stops", "allow_mismatch"])
 def test_phalanx_spawn_compares_the_programs_own_script(tmp_path: Path, allow: bool) -> None:
@@ -197,7 +184,7 @@ def test_phalanx_spawn_compares_the_programs_own_script(tmp_path: Path, allow: b
     loopback, as the TRELLIS.2 test)."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    port = _port_pair()
+    port = port_pair()
     procs = []
     for node, tail in ((0, ""), (1, "#")):
         where = tmp_path / f"node{node}"

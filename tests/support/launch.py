@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psutil
+
+from phalanx.net import free_port
 
 WORKERS = Path(__file__).parents[1] / "workers"
 PHALANX = [sys.executable, "-m", "phalanx"]
@@ -117,3 +120,16 @@ def end_all(launcher: subprocess.Popen[bytes], pids: Sequence[int]) -> None:
     for pid in pids:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def port_pair() -> int:
+    """A port P with P and P + 1 free: phalanx.spawn's master_port and default rdzv_port."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two adjacent free ports")
