@@ -15,6 +15,7 @@ from phalanx.errors import Interrupted, PhalanxError
 from phalanx.events.log import EventLog
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rundir import make_run_dir
+from phalanx.status import StatusService
 from phalanx.supervisor.cgroup import JobCgroup
 from phalanx.supervisor.clock import WallClock
 from phalanx.supervisor.group import Supervisor
@@ -76,6 +77,7 @@ class Agent:
             tuple(word.encode() for word in config.duplicate_stderr_filters),
         )
         events = EventLog(run_dir, wall_clock.now)
+        status = StatusService(run_dir, events)
         events.emit(
             "run_start",
             run_id=self._run_id,
@@ -86,7 +88,7 @@ class Agent:
             max_restarts=config.max_restarts,
         )
         try:
-            code = self._run(run_dir, events, wall_clock, filters)
+            code = self._run(run_dir, events, status, wall_clock, filters)
         except Interrupted as exc:
             events.emit("job_end", outcome="interrupted", exit_code=exc.exit_code)
             raise
@@ -97,12 +99,14 @@ class Agent:
             events.emit("job_end", outcome="succeeded", exit_code=code)
             return code
         finally:
+            status.close()
             events.close()
 
     def _run(
         self,
         run_dir: Path,
         events: EventLog,
+        status: StatusService,
         wall_clock: WallClock,
         filters: tuple[tuple[bytes, ...], tuple[bytes, ...]],
     ) -> int:
@@ -131,8 +135,9 @@ class Agent:
                     fence=rendezvous.fence(),
                 )
                 rounds = Rounds(
-                    config, rendezvous, supervisor, signals, run_dir, self._base_env, events
-                )
+                    config, rendezvous, supervisor, signals, run_dir, self._base_env, events,
+                    status,
+                )  # fmt: skip
                 return rounds.run()
             finally:
                 if template is not None:

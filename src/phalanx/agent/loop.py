@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
+import signal
 import sys
 import threading
 import time
@@ -34,15 +33,16 @@ from phalanx.rendezvous.api import (
     RoundVerdict,
 )
 from phalanx.report import job as jobreport
-from phalanx.report.exits import WorkerExit, root_cause
+from phalanx.report.exits import WorkerExit, report_json, root_cause
 from phalanx.report.oom import OomProbe
+from phalanx.status import StatusService, launcher
 from phalanx.supervisor.group import Outcome, Supervisor
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.contract import STACK_SIGNAL
 from phalanx.worker.nofollow import replace_file
 
 log = logging.getLogger("phalanx")
-LAUNCHER_FILE = "launcher.json"  # the agent's pid, for ``phalanx stacks RUN_DIR``
+LAUNCHER_FILE = launcher.LAUNCHER_FILE  # the agent's pid, for ``phalanx stacks RUN_DIR``
 
 
 class Rounds:
@@ -65,9 +65,11 @@ class Rounds:
         run_dir: Path,
         base_env: Mapping[str, str],
         events: EventLog,
+        status: StatusService,
     ) -> None:
         self.config = config
         self.events = events
+        self.status = status
         self.rdzv = rendezvous
         self.supervisor = supervisor
         self.signals = signals
@@ -96,17 +98,19 @@ class Rounds:
                 job=self._job_stacks(joined),
             )
             probe = OomProbe()
-            result = self.supervisor.run(
-                plan, self.signals, self._poll(watch), attempt.watch(watch.tick)
-            )
+            self.status.begin(plan, joined, self.rdzv.status_exchange())
+            tick = self.status.watch(attempt.watch(watch.tick))
+            result = self.supervisor.run(plan, self.signals, self._poll(watch), tick)
             attempt.ended(result.exits)
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
             if result.outcome is Outcome.SUCCEEDED:
                 return self._succeeded(joined, exits)
             if result.outcome is Outcome.INTERRUPTED:
                 assert result.signum is not None
-                self.rdzv.report_done(False)
-                raise Interrupted(result.signum)
+                self._interrupted(joined, exits, result.signum, None)
+            signum = _stop_signal(result.event)
+            if signum is not None:  # another node was asked to stop: the job stops, no failure
+                self._interrupted(joined, exits, signum, result.event)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
             attempt.failed(
                 self._failure_events(cause, result.event, watch),
@@ -142,8 +146,8 @@ class Rounds:
         try:
             with self.signals.raising():
                 joined = self.rdzv.next_round(self.config.nproc_per_node)
-        except Interrupted:
-            self.rdzv.report_done(False)
+        except Interrupted as exc:
+            self.rdzv.report_done(False, signum=exc.signum)
             raise
         self.events.node = joined.node_rank
         self.events.emit(
@@ -219,8 +223,8 @@ class Rounds:
         try:
             with self.signals.raising():
                 return self.rdzv.judge_round(progressed, failure_signature)
-        except Interrupted:
-            self.rdzv.report_done(False)
+        except Interrupted as exc:
+            self.rdzv.report_done(False, signum=exc.signum)
             raise
 
     def _succeeded(self, joined: RendezvousResult, exits: list[WorkerExit]) -> int:
@@ -237,6 +241,33 @@ class Rounds:
         # would not run again), so every node reports the failure and stops.
         log.warning("the job failed after this node's workers finished: %s", _describe_event(late))
         self._fail(joined, exits, late, None, None, crash_loop=False)
+
+    def _interrupted(
+        self,
+        joined: RendezvousResult,
+        exits: list[WorkerExit],
+        signum: int,
+        event: JobEvent | None,
+    ) -> NoReturn:
+        """Asked to stop by ``signum`` (``phalanx stop``, Ctrl-C), here (``event`` None: the
+        other nodes are told, and stop too) or on the node of ``event``: write the report
+        (no root cause; who stopped the job) and end as interrupted by that signal."""
+        self.rdzv.report_done(False, signum=signum if event is None else None)
+        name = _signal_name(signum)
+        node = joined.node_rank if event is None else event.node_rank
+        where = "this node" if event is None else f"node {node}"
+        data = report_json(
+            exits,
+            self.attempts,
+            outcome="interrupted",
+            reason=f"stopped by {name} on {where}",
+            signal=name,
+            stopped_on_node=node,
+        )
+        if event is not None:
+            log.warning("%s", _describe_event(event))
+        write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
+        raise Interrupted(signum)
 
     def _record_failure(
         self,
@@ -374,8 +405,7 @@ def write_bounded(path: Path, text: str, timeout: float = 2.0) -> None:
 
 def write_launcher_file(run_dir: Path, signals: SignalWatcher) -> None:
     data = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
+        **launcher.this_process(),  # pid, host, start time (``phalanx stop`` checks it)
         "stacks_signal": STACK_SIGNAL.name if signals.stacks_active else None,
     }
     try:
@@ -400,3 +430,18 @@ def _describe_event(event: JobEvent) -> str:
     if not text:
         return event.detail or "the rendezvous store cannot be reached"
     return f"{text}: {event.detail}" if event.detail else text
+
+
+def _stop_signal(event: JobEvent | None) -> int | None:
+    """The signal that stopped the node of a ``JOB_STOPPED`` event (None: not so stopped)."""
+    if event is None or event.kind is not EventKind.JOB_STOPPED:
+        return None
+    signum = event.failure.get("signal")
+    return signum if isinstance(signum, int) and not isinstance(signum, bool) else None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
