@@ -38,7 +38,10 @@ class Launcher:
         if not self.here:
             return False
         try:
-            started = psutil.Process(self.pid).create_time()
+            process = psutil.Process(self.pid)
+            started = process.create_time()
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return False  # it ended; its parent has not collected its exit yet
         except (psutil.Error, OSError):
             return False
         if self.started is None:
