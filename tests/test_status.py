@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from phalanx.events import read_events, read_run_events
 from phalanx.net import free_port
@@ -51,8 +52,12 @@ def _gone(pid: int) -> bool:
     return not alive(pid)  # a zombie not yet reaped by its new parent
 
 
-def test_status_logs_stop_and_ls_of_a_two_node_job(nodes: list[Node], tmp_path: Path) -> None:
-    """Node 0 runs ranks 0 and 1, node 1 rank 2 (c10d, loopback)."""
+@pytest.mark.parametrize("stopped", ["store host", "store client"])
+def test_status_logs_stop_and_ls_of_a_two_node_job(
+    nodes: list[Node], tmp_path: Path, stopped: str
+) -> None:
+    """Agent 0 runs two ranks, agent 1 one (c10d, loopback); ``phalanx stop`` on the agent
+    that serves the rendezvous store, or on the other one, stops both."""
     net = Loopback()
     endpoint = f"127.0.0.1:{free_port()}"
     for i, nproc in ((0, "2"), (1, "1")):
@@ -104,7 +109,10 @@ def test_status_logs_stop_and_ls_of_a_two_node_job(nodes: list[Node], tmp_path: 
     # Every process of the job, on both nodes: agents, templates, workers.
     job = [n.proc.pid for n in nodes]
     job += [c.pid for n in nodes for c in psutil.Process(n.proc.pid).children(recursive=True)]
-    stop = run_phalanx(["stop", str(run_dirs[1])], timeout=150)
+    client = [i for i, n in enumerate(nodes) if "connecting as a client" in n.stderr]
+    assert len(client) == 1, nodes[0].stderr + nodes[1].stderr
+    stopper = client[0] if stopped == "store client" else 1 - client[0]
+    stop = run_phalanx(["stop", str(run_dirs[stopper])], timeout=150)
     assert stop.returncode == 0, stop.stderr
     assert "the job stopped; report:" in stop.stderr
     assert [n.finish(60) for n in nodes] == [143, 143], nodes[0].stderr + nodes[1].stderr
@@ -114,7 +122,7 @@ def test_status_logs_stop_and_ls_of_a_two_node_job(nodes: list[Node], tmp_path: 
         assert (report["outcome"], report["signal"], report["root_cause"]) == (
             "interrupted", "SIGTERM", None,
         )  # fmt: skip
-        assert report["stopped_on_node"] == own[1]["node"]
+        assert report["stopped_on_node"] == own[stopper]["node"]
         end = read_events(run_dir / "events.jsonl")[-1]
         assert (end["kind"], end["outcome"], end["exit_code"]) == ("job_end", "interrupted", 143)
         assert not any(e["kind"] == "failure" for e in read_events(run_dir / "events.jsonl"))
