@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 from phalanx.events import read_events, read_run_events
 from phalanx.net import free_port
 from support.hosts import Loopback, Node
-from support.launch import alive, run_phalanx, wait_for, worker
+from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
 
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60"
 
@@ -106,6 +108,10 @@ def test_status_logs_stop_and_ls_of_a_two_node_job(
     listed = run_phalanx(["ls", "--log-dir", str(nodes[0].logs)], timeout=30)
     assert listed.stdout.splitlines()[1].split()[:2] == [run_dirs[0].name, "running"]
 
+    follow = subprocess.Popen(
+        [*PHALANX, "logs", str(run_dirs[0]), "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
     # Every process of the job, on both nodes: agents, templates, workers.
     job = [n.proc.pid for n in nodes]
     job += [c.pid for n in nodes for c in psutil.Process(n.proc.pid).children(recursive=True)]
@@ -130,6 +136,16 @@ def test_status_logs_stop_and_ls_of_a_two_node_job(
         assert final["state"] == "interrupted" and final["alive"] is False, i
     listed = run_phalanx(["ls", "--log-dir", str(nodes[0].logs)], timeout=30)
     assert listed.stdout.splitlines()[1].split()[:2] == [run_dirs[0].name, "interrupted"]
+    try:  # --follow ended with the run, having printed each rank's last line
+        out, err = follow.communicate(timeout=30)
+    finally:
+        if follow.poll() is None:
+            os.killpg(follow.pid, signal.SIGKILL)
+            follow.communicate()
+    assert follow.returncode == 0, err
+    for rank in ranks_of[own[0]["node"]]:
+        last = (run_dirs[0] / "attempt_0" / f"rank_{rank}" / "stdout.log").read_text()
+        assert last.splitlines()[-1] + "\n" in out, rank
 
 
 def test_a_finished_run_shows_its_final_state_and_root_cause(tmp_path: Path) -> None:
@@ -189,3 +205,23 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     for name in ("status", "logs", "stop", "ls"):
         helped = run_phalanx([name, "--help"], timeout=30)
         assert helped.returncode == 0 and f"usage: phalanx {name}" in helped.stdout
+
+
+def test_ls_lists_the_newest_run_first_with_its_state(tmp_path: Path) -> None:
+    """From the files alone: a run that ended well, and one whose agent died without a word
+    (no job_end, its pid gone); anything else under the directory is not a run."""
+
+    def run(name: str, start: float, *end: dict[str, object]) -> None:
+        events = [{"v": 1, "kind": "run_start", "t": start, "run_id": name, "pid": 1}, *end]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+    run("old", 1_000_000.0, {"v": 1, "kind": "job_end", "t": 1_000_090.0,
+                              "outcome": "succeeded", "exit_code": 0})  # fmt: skip
+    run("new", 2_000_000.0)
+    (tmp_path / "not-a-run").mkdir()
+    listed = run_phalanx(["ls", "--log-dir", str(tmp_path)], timeout=30)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    assert [(r[0], r[1], r[-1]) for r in rows] == [("new", "ended", rows[0][-1]),
+                                                  ("old", "succeeded", "0:01:30")]  # fmt: skip

@@ -9,9 +9,17 @@ import json
 from pathlib import Path
 
 from phalanx.events import EVENTS_FILE, read_run_events
-from phalanx.status.exchange import ANSWER_LIMIT, cap_events, decode_answer, encode_answer
+from phalanx.status import files
+from phalanx.status.exchange import (
+    ANSWER_LIMIT,
+    StatusRequests,
+    cap_events,
+    decode_answer,
+    encode_answer,
+)
 from phalanx.status.node import NodeStatus
 from phalanx.status.service import EventTail
+from phalanx.status.view import RunView, render
 from support.memcluster import WAIT, Cluster, form, wait_until
 
 
@@ -110,3 +118,43 @@ def test_a_status_request_reaches_every_node_and_the_answers_come_back(cluster: 
     assert [k for k in cluster.server.data if "/status/" in k] == []  # read once, removed
     assert a.poll() is None and c.poll() is None  # no job event
 
+
+
+def test_the_asker_writes_who_answered_and_names_who_did_not(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Three agents' request handling (``StatusRequests``) over the store: node b is asked
+    by its ``phalanx status`` (a request file), a answers, c never does."""
+    handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
+    (a, ra), (b, rb), (_, rc) = sorted(
+        zip(handlers, form(*handlers), strict=True), key=lambda p: p[1].node_rank
+    )
+    agents = {}
+    for name, handler, joined in (("a", a, ra), ("b", b, rb)):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        status = {"node": joined.node_rank, "host": name}
+        agents[name] = StatusRequests(
+            run_dir, lambda s=status: encode_answer(s, [_line("run_start", 0)]), lambda s=status: s
+        )
+        agents[name].round(joined, handler.status_exchange())
+    nonce = files.new_request(tmp_path / "b")
+    agents["b"].check_files()
+    wait_until(lambda: a.status_requests() == 1)
+    agents["a"].check_peers()
+    answer = files.answer_path(tmp_path / "b", nonce)
+    wait_until(lambda: answer.exists())  # after GATHER_WAIT: c never answers
+    reply = json.loads(answer.read_text())
+    assert reply["answered"] == [ra.node_rank] and reply["self"]["node"] == rb.node_rank
+    assert reply["missing"] == [{"node": rc.node_rank, "host": rc.this_node.hostname}]
+    copied = files.node_dir(tmp_path / "b", ra.node_rank)
+    assert json.loads((copied / "status.json").read_text())["host"] == "a"
+    assert (copied / EVENTS_FILE).read_bytes() == _line("run_start", 0)
+    agents["b"].check_files()  # a request is answered once
+    assert b.status_requests() == 1
+
+
+def test_the_table_names_the_nodes_that_did_not_answer(tmp_path: Path) -> None:
+    own = NodeStatus(wall_clock=lambda: 1e9).snapshot()
+    view = RunView(tmp_path, "running", True, own, [own], [{"node": 2, "host": "hc"}])
+    assert "no answer from: node 2 (hc)\n" in render(view)

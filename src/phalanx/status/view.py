@@ -144,9 +144,11 @@ def render(view: RunView, now: float | None = None) -> str:
             _text(node.get("host")),
             _text(node.get("state")) + _as_of(node),
         ]
-        ranks = node.get("ranks") or [{}]
-        for rank in ranks:
-            rows.append([*prefix, *_rank_cells(rank)])
+        for rank in node.get("ranks") or [{}]:
+            cells = _rank_cells(rank)
+            if node.get("stale"):
+                cells[-1] = "-"  # a beat long ago, not "0 s ago"
+            rows.append([*prefix, *cells])
     lines += _table(rows)
     if view.missing:
         names = ", ".join(f"node {m.get('node')} ({m.get('host')})" for m in view.missing)
