@@ -43,6 +43,7 @@ class Attempt:
     returncode: int | None
     pid: int | None
     steps: tuple[tuple[float, int], ...]  # (t, step) samples within the attempt
+    formed: float | None = None  # when its round formed (from then to ``start``: starting)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ def _groups(homes: dict[int, tuple[float, int | None, str]]) -> tuple[Group, ...
 def _attempts(stream: list[Event], end: float) -> Iterator[Attempt]:
     exits = {(e.get("attempt"), e.get("rank")): e for e in _of(stream, "worker_exit")}
     progress = _of(stream, "progress")
+    formed = {e.get("attempt"): float(e["t"]) for e in _of(stream, "rdzv_done")}
     for started in _of(stream, "workers_started"):
         number = started.get("attempt")
         pids = list(started.get("pids") or ())
@@ -176,6 +178,7 @@ def _attempts(stream: list[Event], end: float) -> Iterator[Attempt]:
                 returncode=done.get("returncode") if done is not None else None,
                 pid=pids[i] if i < len(pids) else None,
                 steps=steps,
+                formed=formed.get(number),
             )
 
 

@@ -33,6 +33,7 @@ COLOURS = {
     "hang": "#ff7f0e",
     "restart": "#7b3fb5",
     "progress": "#1b3a1b",
+    "starting": "#cfd8e3",
 }
 
 CSS = """
@@ -85,15 +86,14 @@ def _headline(tl: Timeline) -> str:
 
 def _legend() -> str:
     items = [
-        ("succeeded", "attempt succeeded"), ("failed", "attempt failed"),
-        ("stopped", "stopped by phalanx"), ("running", "running"),
-        ("wait", "rendezvous wait"), ("failure", "failure"), ("hang", "hang"),
-        ("restart", "restart"),
+        ("succeeded", "succeeded"), ("failed", "failed"), ("stopped", "stopped by phalanx"),
+        ("running", "running"), ("starting", "starting"), ("wait", "rendezvous"),
+        ("failure", "failure"), ("hang", "hang"), ("restart", "restart"),
     ]  # fmt: skip
     spans = "".join(
         f'<span><i style="background:{COLOURS[k]}"></i>{_e(t)}</span>' for k, t in items
     )
-    return f'<p class="legend">{spans} <span>line in a bar: the step reached</span></p>'
+    return f'<p class="legend">{spans} <span>line in a bar: the step</span></p>'
 
 
 def _svg(tl: Timeline) -> str:
@@ -144,16 +144,28 @@ def _attempt(a: Attempt, top: int, scale: _Scale, max_step: int) -> str:
         f'fill="{COLOURS[a.outcome]}" rx="2"/>'
     )
     line = ""
+    if a.formed is not None and a.formed < a.start:  # the round formed, the workers start
+        s0 = scale.x(a.formed)
+        line += (
+            f'<rect class="starting" x="{s0}" y="{top + 9}" width="{max(x0 - s0, 1.0)}" '
+            f'height="{LANE_H - 18}" fill="{COLOURS["starting"]}"><title>starting: '
+            f"{a.start - a.formed:.1f} s from the round formed to the workers running"
+            "</title></rect>"
+        )
     if a.steps and max_step > 0:
         bottom, high = top + LANE_H - 6, LANE_H - 12
         points = [(x0, bottom)] + [
             (scale.x(t), round(bottom - step / max_step * high, 1)) for t, step in a.steps
         ]
         coords = " ".join(f"{x},{y}" for x, y in points)
-        line = (
+        line += (
             f'<polyline class="progress" points="{coords}" fill="none" '
             f'stroke="{COLOURS["progress"]}" stroke-width="1.5"/>'
         )
+    if a.steps and x1 - x0 > 70:  # room for the last step's number
+        # At the bar's end, but a failed bar's end holds the failure's mark.
+        at = f'x="{x0 + 4}"' if a.outcome == "failed" else f'x="{x1 - 4}" text-anchor="end"'
+        line += f'<text {at} y="{top + 15}">step {a.steps[-1][1]}</text>'
     return (
         f'<g class="attempt" data-rank="{a.rank}" data-attempt="{a.attempt}" '
         f'data-outcome="{_e(a.outcome)}"><title>{_e(tip)}</title>{bar}{line}</g>'
@@ -206,7 +218,8 @@ def _mark(
     return (
         f'<g class="{cls}" data-kind="{_e(mark.kind)}"{rank}><title>{_e(mark.detail)}</title>'
         f'{shape} fill="{COLOURS[cls]}" stroke="#fff" stroke-width="1"/>'
-        f'<text x="{x + r + 3}" y="{cy + 4}" fill="{COLOURS[cls]}">{_e(mark.kind)}</text></g>'
+        f'<text x="{x + r + 3}" y="{cy + 4}" fill="{COLOURS[cls]}" stroke="#fff" '
+        f'stroke-width="3" paint-order="stroke">{_e(mark.kind)}</text></g>'
     )
 
 
