@@ -72,6 +72,8 @@ def derive(
 
 def _used_facts(detected: Detected, ns: argparse.Namespace, given: Mapping[str, str]) -> list[Fact]:
     facts = [f for f in detected.facts if f.dest not in given]
+    if "nnodes" in given and str(ns.nnodes).strip() == "1":  # one node: no store to meet at
+        return [f for f in facts if f.dest not in STATIC_ONLY | {"rdzv_backend"}]
     backend = ns.rdzv_backend if "rdzv_backend" in given else detected.value("rdzv_backend")
     if backend != "static":  # an elastic policy's PET_RDZV_BACKEND, or the user's choice
         return [f for f in facts if f.dest not in STATIC_ONLY]
