@@ -167,6 +167,13 @@ def test_explicit_flags_and_pet_variables_win() -> None:
     one = parse_config(["--nnodes", "1", SCRIPT], env)
     assert one.max_nodes == 1 and not any("--node-rank" in line for line in one.derived)
     assert parse_config(["--scheduler", "none", SCRIPT], env).derived == ()
+    assert parse_config(["--standalone", SCRIPT], env).derived == ()
+    assert parse_config(["--scheduler", "slurm", SCRIPT], env).max_nodes == 2
+
+
+def test_trainer_node_rank_from_the_completion_index() -> None:
+    pod = {k: v for k, v in TRAINER_POD.items() if k != "PET_NODE_RANK"}
+    assert parse_config(["--nproc-per-node", "1", SCRIPT], pod).node_rank == 1
 
 
 def test_batch_script_one_node_runs_and_many_nodes_are_refused() -> None:
@@ -239,8 +246,11 @@ def test_dry_run_under_slurm_shows_the_derived_facts() -> None:
     assert "local rank 1 -> global rank 3 (rank3)" in lines
 
 
-def _two_nodes(envs: list[dict[str, str]], tmp_path: Path, *flags: str) -> list[dict[str, object]]:
-    """Start one agent per environment (no rendezvous flag), wait, return every rank's dump."""
+def _two_nodes(
+    envs: list[dict[str, str]], tmp_path: Path, *flags: str, said: str = ""
+) -> list[dict[str, object]]:
+    """Start one agent per environment (no rendezvous flag), wait, return every rank's dump;
+    ``said``: a line node 1's agent prints at start."""
     out = tmp_path / "out"
     out.mkdir()
     args = [*flags, "--log-dir", str(tmp_path / "logs"), worker("world_env.py"), str(out)]
@@ -250,6 +260,7 @@ def _two_nodes(envs: list[dict[str, str]], tmp_path: Path, *flags: str) -> list[
     ):
         results = [(node.wait(180), *node.communicate(timeout=30)) for node in (node0, node1)]
     assert [code for code, _, _ in results] == [0, 0], results
+    assert not said or said in results[1][2].splitlines(), results[1][2]
     dumps = [json.loads((out / f"rank_{rank}.json").read_text()) for rank in range(4)]
     for rank, dump in enumerate(dumps):
         assert dump["seen"] == {"rank": rank, "world": 4, "sum": 10.0}
@@ -268,7 +279,7 @@ def test_srun_two_nodes_form_one_world(tmp_path: Path) -> None:
     job = slurm_job_id_with_free_port()
     nodelist = "localhost,node02"
     envs = [srun_step(job, node, nodelist, gpus="2") for node in (0, 1)]
-    dumps = _two_nodes(envs, tmp_path)
+    dumps = _two_nodes(envs, tmp_path, said="phalanx: slurm: --node-rank 1 (from SLURM_NODEID)")
     assert {d["env"]["TORCHELASTIC_RUN_ID"] for d in dumps} == {f"slurm-{job}.0"}  # type: ignore[index]
 
 
@@ -288,3 +299,16 @@ def test_mpirun_two_ranks_form_one_world(tmp_path: Path) -> None:
     port = str(free_port())
     _two_nodes([mpirun(0, port, "localhost"), mpirun(1, port, "localhost")], tmp_path,
                "--nproc-per-node", "2")  # fmt: skip
+
+
+def test_hosts_refusing_nnodes_names_the_variable_it_came_from() -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_config(["--hosts", "h1:1,h2:1", SCRIPT], {"PET_NNODES": "2"})
+    assert caught.value.problems == [
+        "--nnodes cannot be used with --hosts/--hostfile: the host list sets it "
+        "(it came from PET_NNODES=2)"
+    ]
+    with pytest.raises(UsageError, match=r"the host list sets it$"):
+        parse_config(["--hosts", "h1:1", "--nnodes", "2", SCRIPT], {})
+    # under a scheduler, a host list reads no scheduler: its own list says it all
+    assert parse_config(["--hosts", "h1:1", SCRIPT], srun_step("3", 1)).derived == ()
