@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
@@ -20,6 +20,11 @@ from phalanx.launch import prepare
 from phalanx.plan import describe
 
 log = logging.getLogger("phalanx")
+
+# Subcommands that look at a run (``phalanx NAME RUN_DIR ...``), one row each.
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "stacks": stacks.main,
+}
 
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig:
@@ -46,8 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         # A subcommand, unless a training script is called that (torchrun's flags stay as is).
-        if args[:1] == ["stacks"] and not Path("stacks").is_file():
-            return stacks.main(args[1:])
+        command = SUBCOMMANDS.get(args[0]) if args else None
+        if command is not None and not Path(args[0]).is_file():
+            return command(args[1:])
         return run(args, os.environ)
     except UsageError as exc:
         for problem in exc.problems:
