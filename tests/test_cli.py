@@ -143,6 +143,8 @@ BAD_INPUTS = [
     (["--metrics-port", "0", SCRIPT], "--metrics-port: expected an integer >= 1, got 0"),
     (["--metrics-port", "70000", SCRIPT], "--metrics-port: expected 1..65535, got 70000"),
     (["--metrics-addr", "a b", SCRIPT], "--metrics-addr: expected a host name or an IP address"),
+    (["--scheduler", "pbs", SCRIPT], "--scheduler: unknown scheduler 'pbs'; known: auto, none, "),
+    (["--scheduler", "slurm", SCRIPT], "--scheduler slurm: not under slurm (SLURM_JOB_ID not set)"),
 ]
 
 # Options that take a value of which none is bad, and why.
