@@ -12,6 +12,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import prometheus_client
+import psutil
+import pytest
+
+from phalanx.events import EVENTS_FILE, read_events
+from phalanx.events.metrics import MetricsServer
 from phalanx.net import free_port
 from support.launch import PHALANX, launched, worker
 
@@ -61,6 +67,51 @@ def test_a_running_job_is_scraped_with_its_restart_failure_and_rates(tmp_path: P
     assert seen["phalanx_time_to_first_step_seconds"] >= 0
     assert f"metrics: http://127.0.0.1:{port}/metrics" in err
     assert job.returncode == 143
+    # The numbers are the event log's.
+    events = read_events(next((tmp_path / "logs").glob(f"*/{EVENTS_FILE}")))
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("restart") == 1 and kinds.count("failure") == 1
+    assert kinds.count("rdzv_done") == 2
+
+
+def test_the_metrics_listen_on_loopback_only_by_default(tmp_path: Path) -> None:
+    """Bound to 127.0.0.1: from this host's other addresses the port is closed."""
+    others = [
+        a.address
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family == socket.AF_INET and not a.address.startswith("127.")
+    ]
+    assert others, "this host has no address besides loopback to try"
+    port = free_port()
+    args = ["--metrics-port", str(port), "--log-dir", str(tmp_path / "logs"),
+            worker("steps_then_fail.py"), "2000", "9", "9"]  # fmt: skip
+    with launched(args) as job:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and job.poll() is None:
+            try:
+                _scrape(port)
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert "phalanx_restarts_total" in _scrape(port)
+        for address in others:
+            with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+                probe.settimeout(5)
+                probe.connect((address, port))
+        os.killpg(job.pid, signal.SIGTERM)
+        job.communicate(timeout=60)
+
+
+def test_the_metrics_are_on_a_registry_of_their_own() -> None:
+    """Not prometheus_client's global one, which a user's code could share or fill."""
+    server = MetricsServer("127.0.0.1", free_port())
+    try:
+        server.record({"kind": "restart", "mono": 1.0})
+        assert server.registry.get_sample_value("phalanx_restarts_total") == 1
+        assert prometheus_client.REGISTRY.get_sample_value("phalanx_restarts_total") is None
+    finally:
+        server.close()
 
 
 def test_a_port_in_use_stops_the_launch_before_anything_starts(tmp_path: Path) -> None:

@@ -74,10 +74,16 @@ def test_the_page_in_a_real_browser(failed_once: Path, tmp_path: Path) -> None:
         ("1", "1", "failed"), ("1", "2", "succeeded"),
     ]  # fmt: skip
     assert len(re.findall(r'<g class="restart"', dom)) == 1
+    assert len(re.findall(r'<g class="wait"', dom)) == 2  # the first round and the restart's
+    assert len(re.findall(r'<polyline class="progress"', dom)) == 4  # a step line per bar
     assert "<title>exit_code: rank 1, exit code 3 (attempt 1)" in dom  # the hover's text
+    assert re.search(r"<title>rank 1, attempt 1 \(round \d+\): failed, exit 3; [\d.]+ s, "
+                     r"steps 0\.\.2; pid \d+</title>", dom)  # fmt: skip
+    assert len(re.findall(r'<rect class="starting"', dom)) == 4  # round formed -> running
     # Nothing is fetched when the page is viewed.
     assert re.findall(r'(?:src|href)\s*=\s*["\']?(?:https?:|//)', page.read_text()) == []
-    assert "<script" not in page.read_text() and "@import" not in page.read_text()
+    text = page.read_text()
+    assert "<script" not in text and "@import" not in text and "url(" not in text
 
     png = browser.screenshot(page, tmp_path / "run.png", (1200, 600))
     image = Image.open(png).convert("RGB")
@@ -127,6 +133,7 @@ def test_the_terminal_summary(failed_once: Path) -> None:
     assert "exit_code: rank 1, exit code 3 (attempt 1)" in failure
     assert any("restart  1 of 1" in line for line in lines)
     assert lines[-1] == "1 failure(s), 1 restart(s), 0 hang(s)"
+    assert lines[-2].startswith("rendezvous: 2 wait(s), ")
     assert [i for i, line in enumerate(lines) if "failure  " in line] < [
         i for i, line in enumerate(lines) if "restart  " in line
     ]
