@@ -12,6 +12,7 @@ from typing import BinaryIO
 from phalanx.agent.loop import Rounds, write_launcher_file
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, PhalanxError
+from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rundir import make_run_dir
@@ -76,6 +77,8 @@ class Agent:
             tuple(word.encode() for word in config.duplicate_stderr_filters),
         )
         events = EventLog(run_dir, wall_clock.now)
+        recovery = RecoveryTracker()
+        events.listen(recovery.add)
         events.emit(
             "run_start",
             run_id=self._run_id,
@@ -86,7 +89,7 @@ class Agent:
             max_restarts=config.max_restarts,
         )
         try:
-            code = self._run(run_dir, events, wall_clock, filters)
+            code = self._run(run_dir, events, recovery, wall_clock, filters)
         except Interrupted as exc:
             events.emit("job_end", outcome="interrupted", exit_code=exc.exit_code)
             raise
@@ -103,6 +106,7 @@ class Agent:
         self,
         run_dir: Path,
         events: EventLog,
+        recovery: RecoveryTracker,
         wall_clock: WallClock,
         filters: tuple[tuple[bytes, ...], tuple[bytes, ...]],
     ) -> int:
@@ -131,8 +135,9 @@ class Agent:
                     fence=rendezvous.fence(),
                 )
                 rounds = Rounds(
-                    config, rendezvous, supervisor, signals, run_dir, self._base_env, events
-                )
+                    config, rendezvous, supervisor, signals, run_dir, self._base_env, events,
+                    recovery,
+                )  # fmt: skip
                 return rounds.run()
             finally:
                 if template is not None:

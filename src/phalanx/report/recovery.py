@@ -24,11 +24,11 @@ def incident_line(number: int, incident: Incident) -> str:
     if incident.recovered:
         parts = (
             f"detect {_s(incident.detect)} + stop {_s(incident.stop)} + re-form "
-            f"{_s(incident.reform)} + back to {target} {_s(incident.back)}"
+            f"{_s(incident.reform)} + back at {target} in {_s(incident.back)}"
         )
         return f"{head}{parts} = {incident.downtime:.2f} s down"
     return (
-        f"{head}never back to {target} (detect {_s(incident.detect)}, stop "
+        f"{head}never back at {target} (detect {_s(incident.detect)}, stop "
         f"{_s(incident.stop)}, re-form {_s(incident.reform)}): {incident.downtime:.2f} s down"
     )
 
