@@ -1,0 +1,151 @@
+"""The waiting line: a node waiting for peers says who is there (``rendezvous.dynamic.
+waiting``). The text from a table; then real agents, the second started late, on c10d (a
+log: plain lines) and etcd (a terminal: one line redrawn in place)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from phalanx.net import free_port
+from phalanx.rendezvous.dynamic.waiting import Waiting, waiting_text
+from support.etcd_server import EtcdCluster
+from support.hosts import Loopback, Node
+from support.launch import wait_for, worker
+from support.tools import needs_etcd
+
+HANG = 60.0
+FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60"
+JOB = [worker("steps_then_fail.py"), "1", "9", "0"]  # one step, no failure, no torch
+
+TEXTS = [
+    (Waiting(0, 1, ("hostA",)), 2, 2, 583.2,
+     "phalanx: waiting for nodes: 1 of 2 present (hostA); 1 more needed; join timeout in 584 s"),
+    (Waiting(0, 1, ("hostA",)), 3, 4, 10.0,
+     "phalanx: waiting for nodes: 1 of 3..4 present (hostA); 2 more needed; join timeout in 10 s"),
+    (Waiting(0, 0, ()), 2, 2, 5.0,
+     "phalanx: waiting for nodes: 0 of 2 present; 2 more needed; join timeout in 5 s"),
+    (Waiting(2, 10, ("a", "b")), 2, 16, 1.0,
+     "phalanx: waiting for nodes: 10 of 2..16 present (a, b, +8 more); enough to start; "
+     "waiting for the others to join or the last call to end; join timeout in 1 s"),
+    (Waiting(3, 2, (), queued=True), 1, 4, -3.0,
+     "phalanx: waiting to join: round 2 is running without this node; waiting for round 3 "
+     "to open; join timeout in 0 s"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("waiting", "low", "high", "left", "text"), TEXTS)
+def test_the_text(waiting: Waiting, low: int, high: int, left: float, text: str) -> None:
+    assert waiting_text(waiting, low, high, left) == text
+
+
+def c10d(port: int) -> list[str]:
+    return [
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "wait", "--rdzv-conf", FAST,
+    ]  # fmt: skip
+
+
+def test_a_log_gets_plain_lines_while_the_first_node_waits(
+    nodes: list[Node], tmp_path: Path
+) -> None:
+    """stderr a file: the line ``1 of 2 present (this host)``, whole lines (no ``\\r``),
+    then the round forms once the second node comes."""
+    net, port = Loopback(), free_port()
+    nodes.append(Node(net, 0, [*c10d(port), *JOB], tmp_path, "first"))
+    first = nodes[0]
+    line = f"phalanx: waiting for nodes: 1 of 2 present ({socket.gethostname()}); 1 more needed"
+    wait_for(lambda: line in first.stderr, HANG, "the first node's waiting line")
+    nodes.append(Node(net, 1, [*c10d(port), *JOB], tmp_path, "second"))
+    assert [n.finish(HANG) for n in nodes] == [0, 0], first.stderr + nodes[1].stderr
+    err = first.stderr
+    assert "\r" not in err
+    waiting = [i for i, text in enumerate(err.splitlines()) if line in text]
+    formed = next(i for i, text in enumerate(err.splitlines()) if "round 0: node" in text)
+    assert waiting and max(waiting) < formed, err
+    assert "join timeout in " in err.splitlines()[waiting[0]]
+    assert "waiting for nodes" not in nodes[1].stderr  # it came last: the round formed at once
+
+
+class PtyReader:
+    """Everything written to a pseudo-terminal's slave side, read off its master."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = pty.openpty()
+        self.data = b""
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._done.is_set():
+            ready, _, _ = select.select([self.master], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:  # the slave closed (EIO)
+                    return
+                self.data += chunk
+
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+        os.close(self.master)
+
+
+@pytest.fixture
+def etcd() -> Iterator[EtcdCluster]:
+    with EtcdCluster(size=1) as cluster:
+        yield cluster
+
+
+@pytest.mark.slow
+@needs_etcd
+def test_a_terminal_gets_one_line_redrawn_in_place(
+    etcd: EtcdCluster, nodes: list[Node], tmp_path: Path
+) -> None:
+    """stderr a terminal (the etcd backend): the line is drawn after ``\\r`` and a clear to
+    the end of the line, and ended with a newline when the round forms."""
+    endpoint = etcd.endpoints[0].removeprefix("http://")
+    args = [
+        sys.executable, "-m", "phalanx", "--nnodes", "2", "--nproc-per-node", "1",
+        "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint, "--rdzv-id", "wait-tty",
+        "--rdzv-conf", FAST,
+    ]  # fmt: skip
+    terminal = PtyReader()
+    try:
+        first = subprocess.Popen(
+            [*args, "--log-dir", str(tmp_path / "a"), *JOB],
+            stdout=subprocess.DEVNULL, stderr=terminal.slave, start_new_session=True,
+        )  # fmt: skip
+        try:
+            drawn = "\r\x1b[Kphalanx: waiting for nodes: 1 of 2 present"
+            wait_for(lambda: drawn in terminal.text(), HANG, "the line drawn in place")
+            nodes.append(Node(Loopback(), 1, [*args[3:], *JOB], tmp_path, "second"))
+            assert first.wait(HANG) == 0, terminal.text()
+            assert nodes[0].finish(HANG) == 0, nodes[0].stderr
+        finally:
+            if first.poll() is None:
+                os.killpg(first.pid, 9)
+                first.wait(10)
+        os.close(terminal.slave)
+    finally:
+        terminal.close()
+    out = terminal.text()
+    last = out.rindex("\r\x1b[K")
+    ended = out[last:].split("\n", 1)  # the last drawing is ended by a newline ...
+    assert len(ended) == 2 and "waiting for nodes" in ended[0], out
+    assert "phalanx: " in ended[1] and "round 0: node" in out[last:], out  # ... before the rest
+    assert f"({socket.gethostname()})" in ended[0]
