@@ -1,6 +1,7 @@
 """The waiting line: a node waiting for peers says who is there (``rendezvous.dynamic.
-waiting``). The text from a table; then real agents, the second started late, on c10d (a
-log: plain lines) and etcd (a terminal: one line redrawn in place)."""
+waiting``). The text from a table; real agents, the second started late, on c10d (a log:
+plain lines) and etcd (a terminal: one line redrawn in place); when it is said, on an
+in-memory store and an injected clock."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from pathlib import Path
 import pytest
 
 from phalanx.net import free_port
-from phalanx.rendezvous.dynamic.waiting import Waiting, waiting_text
+from phalanx.rendezvous.dynamic.board import Board, encode
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.waiting import Waiting, WaitingLine, waiting_text
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, Node
 from support.launch import wait_for, worker
+from support.memory_store import MemoryServer, MemoryStore
 from support.tools import needs_etcd
 
 HANG = 60.0
@@ -149,3 +153,80 @@ def test_a_terminal_gets_one_line_redrawn_in_place(
     assert len(ended) == 2 and "waiting for nodes" in ended[0], out
     assert "phalanx: " in ended[1] and "round 0: node" in out[last:], out  # ... before the rest
     assert f"({socket.gethostname()})" in ended[0]
+
+
+class Screen:
+    """An ``io`` stand-in that is, or is not, a terminal (what the line writes is the test)."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _line(tty: bool) -> tuple[WaitingLine, Screen, list[float], Board]:
+    board = Board(MemoryStore(MemoryServer()), Keys("job"), "me")
+    screen, now = Screen(tty), [100.0]
+    line = WaitingLine(board, 2, 3, out=lambda: screen, clock=lambda: now[0])  # type: ignore[arg-type, return-value]
+    return line, screen, now, board
+
+
+def _arrive(board: Board, host: str) -> None:
+    slot = board.store.add(board.keys.round(0, "joined"), 1)
+    board.store.set(board.keys.node(0, slot), encode({"hostname": host}))
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_when_the_line_is_said(tty: bool) -> None:
+    """The rules on an injected clock: quiet for the first second; at once on a change; the
+    same line again after 5 s on a terminal, after 30 s in a log; a newline ends a drawn line."""
+    line, screen, now, board = _line(tty)
+    _arrive(board, "hostA")
+    deadline = now[0] + 60
+    line.check(0, deadline)
+    now[0] += 0.5
+    line.check(0, deadline)
+    assert screen.text == ""  # quiet: the round may form at once
+    now[0] += 0.6
+    line.check(0, deadline)
+    said = screen.text.count("1 of 2..3 present (hostA)")
+    assert said == 1
+    now[0] += 4
+    line.check(0, deadline)  # nothing changed, too soon on either
+    assert screen.text.count("present") == 1
+    now[0] += 1.1
+    line.check(0, deadline)  # 5 s: a terminal's countdown is redrawn; a log waits
+    assert screen.text.count("present") == (2 if tty else 1)
+    _arrive(board, "hostB")
+    line.check(0, deadline)  # a change: at once on both
+    assert "2 of 2..3 present (hostA, hostB)" in screen.text
+    now[0] += 30
+    line.check(0, deadline)
+    assert screen.text.count("2 of 2..3") == 2  # 30 s: a log says it again too
+    line.end()
+    if tty:
+        assert screen.text.startswith("\r\x1b[K") and screen.text.endswith("\n")
+        assert screen.text.count("\n") == 1  # one line, redrawn in place
+    else:
+        assert "\r" not in screen.text and screen.text.count("\n") == 3
+
+
+def test_an_arrival_not_yet_announced_is_named_later() -> None:
+    line, screen, now, board = _line(False)
+    _arrive(board, "hostA")
+    board.store.add(board.keys.round(0, "joined"), 1)  # slot 2 counted, not yet written
+    line.check(0, now[0] + 10)  # the wait begins (quiet)
+    now[0] += 2
+    line.check(0, now[0] + 10)
+    assert "2 of 2..3 present (hostA, +1 more)" in screen.text
+    board.store.set(board.keys.node(0, 2), encode({"hostname": "hostB"}))
+    line.check(0, now[0] + 10)
+    assert "2 of 2..3 present (hostA, hostB)" in screen.text
