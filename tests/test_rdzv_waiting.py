@@ -59,17 +59,27 @@ def c10d(port: int) -> list[str]:
     ]  # fmt: skip
 
 
+def static(port: int, node_rank: int) -> list[str]:
+    return [
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "static",
+        "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
+        "--rdzv-conf", FAST,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["c10d", "static"])
 def test_a_log_gets_plain_lines_while_the_first_node_waits(
-    nodes: list[Node], tmp_path: Path
+    backend: str, nodes: list[Node], tmp_path: Path
 ) -> None:
     """stderr a file: the line ``1 of 2 present (this host)``, whole lines (no ``\\r``),
     then the round forms once the second node comes."""
     net, port = Loopback(), free_port()
-    nodes.append(Node(net, 0, [*c10d(port), *JOB], tmp_path, "first"))
+    args = (lambda i: c10d(port)) if backend == "c10d" else (lambda i: static(port, i))
+    nodes.append(Node(net, 0, [*args(0), *JOB], tmp_path, "first"))
     first = nodes[0]
     line = f"phalanx: waiting for nodes: 1 of 2 present ({socket.gethostname()}); 1 more needed"
     wait_for(lambda: line in first.stderr, HANG, "the first node's waiting line")
-    nodes.append(Node(net, 1, [*c10d(port), *JOB], tmp_path, "second"))
+    nodes.append(Node(net, 1, [*args(1), *JOB], tmp_path, "second"))
     assert [n.finish(HANG) for n in nodes] == [0, 0], first.stderr + nodes[1].stderr
     err = first.stderr
     assert "\r" not in err
@@ -78,6 +88,24 @@ def test_a_log_gets_plain_lines_while_the_first_node_waits(
     assert waiting and max(waiting) < formed, err
     assert "join timeout in " in err.splitlines()[waiting[0]]
     assert "waiting for nodes" not in nodes[1].stderr  # it came last: the round formed at once
+
+
+def test_a_spare_says_it_waits_for_a_round_to_open(nodes: list[Node], tmp_path: Path) -> None:
+    """A node that comes while the job runs at MAX (2) waits for a new round, and says so."""
+    net, port, gate = Loopback(), free_port(), tmp_path / "gate"
+    gate.mkdir()
+    hold = [*c10d(port), worker("hold_until_go.py"), str(gate)]
+    for name in ("a", "b"):
+        nodes.append(Node(net, 0, hold, tmp_path, name))
+    wait_for(lambda: {p.name for p in gate.iterdir()} == {"ready0", "ready1"}, HANG, "the job")
+    nodes.append(Node(net, 2, hold, tmp_path, "spare"))
+    spare = nodes[2]
+    line = "phalanx: waiting to join: round 0 is running without this node; waiting for round 1"
+    wait_for(lambda: line in spare.stderr, HANG, "the spare's waiting line")
+    (gate / "go").touch()
+    assert [n.finish(HANG) for n in nodes[:2]] == [0, 0], nodes[0].stderr
+    assert spare.finish(HANG) != 0  # the job finished while it waited: said, not run
+    assert "the job finished while this node waited" in spare.stderr, spare.stderr
 
 
 class PtyReader:
@@ -230,3 +258,32 @@ def test_an_arrival_not_yet_announced_is_named_later() -> None:
     board.store.set(board.keys.node(0, 2), encode({"hostname": "hostB"}))
     line.check(0, now[0] + 10)
     assert "2 of 2..3 present (hostA, hostB)" in screen.text
+
+
+class CountingStore(MemoryStore):
+    def __init__(self, server: MemoryServer) -> None:
+        super().__init__(server)
+        self.gets = 0
+
+    def get(self, key: str) -> bytes | None:
+        self.gets += 1
+        return super().get(key)
+
+
+def test_a_check_reads_the_count_and_each_of_the_first_8_names_once() -> None:
+    store = CountingStore(MemoryServer())
+    board = Board(store, Keys("job"), "me")
+    for i in range(10):
+        _arrive(board, f"h{i}")
+    screen, now = Screen(False), [0.0]
+    line = WaitingLine(board, 12, 12, out=lambda: screen, clock=lambda: now[0])  # type: ignore[arg-type, return-value]
+    line.check(0, 60.0)
+    now[0] = 2.0
+    store.gets = 0
+    line.check(0, 60.0)
+    assert "10 of 12 present (h0, h1, h2, h3, h4, h5, h6, h7, +2 more)" in screen.text
+    assert store.gets == 1 + 8
+    store.gets = 0
+    now[0] = 40.0
+    line.check(0, 60.0)
+    assert store.gets == 1 and screen.text.count("10 of 12") == 2
