@@ -12,6 +12,7 @@ from typing import BinaryIO
 from phalanx.agent.loop import Rounds, write_launcher_file
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, PhalanxError
+from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
 from phalanx.rendezvous.api import RendezvousHandler
@@ -92,6 +93,8 @@ class Agent:
         if metrics is not None:
             events.listen(metrics.record)
             log.info("metrics: http://%s:%d/metrics", config.metrics_addr, metrics.port)
+        recovery = RecoveryTracker()
+        events.listen(recovery.add)
         events.emit(
             "run_start",
             run_id=self._run_id,
@@ -102,7 +105,7 @@ class Agent:
             max_restarts=config.max_restarts,
         )
         try:
-            code = self._run(run_dir, events, wall_clock, filters)
+            code = self._run(run_dir, events, recovery, wall_clock, filters)
         except Interrupted as exc:
             events.emit("job_end", outcome="interrupted", exit_code=exc.exit_code)
             raise
@@ -119,6 +122,7 @@ class Agent:
         self,
         run_dir: Path,
         events: EventLog,
+        recovery: RecoveryTracker,
         wall_clock: WallClock,
         filters: tuple[tuple[bytes, ...], tuple[bytes, ...]],
     ) -> int:
@@ -147,8 +151,9 @@ class Agent:
                     fence=rendezvous.fence(),
                 )
                 rounds = Rounds(
-                    config, rendezvous, supervisor, signals, run_dir, self._base_env, events
-                )
+                    config, rendezvous, supervisor, signals, run_dir, self._base_env, events,
+                    recovery,
+                )  # fmt: skip
                 return rounds.run()
             finally:
                 if template is not None:
