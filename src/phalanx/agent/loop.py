@@ -114,12 +114,13 @@ class Rounds:
                 self.rdzv.report_done(False)
                 raise Interrupted(result.signum)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
-            attempt.failed(
-                self._failure_events(cause, result.event, watch),
-                stop_began=self.supervisor.stop_began,
-                stall_timeout=self.config.stall_timeout,
-            )
             event = result.event.kind if result.event is not None else None
+            if cause is not None or event is not EventKind.NODE_WAITING:  # a scale-up is no failure
+                attempt.failed(
+                    self._failure_events(cause, result.event, watch),
+                    stop_began=self.supervisor.stop_began,
+                    stall_timeout=self.config.stall_timeout,
+                )
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
                 self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
