@@ -166,6 +166,10 @@ def test_a_finished_run_shows_its_final_state_and_root_cause(tmp_path: Path) -> 
     assert text.startswith(f"run {node['run_id']}: failed (exit code 3);"), text
     assert "last failure: round 0, rank 1 (node 0) [exit_code]:" in text
     assert "root cause: rank 1 on " in text
+    # The recovery figures of its events: one incident, never recovered (no restart left).
+    assert "recovery: incident 1, round 0, rank 1 exit_code on " in text, text
+    assert "never back at step 2" in text, text
+    assert len(view["recovery"]["incidents"]) == 1
     listed = run_phalanx(["ls", "--log-dir", str(logs)], timeout=30)
     assert listed.returncode == 0
     assert listed.stdout.splitlines()[0].split() == ["RUN", "STATE", "STARTED", "DURATION"]

@@ -19,6 +19,7 @@ from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
 from phalanx.errors import Interrupted, JobFailed, MismatchError, RendezvousError
 from phalanx.events.attempt import AttemptEvents, AttemptFailure
+from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
@@ -35,8 +36,9 @@ from phalanx.rendezvous.api import (
 from phalanx.report import job as jobreport
 from phalanx.report.exits import WorkerExit, report_json, root_cause
 from phalanx.report.oom import OomProbe
+from phalanx.report.recovery import summary_lines
 from phalanx.status import StatusService, launcher
-from phalanx.supervisor.group import Outcome, Supervisor
+from phalanx.supervisor.group import Outcome, RoundResult, Supervisor
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.contract import STACK_SIGNAL
 from phalanx.worker.nofollow import replace_file
@@ -66,10 +68,14 @@ class Rounds:
         base_env: Mapping[str, str],
         events: EventLog,
         status: StatusService,
+        recovery: RecoveryTracker | None = None,
     ) -> None:
+        """``recovery``: the figures of this run's events so far (fed by ``events``), printed
+        and saved in ``report.json`` at the end when there was an incident."""
         self.config = config
         self.events = events
         self.status = status
+        self.recovery = recovery
         self.rdzv = rendezvous
         self.supervisor = supervisor
         self.signals = signals
@@ -105,19 +111,17 @@ class Rounds:
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
             if result.outcome is Outcome.SUCCEEDED:
                 return self._succeeded(joined, exits)
-            if result.outcome is Outcome.INTERRUPTED:
-                assert result.signum is not None
-                self._interrupted(joined, exits, result.signum, None)
-            signum = _stop_signal(result.event)
-            if signum is not None:  # another node was asked to stop: the job stops, no failure
-                self._interrupted(joined, exits, signum, result.event)
+            stop = _asked_to_stop(result)
+            if stop is not None:  # here or on another node: the job stops, with no failure
+                self._interrupted(joined, exits, *stop)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
-            attempt.failed(
-                self._failure_events(cause, result.event, watch),
-                stop_began=self.supervisor.stop_began,
-                stall_timeout=self.config.stall_timeout,
-            )
             event = result.event.kind if result.event is not None else None
+            if cause is not None or event is not EventKind.NODE_WAITING:  # a scale-up is no failure
+                attempt.failed(
+                    self._failure_events(cause, result.event, watch),
+                    stop_began=self.supervisor.stop_began,
+                    stall_timeout=self.config.stall_timeout,
+                )
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
                 self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
@@ -236,6 +240,13 @@ class Rounds:
         if signum is not None:
             raise Interrupted(signum)  # while waiting for the other nodes to finish
         if late is None:
+            lines, figures = self._recovery_figures()
+            for line in lines:
+                log.info("%s", line)
+            if figures is not None:  # a job that recovered: its figures, in a report of its own
+                data = {"attempts": self.attempts, "outcome": "succeeded", "root_cause": None}
+                data["recovery"] = figures
+                write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
             return 0
         # The job failed elsewhere after these workers finished: it cannot restart (they
         # would not run again), so every node reports the failure and stops.
@@ -256,6 +267,7 @@ class Rounds:
         name = _signal_name(signum)
         node = joined.node_rank if event is None else event.node_rank
         where = "this node" if event is None else f"node {node}"
+        _, figures = self._recovery_figures()
         data = report_json(
             exits,
             self.attempts,
@@ -263,6 +275,7 @@ class Rounds:
             reason=f"stopped by {name} on {where}",
             signal=name,
             stopped_on_node=node,
+            recovery=figures,
         )
         if event is not None:
             log.warning("%s", _describe_event(event))
@@ -339,6 +352,7 @@ class Rounds:
         lost = None
         if event is not None and event.kind is EventKind.NODE_LOST:
             lost = jobreport.lost_node(event, joined, _describe_event(event))
+        lines, figures = self._recovery_figures()
         report = jobreport.build(
             exits,
             records,
@@ -347,6 +361,8 @@ class Rounds:
             lost=lost,
             reason=_describe_event(event) if event is not None else "",
             extra={
+                "outcome": "failed",
+                "recovery": figures,
                 "crash_loop": crash_loop,
                 "verdict": verdict.to_json() if verdict is not None else None,
             },
@@ -359,12 +375,22 @@ class Rounds:
                 "optimizer step or phalanx.step/heartbeat); not spending the remaining restarts."
             )
         print(text, file=sys.stderr, flush=True)
+        for line in lines:
+            log.info("%s", line)
         write_bounded(self.run_dir / "report.json", json.dumps(report.data, indent=2))
         cause = report.cause
         if cause is None:
             reason = _describe_event(event) if event is not None else ""
             raise RendezvousError(f"the job stopped: {reason or 'another node gave up'}")
         raise JobFailed(f"{cause.who} on {cause.host}: {cause.summary}", cause.exit_code)
+
+    def _recovery_figures(self) -> tuple[list[str], dict[str, object] | None]:
+        """The recovery figures of this node's run so far: the lines to say (one per
+        incident, then the ETTR) and their JSON; none, and None, without an incident."""
+        if self.recovery is None:
+            return [], None
+        figures = self.recovery.result(self.events.now())
+        return summary_lines(figures), figures.to_json() if figures.incidents else None
 
     def _round_records(
         self, joined: RendezvousResult, *, waiting_for_hangs: bool
@@ -432,12 +458,19 @@ def _describe_event(event: JobEvent) -> str:
     return f"{text}: {event.detail}" if event.detail else text
 
 
-def _stop_signal(event: JobEvent | None) -> int | None:
-    """The signal that stopped the node of a ``JOB_STOPPED`` event (None: not so stopped)."""
+def _asked_to_stop(result: RoundResult) -> tuple[int, JobEvent | None] | None:
+    """(the signal, None) when this node was asked to stop by a signal; (the signal, the
+    ``JOB_STOPPED`` event) when another node was and told the job; None otherwise."""
+    if result.outcome is Outcome.INTERRUPTED:
+        assert result.signum is not None
+        return result.signum, None
+    event = result.event
     if event is None or event.kind is not EventKind.JOB_STOPPED:
         return None
     signum = event.failure.get("signal")
-    return signum if isinstance(signum, int) and not isinstance(signum, bool) else None
+    if isinstance(signum, int) and not isinstance(signum, bool):
+        return signum, event
+    return None
 
 
 def _signal_name(signum: int) -> str:

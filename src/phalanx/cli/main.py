@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
-from phalanx.cli import logs, ls, stacks, status, stop
+from phalanx.cli import logs, ls, stacks, status, stop, timeline
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
+from phalanx.cli.scheduler import derive
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, PhalanxError, UsageError
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.plan import describe
 
+log = logging.getLogger("phalanx")
+
 # Subcommands that look at a run (``phalanx NAME RUN_DIR ...``), one row each.
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "stacks": stacks.main,
+    "timeline": timeline.main,
     "status": status.main,
     "logs": logs.main,
     "stop": stop.main,
@@ -29,7 +34,8 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig:
     ns = build_parser(environ).parse_args(list(argv))
-    return to_config(ns, environ)
+    ns, derivation = derive(ns, argv, environ)
+    return to_config(ns, environ, derivation=derivation)
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -38,8 +44,10 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return run_hosts(config, argv)
     launch = prepare(config)
     if config.dry_run:
-        print(describe(launch.dry_run_plan(environ), environ))
+        print("\n".join((*config.derived, describe(launch.dry_run_plan(environ), environ))))
         return 0
+    for line in config.derived:
+        log.info("%s", line)
     return Agent(config, launch.open_rendezvous, launch.run_id, environ, contain=True).run()
 
 

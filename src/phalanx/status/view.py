@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phalanx.events.figures import Recovery, recovery
 from phalanx.events.log import EVENTS_FILE, read_events
-from phalanx.events.run import NODES_DIR
+from phalanx.events.run import NODES_DIR, read_run_events
+from phalanx.report.recovery import ettr_line, summary_lines
 from phalanx.status import files
 from phalanx.status.launcher import Launcher, read_launcher
 from phalanx.status.node import NodeStatus
@@ -31,6 +33,7 @@ class RunView:
     missing: list[dict[str, Any]] = field(default_factory=list)  # asked, did not answer
     note: str = ""  # why the view may be partial
     report: dict[str, Any] | None = None
+    recovery: Recovery | None = None  # the figures of every node's events known here
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +45,7 @@ class RunView:
             "missing": self.missing,
             "note": self.note or None,
             "report": self.report,
+            "recovery": self.recovery.to_json() if self.recovery is not None else None,
         }
 
 
@@ -87,6 +91,7 @@ def gather(run_dir: Path, timeout: float, *, ask_agent: bool = True) -> RunView:
     missing = list(reply.get("missing") or []) if reply is not None else []
     view = RunView(run_dir, _state(own, alive, agent), alive, own, nodes, missing, note)
     view.report = files.read_json(run_dir / "report.json")
+    view.recovery = recovery(read_run_events(run_dir), time.time() if alive else None)
     return view
 
 
@@ -154,6 +159,10 @@ def render(view: RunView, now: float | None = None) -> str:
         names = ", ".join(f"node {m.get('node')} ({m.get('host')})" for m in view.missing)
         lines.append(f"no answer from: {names}")
     lines += _failures(view)
+    figures = view.recovery
+    if figures is not None:
+        ettr = [ettr_line(figures, node) for node in figures.nodes if node.ettr is not None]
+        lines += summary_lines(figures) if figures.incidents else ettr
     return "\n".join(lines) + "\n"
 
 
