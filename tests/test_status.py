@@ -98,6 +98,8 @@ def test_status_logs_stop_and_ls_of_a_two_node_job(
         copied = read_events(run_dirs[asker] / "nodes" / str(other) / "events.jsonl")
         assert any(e["kind"] == "workers_started" for e in copied)
         assert {e["node"] for e in read_run_events(run_dirs[asker])} - {None} == {0, 1}
+        drawn = run_phalanx(["timeline", str(run_dirs[asker])], timeout=60)  # it reads them too
+        assert "3 rank(s) on" in drawn.stdout.splitlines()[0], drawn.stdout + drawn.stderr
 
     shown, hidden = ranks_of[own[0]["node"]][1], ranks_of[own[0]["node"]][0]  # agent 0's two
     logs = run_phalanx(["logs", str(run_dirs[0]), "--rank", str(shown)], timeout=30)
