@@ -6,6 +6,7 @@ events, ``read_run_events``)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from phalanx.events import EVENTS_FILE, read_run_events
@@ -139,7 +140,12 @@ def test_the_asker_writes_who_answered_and_names_who_did_not(
         )
         agents[name].round(joined, handler.status_exchange())
     nonce = files.new_request(tmp_path / "b")
-    agents["b"].check_files()
+
+    def asked() -> bool:  # as the agent's tick does: take what the scanner found, poke it
+        agents["b"].check_files()
+        return b.status_requests() == 1
+
+    wait_until(asked)
     wait_until(lambda: a.status_requests() == 1)
     agents["a"].check_peers()
     answer = files.answer_path(tmp_path / "b", nonce)
@@ -150,8 +156,12 @@ def test_the_asker_writes_who_answered_and_names_who_did_not(
     copied = files.node_dir(tmp_path / "b", ra.node_rank)
     assert json.loads((copied / "status.json").read_text())["host"] == "a"
     assert (copied / EVENTS_FILE).read_bytes() == _line("run_start", 0)
-    agents["b"].check_files()  # a request is answered once
+    for _ in range(3):  # a request is answered once, however often the scanner sees it
+        agents["b"].check_files()
+        time.sleep(0.1)
     assert b.status_requests() == 1
+    for agent in agents.values():
+        agent.close()
 
 
 def test_the_table_names_the_nodes_that_did_not_answer(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -98,6 +99,7 @@ class StatusRequests:
         self._exchange: StatusExchange | None = None
         self._answered = 0  # the newest peer request of this round answered
         self._mine: set[int] = set()
+        self._scanner = _Scanner(run_dir)
 
     def round(self, joined: RendezvousResult, exchange: StatusExchange | None) -> None:
         self._joined = joined
@@ -106,12 +108,16 @@ class StatusRequests:
         self._mine = set()
 
     def check_files(self) -> None:
-        """Answer every new request file of this node's ``phalanx status``."""
-        for nonce in files.pending_requests(self._run_dir):
-            if nonce in self._seen:
-                continue
-            self._seen.add(nonce)
-            self._ask(nonce)
+        """Answer every new request file of this node's ``phalanx status`` that the scanner
+        found, and have it look again (never here: a directory read can hang on NFS)."""
+        for nonce in self._scanner.found():
+            if nonce not in self._seen:
+                self._seen.add(nonce)
+                self._ask(nonce)
+        self._scanner.poke()
+
+    def close(self) -> None:
+        self._scanner.close()
 
     def check_peers(self) -> None:
         """Post this node's answer to the other nodes' new requests (no network here: the
@@ -178,6 +184,8 @@ class StatusRequests:
             "missing": [{"node": r, "host": h} for r, h in others if r not in answered],
             "wait": GATHER_WAIT,
         }
+        if not files.request_path(self._run_dir, nonce).exists():
+            return  # the command stopped waiting: no answer file left behind
         try:
             replace_file(files.answer_path(self._run_dir, nonce), json.dumps(reply).encode())
         except OSError as exc:
@@ -199,3 +207,37 @@ class StatusRequests:
             log.warning("status: cannot write node %d's status in %s: %s", rank, where, exc)
             return False
         return True
+
+
+class _Scanner:
+    """Looks for request files in a thread of its own, once per ``poke``: a run directory
+    that stops answering holds up this thread, never the agent's tick."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self._run_dir = run_dir
+        self._wake = threading.Event()
+        self._closed = False
+        self._found: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="phalanx-status-scan", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def found(self) -> list[str]:
+        nonces: list[str] = []
+        while not self._found.empty():
+            nonces += self._found.get()
+        return nonces
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
+            self._found.put(files.pending_requests(self._run_dir))

@@ -102,6 +102,7 @@ class StatusService:
     def close(self) -> None:
         """The final status (the job's end), written within the report's bound."""
         self._write()
+        self._requests.close()
         self._writer.close()
 
     def _hear(self, record: dict[str, Any]) -> None:
