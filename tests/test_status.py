@@ -19,7 +19,7 @@ import pytest
 from phalanx.events import read_events, read_run_events
 from phalanx.net import free_port
 from support.hosts import Loopback, Node
-from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
+from support.launch import PHALANX, alive, launched, run_phalanx, wait_for, worker
 
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60"
 
@@ -231,3 +231,26 @@ def test_ls_lists_the_newest_run_first_with_its_state(tmp_path: Path) -> None:
     rows = [line.split() for line in listed.stdout.splitlines()[1:]]
     assert [(r[0], r[1], r[-1]) for r in rows] == [("new", "ended", rows[0][-1]),
                                                   ("old", "succeeded", "0:01:30")]  # fmt: skip
+
+
+def test_status_and_stop_of_a_node_waiting_for_its_peers(tmp_path: Path) -> None:
+    """One agent of two, the other never comes: no tick answers the request (the command
+    says so and shows the file), and ``stop`` still ends it with 143 and a report."""
+    logs = tmp_path / "logs"
+    args = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"127.0.0.1:{free_port()}", "--rdzv-id", "alone", "--rdzv-conf", "join_timeout=300",
+            "--log-dir", str(logs), worker("steps_slowly.py"), "1"]  # fmt: skip
+    with launched(args) as agent:
+        wait_for(lambda: any(logs.glob("*/status.json")), 60, "the agent's status file")
+        (run_dir,) = logs.iterdir()
+        done = run_phalanx(["status", str(run_dir), "--json", "--timeout", "1"], timeout=60)
+        view = json.loads(done.stdout)
+        assert (view["state"], view["alive"]) == ("rendezvous", True), view
+        assert "did not answer within 1 s" in view["note"]
+        assert list((run_dir / "requests").iterdir()) == []  # the command cleans up after itself
+        stop = run_phalanx(["stop", str(run_dir)], timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert agent.wait(60) == 143
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["outcome"] == "interrupted"
+    assert report["reason"] == "stopped by SIGTERM on this node, in the rendezvous"

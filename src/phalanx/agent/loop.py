@@ -152,6 +152,7 @@ class Rounds:
                 joined = self.rdzv.next_round(self.config.nproc_per_node)
         except Interrupted as exc:
             self.rdzv.report_done(False, signum=exc.signum)
+            self._stop_report([], exc.signum, self.events.node, "this node, in the rendezvous")
             raise
         self.events.node = joined.node_rank
         self.events.emit(
@@ -264,9 +265,17 @@ class Rounds:
         other nodes are told, and stop too) or on the node of ``event``: write the report
         (no root cause; who stopped the job) and end as interrupted by that signal."""
         self.rdzv.report_done(False, signum=signum if event is None else None)
-        name = _signal_name(signum)
         node = joined.node_rank if event is None else event.node_rank
-        where = "this node" if event is None else f"node {node}"
+        if event is not None:
+            log.warning("%s", _describe_event(event))
+        self._stop_report(exits, signum, node, "this node" if event is None else f"node {node}")
+        raise Interrupted(signum)
+
+    def _stop_report(
+        self, exits: list[WorkerExit], signum: int, node: int | None, where: str
+    ) -> None:
+        """``report.json`` of a job stopped by ``signum`` on ``where`` (no root cause)."""
+        name = _signal_name(signum)
         _, figures = self._recovery_figures()
         data = report_json(
             exits,
@@ -277,10 +286,7 @@ class Rounds:
             stopped_on_node=node,
             recovery=figures,
         )
-        if event is not None:
-            log.warning("%s", _describe_event(event))
         write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
-        raise Interrupted(signum)
 
     def _record_failure(
         self,

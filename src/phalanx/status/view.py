@@ -78,10 +78,15 @@ def gather(run_dir: Path, timeout: float, *, ask_agent: bool = True) -> RunView:
     agent = read_launcher(run_dir)
     alive = agent is not None and agent.alive()
     own = files.read_json(run_dir / files.STATUS_FILE) or _from_events(run_dir)
-    reply = ask(run_dir, timeout) if alive and ask_agent else None
-    note = ""
-    if alive and ask_agent and reply is None:
-        note = f"the agent did not answer within {timeout:g} s (between rounds?); its last file"
+    reply, note = None, ""
+    if alive and ask_agent:
+        try:
+            reply = ask(run_dir, timeout)
+        except OSError as exc:
+            note = f"cannot ask the agent ({exc.strerror or exc}); its last file"
+        else:
+            if reply is None:
+                note = f"the agent did not answer within {timeout:g} s (between rounds?); its last file"
     if reply is not None and isinstance(reply.get("self"), dict):
         own = reply["self"]
     if agent is not None and not agent.here:
