@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
@@ -84,10 +83,13 @@ def test_status_logs_stop_and_ls_of_a_two_node_job(
             ranks_of[0], ranks_of[1],
         ]  # fmt: skip
         assert all(r["state"] == "running" for n in first["nodes"] for r in n["ranks"])
-        time.sleep(1)
-        later = _steps(_status(run_dirs[asker]))
-        assert sorted(later) == [0, 1, 2]
-        assert all(later[rank] > step for rank, step in _steps(first).items()), (first, later)
+        before = _steps(first)
+
+        def moved(asker: int = asker, before: dict[int, int] = before) -> bool:
+            later = _steps(_status(run_dirs[asker]))
+            return sorted(later) == [0, 1, 2] and all(later[r] > s for r, s in before.items())
+
+        wait_for(moved, 60, "every rank's step to move, as seen from one node")
         text = run_phalanx(["status", str(run_dirs[asker])], timeout=60)
         assert text.returncode == 0, text.stderr
         rows = [line.split() for line in text.stdout.splitlines() if re.match(r"^[01] ", line)]

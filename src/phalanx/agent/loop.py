@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
 import threading
 import time
@@ -15,6 +14,7 @@ from typing import NoReturn
 
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.policy import Step, decide, judged
+from phalanx.agent.stopped import asked_to_stop, stop_report
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
 from phalanx.errors import Interrupted, JobFailed, MismatchError, RendezvousError
@@ -34,11 +34,11 @@ from phalanx.rendezvous.api import (
     RoundVerdict,
 )
 from phalanx.report import job as jobreport
-from phalanx.report.exits import WorkerExit, report_json, root_cause
+from phalanx.report.exits import WorkerExit, root_cause
 from phalanx.report.oom import OomProbe
 from phalanx.report.recovery import summary_lines
 from phalanx.status import StatusService, launcher
-from phalanx.supervisor.group import Outcome, RoundResult, Supervisor
+from phalanx.supervisor.group import Outcome, Supervisor
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.contract import STACK_SIGNAL
 from phalanx.worker.nofollow import replace_file
@@ -111,7 +111,7 @@ class Rounds:
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
             if result.outcome is Outcome.SUCCEEDED:
                 return self._succeeded(joined, exits)
-            stop = _asked_to_stop(result)
+            stop = asked_to_stop(result)
             if stop is not None:  # here or on another node: the job stops, with no failure
                 self._interrupted(joined, exits, *stop)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
@@ -275,17 +275,8 @@ class Rounds:
         self, exits: list[WorkerExit], signum: int, node: int | None, where: str
     ) -> None:
         """``report.json`` of a job stopped by ``signum`` on ``where`` (no root cause)."""
-        name = _signal_name(signum)
         _, figures = self._recovery_figures()
-        data = report_json(
-            exits,
-            self.attempts,
-            outcome="interrupted",
-            reason=f"stopped by {name} on {where}",
-            signal=name,
-            stopped_on_node=node,
-            recovery=figures,
-        )
+        data = stop_report(exits, self.attempts, signum, node, where, figures)
         write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
 
     def _record_failure(
@@ -462,25 +453,3 @@ def _describe_event(event: JobEvent) -> str:
     if not text:
         return event.detail or "the rendezvous store cannot be reached"
     return f"{text}: {event.detail}" if event.detail else text
-
-
-def _asked_to_stop(result: RoundResult) -> tuple[int, JobEvent | None] | None:
-    """(the signal, None) when this node was asked to stop by a signal; (the signal, the
-    ``JOB_STOPPED`` event) when another node was and told the job; None otherwise."""
-    if result.outcome is Outcome.INTERRUPTED:
-        assert result.signum is not None
-        return result.signum, None
-    event = result.event
-    if event is None or event.kind is not EventKind.JOB_STOPPED:
-        return None
-    signum = event.failure.get("signal")
-    if isinstance(signum, int) and not isinstance(signum, bool):
-        return signum, event
-    return None
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
