@@ -72,7 +72,9 @@ class Agent:
             tuple(word.encode() for word in config.duplicate_stdout_filters),
             tuple(word.encode() for word in config.duplicate_stderr_filters),
         )
-        with SignalWatcher(config.signals_to_handle, stacks=True) as signals:
+        with SignalWatcher(
+            config.signals_to_handle, stacks=True, preempt=config.preempt_signals
+        ) as signals:
             write_launcher_file(run_dir, signals)
             # Entered before anything is started, so every process of the job is born in it.
             cgroup = JobCgroup.enter(f"phalanx-{run_dir.name}") if self._contain else None

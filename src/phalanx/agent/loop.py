@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -14,11 +15,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
+from phalanx.agent import preempted
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.policy import Step, decide, judged
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
-from phalanx.errors import Interrupted, JobFailed, MismatchError, RendezvousError
+from phalanx.errors import Interrupted, JobFailed, MismatchError, Preempted, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import PEER_DUMP_WAIT
@@ -35,6 +37,7 @@ from phalanx.report import job as jobreport
 from phalanx.report.exits import WorkerExit, root_cause
 from phalanx.report.oom import OomProbe
 from phalanx.supervisor.group import Outcome, Supervisor
+from phalanx.supervisor.preempt import Preemption, PreemptWatch, from_notice
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.contract import STACK_SIGNAL
 from phalanx.worker.nofollow import replace_file
@@ -91,15 +94,24 @@ class Rounds:
                 job=self._job_stacks(joined),
             )
             probe = OomProbe()
-            result = self.supervisor.run(plan, self.signals, self._poll(watch), watch.tick)
+            preempt = PreemptWatch(
+                self.config.preempt_grace, self.rdzv.report_preemption, joined.node_rank
+            )
+            result = self.supervisor.run(
+                plan, self.signals, self._poll(watch), watch.tick, preempt
+            )
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
+            if result.outcome is Outcome.PREEMPTED and result.preemption is not None:
+                self._preempted(joined, plan, exits, result.preemption)
             if result.outcome is Outcome.SUCCEEDED:
-                return self._succeeded(joined, exits)
+                return self._succeeded(joined, plan, exits)
             if result.outcome is Outcome.INTERRUPTED:
                 assert result.signum is not None
                 self.rdzv.report_done(False)
                 raise Interrupted(result.signum)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
+            if result.preemption is not None:  # a failure during the grace: no restart
+                self._fail(joined, exits, result.event, watch.hang, None, crash_loop=False)
             event = result.event.kind if result.event is not None else None
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
@@ -183,8 +195,14 @@ class Rounds:
             self.rdzv.report_done(False)
             raise
 
-    def _succeeded(self, joined: RendezvousResult, exits: list[WorkerExit]) -> int:
-        """This node's workers all finished: wait for the others (the exit barrier)."""
+    def _succeeded(self, joined: RendezvousResult, plan: RoundPlan, exits: list[WorkerExit]) -> int:
+        """This node's workers all finished: wait for the others (the exit barrier). Read
+        first whether the job was preempted: ranks that saw another node's preemption
+        through ``phalanx.preempted()``'s collective may end before this node hears of it
+        (the notice is in the store before any worker is told)."""
+        notice = self.rdzv.preemption()
+        if notice is not None:
+            self._preempted(joined, plan, exits, from_notice(notice, self.config.preempt_grace))
         self.rdzv.report_done(True)
         log.info("all %d workers finished", len(exits))
         late = self.rdzv.await_peers(lambda: self.signals.pending() is not None)
@@ -197,6 +215,30 @@ class Rounds:
         # would not run again), so every node reports the failure and stops.
         log.warning("the job failed after this node's workers finished: %s", _describe_event(late))
         self._fail(joined, exits, late, None, None, crash_loop=False)
+
+    def _preempted(
+        self,
+        joined: RendezvousResult,
+        plan: RoundPlan,
+        exits: list[WorkerExit],
+        preemption: Preemption,
+    ) -> NoReturn:
+        """The round ended after a preemption: wait for the other nodes (a failure of theirs
+        during the grace is the job's failure), report, requeue (node rank 0), exit 75."""
+        self.rdzv.report_done(True)  # no new round: finished nodes are not run again
+        late = self.rdzv.await_peers(lambda: self.signals.pending() is not None)
+        signum = self.signals.pending()
+        if signum is not None:
+            raise Interrupted(signum)
+        if late is not None:
+            log.warning("the job failed during its preemption grace: %s", _describe_event(late))
+            self._fail(joined, exits, late, None, None, crash_loop=False)
+        text, data = preempted.report(preemption, exits, preempted.last_step(plan), joined.node_rank)
+        print(text, file=sys.stderr, flush=True)
+        write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
+        if self.config.requeue and joined.node_rank == 0:
+            preempted.requeue(self.base_env)
+        raise Preempted(signal.Signals[preemption.signal], f"preempted by {preemption.signal}")
 
     def _record_failure(
         self,
@@ -356,6 +398,7 @@ def _describe_event(event: JobEvent) -> str:
         EventKind.NODE_WAITING: "a node is waiting to join; re-forming the round",
         EventKind.JOB_STOPPED: f"{who} stopped the job",
         EventKind.STORE_LOST: "",  # the detail already names the store and the error
+        EventKind.PREEMPTED: f"{who} was preempted",
     }[event.kind]
     if not text:
         return event.detail or "the rendezvous store cannot be reached"

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
-from phalanx.cli import stacks
+from phalanx.cli import preempt, stacks
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, PhalanxError, UsageError
+from phalanx.errors import Interrupted, PhalanxError, Preempted, UsageError
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.plan import describe
@@ -30,6 +30,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     launch = prepare(config)
     if config.dry_run:
         print(describe(launch.dry_run_plan(environ), environ))
+        print(preempt.describe(config.preempt_signals, config.preempt_grace, config.requeue))
         return 0
     return Agent(config, launch.open_rendezvous, launch.run_id, environ, contain=True).run()
 
@@ -45,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         for problem in exc.problems:
             print(f"phalanx: error: {problem}", file=sys.stderr)
+        return exc.exit_code
+    except Preempted as exc:
+        print(f"phalanx: {exc}; exit {exc.exit_code} (run the job again)", file=sys.stderr)
         return exc.exit_code
     except Interrupted as exc:
         print(f"phalanx: stopped by {exc}", file=sys.stderr)

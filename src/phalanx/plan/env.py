@@ -8,7 +8,7 @@ from pathlib import Path
 from phalanx.config import LaunchConfig
 from phalanx.credentials import worker_environment
 from phalanx.rendezvous.api import RendezvousResult
-from phalanx.worker.contract import CHECKPOINT_LOG_ENV, CHECKPOINT_LOG_FILE
+from phalanx.worker.contract import CHECKPOINT_LOG_ENV, CHECKPOINT_LOG_FILE, PREEMPT_SIGNALS_ENV
 
 # Variables phalanx sets for every worker (torchrun 2.13's set); everything else is inherited.
 WORKER_ENV_KEYS = (
@@ -96,6 +96,7 @@ def job_env(config: LaunchConfig, rdzv: RendezvousResult, run_dir: Path) -> dict
         "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
         "TORCHELASTIC_RUN_ID": rdzv.run_id,
         CHECKPOINT_LOG_ENV: str(run_dir / CHECKPOINT_LOG_FILE),
+        PREEMPT_SIGNALS_ENV: ",".join(config.preempt_signals),
     }
 
 
