@@ -1,0 +1,161 @@
+"""Preemption: a signal that means "you will be stopped" reaches every rank on every node,
+the ranks save the same step, the job exits 75 and resumes bit-identically (real agents,
+real Gloo, real signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from phalanx.errors import REQUEUE_EXIT_CODE
+from phalanx.net import free_port
+from support.hosts import Loopback, NamespaceHosts, Node
+from support.launch import PHALANX, alive, end_all, read_pids, start_tree, wait_for, worker
+
+Hosts = Loopback | NamespaceHosts
+FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60,exit_barrier_timeout=60"
+STEPS, HOLD_AT = 12, 5
+
+
+def _fake_scontrol(directory: Path) -> Path:
+    """A stand-in for Slurm's scontrol that records each call's argv as a line."""
+    directory.mkdir()
+    calls = directory / "calls"
+    script = directory / "scontrol"
+    script.write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return calls
+
+
+def _job(
+    net: Hosts,
+    tmp_path: Path,
+    nodes: list[Node],
+    name: str,
+    out: Path,
+    flags: Sequence[str] = (),
+    script_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> list[Node]:
+    """Two agents (one worker each) of ``preempt_train.py`` writing into ``out``."""
+    port = free_port()
+    out.mkdir(exist_ok=True)
+    started = []
+    for i in range(2):
+        args = [
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{net.addr(0)}:{port}", "--rdzv-id", name, "--rdzv-conf", FAST,
+            *flags, worker("preempt_train.py"), str(out), str(STEPS), *script_args,
+        ]  # fmt: skip
+        started.append(Node(net, i, args, tmp_path, f"{name}{i}", env=env))
+    nodes.extend(started)
+    return started
+
+
+def test_two_nodes_save_the_same_step_exit_75_and_resume_bit_identical(
+    hosts: Callable[[int], Hosts], nodes: list[Node], tmp_path: Path
+) -> None:
+    net = hosts(2)
+    calls = _fake_scontrol(tmp_path / "bin")
+    slurm = {"SLURM_JOB_ID": "4242", "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    job = tmp_path / "job"
+    flags = ["--preempt-signals", "SIGUSR1", "--requeue"]
+    first = _job(net, tmp_path, nodes, "pre", job, flags, [str(HOLD_AT)], env=slurm)
+    held = [job / f"ready_rank{r}" for r in range(2)]
+    wait_for(lambda: all(p.exists() for p in held), 120, "both ranks at the held step")
+    os.kill(first[1].proc.pid, signal.SIGUSR1)  # ONE agent, and not node rank 0's
+    codes = [node.finish(120) for node in first]
+    assert codes == [REQUEUE_EXIT_CODE] * 2, [n.stderr for n in first]
+    saved = [json.loads((job / f"saved_rank{r}.json").read_text()) for r in range(2)]
+    assert saved == [{"step": HOLD_AT}] * 2
+    for node in first:
+        assert "job preempted (SIGUSR1 on " in node.stderr, node.stderr
+        (report,) = node.logs.glob("*/report.json")
+        data = json.loads(report.read_text())
+        assert data["exit_code"] == REQUEUE_EXIT_CODE
+        assert data["preempted"]["signal"] == "SIGUSR1" and data["preempted"]["node"] == 1
+        assert data["preempted"]["step"] == HOLD_AT
+        assert data["preempted"]["stopped_at_deadline"] == []
+        assert all(not alive(e["pid"]) for e in data["exits"])
+    assert calls.read_text().splitlines() == ["requeue 4242"]  # node rank 0 only, once
+
+    # The same job again resumes from the checkpoint and runs to the end; its weights are
+    # those of a run that was never interrupted.
+    again = _job(net, tmp_path, nodes, "again", job)
+    assert [n.finish(120) for n in again] == [0, 0], [n.stderr for n in again]
+    assert f"rank 0 resumed at step {HOLD_AT}" in again[0].stdout
+    straight = tmp_path / "straight"
+    whole = _job(net, tmp_path, nodes, "whole", straight)
+    assert [n.finish(120) for n in whole] == [0, 0], [n.stderr for n in whole]
+    resumed, uninterrupted = torch.load(job / "final.pt"), torch.load(straight / "final.pt")
+    assert resumed.keys() == uninterrupted.keys()
+    for key, value in uninterrupted.items():
+        assert torch.equal(resumed[key], value), key
+
+
+def _report(log_dir: Path) -> dict[str, object]:
+    (report,) = log_dir.glob("*/report.json")
+    data: dict[str, object] = json.loads(report.read_text())
+    return data
+
+
+def test_a_script_that_does_not_listen_is_stopped_within_the_grace(tmp_path: Path) -> None:
+    """Workers that sleep (with children) and never ask: stopped at the deadline, exit 75,
+    the report says so, no process left."""
+    flags = ["--preempt-signals", "SIGUSR1", "--preempt-grace", "2"]
+    launcher, pids, stderr = start_tree(tmp_path, flags)
+    try:
+        os.kill(launcher.pid, signal.SIGUSR1)
+        assert launcher.wait(60) == REQUEUE_EXIT_CODE, stderr.read_text()
+        wait_for(lambda: not any(alive(p) for p in pids), 10, "every worker and child gone")
+        text = stderr.read_text()
+        assert "job preempted (SIGUSR1 on this node" in text, text
+        assert "ranks stopped at the deadline: 0, 1" in text, text
+        preempted = _report(tmp_path / "logs")["preempted"]
+        assert isinstance(preempted, dict) and preempted["stopped_at_deadline"] == [0, 1]
+    finally:
+        end_all(launcher, pids)
+
+
+def test_a_script_that_ignores_sigterm_is_killed_at_the_deadline(tmp_path: Path) -> None:
+    """SIGTERM as the preemption signal (Kubernetes), a script that ignores it: SIGKILL at
+    the deadline, exit 75, nothing left."""
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    argv = [*PHALANX, "--preempt-signals", "SIGTERM", "--preempt-grace", "2", "--log-dir",
+            str(tmp_path / "logs"), worker("stubborn_sleep.py"), str(pids_dir)]  # fmt: skip
+    launcher = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    pids: list[int] = []
+    try:
+        wait_for(lambda: len(read_pids(pids_dir)) == 1, 60, "the worker's pid")
+        pids = read_pids(pids_dir)
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == REQUEUE_EXIT_CODE, err.decode()
+        assert not alive(pids[0])
+        assert _report(tmp_path / "logs")["exit_code"] == REQUEUE_EXIT_CODE
+    finally:
+        end_all(launcher, pids)
+
+
+def test_a_second_signal_during_the_grace_stops_at_once(tmp_path: Path) -> None:
+    """Ctrl-C during the grace is an interrupt (130), at once: not the whole grace."""
+    flags = ["--preempt-signals", "SIGUSR1", "--preempt-grace", "600"]
+    launcher, pids, stderr = start_tree(tmp_path, flags)
+    try:
+        os.kill(launcher.pid, signal.SIGUSR1)
+        wait_for(lambda: "preempted: SIGUSR1" in stderr.read_text(), 30, "the preemption")
+        os.kill(launcher.pid, signal.SIGINT)
+        assert launcher.wait(60) == 128 + signal.SIGINT, stderr.read_text()
+        wait_for(lambda: not any(alive(p) for p in pids), 10, "every worker and child gone")
+    finally:
+        end_all(launcher, pids)
