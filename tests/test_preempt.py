@@ -100,6 +100,28 @@ def test_two_nodes_save_the_same_step_exit_75_and_resume_bit_identical(
         assert torch.equal(resumed[key], value), key
 
 
+def test_every_worker_of_every_node_is_told_without_a_collective(
+    hosts: Callable[[int], Hosts], nodes: list[Node], tmp_path: Path
+) -> None:
+    """No process group: node 0's worker learns of node 1's signal only through its agent
+    (the job event), and gets the notice and the signal itself (its own handler)."""
+    net, out, port = hosts(2), tmp_path / "out", free_port()
+    out.mkdir()
+    for i in range(2):
+        args = [
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{net.addr(0)}:{port}", "--rdzv-id", "told", "--rdzv-conf", FAST,
+            "--preempt-signals", "SIGUSR1", worker("preempt_listen.py"), str(out),
+        ]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"told{i}"))
+    wait_for(lambda: all((out / f"up_rank{r}").exists() for r in range(2)), 120, "both ranks up")
+    os.kill(nodes[1].proc.pid, signal.SIGUSR1)
+    assert [n.finish(120) for n in nodes] == [REQUEUE_EXIT_CODE] * 2, [n.stderr for n in nodes]
+    for rank in range(2):
+        seen = json.loads((out / f"rank{rank}.json").read_text())
+        assert seen == {"noticed": True, "signals": [signal.SIGUSR1]}, rank
+
+
 def _report(log_dir: Path) -> dict[str, object]:
     (report,) = log_dir.glob("*/report.json")
     data: dict[str, object] = json.loads(report.read_text())
@@ -109,7 +131,7 @@ def _report(log_dir: Path) -> dict[str, object]:
 def test_a_script_that_does_not_listen_is_stopped_within_the_grace(tmp_path: Path) -> None:
     """Workers that sleep (with children) and never ask: stopped at the deadline, exit 75,
     the report says so, no process left."""
-    flags = ["--preempt-signals", "SIGUSR1", "--preempt-grace", "2"]
+    flags = ["--preempt-signals", "SIGUSR1", "--preempt-grace", "2", "--max-restarts", "3"]
     launcher, pids, stderr = start_tree(tmp_path, flags)
     try:
         os.kill(launcher.pid, signal.SIGUSR1)
@@ -120,6 +142,8 @@ def test_a_script_that_does_not_listen_is_stopped_within_the_grace(tmp_path: Pat
         assert "ranks stopped at the deadline: 0, 1" in text, text
         preempted = _report(tmp_path / "logs")["preempted"]
         assert isinstance(preempted, dict) and preempted["stopped_at_deadline"] == [0, 1]
+        (run_dir,) = (tmp_path / "logs").iterdir()
+        assert sorted(p.name for p in run_dir.glob("attempt_*")) == ["attempt_0"]  # no restart
     finally:
         end_all(launcher, pids)
 
@@ -159,3 +183,22 @@ def test_a_second_signal_during_the_grace_stops_at_once(tmp_path: Path) -> None:
         wait_for(lambda: not any(alive(p) for p in pids), 10, "every worker and child gone")
     finally:
         end_all(launcher, pids)
+
+
+def test_a_real_failure_during_the_grace_is_a_failure(tmp_path: Path) -> None:
+    """A worker that exits 3 after the notice: the job fails with 3, not 75."""
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [*PHALANX, "--preempt-signals", "SIGUSR1", "--log-dir", str(tmp_path / "logs"),
+            worker("preempt_listen.py"), str(out), "fail"]  # fmt: skip
+    launcher = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        wait_for(lambda: (out / "up_rank0").exists(), 60, "the worker up")
+        launcher.send_signal(signal.SIGUSR1)
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 3, err.decode()
+        assert "preempted" not in _report(tmp_path / "logs")
+    finally:
+        end_all(launcher, [])
