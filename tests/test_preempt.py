@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import pytest
 import torch
 
 from phalanx.errors import REQUEUE_EXIT_CODE
@@ -104,7 +105,8 @@ def test_every_worker_of_every_node_is_told_without_a_collective(
     hosts: Callable[[int], Hosts], nodes: list[Node], tmp_path: Path
 ) -> None:
     """No process group: node 0's worker learns of node 1's signal only through its agent
-    (the job event), and gets the notice and the signal itself (its own handler)."""
+    (the job event), and gets the notice and the signal itself (its own handler); its child
+    process (a data loader's stand-in) is not sent the signal."""
     net, out, port = hosts(2), tmp_path / "out", free_port()
     out.mkdir()
     for i in range(2):
@@ -120,6 +122,7 @@ def test_every_worker_of_every_node_is_told_without_a_collective(
     for rank in range(2):
         seen = json.loads((out / f"rank{rank}.json").read_text())
         assert seen == {"noticed": True, "signals": [signal.SIGUSR1]}, rank
+    assert not (out / "child_got_signal").exists()
 
 
 def _report(log_dir: Path) -> dict[str, object]:
@@ -171,15 +174,21 @@ def test_a_script_that_ignores_sigterm_is_killed_at_the_deadline(tmp_path: Path)
         end_all(launcher, pids)
 
 
-def test_a_second_signal_during_the_grace_stops_at_once(tmp_path: Path) -> None:
-    """Ctrl-C during the grace is an interrupt (130), at once: not the whole grace."""
+@pytest.mark.parametrize(
+    ("second", "code"), [(signal.SIGINT, 128 + signal.SIGINT), (signal.SIGUSR1, REQUEUE_EXIT_CODE)]
+)
+def test_a_second_signal_during_the_grace_stops_at_once(
+    second: signal.Signals, code: int, tmp_path: Path
+) -> None:
+    """Ctrl-C during the grace is an interrupt (130), the preemption signal again is the
+    preemption's end (75): at once, not after the grace (600 s; the wait is 60)."""
     flags = ["--preempt-signals", "SIGUSR1", "--preempt-grace", "600"]
     launcher, pids, stderr = start_tree(tmp_path, flags)
     try:
         os.kill(launcher.pid, signal.SIGUSR1)
         wait_for(lambda: "preempted: SIGUSR1" in stderr.read_text(), 30, "the preemption")
-        os.kill(launcher.pid, signal.SIGINT)
-        assert launcher.wait(60) == 128 + signal.SIGINT, stderr.read_text()
+        os.kill(launcher.pid, second)
+        assert launcher.wait(60) == code, stderr.read_text()
         wait_for(lambda: not any(alive(p) for p in pids), 10, "every worker and child gone")
     finally:
         end_all(launcher, pids)
