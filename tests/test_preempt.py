@@ -125,6 +125,32 @@ def test_every_worker_of_every_node_is_told_without_a_collective(
     assert not (out / "child_got_signal").exists()
 
 
+def test_the_deadline_is_the_jobs_a_node_not_signalled_stops_its_workers_too(
+    hosts: Callable[[int], Hosts], nodes: list[Node], tmp_path: Path
+) -> None:
+    """Workers that never ask, on two nodes; only node 1 is signalled: node 0 stops its own
+    by the job's deadline as well (it heard it from node 1), both exit 75."""
+    net, pids_dir, port = hosts(2), tmp_path / "pids", free_port()
+    pids_dir.mkdir()
+    for i in range(2):
+        args = [
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{net.addr(0)}:{port}", "--rdzv-id", "deadline",
+            "--rdzv-conf", FAST, "--preempt-signals", "SIGUSR1", "--preempt-grace", "3",
+            worker("sleep_tree.py"), str(pids_dir),
+        ]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"deadline{i}"))
+    wait_for(lambda: len(read_pids(pids_dir)) == 4, 120, "2 workers and their children")
+    pids = read_pids(pids_dir)
+    os.kill(nodes[1].proc.pid, signal.SIGUSR1)
+    assert [n.finish(120) for n in nodes] == [REQUEUE_EXIT_CODE] * 2, [n.stderr for n in nodes]
+    wait_for(lambda: not any(alive(p) for p in pids), 10, "every worker and child gone")
+    for rank, node in enumerate(nodes):
+        preempted = _report(node.logs)["preempted"]
+        assert isinstance(preempted, dict)
+        assert preempted["node"] == 1 and preempted["stopped_at_deadline"] == [rank]
+
+
 def _report(log_dir: Path) -> dict[str, object]:
     (report,) = log_dir.glob("*/report.json")
     data: dict[str, object] = json.loads(report.read_text())
