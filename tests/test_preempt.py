@@ -173,6 +173,11 @@ def test_a_script_that_does_not_listen_is_stopped_within_the_grace(tmp_path: Pat
         assert isinstance(preempted, dict) and preempted["stopped_at_deadline"] == [0, 1]
         (run_dir,) = (tmp_path / "logs").iterdir()
         assert sorted(p.name for p in run_dir.glob("attempt_*")) == ["attempt_0"]  # no restart
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        kinds = [e["kind"] for e in events]
+        assert "preempt" in kinds and "restart" not in kinds
+        (end,) = [e for e in events if e["kind"] == "job_end"]
+        assert (end["outcome"], end["exit_code"]) == ("preempted", REQUEUE_EXIT_CODE)
     finally:
         end_all(launcher, pids)
 

@@ -78,3 +78,13 @@ def test_the_worker_is_told_the_signals_only_when_there_are_some() -> None:
     config = LaunchConfig(program="t.py", preempt_signals=("SIGUSR1", "SIGTERM"))
     env = worker_env(config, rdzv, 0, Path("/r"), {})
     assert env[PREEMPT_SIGNALS_ENV] == "SIGUSR1,SIGTERM"
+
+
+def test_the_default_follows_the_scheduler_flag() -> None:
+    """``--scheduler none`` reads no scheduler, so no default preemption signals either."""
+    slurm = {"SLURM_JOB_ID": "12"}
+    assert default_signals(slurm, "none") == ()
+    assert parse_config(["--scheduler", "none", SCRIPT], slurm).preempt_signals == ()
+    pytorchjob = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "MASTER_ADDR": "m", "WORLD_SIZE": "2",
+                  "RANK": "0"}  # fmt: skip
+    assert default_signals(pytorchjob) == ("SIGTERM",)

@@ -21,6 +21,8 @@ from phalanx.agent.policy import Step, decide, judged
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
 from phalanx.errors import Interrupted, JobFailed, MismatchError, Preempted, RendezvousError
+from phalanx.events.attempt import AttemptEvents, AttemptFailure
+from phalanx.events.log import EventLog
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import PEER_DUMP_WAIT
@@ -65,8 +67,10 @@ class Rounds:
         signals: SignalWatcher,
         run_dir: Path,
         base_env: Mapping[str, str],
+        events: EventLog,
     ) -> None:
         self.config = config
+        self.events = events
         self.rdzv = rendezvous
         self.supervisor = supervisor
         self.signals = signals
@@ -77,15 +81,10 @@ class Rounds:
     def run(self) -> int:
         while True:
             joined = self._next_round()
-            if joined.num_nodes > 1 or self.attempts == 0:
-                log.info(
-                    "round %d: node %d of %d, world size %d, master %s:%d",
-                    joined.round, joined.node_rank, joined.num_nodes, joined.world_size,
-                    joined.master_addr, joined.master_port,
-                )  # fmt: skip
             plan = build_plan(self.config, joined, self.run_dir, self.base_env)
             mark = ProgressMark.take(plan)
             self.attempts += 1
+            attempt = AttemptEvents(self.events, plan, joined.round, self.attempts)
             watch = RoundWatch(
                 plan,
                 stall_timeout=self.config.stall_timeout,
@@ -94,12 +93,11 @@ class Rounds:
                 job=self._job_stacks(joined),
             )
             probe = OomProbe()
-            preempt = PreemptWatch(
-                self.config.preempt_grace, self.rdzv.report_preemption, joined.node_rank
-            )
+            preempt = self._preempt_watch(joined)
             result = self.supervisor.run(
-                plan, self.signals, self._poll(watch), watch.tick, preempt
+                plan, self.signals, self._poll(watch), attempt.watch(watch.tick), preempt
             )
+            attempt.ended(result.exits)
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
             if result.outcome is Outcome.PREEMPTED and result.preemption is not None:
                 self._preempted(joined, plan, exits, result.preemption)
@@ -110,11 +108,17 @@ class Rounds:
                 self.rdzv.report_done(False)
                 raise Interrupted(result.signum)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
+            attempt.failed(
+                self._failure_events(cause, result.event, watch),
+                stop_began=self.supervisor.stop_began,
+                stall_timeout=self.config.stall_timeout,
+            )
             if result.preemption is not None:  # a failure during the grace: no restart
                 self._fail(joined, exits, result.event, watch.hang, None, crash_loop=False)
             event = result.event.kind if result.event is not None else None
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
+                self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
                 continue  # a scale-up: re-form the round, no restart spent
             hang = watch.hang or watch.peer_hang
             if step is Step.RESTART and self.rdzv.claim_restart(self.config.max_restarts):
@@ -122,6 +126,12 @@ class Rounds:
                     "restarting the worker group (restart %d of %d)",
                     self.attempts, self.config.max_restarts,
                 )  # fmt: skip
+                self.events.emit(
+                    "restart",
+                    restart=self.attempts,
+                    max_restarts=self.config.max_restarts,
+                    round=joined.round,
+                )
                 continue
             crash_loop = step is Step.CRASH_LOOP
             self._fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
@@ -129,14 +139,40 @@ class Rounds:
     def _next_round(self) -> RendezvousResult:
         """Join the next round; a signal meanwhile ends the wait at once, and the other nodes
         are told this node left (the job stops: it cannot form without it)."""
+        self.events.emit("rdzv_start", attempt=self.attempts + 1)
+        began = time.monotonic()
         try:
             with self.signals.raising():
                 joined = self.rdzv.next_round(self.config.nproc_per_node)
         except Interrupted:
             self.rdzv.report_done(False)
             raise
+        self.events.node = joined.node_rank
+        self.events.emit(
+            "rdzv_done",
+            round=joined.round,
+            attempt=self.attempts + 1,
+            num_nodes=joined.num_nodes,
+            world_size=joined.world_size,
+            members=[n.hostname for n in sorted(joined.nodes, key=lambda n: n.node_rank)],
+            restart_count=joined.restart_count,
+            seconds=round(time.monotonic() - began, 3),
+        )
         self._check_same_code(joined)
+        if joined.num_nodes > 1 or self.attempts == 0:
+            log.info(
+                "round %d: node %d of %d, world size %d, master %s:%d",
+                joined.round, joined.node_rank, joined.num_nodes, joined.world_size,
+                joined.master_addr, joined.master_port,
+            )  # fmt: skip
         return joined
+
+    def _failure_events(
+        self, cause: WorkerExit | None, event: JobEvent | None, watch: RoundWatch
+    ) -> AttemptFailure:
+        if cause is not None:
+            return AttemptFailure.of_cause(cause, watch.hang, watch.report_path)
+        return AttemptFailure.of_event(event, _describe_event(event) if event is not None else "")
 
     def _check_same_code(self, joined: RendezvousResult) -> None:
         """Stop the job before any worker starts when the members' code or versions differ
@@ -215,6 +251,18 @@ class Rounds:
         # would not run again), so every node reports the failure and stops.
         log.warning("the job failed after this node's workers finished: %s", _describe_event(late))
         self._fail(joined, exits, late, None, None, crash_loop=False)
+
+    def _preempt_watch(self, joined: RendezvousResult) -> PreemptWatch:
+        return PreemptWatch(
+            self.config.preempt_grace,
+            self.rdzv.report_preemption,
+            joined.node_rank,
+            on_start=self._preempt_event,
+        )
+
+    def _preempt_event(self, preemption: Preemption) -> None:
+        deadline = preemption.time + preemption.grace  # the first node's wall clock
+        self.events.emit("preempt", signal=preemption.signal, deadline=deadline)
 
     def _preempted(
         self,

@@ -1,11 +1,11 @@
 """``--preempt-signals``, ``--preempt-grace``, ``--requeue``: read and checked at the boundary.
 
-The default signals come from where the agent runs, in this one function (a marker check:
-the scheduler table of ``phalanx.schedulers`` is to replace it once it lands): under SLURM
-SIGUSR1 (``--signal=USR1@90``, ``scancel --signal=USR1``) and SIGTERM (the end of a time
-limit, a preemption with GraceTime); under Kubernetes SIGTERM (a pod's deletion, with its
-``terminationGracePeriodSeconds``); elsewhere none, so SIGTERM keeps stopping the job at
-once (exit 143) as torchrun's does.
+The default signals come from the scheduler that started the agent (``phalanx.schedulers``,
+as ``--scheduler`` chooses it): under SLURM SIGUSR1 (``--signal=USR1@90``, ``scancel
+--signal=USR1``) and SIGTERM (the end of a time limit, a preemption with GraceTime); under
+Kubernetes SIGTERM (a pod's deletion, with its ``terminationGracePeriodSeconds``; any pod,
+not only Kubeflow's, since ``KUBERNETES_SERVICE_HOST`` is in every one); elsewhere none, so
+SIGTERM keeps stopping the job at once (exit 143) as torchrun's does.
 """
 
 from __future__ import annotations
@@ -14,23 +14,33 @@ import signal
 from collections.abc import Mapping
 
 from phalanx import parsing
+from phalanx.schedulers import detect_as
 
 DEFAULT_GRACE = 25.0  # within Kubernetes' default 30 s grace, with room for the kill margin
 
 
-def default_signals(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """The preemption signals of a job started in ``environ`` (pure: reads only the mapping)."""
-    if environ.get("SLURM_JOB_ID"):
+def default_signals(environ: Mapping[str, str], scheduler: str = "auto") -> tuple[str, ...]:
+    """The preemption signals of a job started in ``environ`` under ``--scheduler``
+    ``scheduler`` (pure: reads only the mapping)."""
+    try:
+        found = detect_as(scheduler, environ)
+    except ValueError:  # --scheduler NAME not matching: its own check reports it
+        found = None
+    name = found.scheduler if found is not None else ""
+    if name == "slurm":
         return ("SIGUSR1", "SIGTERM")
-    if environ.get("KUBERNETES_SERVICE_HOST"):
+    pod = scheduler == "auto" and bool(environ.get("KUBERNETES_SERVICE_HOST", "").strip())
+    if name.startswith("kubeflow") or (found is None and pod):
         return ("SIGTERM",)
     return ()
 
 
-def parse_signals(text: str | None, environ: Mapping[str, str]) -> tuple[str, ...]:
+def parse_signals(
+    text: str | None, environ: Mapping[str, str], scheduler: str = "auto"
+) -> tuple[str, ...]:
     """``SIG,...``, ``none``, or None (the default for ``environ``). Raises ``ValueError``."""
     if text is None:
-        return default_signals(environ)
+        return default_signals(environ, scheduler)
     if text.strip().lower() == "none":
         return ()
     names = []

@@ -101,6 +101,9 @@ class Supervisor:
         self._host = host or socket.gethostname()
         self._wall_clock = wall_clock
         self._preempt: PreemptWatch | None = None  # the running round's
+        # Wall clock when the last round's stop began (its failure was acted on): for the
+        # event log's recovery figures; 0.0 when the round ended without a stop.
+        self.stop_began = 0.0
 
     def run(
         self,
@@ -116,6 +119,7 @@ class Supervisor:
         run on until they end or the job's deadline (``phalanx.supervisor.preempt``)."""
         selector = selectors.DefaultSelector()
         selector.register(signals.fd, selectors.EVENT_READ, None)
+        self.stop_began = 0.0
         slots: list[_Slot] = []
         streams: dict[int, LogStream] = {}
         self._preempt = preempt
@@ -326,6 +330,8 @@ class Supervisor:
         signal, e.g. while the agent was busy polling or not scheduled) is recorded first, as
         its own exit, not as one phalanx caused -- unless the fence has fired: its SIGKILLs
         are phalanx's."""
+        if not self.stop_began:
+            self.stop_began = self._wall_clock()
         fenced = self._fence is not None and self._fence.reason is not None
         self._handle_events(selector.select(0), slots, streams, selector, stopping=fenced)
         if grace is None:

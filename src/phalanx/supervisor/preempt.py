@@ -76,9 +76,17 @@ class PreemptWatch:
     """The supervisor's side of a round under ``--preempt-signals``: ``begin`` (a signal
     here) or ``hear`` (a peer's ``PREEMPTED``), then ``due`` by ``stop_at``."""
 
-    def __init__(self, grace: float, announce: Announce, node_rank: int) -> None:
+    def __init__(
+        self,
+        grace: float,
+        announce: Announce,
+        node_rank: int,
+        on_start: Callable[[Preemption], None] = lambda preemption: None,
+    ) -> None:
+        """``on_start``: called once, when this node's preemption begins (the event log)."""
         self._grace = grace
         self._announce = announce
+        self._on_start = on_start
         self._node_rank = node_rank
         self.preemption: Preemption | None = None
         self.forwarded: int | None = None  # the signal the workers were sent
@@ -123,6 +131,7 @@ class PreemptWatch:
     ) -> None:
         self.preemption = preemption
         self.forwarded = signum
+        self._on_start(preemption)
         body = json.dumps({**preemption.notice(), "stop_at": preemption.stop_at}).encode()
         for plan, pid in running:
             try:
