@@ -169,8 +169,11 @@ def test_a_script_that_does_not_listen_is_stopped_within_the_grace(tmp_path: Pat
         text = stderr.read_text()
         assert "job preempted (SIGUSR1 on this node" in text, text
         assert "ranks stopped at the deadline: 0, 1" in text, text
-        preempted = _report(tmp_path / "logs")["preempted"]
+        report = _report(tmp_path / "logs")
+        preempted, exits = report["preempted"], report["exits"]
         assert isinstance(preempted, dict) and preempted["stopped_at_deadline"] == [0, 1]
+        # Stopped by phalanx at the deadline, not by the forwarded SIGUSR1's default action.
+        assert isinstance(exits, list) and all(e["returncode"] != -signal.SIGUSR1 for e in exits)
         (run_dir,) = (tmp_path / "logs").iterdir()
         assert sorted(p.name for p in run_dir.glob("attempt_*")) == ["attempt_0"]  # no restart
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
