@@ -245,3 +245,29 @@ def test_a_real_failure_during_the_grace_is_a_failure(tmp_path: Path) -> None:
         assert "preempted" not in _report(tmp_path / "logs")
     finally:
         end_all(launcher, [])
+
+
+def test_a_failing_scontrol_is_one_warning_and_the_exit_stays_75(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho 'Requeue of job 7 denied' >&2\nexit 1\n")
+    scontrol.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, SLURM_JOB_ID="7", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    argv = [*PHALANX, "--preempt-signals", "SIGUSR1", "--requeue", "--log-dir",
+            str(tmp_path / "logs"), worker("preempt_listen.py"), str(out)]  # fmt: skip
+    launcher = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True
+    )
+    try:
+        wait_for(lambda: (out / "up_rank0").exists(), 60, "the worker up")
+        launcher.send_signal(signal.SIGUSR1)
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == REQUEUE_EXIT_CODE, err.decode()
+        assert "Traceback" not in err.decode()
+        (line,) = [x for x in err.decode().splitlines() if "--requeue" in x]
+        assert line == "phalanx: --requeue: scontrol requeue 7 exited 1: Requeue of job 7 denied"
+    finally:
+        end_all(launcher, [])
