@@ -151,6 +151,28 @@ def test_the_deadline_is_the_jobs_a_node_not_signalled_stops_its_workers_too(
         assert preempted["node"] == 1 and preempted["stopped_at_deadline"] == [rank]
 
 
+def test_a_node_gone_during_the_grace_is_part_of_the_preemption(
+    hosts: Callable[[int], Hosts], nodes: list[Node], tmp_path: Path
+) -> None:
+    """Node 1 is signalled, then SIGKILLed (its scheduler did not wait): node 0 still ends
+    as preempted (75), not as a failed job."""
+    net, pids_dir, port = hosts(2), tmp_path / "pids", free_port()
+    pids_dir.mkdir()
+    for i in range(2):
+        args = [
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{net.addr(0)}:{port}", "--rdzv-id", "gone",
+            "--rdzv-conf", FAST, "--preempt-signals", "SIGUSR1", "--preempt-grace", "600",
+            worker("sleep_tree.py"), str(pids_dir),
+        ]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"gone{i}"))
+    wait_for(lambda: len(read_pids(pids_dir)) == 4, 120, "2 workers and their children")
+    os.kill(nodes[1].proc.pid, signal.SIGUSR1)
+    wait_for(lambda: "preempted: node 1" in nodes[0].stderr, 60, "node 0 hearing of it")
+    nodes[1].kill()
+    assert nodes[0].finish(120) == REQUEUE_EXIT_CODE, nodes[0].stderr
+
+
 def _report(log_dir: Path) -> dict[str, object]:
     (report,) = log_dir.glob("*/report.json")
     data: dict[str, object] = json.loads(report.read_text())

@@ -38,7 +38,7 @@ from phalanx.rendezvous.api import (
 from phalanx.report import job as jobreport
 from phalanx.report.exits import WorkerExit, root_cause
 from phalanx.report.oom import OomProbe
-from phalanx.supervisor.group import Outcome, Supervisor
+from phalanx.supervisor.group import Outcome, RoundResult, Supervisor
 from phalanx.supervisor.preempt import Preemption, PreemptWatch, from_notice
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.contract import STACK_SIGNAL
@@ -99,8 +99,8 @@ class Rounds:
             )
             attempt.ended(result.exits)
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
-            if result.outcome is Outcome.PREEMPTED and result.preemption is not None:
-                self._preempted(joined, plan, exits, result.preemption)
+            if result.preemption is not None and _ended_by_preemption(result):
+                self._preempted(joined, plan, exits, result.preemption, result.event)
             if result.outcome is Outcome.SUCCEEDED:
                 return self._succeeded(joined, plan, exits)
             if result.outcome is Outcome.INTERRUPTED:
@@ -270,18 +270,33 @@ class Rounds:
         plan: RoundPlan,
         exits: list[WorkerExit],
         preemption: Preemption,
+        gone: JobEvent | None = None,
     ) -> NoReturn:
-        """The round ended after a preemption: wait for the other nodes (a failure of theirs
-        during the grace is the job's failure), report, requeue (node rank 0), exit 75."""
-        self.rdzv.report_done(True)  # no new round: finished nodes are not run again
-        late = self.rdzv.await_peers(lambda: self.signals.pending() is not None)
+        """The round ended after a preemption: wait for the other nodes until the job's
+        deadline at most (a failure of theirs during the grace is the job's failure; a node
+        ``gone`` meanwhile ended the round: nobody to wait for), report, requeue (node rank
+        0), exit 75."""
+        late = gone
+        if gone is None:
+            self.rdzv.report_done(True)  # no new round: finished nodes are not run again
+            late = self.rdzv.await_peers(
+                lambda: (
+                    self.signals.pending() is not None or time.monotonic() >= preemption.deadline
+                )
+            )
+        else:
+            self.rdzv.report_done(False)
         signum = self.signals.pending()
         if signum is not None:
             raise Interrupted(signum)
-        if late is not None:
+        if late is not None and late.kind is EventKind.PEER_FAILED:
             log.warning("the job failed during its preemption grace: %s", _describe_event(late))
             self._fail(joined, exits, late, None, None, crash_loop=False)
-        text, data = preempted.report(preemption, exits, preempted.last_step(plan), joined.node_rank)
+        if late is not None:  # a node gone or given up: the scheduler's stop, as announced
+            log.warning("during the preemption grace: %s", _describe_event(late))
+        text, data = preempted.report(
+            preemption, exits, preempted.last_step(plan), joined.node_rank
+        )
         print(text, file=sys.stderr, flush=True)
         write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
         if self.config.requeue and joined.node_rank == 0:
@@ -436,6 +451,19 @@ def write_launcher_file(run_dir: Path, signals: SignalWatcher) -> None:
             run_dir / LAUNCHER_FILE,
             exc.strerror,
         )
+
+
+def _ended_by_preemption(result: RoundResult) -> bool:
+    """Whether a round that was preempted ended as a preemption (exit 75): its workers
+    ended or were stopped by the deadline, or a peer went away meanwhile (stopped by the
+    scheduler before the deadline, or its store with it). A worker that failed, here or on
+    a peer (``PEER_FAILED``), is the job's failure."""
+    if result.outcome is Outcome.PREEMPTED:
+        return True
+    event = result.event
+    return result.outcome is Outcome.REMOTE and (
+        event is None or event.kind is not EventKind.PEER_FAILED
+    )
 
 
 def _describe_event(event: JobEvent) -> str:
