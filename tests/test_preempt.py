@@ -293,3 +293,16 @@ def test_a_failing_scontrol_is_one_warning_and_the_exit_stays_75(tmp_path: Path)
         assert line == "phalanx: --requeue: scontrol requeue 7 exited 1: Requeue of job 7 denied"
     finally:
         end_all(launcher, [])
+
+
+def test_sigterm_as_a_preemption_signal_still_stops_workers_on_a_failure(tmp_path: Path) -> None:
+    """Under --preempt-signals SIGTERM the worker code absorbs SIGTERM only during a
+    preemption's grace: the SIGTERM that stops the others after a failure ends them."""
+    argv = [*PHALANX, "--nproc-per-node", "2", "--preempt-signals", "SIGTERM",
+            "--shutdown-timeout", "60", "--log-dir", str(tmp_path / "logs"),
+            worker("fail_rank.py"), "0", "3"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    exits = _report(tmp_path / "logs")["exits"]
+    assert isinstance(exits, list)
+    assert {e["rank"]: e["returncode"] for e in exits} == {0: 3, 1: -signal.SIGTERM}
