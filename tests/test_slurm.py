@@ -5,11 +5,13 @@ module. Jobs are started with ``srun`` from the controller's namespace like a us
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from support.launch import worker
 from support.slurm import SlurmCluster, needs_slurm
 
 pytestmark = needs_slurm
@@ -50,4 +52,28 @@ def test_a_step_runs_one_task_on_each_node(slurm: SlurmCluster) -> None:
     assert sorted(line.split() for line in done.stdout.splitlines()) == [
         ["0", "node1", n1, n2, "node2"],
         ["1", "node2", n2, n2, "node2"],
+    ]
+
+
+def explicit_flags(log_dir: Path, port: int = 29500) -> str:
+    """The rendezvous flags a user writes without scheduler detection, from SLURM's variables
+    (a node's name is what the other nodes reach it at)."""
+    return (
+        f"--nnodes 2 --node-rank $SLURM_NODEID --rdzv-backend static"
+        f" --master-addr node1 --master-port {port} --local-addr $SLURMD_NODENAME"
+        f" --log-dir {log_dir}/node$SLURM_NODEID"
+    )
+
+
+def test_two_nodes_of_two_workers_form_one_world_of_four_with_explicit_flags(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The harness for a phalanx job: one agent per node (srun's one task per node), two
+    workers each, one Gloo all-reduce over the four; rendezvous flags written by hand."""
+    phalanx = f"{sys.executable} -m phalanx {explicit_flags(tmp_path)} --nproc-per-node 2"
+    done = srun(slurm, "-N2", "--ntasks-per-node=1", "bash", "-c",
+                f"exec {phalanx} {worker('flaky_dist.py')}")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr + slurm.log_tails()
+    assert sorted(line for line in done.stdout.splitlines() if "world=" in line) == [
+        f"[rank{rank}]: world=4 sum=10 restart=0 rank={rank} node={rank // 2}" for rank in range(4)
     ]
