@@ -43,10 +43,10 @@ def srun(
 
 
 def test_a_step_runs_one_task_on_each_node(slurm: SlurmCluster) -> None:
-    """The cluster itself: two nodes run one step, each task in its own node's namespace,
-    and the nodes' names resolve there."""
+    """The cluster itself: two nodes run one step, each task in its own node's namespace
+    under its node's hostname, and the nodes' names resolve there."""
     done = srun(slurm, "-N2", "--ntasks-per-node=1", "bash", "-c",
-                'echo "$SLURM_NODEID $SLURMD_NODENAME $(hostname -I) $(getent hosts node2)"')  # fmt: skip
+                'echo "$SLURM_NODEID $(hostname) $(hostname -I) $(getent hosts node2)"')  # fmt: skip
     assert done.returncode == 0, done.stderr + slurm.log_tails()
     n1, n2 = slurm.addr("node1"), slurm.addr("node2")
     assert sorted(line.split() for line in done.stdout.splitlines()) == [
@@ -57,10 +57,10 @@ def test_a_step_runs_one_task_on_each_node(slurm: SlurmCluster) -> None:
 
 def explicit_flags(log_dir: Path, port: int = 29500) -> str:
     """The rendezvous flags a user writes without scheduler detection, from SLURM's variables
-    (a node's name is what the other nodes reach it at)."""
+    (the nodes' hostnames resolve to their addresses, as on a cluster)."""
     return (
         f"--nnodes 2 --node-rank $SLURM_NODEID --rdzv-backend static"
-        f" --master-addr node1 --master-port {port} --local-addr $SLURMD_NODENAME"
+        f" --master-addr node1 --master-port {port}"
         f" --log-dir {log_dir}/node$SLURM_NODEID"
     )
 

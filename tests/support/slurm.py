@@ -5,7 +5,8 @@ Debian's Slurm 22.05 and MUNGE (``slurmctld``, ``slurmd``, ``slurm-client``, ``m
 
 - namespace 0 is the controller "host" (``slurmctld``; ``srun``, ``sinfo``, ``scancel``
   run there too, so the nodes can connect back to ``srun``); namespace ``k`` is node ``nodek``
-  (``slurmd -N nodek``), all on one private bridge (``support.netns``);
+  (``slurmd -N nodek``), all on one private bridge (``support.netns``); each daemon also has
+  a UTS namespace whose hostname is its node's name, which its jobs' tasks inherit;
 - ``ctl``, ``node1``, ... resolve in every namespace through ``/etc/netns/<namespace>/hosts``,
   which ``ip netns exec`` bind-mounts over ``/etc/hosts`` (the machine's own file is untouched);
 - a MUNGE key made here and a ``munged`` of our own on a socket in the directory (Slurm's
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -112,14 +114,9 @@ class SlurmCluster:
             self._write_hosts()
             self._start_munge()
             self._write_conf()
-            # slurmctld runs only where the hostname is SlurmctldHost's name: give it a UTS
-            # namespace of its own named "ctl" (the machine's name stays).
-            controller = f"hostname ctl && exec {_which('slurmctld')} -D"
-            self._start_daemon("slurmctld", "ctl", ["unshare", "--uts", "sh", "-c", controller])
+            self._start_daemon("slurmctld", "ctl", [str(_which("slurmctld")), "-D"])
             for name in self.node_names:
-                self._start_daemon(
-                    f"slurmd.{name}", name, [str(_which("slurmd")), "-D", "-N", name]
-                )
+                self._start_daemon(f"slurmd.{name}", name, [str(_which("slurmd")), "-D", "-N", name])  # fmt: skip
             self._wait_idle()
         except BaseException:
             self.stop()
@@ -192,10 +189,14 @@ class SlurmCluster:
             self.logs[name] = tmp / f"{name}.log"
 
     def _start_daemon(self, name: str, on: str, argv: Sequence[str]) -> None:
+        """``argv`` in the namespace of ``on``, with a UTS namespace whose hostname is ``on``:
+        slurmctld runs only where the hostname is SlurmctldHost's, and a job's tasks see
+        their node's name as on a real cluster (where it resolves: see ``_write_hosts``)."""
+        daemon = f"hostname {on} && exec {shlex.join(argv)}"
         with open(self.tmp / f"{name}.out", "wb") as out:
             self.daemons[name] = subprocess.Popen(
-                self.command(argv, on), env=self.env(), stdout=out, stderr=out,
-                start_new_session=True,
+                self.command(["unshare", "--uts", "sh", "-c", daemon], on), env=self.env(),
+                stdout=out, stderr=out, start_new_session=True,
             )  # fmt: skip
 
     def _wait_idle(self) -> None:
