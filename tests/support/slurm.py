@@ -35,7 +35,8 @@ import pytest
 
 from support.netns import NetNamespaces, unavailable_reason
 
-SLURM_TOOLS = ("slurmctld", "slurmd", "srun", "sinfo", "scontrol", "scancel", "munged", "mungekey")
+SLURM_TOOLS = ("slurmctld", "slurmd", "srun", "sbatch", "squeue", "sinfo", "scontrol", "scancel",
+               "munged", "mungekey")  # fmt: skip
 START_TIMEOUT = 60.0  # slurmd registering and the controller marking its node idle, under load
 STOP_TIMEOUT = 10.0
 NETNS_ETC = Path("/etc/netns")
@@ -165,7 +166,8 @@ class SlurmCluster:
             "ClusterName=phx\n"
             f"SlurmctldHost=ctl({self.addr('ctl')})\n"
             "AuthType=auth/munge\nCredType=cred/munge\n"
-            f"AuthInfo=socket={self.munge_socket}\n"
+            # cred_expire: also how long a requeued job waits before it may start again
+            f"AuthInfo=socket={self.munge_socket},cred_expire=10\n"
             "SlurmUser=root\nSlurmdUser=root\n"
             f"StateSaveLocation={tmp / 'state'}\nSlurmdSpoolDir={tmp / 'spool'}/%n\n"
             f"SlurmctldPidFile={tmp / 'slurmctld.pid'}\nSlurmdPidFile={tmp}/slurmd.%n.pid\n"
