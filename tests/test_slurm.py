@@ -12,34 +12,41 @@ from pathlib import Path
 import pytest
 
 from support.launch import worker
-from support.slurm import SlurmCluster, needs_slurm
+from support.slurm import SlurmCluster, needs_slurm, running
 
 pytestmark = needs_slurm
 REPO = Path(__file__).parents[1]
 STEP_TIMEOUT = 150  # srun of a phalanx job: two agents, four workers importing torch, 2 cores
+WORLD_OF_FOUR = [
+    f"[rank{rank}]: world=4 sum=10 restart=0 rank={rank} node={rank // 2}" for rank in range(4)
+]
 
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    cluster.start()
-    try:
+    with running(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+def srun(cluster: SlurmCluster, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``srun argv`` from the controller's namespace, in the repository, to its end."""
+    job = cluster.popen(["srun", *argv], cwd=REPO)
+    try:
+        out, err = job.communicate(timeout=STEP_TIMEOUT)
     finally:
-        cluster.stop()
-        assert cluster.spaces.leftovers() == []
-        assert not any(Path("/etc/netns", name).exists() for name in cluster.spaces.names)
+        if job.poll() is None:
+            job.kill()
+            job.wait(10)
+    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
 
 
-def srun(
-    cluster: SlurmCluster, *argv: str, timeout: float = STEP_TIMEOUT
-) -> subprocess.CompletedProcess[str]:
-    """``srun argv`` on the controller's namespace, from the repository, with Gloo on eth0."""
-    env = cluster.env({"PYTHONPATH": str(REPO / "src"), "GLOO_SOCKET_IFNAME": "eth0"})
-    return subprocess.run(
-        cluster.command(["srun", *argv]), cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=timeout,
-    )  # fmt: skip
+def explicit_flags(log_dir: Path, port: int = 29500) -> str:
+    """The rendezvous flags a user writes without scheduler detection, from SLURM's variables
+    (the nodes' hostnames resolve to their addresses, as on a cluster)."""
+    return (
+        f"--nnodes 2 --node-rank $SLURM_NODEID --rdzv-backend static"
+        f" --master-addr node1 --master-port {port} --log-dir {log_dir}/node$SLURM_NODEID"
+    )
 
 
 def test_a_step_runs_one_task_on_each_node(slurm: SlurmCluster) -> None:
@@ -55,16 +62,6 @@ def test_a_step_runs_one_task_on_each_node(slurm: SlurmCluster) -> None:
     ]
 
 
-def explicit_flags(log_dir: Path, port: int = 29500) -> str:
-    """The rendezvous flags a user writes without scheduler detection, from SLURM's variables
-    (the nodes' hostnames resolve to their addresses, as on a cluster)."""
-    return (
-        f"--nnodes 2 --node-rank $SLURM_NODEID --rdzv-backend static"
-        f" --master-addr node1 --master-port {port}"
-        f" --log-dir {log_dir}/node$SLURM_NODEID"
-    )
-
-
 def test_two_nodes_of_two_workers_form_one_world_of_four_with_explicit_flags(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -74,6 +71,4 @@ def test_two_nodes_of_two_workers_form_one_world_of_four_with_explicit_flags(
     done = srun(slurm, "-N2", "--ntasks-per-node=1", "bash", "-c",
                 f"exec {phalanx} {worker('flaky_dist.py')}")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr + slurm.log_tails()
-    assert sorted(line for line in done.stdout.splitlines() if "world=" in line) == [
-        f"[rank{rank}]: world=4 sum=10 restart=0 rank={rank} node={rank // 2}" for rank in range(4)
-    ]
+    assert sorted(line for line in done.stdout.splitlines() if "world=" in line) == WORLD_OF_FOUR

@@ -28,11 +28,12 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
+import phalanx
 from support.netns import NetNamespaces, unavailable_reason
 
 SLURM_TOOLS = ("slurmctld", "slurmd", "srun", "sbatch", "squeue", "sinfo", "scontrol", "scancel",
@@ -106,6 +107,26 @@ class SlurmCluster:
             self.command(argv), env=self.env(env), capture_output=True, text=True,
             timeout=timeout,
         )  # fmt: skip
+
+    def popen(self, argv: Sequence[str], cwd: Path) -> subprocess.Popen[str]:
+        """``argv`` started on the controller's namespace in ``cwd``, its output in pipes, the
+        environment ``job_env()``'s (what ``srun`` and ``sbatch`` pass on to a job)."""
+        return subprocess.Popen(
+            self.command(argv), cwd=cwd, env=self.env(job_env()), text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    def job_id(self, name: str) -> str:
+        """The id of the queued or running job called ``name``."""
+        listed = self.run(["squeue", "-h", "--name", name, "-o", "%i"])
+        if not listed.stdout.split():
+            raise AssertionError(f"no job {name!r} in squeue: {listed.stderr.strip()}")
+        return listed.stdout.split()[0]
+
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job``'s fields (JobState, Restarts, ExitCode, ...)."""
+        shown = self.run(["scontrol", "show", "job", "-o", job_id]).stdout
+        return dict(word.split("=", 1) for word in shown.split() if "=" in word)
 
     # -- bringing it up -----------------------------------------------------------------
 
@@ -263,3 +284,22 @@ class SlurmCluster:
                                     text=True)  # fmt: skip
             pids += [int(pid) for pid in listed.stdout.split()]
         return pids
+
+
+def job_env() -> dict[str, str]:
+    """What a job's tasks need on top of the environment: the phalanx the test imported
+    (``srun`` passes the environment on), and Gloo on each node's link to the others."""
+    return {"PYTHONPATH": str(Path(phalanx.__file__).parents[1]), "GLOO_SOCKET_IFNAME": "eth0"}
+
+
+@contextlib.contextmanager
+def running(tmp: Path) -> Iterator[SlurmCluster]:
+    """A started cluster under ``tmp``; stopped after, with nothing of it left behind."""
+    cluster = SlurmCluster(tmp)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        assert cluster.spaces.leftovers() == [], cluster.spaces.leftovers()
+        assert not any((NETNS_ETC / name).exists() for name in cluster.spaces.names)
