@@ -139,6 +139,8 @@ BAD_INPUTS = [
     (["--ssh-config", "nope", "--hosts", "h1", SCRIPT], "--ssh-config: no such file: nope"),
     (["--env", "PHX_UNSET_XYZ", "--hosts", "h1", SCRIPT], "not set in this environment"),
     (["--env-file", "absent.env", "--hosts", "h1", SCRIPT], "--env-file absent.env: cannot"),
+    (["--scheduler", "pbs", SCRIPT], "--scheduler: unknown scheduler 'pbs'; known: auto, none, "),
+    (["--scheduler", "slurm", SCRIPT], "--scheduler slurm: not under slurm (SLURM_JOB_ID not set)"),
 ]
 
 # Options that take a value of which none is bad, and why.

@@ -277,6 +277,27 @@ def wait_for_a_round_of_two(nodes: list[Node], stamps: Path) -> None:
     wait_for(both_in_a_round_of_two, HANG, "a round of two nodes with both workers stamping")
 
 
+def cut_off_node_1(spaces: NetNamespaces, nodes: list[Node], stamps: Path, how: str) -> float:
+    """Take node 1 off the network (``how``: ``link-down`` or ``drop``); it must exit 1 with
+    nothing left in its namespace, and node 0 must start a worker in a round of its own.
+    Then node 0's workers are let finish. Returns the monotonic time of the cut."""
+    cut = time.monotonic()
+    spaces.cut(1) if how == "link-down" else spaces.drop(1)
+    try:
+        assert nodes[1].finish(HANG) == 1, nodes[1].stderr
+        wait_for(lambda: namespace_pids(spaces, 1) == [], 30, "node 1's namespace to be empty")
+
+        def node_0_started_again() -> bool:
+            assert nodes[0].proc.poll() is None, nodes[0].stderr
+            return any(start > cut for start, _, _ in stamp_files(stamps, "n0"))
+
+        wait_for(node_0_started_again, HANG, "node 0 to re-form alone and start a worker")
+    finally:
+        (stamps / "stop").touch()
+    assert nodes[0].finish(HANG) == 0, nodes[0].stderr
+    return cut
+
+
 def partition_scenario(
     spaces: NetNamespaces,
     nodes: list[Node],
@@ -305,20 +326,7 @@ def partition_scenario(
         nodes.append(Node(net, i, [*args_for(i), *tail], tmp, f"n{i}"))
 
     wait_for_a_round_of_two(nodes, stamps)
-    cut = time.monotonic()
-    spaces.cut(1) if how == "link-down" else spaces.drop(1)
-    try:
-        assert nodes[1].finish(HANG) == 1, nodes[1].stderr
-        wait_for(lambda: namespace_pids(spaces, 1) == [], 30, "node 1's namespace to be empty")
-
-        def node_0_started_again() -> bool:
-            assert nodes[0].proc.poll() is None, nodes[0].stderr
-            return any(start > cut for start, _, _ in stamp_files(stamps, "n0"))
-
-        wait_for(node_0_started_again, HANG, "node 0 to re-form alone and start a worker")
-    finally:
-        (stamps / "stop").touch()
-    assert nodes[0].finish(HANG) == 0, nodes[0].stderr
+    cut = cut_off_node_1(spaces, nodes, stamps, how)
 
     old = stamp_files(stamps, "n1")
     assert old and all(start < cut for start, _, _ in old)
@@ -366,7 +374,6 @@ def test_a_node_cut_off_from_the_c10d_store_is_fenced_before_the_others_re_form(
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_a_node_cut_off_during_its_workers_grace_is_fenced_all_the_same(
     netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
 ) -> None:
@@ -394,20 +401,7 @@ def test_a_node_cut_off_during_its_workers_grace_is_fenced_all_the_same(
         return any("sigterm" in p.read_text() for p in stamps.glob("n1-*.stamps"))
 
     wait_for(node_1_in_its_grace, HANG, "node 1's worker to get SIGTERM")
-    cut = time.monotonic()
-    spaces.cut(1)
-    try:
-        assert nodes[1].finish(HANG) == 1, nodes[1].stderr  # (the grace would be 600 s)
-        wait_for(lambda: namespace_pids(spaces, 1) == [], 30, "node 1's namespace to be empty")
-
-        def node_0_started_again() -> bool:
-            assert nodes[0].proc.poll() is None, nodes[0].stderr
-            return any(start > cut for start, _, _ in stamp_files(stamps, "n0"))
-
-        wait_for(node_0_started_again, HANG, "node 0 to re-form alone and start a worker")
-    finally:
-        (stamps / "stop").touch()
-    assert nodes[0].finish(HANG) == 0, nodes[0].stderr
+    cut = cut_off_node_1(spaces, nodes, stamps, "link-down")  # (its grace would be 600 s)
     last_old = max(last for _, last, _ in stamp_files(stamps, "n1") if last is not None)
     first_new = min(start for start, _, _ in stamp_files(stamps, "n0") if start > cut)
     assert cut < last_old < first_new, (cut, last_old, first_new)  # stamped in its grace

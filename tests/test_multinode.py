@@ -3,11 +3,13 @@ they can be made, else loopback), real TCPStore, real Gloo between the hosts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from phalanx.net import free_port
@@ -121,23 +123,22 @@ def test_worker_failure_on_node_1_restarts_everywhere(
     assert "workers failed on node 1" in nodes[0].stderr
 
 
-def test_kill_9_of_node_1_agent_stops_node_0(
-    hosts: object, nodes: list[Node], tmp_path: Path
-) -> None:
-    net = hosts(2)  # type: ignore[operator]
-    port = free_port()
+@contextlib.contextmanager
+def _sleeping_job(
+    net: Hosts, nodes: list[Node], tmp_path: Path, rdzv: Callable[[int], list[str]]
+) -> Iterator[None]:
+    """Both nodes run ``sleep_tree.py`` (a worker with a child each) with the flags
+    ``rdzv(node)``; the block kills what its test kills. After it, every worker and child
+    on both nodes must be gone within 10 s; whatever is left is killed."""
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
     for i in (0, 1):
-        args = [*c10d_args(net, port, "2"), worker("sleep_tree.py"), str(pids_dir)]
+        args = [*rdzv(i), worker("sleep_tree.py"), str(pids_dir)]
         nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
     wait_for(lambda: len(read_pids(pids_dir)) == 4, 90, "both nodes' workers and children")
     pids = read_pids(pids_dir)
     try:
-        nodes[1].proc.kill()  # SIGKILL to node 1's agent only
-        code = nodes[0].finish(timeout=60)  # heartbeat_timeout is 4 s; 60 s only catches a hang
-        assert code == 1
-        assert "node 1 was lost" in nodes[0].stderr, nodes[0].stderr
+        yield
         wait_for(
             lambda: not any(alive(pid) for pid in pids), 10, "every worker on both nodes to be gone"
         )
@@ -145,6 +146,18 @@ def test_kill_9_of_node_1_agent_stops_node_0(
         for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_kill_9_of_node_1_agent_stops_node_0(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    with _sleeping_job(net, nodes, tmp_path, lambda i: c10d_args(net, port, "2")):
+        nodes[1].proc.kill()  # SIGKILL to node 1's agent only
+        code = nodes[0].finish(timeout=60)  # heartbeat_timeout is 4 s; 60 s only catches a hang
+        assert code == 1
+        assert "node 1 was lost" in nodes[0].stderr, nodes[0].stderr
 
 
 def test_kill_9_of_the_store_host_ends_the_other_node_with_a_rendezvous_error(
@@ -155,15 +168,11 @@ def test_kill_9_of_the_store_host_ends_the_other_node_with_a_rendezvous_error(
     SIGKILL that agent: node 1 stops its workers and exits 1 naming the lost store."""
     net = hosts(2)  # type: ignore[operator]
     port = free_port()
-    pids_dir = tmp_path / "pids"
-    pids_dir.mkdir()
-    for i in (0, 1):
-        conf = f"{FAST},is_host={'true' if i == 0 else 'false'}"
-        args = [*c10d_args(net, port, "2", conf=conf), worker("sleep_tree.py"), str(pids_dir)]
-        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
-    wait_for(lambda: len(read_pids(pids_dir)) == 4, 90, "both nodes' workers and children")
-    pids = read_pids(pids_dir)
-    try:
+
+    def rdzv(i: int) -> list[str]:
+        return c10d_args(net, port, "2", conf=f"{FAST},is_host={'true' if i == 0 else 'false'}")
+
+    with _sleeping_job(net, nodes, tmp_path, rdzv):
         nodes[0].proc.kill()  # SIGKILL to the store's host only
         code = nodes[1].finish(timeout=60)  # heartbeat_timeout is 4 s; 60 s only catches a hang
         assert code == 1, nodes[1].stderr
@@ -173,13 +182,6 @@ def test_kill_9_of_the_store_host_ends_the_other_node_with_a_rendezvous_error(
         assert (
             "rank 1 (local rank 0)" in nodes[1].stderr and "stopped by phalanx" in nodes[1].stderr
         )
-        wait_for(
-            lambda: not any(alive(pid) for pid in pids), 10, "every worker on both nodes to be gone"
-        )
-    finally:
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_late_joiner_is_admitted_without_spending_a_restart(

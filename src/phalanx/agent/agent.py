@@ -6,10 +6,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import BinaryIO
 
 from phalanx.agent.loop import Rounds, write_launcher_file
 from phalanx.config import LaunchConfig
+from phalanx.errors import Interrupted, PhalanxError
+from phalanx.events.log import EventLog
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rundir import make_run_dir
 from phalanx.supervisor.cgroup import JobCgroup
@@ -72,6 +75,38 @@ class Agent:
             tuple(word.encode() for word in config.duplicate_stdout_filters),
             tuple(word.encode() for word in config.duplicate_stderr_filters),
         )
+        events = EventLog(run_dir, wall_clock.now)
+        events.emit(
+            "run_start",
+            run_id=self._run_id,
+            pid=os.getpid(),
+            min_nodes=config.min_nodes,
+            max_nodes=config.max_nodes,
+            nproc_per_node=config.nproc_per_node,
+            max_restarts=config.max_restarts,
+        )
+        try:
+            code = self._run(run_dir, events, wall_clock, filters)
+        except Interrupted as exc:
+            events.emit("job_end", outcome="interrupted", exit_code=exc.exit_code)
+            raise
+        except PhalanxError as exc:
+            events.emit("job_end", outcome="failed", exit_code=exc.exit_code)
+            raise
+        else:
+            events.emit("job_end", outcome="succeeded", exit_code=code)
+            return code
+        finally:
+            events.close()
+
+    def _run(
+        self,
+        run_dir: Path,
+        events: EventLog,
+        wall_clock: WallClock,
+        filters: tuple[tuple[bytes, ...], tuple[bytes, ...]],
+    ) -> int:
+        config = self._config
         with SignalWatcher(config.signals_to_handle, stacks=True) as signals:
             write_launcher_file(run_dir, signals)
             # Entered before anything is started, so every process of the job is born in it.
@@ -95,7 +130,10 @@ class Agent:
                     wall_clock=wall_clock.now,
                     fence=rendezvous.fence(),
                 )
-                return Rounds(config, rendezvous, supervisor, signals, run_dir, self._base_env).run()
+                rounds = Rounds(
+                    config, rendezvous, supervisor, signals, run_dir, self._base_env, events
+                )
+                return rounds.run()
             finally:
                 if template is not None:
                     template.close()

@@ -19,6 +19,8 @@ from phalanx.agent.policy import Step, decide, judged
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
 from phalanx.errors import Interrupted, JobFailed, MismatchError, RendezvousError
+from phalanx.events.attempt import AttemptEvents, AttemptFailure
+from phalanx.events.log import EventLog
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import PEER_DUMP_WAIT
@@ -62,8 +64,10 @@ class Rounds:
         signals: SignalWatcher,
         run_dir: Path,
         base_env: Mapping[str, str],
+        events: EventLog,
     ) -> None:
         self.config = config
+        self.events = events
         self.rdzv = rendezvous
         self.supervisor = supervisor
         self.signals = signals
@@ -83,6 +87,7 @@ class Rounds:
             plan = build_plan(self.config, joined, self.run_dir, self.base_env)
             mark = ProgressMark.take(plan)
             self.attempts += 1
+            attempt = AttemptEvents(self.events, plan, joined.round, self.attempts)
             watch = RoundWatch(
                 plan,
                 stall_timeout=self.config.stall_timeout,
@@ -91,7 +96,10 @@ class Rounds:
                 job=self._job_stacks(joined),
             )
             probe = OomProbe()
-            result = self.supervisor.run(plan, self.signals, self._poll(watch), watch.tick)
+            result = self.supervisor.run(
+                plan, self.signals, self._poll(watch), attempt.watch(watch.tick)
+            )
+            attempt.ended(result.exits)
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
             if result.outcome is Outcome.SUCCEEDED:
                 return self._succeeded(joined, exits)
@@ -100,9 +108,15 @@ class Rounds:
                 self.rdzv.report_done(False)
                 raise Interrupted(result.signum)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
+            attempt.failed(
+                self._failure_events(cause, result.event, watch),
+                stop_began=self.supervisor.stop_began,
+                stall_timeout=self.config.stall_timeout,
+            )
             event = result.event.kind if result.event is not None else None
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
+                self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
                 continue  # a scale-up: re-form the round, no restart spent
             hang = watch.hang or watch.peer_hang
             if step is Step.RESTART and self.rdzv.claim_restart(self.config.max_restarts):
@@ -110,6 +124,12 @@ class Rounds:
                     "restarting the worker group (restart %d of %d)",
                     self.attempts, self.config.max_restarts,
                 )  # fmt: skip
+                self.events.emit(
+                    "restart",
+                    restart=self.attempts,
+                    max_restarts=self.config.max_restarts,
+                    round=joined.round,
+                )
                 continue
             crash_loop = step is Step.CRASH_LOOP
             self._fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
@@ -117,14 +137,34 @@ class Rounds:
     def _next_round(self) -> RendezvousResult:
         """Join the next round; a signal meanwhile ends the wait at once, and the other nodes
         are told this node left (the job stops: it cannot form without it)."""
+        self.events.emit("rdzv_start", attempt=self.attempts + 1)
+        began = time.monotonic()
         try:
             with self.signals.raising():
                 joined = self.rdzv.next_round(self.config.nproc_per_node)
         except Interrupted:
             self.rdzv.report_done(False)
             raise
+        self.events.node = joined.node_rank
+        self.events.emit(
+            "rdzv_done",
+            round=joined.round,
+            attempt=self.attempts + 1,
+            num_nodes=joined.num_nodes,
+            world_size=joined.world_size,
+            members=[n.hostname for n in sorted(joined.nodes, key=lambda n: n.node_rank)],
+            restart_count=joined.restart_count,
+            seconds=round(time.monotonic() - began, 3),
+        )
         self._check_same_code(joined)
         return joined
+
+    def _failure_events(
+        self, cause: WorkerExit | None, event: JobEvent | None, watch: RoundWatch
+    ) -> AttemptFailure:
+        if cause is not None:
+            return AttemptFailure.of_cause(cause, watch.hang, watch.report_path)
+        return AttemptFailure.of_event(event, _describe_event(event) if event is not None else "")
 
     def _check_same_code(self, joined: RendezvousResult) -> None:
         """Stop the job before any worker starts when the members' code or versions differ

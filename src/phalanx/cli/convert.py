@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from phalanx import parsing
+from phalanx.cli.scheduler import NO_DERIVATION, Derivation
 from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.errors import UsageError
 from phalanx.hosts.hostfile import HostSlots, parse_hosts, read_hostfile
@@ -197,10 +198,14 @@ def to_config(
     ns: argparse.Namespace,
     environ: Mapping[str, str],
     cuda_device_count: Callable[[], int] = _cuda_device_count,
+    derivation: Derivation = NO_DERIVATION,
 ) -> LaunchConfig:
     """The config, or ``UsageError`` with every problem of the command line in one batch
-    (the rendezvous part's included: ``launch.rendezvous_problems``)."""
+    (the rendezvous part's and the scheduler's included: ``launch.rendezvous_problems``,
+    ``cli.scheduler.derive``, whose facts ``ns`` already holds)."""
     p = _Problems()
+    for problem in derivation.problems:
+        p.add(problem)
     nproc = p.parse(lambda: resolve_nproc(ns.nproc_per_node, cuda_device_count), 1)
     min_nodes, max_nodes = p.parse(lambda: parsing.parse_nnodes(ns.nnodes), (1, 1))
     max_restarts = p.parse(
@@ -211,7 +216,7 @@ def to_config(
     signals, preload = _check_names(ns, p)
     owner_flags = p.parse(lambda: parse_owner_flags(ns.spawn_owner_flags), SPAWN_OWNER_FACTS)
     mode, program = _program(ns, environ, p)
-    hosts = _hosts(ns, environ, p, nproc)
+    hosts = _hosts(ns, environ, p, nproc, derivation.given)
     standalone = bool(ns.standalone)
     config = LaunchConfig(
         program=program,
@@ -239,6 +244,7 @@ def to_config(
         stall_timeout=stall or None,
         allow_mismatch=bool(ns.allow_mismatch),
         not_applied=_not_applied(ns),
+        derived=derivation.lines,
         **hosts,
     )
     for problem in rendezvous_problems(config):
@@ -249,9 +255,14 @@ def to_config(
 
 
 def _hosts(
-    ns: argparse.Namespace, environ: Mapping[str, str], p: _Problems, nproc: int
+    ns: argparse.Namespace,
+    environ: Mapping[str, str],
+    p: _Problems,
+    nproc: int,
+    given: Mapping[str, str],
 ) -> dict[str, Any]:
-    """--hosts/--hostfile and what goes with them (nothing when neither is given)."""
+    """--hosts/--hostfile and what goes with them (nothing when neither is given). ``given``:
+    where each flag was set, so a refused one that came from ``PET_<FLAG>`` names it."""
     if ns.hosts is None and ns.hostfile is None:
         for flag, value in (("--ssh-config", ns.ssh_config), ("--env-file", ns.env_file)):
             if value is not None:
@@ -261,15 +272,18 @@ def _hosts(
         return {}
     if ns.hosts is not None and ns.hostfile is not None:
         p.add("--hosts and --hostfile: give one of them")
-    for given, flag in (
-        (ns.standalone, "--standalone"),
-        (str(ns.nnodes) != "1", "--nnodes"),
-        (str(ns.node_rank) != "0", "--node-rank"),
-        (ns.local_addr is not None, "--local-addr"),
-        (str(ns.rdzv_backend) != "c10d", "--rdzv-backend"),
+    for refused, dest in (
+        (ns.standalone, "standalone"),
+        (str(ns.nnodes) != "1", "nnodes"),
+        (str(ns.node_rank) != "0", "node_rank"),
+        (ns.local_addr is not None, "local_addr"),
+        (str(ns.rdzv_backend) != "c10d", "rdzv_backend"),
     ):
-        if given:
-            p.add(f"{flag} cannot be used with --hosts/--hostfile: the host list sets it")
+        if refused:
+            where = given.get(dest, f"PET_{dest.upper()}")
+            came = "" if where == "the command line" else f" (it came from {where})"
+            flag = "--" + dest.replace("_", "-")
+            p.add(f"{flag} cannot be used with --hosts/--hostfile: the host list sets it{came}")
     no_hosts: tuple[HostSlots, ...] = ()
     if ns.hosts is not None:
         hosts = p.parse(lambda: parse_hosts(ns.hosts, nproc), no_hosts)

@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
 from phalanx.cli import stacks
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
+from phalanx.cli.scheduler import derive
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, PhalanxError, UsageError
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.plan import describe
 
+log = logging.getLogger("phalanx")
+
+# Subcommands that look at a run (``phalanx NAME RUN_DIR ...``), one row each.
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "stacks": stacks.main,
+}
+
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig:
     ns = build_parser(environ).parse_args(list(argv))
-    return to_config(ns, environ)
+    ns, derivation = derive(ns, argv, environ)
+    return to_config(ns, environ, derivation=derivation)
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -29,8 +39,10 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return run_hosts(config, argv)
     launch = prepare(config)
     if config.dry_run:
-        print(describe(launch.dry_run_plan(environ), environ))
+        print("\n".join((*config.derived, describe(launch.dry_run_plan(environ), environ))))
         return 0
+    for line in config.derived:
+        log.info("%s", line)
     return Agent(config, launch.open_rendezvous, launch.run_id, environ, contain=True).run()
 
 
@@ -39,8 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         # A subcommand, unless a training script is called that (torchrun's flags stay as is).
-        if args[:1] == ["stacks"] and not Path("stacks").is_file():
-            return stacks.main(args[1:])
+        command = SUBCOMMANDS.get(args[0]) if args else None
+        if command is not None and not Path(args[0]).is_file():
+            return command(args[1:])
         return run(args, os.environ)
     except UsageError as exc:
         for problem in exc.problems:

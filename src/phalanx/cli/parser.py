@@ -44,9 +44,10 @@ def _spellings(flag: str) -> list[str]:
     return [dashed] if dashed == underscored else [dashed, underscored]
 
 
-def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argparse.ArgumentParser:
     """Build the parser; ``PET_<DEST>`` in ``environ`` supplies a flag's default where torchrun
-    reads one (and for phalanx's own flags)."""
+    reads one (and for phalanx's own flags). ``given_only``: no defaults at all, so a parse
+    holds only the flags the command line gave (``cli.scheduler``: explicit flags win)."""
     parser = _Parser(
         prog="phalanx",
         description=DESCRIPTION,
@@ -64,7 +65,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
             *names,
             *_spellings(flag),
             dest=dest,
-            default=env_default if env_default is not None else default,
+            default=argparse.SUPPRESS
+            if given_only
+            else (env_default if env_default is not None else default),
             help=help,
             **kwargs,
         )
@@ -77,7 +80,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
             *_spellings(flag),
             dest=dest,
             action="store_true",
-            default=env_value.strip().lower() in {"1", "true", "yes"},
+            default=argparse.SUPPRESS
+            if given_only
+            else env_value.strip().lower() in {"1", "true", "yes"},
             help=help,
         )
 
@@ -237,6 +242,15 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "env-file",
         None,
         "With --hosts/--hostfile: more variables to forward, a NAME or NAME=VALUE per line.",
+        pet=False,
+    )
+    option(
+        "scheduler",
+        "auto",
+        "Read the node count, node rank and rendezvous from the scheduler that started "
+        "phalanx: auto (the default: detect SLURM, Kubeflow, Open MPI or PMI), none, or one "
+        "of their names. What is derived is printed at start, one line per fact, naming its "
+        "variable; flags given (or PET_<FLAG> variables) win.",
         pet=False,
     )
     parser.add_argument("training_script", help="The script (or module, or program) to run.")

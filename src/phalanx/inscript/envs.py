@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from phalanx.errors import UsageError
+from phalanx.schedulers.facts import slurm_port
+from phalanx.schedulers.nodelist import first_host
 
 BACKEND_ENV = "PHALANX_BACKEND"
 
@@ -83,32 +85,20 @@ def _no_default(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm nodelist: ``'gpu[07-09,12],cpu1'`` -> ``'gpu07'``."""
-    out: list[str] = []
-    i = 0
-    while i < len(nodelist) and nodelist[i] != ",":
-        if nodelist[i] == "[":
-            end = nodelist.index("]", i)
-            out.append(nodelist[i + 1 : end].split(",")[0].split("-")[0])
-            i = end + 1
-        else:
-            out.append(nodelist[i])
-            i += 1
-    return "".join(out)
-
-
 def _slurm_addr(env: Mapping[str, str]) -> str | None:
     for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         if env.get(var):
-            return first_host(env[var])
+            try:
+                return first_host(env[var], var)
+            except ValueError:
+                return None  # reported as "cannot be derived", with the hint
     return None
 
 
 def _slurm_port(env: Mapping[str, str]) -> str | None:
-    # Every task of the job derives the same port, and jobs sharing a node rarely collide.
-    job = env.get("SLURM_JOB_ID", "")
-    return str(15000 + int(job) % 10000) if job.isdigit() else None
+    # Every task of the job derives the same port (the CLI's static store uses the same one).
+    port = slurm_port(env.get("SLURM_JOB_ID", ""))
+    return None if port is None else str(port)
 
 
 def _localhost_if_one_node(local_size: str, size: str) -> Derive:

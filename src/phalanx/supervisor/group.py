@@ -95,6 +95,9 @@ class Supervisor:
         self._duplicate_filters = duplicate_filters
         self._host = host or socket.gethostname()
         self._wall_clock = wall_clock
+        # Wall clock when the last round's stop began (its failure was acted on): for the
+        # event log's recovery figures; 0.0 when the round ended without a stop.
+        self.stop_began = 0.0
 
     def run(
         self,
@@ -107,6 +110,7 @@ class Supervisor:
         own checks; True stops the workers and returns ``STOPPED``), then ``poll``."""
         selector = selectors.DefaultSelector()
         selector.register(signals.fd, selectors.EVENT_READ, None)
+        self.stop_began = 0.0
         slots: list[_Slot] = []
         streams: dict[int, LogStream] = {}
         stopping = False
@@ -266,6 +270,8 @@ class Supervisor:
         signal, e.g. while the agent was busy polling or not scheduled) is recorded first, as
         its own exit, not as one phalanx caused -- unless the fence has fired: its SIGKILLs
         are phalanx's."""
+        if not self.stop_began:
+            self.stop_began = self._wall_clock()
         fenced = self._fence is not None and self._fence.reason is not None
         self._handle_events(selector.select(0), slots, streams, selector, stopping=fenced)
         grace = _KILL_WAIT if first_signal == signal.SIGKILL else self._shutdown_timeout

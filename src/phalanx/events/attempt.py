@@ -1,0 +1,184 @@
+"""The events of one attempt, taken from what the agent already sees.
+
+``AttemptEvents.watch`` wraps the supervisor's ``on_tick``: on its first call it records the
+started workers, then samples each rank's progress counters (``phalanx.worker.progress``)
+at most every ``PROGRESS_EVERY`` seconds, and only when they moved. ``ended`` records every
+worker's exit and one last progress sample, so the last step before a failure is exact.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx.events.log import EventLog
+from phalanx.hang.analysis import HangAnalysis
+from phalanx.plan import RoundPlan, WorkerPlan
+from phalanx.rendezvous.api import JobEvent
+from phalanx.report.exits import WorkerExit
+from phalanx.worker import progress
+
+PROGRESS_EVERY = 2.0  # seconds between samples of one rank (a timeline's resolution)
+
+Running = Sequence[tuple[WorkerPlan, int]]
+
+
+class AttemptEvents:
+    def __init__(self, events: EventLog, plan: RoundPlan, round_: int, attempt: int) -> None:
+        self._events = events
+        self._plan = plan
+        self._round = round_
+        self._attempt = attempt
+        self._started = False
+        self._next_sample = 0.0
+        self._last: dict[int, tuple[int, int]] = {}  # rank -> (beats, step) last emitted
+
+    def watch(self, on_tick: Callable[[Running], bool]) -> Callable[[Running], bool]:
+        def tick(running: Running) -> bool:
+            if not self._started:
+                self._started = True
+                self._emit_started([w.global_rank for w, _ in running], [p for _, p in running])
+            if time.monotonic() >= self._next_sample:
+                self._next_sample = time.monotonic() + PROGRESS_EVERY
+                self._sample([w for w, _ in running])
+            return on_tick(running)
+
+        return tick
+
+    def ended(self, exits: Sequence[WorkerExit]) -> None:
+        if not self._started:  # every worker ended before the first tick
+            self._started = True
+            self._emit_started([e.rank for e in exits], [e.pid for e in exits])
+        self._sample(list(self._plan.workers))
+        for e in sorted(exits, key=lambda e: e.rank):
+            self._events.emit(
+                "worker_exit",
+                round=self._round,
+                attempt=self._attempt,
+                rank=e.rank,
+                local_rank=e.local_rank,
+                pid=e.pid,
+                returncode=e.returncode,
+                signal=_signal_name(e.returncode),
+                failed=e.failed,
+                stopped_by_phalanx=e.stopped_by_launcher,
+                exited_at=e.time,
+            )
+
+    def failed(
+        self, failure: AttemptFailure, *, stop_began: float, stall_timeout: float | None
+    ) -> None:
+        """The attempt failed and every local worker has exited: the hang found here (if
+        any), the failure, and how long the stop took since it was acted on."""
+        stopped_at = self._events.now()
+        detected_at = stop_began or stopped_at
+        hang = failure.hang
+        failed_at = failure.failed_at
+        if hang is not None:
+            stalled = [r.rank for r in hang.ranks if stall_timeout and r.idle >= stall_timeout]
+            self._events.emit(
+                "hang",
+                round=self._round,
+                attempt=self._attempt,
+                ranks=stalled or [hang.culprit.rank],
+                suspects=[s.rank for s in hang.suspects],
+                report=str(failure.hang_report) if failure.hang_report else None,
+            )
+            failed_at = detected_at - hang.culprit.idle  # when its progress last moved
+        self._events.emit(
+            "failure",
+            round=self._round,
+            attempt=self._attempt,
+            rank=failure.rank,
+            failed_node=failure.failed_node,
+            failure_kind=failure.kind,
+            reason=failure.reason,
+            exit_code=failure.exit_code,
+            local=failure.local,
+            failed_at=failed_at,
+            detected_at=detected_at,
+        )
+        self._events.emit(
+            "stopped",
+            round=self._round,
+            attempt=self._attempt,
+            seconds=round(max(0.0, stopped_at - detected_at), 3),
+        )
+
+    def _emit_started(self, ranks: list[int], pids: list[int]) -> None:
+        self._events.emit(
+            "workers_started", round=self._round, attempt=self._attempt, ranks=ranks, pids=pids
+        )
+
+    def _sample(self, workers: Sequence[WorkerPlan]) -> None:
+        for worker in workers:
+            reading = progress.read(str(worker.log_dir / progress.FILE_NAME))
+            if reading is None or reading == self._last.get(worker.global_rank, (0, -1)):
+                continue
+            self._last[worker.global_rank] = reading
+            beats, step = reading
+            self._events.emit(
+                "progress",
+                round=self._round,
+                rank=worker.global_rank,
+                step=None if step == progress.NO_STEP else step,
+                beats=beats,
+            )
+
+
+def _signal_name(returncode: int) -> str | None:
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class AttemptFailure:
+    """Why an attempt failed, as this node knows it: its own root cause (``local``) or the
+    peer event that stopped it."""
+
+    local: bool  # this node's own root cause
+    rank: int | None
+    failed_node: int | None
+    kind: str | None
+    reason: str
+    exit_code: int | None
+    failed_at: float | None  # wall clock of the failure itself, when known
+    hang: HangAnalysis | None = None
+    hang_report: Path | None = None
+
+    @classmethod
+    def of_cause(
+        cls, cause: WorkerExit, hang: HangAnalysis | None, report: Path | None
+    ) -> AttemptFailure:
+        return cls(
+            local=True,
+            rank=cause.rank,
+            failed_node=cause.node_rank,
+            kind=cause.kind or None,
+            reason=cause.reason or cause.describe_exit(),
+            exit_code=cause.exit_code,
+            failed_at=cause.time,
+            hang=hang,
+            hang_report=report,
+        )
+
+    @classmethod
+    def of_event(cls, event: JobEvent | None, reason: str) -> AttemptFailure:
+        peer = event.failure if event is not None else {}
+        rank, when = peer.get("rank"), peer.get("time")
+        return cls(
+            local=False,
+            rank=rank if isinstance(rank, int) else None,
+            failed_node=event.node_rank if event is not None else None,
+            kind=str(peer.get("kind") or (event.kind.value if event is not None else "")) or None,
+            reason=reason,
+            exit_code=None,
+            failed_at=float(when) if isinstance(when, (int, float)) else None,
+        )

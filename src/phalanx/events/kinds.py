@@ -1,0 +1,63 @@
+"""The kinds of event in ``events.jsonl`` and the fields each carries.
+
+Every line is one JSON object with the common fields
+
+``v``     schema version (``SCHEMA_VERSION``)
+``t``     wall-clock seconds (the agent's ``WallClock``: for people and pictures, never to
+          order events across hosts)
+``mono``  this host's monotonic clock (durations between events of one node)
+``seq``   this node's event number, from 0 (order within a node, even when ``t`` jumps)
+``node``  this node's rank in the current round (null before the first round)
+``host``  this node's host name
+``kind``  one of ``KINDS``
+
+and the fields of its kind below (never one of the common names). Readers ignore fields they do not know; a kind's listed
+fields are always present (null where the value is not known).
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+COMMON = ("v", "t", "mono", "seq", "node", "host", "kind")
+
+KINDS: dict[str, tuple[str, ...]] = {
+    # The agent started (once per agent run).
+    "run_start": ("run_id", "pid", "min_nodes", "max_nodes", "nproc_per_node", "max_restarts"),
+    # This node began to wait for a round (``attempt``: the attempt the round will run).
+    "rdzv_start": ("attempt",),
+    # A round formed: its members (host names by node rank) and how long the wait took.
+    "rdzv_done": (
+        "round", "attempt", "num_nodes", "world_size", "members", "restart_count", "seconds",
+    ),
+    # This node's workers of one attempt were started (global ranks and pids).
+    "workers_started": ("round", "attempt", "ranks", "pids"),
+    # A worker's progress counters (``phalanx.worker.progress``), sampled by the agent.
+    "progress": ("round", "rank", "step", "beats"),
+    # One worker ended: its code (negative: killed by that signal) and whether phalanx
+    # stopped it (collateral) or it failed on its own.
+    "worker_exit": (
+        "round", "attempt", "rank", "local_rank", "pid", "returncode", "signal", "failed",
+        "stopped_by_phalanx", "exited_at",
+    ),
+    # A hang found on this node (``ranks``: the ranks that made no progress).
+    "hang": ("round", "attempt", "ranks", "suspects", "report"),
+    # The attempt failed, as this node knows it: the root cause when the failure is local
+    # (``node`` of the failing rank in ``failed_node``), or the peer event that stopped it.
+    # ``failed_at``: when the failure happened (the worker's exit, the hang's detection);
+    # ``detected_at``: when this agent acted on it.
+    "failure": (
+        "round", "attempt", "rank", "failed_node", "failure_kind", "reason", "exit_code", "local",
+        "failed_at", "detected_at",
+    ),
+    # Every worker of the failed attempt on this node has exited (``seconds``: since the
+    # failure was detected here).
+    "stopped": ("round", "attempt", "seconds"),
+    # The job spends a restart (``restart`` of ``max_restarts``) and re-forms.
+    "restart": ("restart", "max_restarts", "round"),
+    # The round re-forms without spending a restart (a node joins: elastic scale-up).
+    "reform": ("round", "reason"),
+    # The scheduler said the job will be stopped (a preemption signal).
+    "preempt": ("signal", "deadline"),
+    # The agent run ended: ``outcome`` is succeeded, failed, interrupted or preempted.
+    "job_end": ("outcome", "exit_code"),
+}

@@ -1,0 +1,129 @@
+"""Slurm: ``srun phalanx train.py`` (one task per node) and ``phalanx`` in the batch script.
+
+In an ``srun`` step (``SLURM_STEP_ID`` a number) each task is one node of the job: the node
+count is the step's, the node rank ``SLURM_NODEID``, the static store is hosted by the first
+host of the step's nodelist on ``15000 + SLURM_JOB_ID % 10000``.
+
+The batch script (or an ``salloc`` shell) is no step: it runs once, on the first node of
+the allocation. There a one-node job is what it looks like; a job of N > 1 nodes is refused
+(the other N-1 nodes would idle) with the ``srun`` line to use, unless ``--nnodes`` says
+what is meant.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from phalanx.schedulers.facts import Detected, Fact, Problem, slurm_port
+from phalanx.schedulers.nodelist import first_host
+
+MARKERS = ("SLURM_JOB_ID",)
+NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+STEP_NODE_COUNTS = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+JOB_NODE_COUNTS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+ONE_TASK_HINT = "srun --ntasks-per-node=1 phalanx ..."
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    return next((name for name in names if env.get(name, "").strip()), None)
+
+
+def _count(env: Mapping[str, str], var: str, problems: list[Problem], unless: str) -> int | None:
+    raw = env[var].strip()
+    if raw.isascii() and raw.isdigit():
+        return int(raw)
+    problems.append(Problem(f"slurm: {var}={raw!r} is not a number", (unless,)))
+    return None
+
+
+def gpus_on_node(env: Mapping[str, str]) -> tuple[int, str]:
+    """GPUs Slurm gave this node, and the variable that said so (0: none given)."""
+    if (raw := env.get("SLURM_GPUS_ON_NODE", "").strip()).isdigit():
+        return int(raw), "SLURM_GPUS_ON_NODE"
+    # --gpus-per-node: "2", "a100:2", or one entry per type "a100:2,v100:1(S:0)"
+    if raw := env.get("SLURM_GPUS_PER_NODE", "").strip():
+        counts = [re.sub(r"\(.*\)$", "", part).rsplit(":", 1)[-1] for part in raw.split(",")]
+        if all(count.isdigit() for count in counts):
+            return sum(int(count) for count in counts), "SLURM_GPUS_PER_NODE"
+    if raw := env.get("SLURM_JOB_GPUS", "").strip():  # the indices: "0,1"
+        return len(raw.split(",")), "SLURM_JOB_GPUS"
+    return 0, ""
+
+
+def tasks_per_node(env: Mapping[str, str]) -> tuple[int, str] | None:
+    """The most tasks of this step on one node (``2(x3),1`` -> 2) and its variable."""
+    for var in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"):
+        if raw := env.get(var, "").strip():
+            counts = re.findall(r"(\d+)(?:\(x\d+\))?(?:,|$)", raw)
+            return (max(int(c) for c in counts) if counts else 0), var
+    return None
+
+
+def read(env: Mapping[str, str]) -> Detected:
+    """The facts of a Slurm job for the phalanx started here (pure)."""
+    job = env["SLURM_JOB_ID"].strip()
+    step = env.get("SLURM_STEP_ID", "").strip()
+    in_step = step.isdigit()
+    facts: list[Fact] = []
+    problems: list[Problem] = []
+    gpus, gpu_var = gpus_on_node(env)
+    facts.append(
+        Fact("nproc_per_node", str(gpus), gpu_var)
+        if gpus
+        else Fact("nproc_per_node", "1", "SLURM_GPUS_ON_NODE unset: no GPUs")
+    )
+    facts.append(
+        Fact(
+            "rdzv_id", f"slurm-{job}.{step if in_step else 'batch'}", "SLURM_JOB_ID, SLURM_STEP_ID"
+        )
+    )
+    nodes_var = _first(env, STEP_NODE_COUNTS if in_step else JOB_NODE_COUNTS)
+    nodes = _count(env, nodes_var, problems, "nnodes") if nodes_var else 1
+    if nodes is None:
+        return Detected("slurm", tuple(facts), tuple(problems))
+    facts.append(Fact("nnodes", "1" if not in_step else str(nodes), nodes_var or "no node count"))
+    if not in_step:
+        if nodes > 1:
+            problems.append(Problem(
+                f"slurm: this is the batch script (no SLURM_STEP_ID), which runs on the first "
+                f"of the job's {nodes} nodes ({nodes_var}) only; start phalanx on every node "
+                f"with '{ONE_TASK_HINT}', or pass --nnodes 1 to use this node alone",
+                ("nnodes",),
+            ))  # fmt: skip
+        return Detected("slurm", tuple(facts), tuple(problems))
+    if (per_node := tasks_per_node(env)) is not None and per_node[0] > 1:
+        problems.append(Problem(
+            f"slurm: {per_node[1]}={env[per_node[1]]} starts {per_node[0]} phalanx on one "
+            f"node; phalanx starts the node's workers itself: run one task per node, "
+            f"'{ONE_TASK_HINT}' (--ntasks-per-node=1)"
+        ))  # fmt: skip
+    if nodes > 1:
+        facts += _static_facts(env, job, problems)
+    return Detected("slurm", tuple(facts), tuple(problems))
+
+
+def _static_facts(env: Mapping[str, str], job: str, problems: list[Problem]) -> list[Fact]:
+    """Node rank, and where node 0 hosts the static store (first host, derived port)."""
+    facts = [Fact("rdzv_backend", "static", "a fixed node count and SLURM_NODEID")]
+    if "SLURM_NODEID" not in env:
+        problems.append(Problem("slurm: SLURM_NODEID is not set", ("node_rank",)))
+    elif (rank := _count(env, "SLURM_NODEID", problems, "node_rank")) is not None:
+        facts.append(Fact("node_rank", str(rank), "SLURM_NODEID"))
+    if (var := _first(env, NODELISTS)) is None:
+        problems.append(
+            Problem(
+                "slurm: no nodelist (SLURM_STEP_NODELIST, SLURM_JOB_NODELIST)", ("master_addr",)
+            )
+        )
+    else:
+        try:
+            facts.append(Fact("master_addr", first_host(env[var], var), f"first host of {var}"))
+        except ValueError as exc:
+            problems.append(Problem(f"slurm: {exc}", ("master_addr",)))
+    port = slurm_port(job)
+    if port is None:
+        problems.append(Problem(f"slurm: SLURM_JOB_ID={job!r} is not a number", ("master_port",)))
+    else:
+        facts.append(Fact("master_port", str(port), "15000 + SLURM_JOB_ID % 10000"))
+    return facts
