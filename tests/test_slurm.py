@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from support.launch import worker
-from support.slurm import SlurmCluster, needs_slurm, running
+from support.slurm import SlurmCluster, needs_slurm, running, static_flags
 
 pytestmark = needs_slurm
 REPO = Path(__file__).parents[1]
@@ -40,15 +40,6 @@ def srun(cluster: SlurmCluster, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(job.args, job.returncode, out, err)
 
 
-def explicit_flags(log_dir: Path, port: int = 29500) -> str:
-    """The rendezvous flags a user writes without scheduler detection, from SLURM's variables
-    (the nodes' hostnames resolve to their addresses, as on a cluster)."""
-    return (
-        f"--nnodes 2 --node-rank $SLURM_NODEID --rdzv-backend static"
-        f" --master-addr node1 --master-port {port} --log-dir {log_dir}/node$SLURM_NODEID"
-    )
-
-
 def test_a_step_runs_one_task_on_each_node(slurm: SlurmCluster) -> None:
     """The cluster itself: two nodes run one step, each task in its own node's namespace
     under its node's hostname, and the nodes' names resolve there."""
@@ -65,10 +56,20 @@ def test_a_step_runs_one_task_on_each_node(slurm: SlurmCluster) -> None:
 def test_two_nodes_of_two_workers_form_one_world_of_four_with_explicit_flags(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    """The harness for a phalanx job: one agent per node (srun's one task per node), two
-    workers each, one Gloo all-reduce over the four; rendezvous flags written by hand."""
-    phalanx = f"{sys.executable} -m phalanx {explicit_flags(tmp_path)} --nproc-per-node 2"
+    """One agent per node (srun's one task per node), two workers each, one Gloo all-reduce
+    over the four, with the rendezvous flags written by hand (they win over SLURM's)."""
+    phalanx = f"{sys.executable} -m phalanx {static_flags(tmp_path)} --nproc-per-node 2"
     done = srun(slurm, "-N2", "--ntasks-per-node=1", "bash", "-c",
                 f"exec {phalanx} {worker('flaky_dist.py')}")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr + slurm.log_tails()
+    assert sorted(line for line in done.stdout.splitlines() if "world=" in line) == WORLD_OF_FOUR
+
+
+def test_srun_of_phalanx_needs_no_rendezvous_flags(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """``srun -N2 --ntasks-per-node=1 phalanx --nproc-per-node 2 train.py``: node count, node
+    rank, the store's host and port and the run id come from SLURM's variables (``srun``
+    runs the command itself: no shell, no flag from the user but the worker count)."""
+    done = srun(slurm, "-N2", "--ntasks-per-node=1", sys.executable, "-m", "phalanx",
+                "--nproc-per-node", "2", "--log-dir", str(tmp_path), worker("flaky_dist.py"))  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr + slurm.log_tails()
     assert sorted(line for line in done.stdout.splitlines() if "world=" in line) == WORLD_OF_FOUR

@@ -292,6 +292,15 @@ def job_env() -> dict[str, str]:
     return {"PYTHONPATH": str(Path(phalanx.__file__).parents[1]), "GLOO_SOCKET_IFNAME": "eth0"}
 
 
+def static_flags(log_dir: Path, port: int = 29500) -> str:
+    """The rendezvous flags of a phalanx job step written by hand from SLURM's variables (a
+    shell line for ``bash -c``); the nodes' hostnames resolve to their addresses."""
+    return (
+        f"--nnodes 2 --node-rank $SLURM_NODEID --rdzv-backend static"
+        f" --master-addr node1 --master-port {port} --log-dir {log_dir}/node$SLURM_NODEID"
+    )
+
+
 @contextlib.contextmanager
 def running(tmp: Path) -> Iterator[SlurmCluster]:
     """A started cluster under ``tmp``; stopped after, with nothing of it left behind."""
