@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.launch import worker
+from support.launch import wait_for, worker
 from support.slurm import SlurmCluster, needs_slurm, running, static_flags
 
 pytestmark = needs_slurm
@@ -37,6 +37,10 @@ def srun(cluster: SlurmCluster, *argv: str) -> subprocess.CompletedProcess[str]:
         if job.poll() is None:
             job.kill()
             job.wait(10)
+    # nothing of the step is left on the nodes (slurmstepd reaps, then goes, soon after srun)
+    wait_for(
+        lambda: cluster.job_pids() == [], 30, f"the step's processes to go: {cluster.job_pids()}"
+    )
     return subprocess.CompletedProcess(job.args, job.returncode, out, err)
 
 

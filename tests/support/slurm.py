@@ -277,9 +277,14 @@ class SlurmCluster:
             while self._etc_dirs:
                 shutil.rmtree(self._etc_dirs.pop(), ignore_errors=True)
 
-    def namespace_pids(self) -> list[int]:
+    def job_pids(self) -> list[int]:
+        """Processes on the nodes other than their slurmd: a job's (slurmstepd, its tasks)."""
+        daemons = {daemon.pid for daemon in self.daemons.values()}
+        return [pid for pid in self.namespace_pids(nodes_only=True) if pid not in daemons]
+
+    def namespace_pids(self, nodes_only: bool = False) -> list[int]:
         pids: list[int] = []
-        for namespace in self.spaces.names:
+        for namespace in self.spaces.names[1:] if nodes_only else self.spaces.names:
             listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
                                     text=True)  # fmt: skip
             pids += [int(pid) for pid in listed.stdout.split()]
