@@ -3,7 +3,8 @@
 # etcd (the real server for the etcd rendezvous tests), openssl (their TLS certificates),
 # iproute2 (network-namespace hosts), fuse3 (a log filesystem that can stop answering, for
 # the chaos tests), strace (a system call made to fail, for the checkpoint tests),
-# openssh-server (a real sshd per host for the --hosts/--hostfile tests),
+# openssh-server (a real sshd per host for the --hosts/--hostfile tests), chromium (a real
+# headless browser opens the timeline page and screenshots it),
 # slurmctld, slurmd, slurm-client and munge (a real Slurm cluster for the scheduler tests),
 # python3-venv where the system Python lacks venv;
 # then a virtualenv in .venv without system site packages (a machine's own packages must
@@ -24,6 +25,7 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v strace >/dev/null || need+=(strace)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v chromium >/dev/null || need+=(chromium)
 [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ] && command -v srun >/dev/null || need+=(slurmd slurmctld slurm-client munge)
 if ((${#need[@]})); then
     apt_install "${need[@]}"

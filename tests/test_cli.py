@@ -139,6 +139,10 @@ BAD_INPUTS = [
     (["--ssh-config", "nope", "--hosts", "h1", SCRIPT], "--ssh-config: no such file: nope"),
     (["--env", "PHX_UNSET_XYZ", "--hosts", "h1", SCRIPT], "not set in this environment"),
     (["--env-file", "absent.env", "--hosts", "h1", SCRIPT], "--env-file absent.env: cannot"),
+    (["--metrics-port", "x", SCRIPT], "--metrics-port: expected an integer, got 'x'"),
+    (["--metrics-port", "0", SCRIPT], "--metrics-port: expected an integer >= 1, got 0"),
+    (["--metrics-port", "70000", SCRIPT], "--metrics-port: expected 1..65535, got 70000"),
+    (["--metrics-addr", "a b", SCRIPT], "--metrics-addr: expected a host name or an IP address"),
     (["--scheduler", "pbs", SCRIPT], "--scheduler: unknown scheduler 'pbs'; known: auto, none, "),
     (["--scheduler", "slurm", SCRIPT], "--scheduler slurm: not under slurm (SLURM_JOB_ID not set)"),
 ]
@@ -187,6 +191,7 @@ def test_help_explains() -> None:
         "--max-restarts",
         "exit status",
         "--dry-run",
+        "--metrics-port METRICS_PORT",
     ):
         assert text in done.stdout
     version = subprocess.run(

@@ -4,9 +4,12 @@ restart writes the expected events in order; the format's own rules."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from phalanx.events import EVENTS_FILE, KINDS, read_events
+import pytest
+
+from phalanx.events import EVENTS_FILE, KINDS, read_events, recovery
 from phalanx.events.kinds import COMMON
 from support.launch import run_phalanx, worker
 
@@ -58,3 +61,77 @@ def test_one_failure_and_one_restart_in_order(tmp_path: Path) -> None:
     second = [e for e in events if e["kind"] == "rdzv_done"][1]
     assert (second["restart_count"], second["attempt"], second["world_size"]) == (1, 2, 2)
     assert events[-1]["outcome"] == "succeeded" and events[-1]["exit_code"] == 0
+
+
+def test_recovery_figures_of_one_failure_and_one_restart(tmp_path: Path) -> None:
+    """The figures from the real events: one incident whose four parts are the recorded
+    values' differences and add up to its downtime; said at the end and saved in the
+    report.json a job that succeeded after a restart writes."""
+    logs = tmp_path / "logs"
+    done = run_phalanx(
+        ["--nproc-per-node", "1", "--max-restarts", "1", "--log-dir", str(logs),
+         worker("steps_then_fail.py"), "6", "0", "2"],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    events = _events(logs)
+    figures = recovery(events)
+    (incident,) = figures.incidents
+    failure, stopped = (next(e for e in events if e["kind"] == k) for k in ("failure", "stopped"))
+    formed = [e for e in events if e["kind"] == "rdzv_done"][1]
+    back = next(
+        e for e in events
+        if e["kind"] == "progress" and e["round"] == formed["round"] and e["step"] >= 2
+    )  # fmt: skip
+    expected = {
+        "detect": failure["detected_at"] - failure["failed_at"],
+        "stop": stopped["seconds"],
+        "reform": formed["t"] - stopped["t"],
+        "back": back["t"] - formed["t"],
+    }
+    for part, value in expected.items():
+        assert getattr(incident, part) == pytest.approx(round(value, 3), abs=1e-9), part
+    assert incident.recovered and incident.target == "step 2"
+    assert incident.downtime == pytest.approx(sum(round(v, 3) for v in expected.values()), abs=1e-9)
+    assert figures.ettr is not None and 0 < figures.ettr < 1
+    # Said at the end, and saved in report.json (the job succeeded after the restart).
+    assert "phalanx: recovery: incident 1, round 0, rank 0 exit_code on" in done.stderr
+    assert re.search(r"^phalanx: recovery: ETTR 0\.\d\d: ", done.stderr, re.M), done.stderr
+    (path,) = logs.glob("*/report.json")
+    report = json.loads(path.read_text())
+    assert report["outcome"] == "succeeded" and report["attempts"] == 2
+    saved = report["recovery"]
+    assert len(saved["incidents"]) == 1 and 0 < saved["ettr"] < 1
+    assert saved["incidents"][0]["downtime"] == pytest.approx(incident.downtime, abs=0.01)
+
+
+def test_a_job_without_incident_writes_no_report(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    done = run_phalanx(
+        [
+            "--nproc-per-node",
+            "1",
+            "--log-dir",
+            str(logs),
+            worker("steps_then_fail.py"),
+            "2",
+            "9",
+            "0",
+        ]
+    )
+    assert done.returncode == 0, done.stderr
+    assert "recovery:" not in done.stderr
+    assert list(logs.glob("*/report.json")) == []
+
+
+def test_a_failed_job_reports_the_incident_it_never_recovered_from(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    done = run_phalanx(
+        ["--nproc-per-node", "1", "--log-dir", str(logs), worker("steps_then_fail.py"), "6", "0", "1"]
+    )
+    assert done.returncode == 3, done.stderr
+    (path,) = logs.glob("*/report.json")
+    report = json.loads(path.read_text())
+    assert report["outcome"] == "failed" and report["root_cause"]["rank"] == 0
+    (incident,) = report["recovery"]["incidents"]
+    assert (incident["recovered"], incident["back"], incident["reform"]) == (False, None, None)
+    assert "never back at step 1" in done.stderr, done.stderr

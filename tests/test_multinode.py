@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from phalanx.events import read_events
 from phalanx.net import free_port
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import alive, read_pids, wait_for, worker
@@ -196,6 +197,10 @@ def test_late_joiner_is_admitted_without_spending_a_restart(
     assert [n.finish() for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
     assert "world=2 sum=2 restart=0" in nodes[0].stdout
     assert "world=2 sum=2 restart=0" in nodes[1].stdout
+    # In node 0's event log the scale-up is a re-formed round, not a failure or a restart.
+    (events_file,) = nodes[0].logs.glob("*/events.jsonl")
+    kinds = [e["kind"] for e in read_events(events_file)]
+    assert "reform" in kinds and "failure" not in kinds and "restart" not in kinds, kinds
 
 
 def test_two_jobs_on_one_endpoint_never_mix(

@@ -70,6 +70,11 @@ class LaunchConfig:
     hosts: tuple[HostSlots, ...] = ()
     ssh_config: Path | None = None
     forward_env: tuple[tuple[str, str], ...] = ()
+    # --metrics-port: serve this agent's events as Prometheus metrics on metrics_addr
+    # (loopback by default: the numbers and host names are nobody else's business unless
+    # asked; phalanx.events.metrics). None: not served.
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
     # torchrun flags accepted (so a torchrun command line keeps working) but not applied:
     # one line each, logged when the job starts.
     not_applied: tuple[str, ...] = ()

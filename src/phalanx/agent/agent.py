@@ -12,7 +12,9 @@ from typing import BinaryIO
 from phalanx.agent.loop import Rounds, write_launcher_file
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, PhalanxError
+from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
+from phalanx.events.metrics import MetricsServer
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rundir import make_run_dir
 from phalanx.supervisor.cgroup import JobCgroup
@@ -66,6 +68,18 @@ class Agent:
     def run(self) -> int:
         """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
         config = self._config
+        # Bound first: a port in use stops the launch before anything is made or started.
+        metrics = None
+        if config.metrics_port is not None:
+            metrics = MetricsServer(config.metrics_addr, config.metrics_port)
+        try:
+            return self._run_logged(metrics)
+        finally:
+            if metrics is not None:
+                metrics.close()
+
+    def _run_logged(self, metrics: MetricsServer | None) -> int:
+        config = self._config
         wall_clock = WallClock.from_env(self._base_env)
         run_dir = make_run_dir(config.log_dir, self._run_id)
         log.info("run directory: %s", run_dir)
@@ -76,6 +90,11 @@ class Agent:
             tuple(word.encode() for word in config.duplicate_stderr_filters),
         )
         events = EventLog(run_dir, wall_clock.now)
+        if metrics is not None:
+            events.listen(metrics.record)
+            log.info("metrics: http://%s:%d/metrics", config.metrics_addr, metrics.port)
+        recovery = RecoveryTracker()
+        events.listen(recovery.add)
         events.emit(
             "run_start",
             run_id=self._run_id,
@@ -86,7 +105,7 @@ class Agent:
             max_restarts=config.max_restarts,
         )
         try:
-            code = self._run(run_dir, events, wall_clock, filters)
+            code = self._run(run_dir, events, recovery, wall_clock, filters)
         except Interrupted as exc:
             events.emit("job_end", outcome="interrupted", exit_code=exc.exit_code)
             raise
@@ -103,6 +122,7 @@ class Agent:
         self,
         run_dir: Path,
         events: EventLog,
+        recovery: RecoveryTracker,
         wall_clock: WallClock,
         filters: tuple[tuple[bytes, ...], tuple[bytes, ...]],
     ) -> int:
@@ -131,8 +151,9 @@ class Agent:
                     fence=rendezvous.fence(),
                 )
                 rounds = Rounds(
-                    config, rendezvous, supervisor, signals, run_dir, self._base_env, events
-                )
+                    config, rendezvous, supervisor, signals, run_dir, self._base_env, events,
+                    recovery,
+                )  # fmt: skip
                 return rounds.run()
             finally:
                 if template is not None:

@@ -20,6 +20,7 @@ from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
 from phalanx.errors import Interrupted, JobFailed, MismatchError, RendezvousError
 from phalanx.events.attempt import AttemptEvents, AttemptFailure
+from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.jobstacks import JobStacks
@@ -36,6 +37,7 @@ from phalanx.rendezvous.api import (
 from phalanx.report import job as jobreport
 from phalanx.report.exits import WorkerExit, root_cause
 from phalanx.report.oom import OomProbe
+from phalanx.report.recovery import summary_lines
 from phalanx.supervisor.group import Outcome, Supervisor
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.contract import STACK_SIGNAL
@@ -65,9 +67,13 @@ class Rounds:
         run_dir: Path,
         base_env: Mapping[str, str],
         events: EventLog,
+        recovery: RecoveryTracker | None = None,
     ) -> None:
+        """``recovery``: the figures of this run's events so far (fed by ``events``), printed
+        and saved in ``report.json`` at the end when there was an incident."""
         self.config = config
         self.events = events
+        self.recovery = recovery
         self.rdzv = rendezvous
         self.supervisor = supervisor
         self.signals = signals
@@ -108,12 +114,13 @@ class Rounds:
                 self.rdzv.report_done(False)
                 raise Interrupted(result.signum)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
-            attempt.failed(
-                self._failure_events(cause, result.event, watch),
-                stop_began=self.supervisor.stop_began,
-                stall_timeout=self.config.stall_timeout,
-            )
             event = result.event.kind if result.event is not None else None
+            if cause is not None or event is not EventKind.NODE_WAITING:  # a scale-up is no failure
+                attempt.failed(
+                    self._failure_events(cause, result.event, watch),
+                    stop_began=self.supervisor.stop_began,
+                    stall_timeout=self.config.stall_timeout,
+                )
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
                 self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
@@ -232,6 +239,13 @@ class Rounds:
         if signum is not None:
             raise Interrupted(signum)  # while waiting for the other nodes to finish
         if late is None:
+            lines, figures = self._recovery_figures()
+            for line in lines:
+                log.info("%s", line)
+            if figures is not None:  # a job that recovered: its figures, in a report of its own
+                data = {"attempts": self.attempts, "outcome": "succeeded", "root_cause": None}
+                data["recovery"] = figures
+                write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
             return 0
         # The job failed elsewhere after these workers finished: it cannot restart (they
         # would not run again), so every node reports the failure and stops.
@@ -308,6 +322,7 @@ class Rounds:
         lost = None
         if event is not None and event.kind is EventKind.NODE_LOST:
             lost = jobreport.lost_node(event, joined, _describe_event(event))
+        lines, figures = self._recovery_figures()
         report = jobreport.build(
             exits,
             records,
@@ -316,6 +331,8 @@ class Rounds:
             lost=lost,
             reason=_describe_event(event) if event is not None else "",
             extra={
+                "outcome": "failed",
+                "recovery": figures,
                 "crash_loop": crash_loop,
                 "verdict": verdict.to_json() if verdict is not None else None,
             },
@@ -328,12 +345,22 @@ class Rounds:
                 "optimizer step or phalanx.step/heartbeat); not spending the remaining restarts."
             )
         print(text, file=sys.stderr, flush=True)
+        for line in lines:
+            log.info("%s", line)
         write_bounded(self.run_dir / "report.json", json.dumps(report.data, indent=2))
         cause = report.cause
         if cause is None:
             reason = _describe_event(event) if event is not None else ""
             raise RendezvousError(f"the job stopped: {reason or 'another node gave up'}")
         raise JobFailed(f"{cause.who} on {cause.host}: {cause.summary}", cause.exit_code)
+
+    def _recovery_figures(self) -> tuple[list[str], dict[str, object] | None]:
+        """The recovery figures of this node's run so far: the lines to say (one per
+        incident, then the ETTR) and their JSON; none, and None, without an incident."""
+        if self.recovery is None:
+            return [], None
+        figures = self.recovery.result(self.events.now())
+        return summary_lines(figures), figures.to_json() if figures.incidents else None
 
     def _round_records(
         self, joined: RendezvousResult, *, waiting_for_hangs: bool

@@ -15,6 +15,7 @@ from phalanx import parsing
 from phalanx.cli.scheduler import NO_DERIVATION, Derivation
 from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.errors import UsageError
+from phalanx.events import metrics
 from phalanx.hosts.hostfile import HostSlots, parse_hosts, read_hostfile
 from phalanx.hosts.remote_env import forwarded_env, read_env_file
 from phalanx.launch import rendezvous_problems
@@ -244,6 +245,7 @@ def to_config(
         stall_timeout=stall or None,
         allow_mismatch=bool(ns.allow_mismatch),
         not_applied=_not_applied(ns),
+        **_metrics(ns, p),
         derived=derivation.lines,
         **hosts,
     )
@@ -298,6 +300,20 @@ def _hosts(
     no_env: dict[str, str] = {}
     env = p.parse(lambda: forwarded_env(environ, ns.env, entries), no_env)
     return {"hosts": hosts, "ssh_config": ssh_config, "forward_env": tuple(env.items())}
+
+
+def _metrics(ns: argparse.Namespace, p: _Problems) -> dict[str, Any]:
+    """--metrics-port and --metrics-addr; the library is looked for now (not imported), so a
+    missing one is a usage error like any other, said before anything starts."""
+    addr = p.parse(lambda: parsing.check_host(ns.metrics_addr, "--metrics-addr"), "127.0.0.1")
+    if ns.metrics_port is None:
+        return {"metrics_addr": addr}
+    port = p.parse(lambda: parsing.parse_int(ns.metrics_port, "--metrics-port", minimum=1), None)
+    if port is not None and port > 65535:
+        p.add(f"--metrics-port: expected 1..65535, got {port}")
+    if not metrics.available():
+        p.add(f"--metrics-port needs the prometheus-client library: {metrics.METRICS_EXTRA}")
+    return {"metrics_port": port, "metrics_addr": addr}
 
 
 def _not_applied(ns: argparse.Namespace) -> tuple[str, ...]:

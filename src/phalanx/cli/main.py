@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
-from phalanx.cli import stacks
+from phalanx.cli import stacks, timeline
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import derive
@@ -24,6 +24,7 @@ log = logging.getLogger("phalanx")
 # Subcommands that look at a run (``phalanx NAME RUN_DIR ...``), one row each.
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "stacks": stacks.main,
+    "timeline": timeline.main,
 }
 
 

@@ -215,6 +215,19 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "(exit 2); with it the table is a warning.",
     )
     option(
+        "metrics-port",
+        None,
+        "Serve this node's restarts, failures by kind, rendezvous seconds, time to first "
+        "step and each rank's steps/s as Prometheus metrics on this port (/metrics; needs "
+        "phalanx[metrics]). A port in use stops the launch before anything starts.",
+    )
+    option(
+        "metrics-addr",
+        "127.0.0.1",
+        "Address the metrics listen on (default 127.0.0.1, this host only: anyone who can "
+        "reach the port reads them; give 0.0.0.0 for a Prometheus on another host).",
+    )
+    option(
         "hostfile",
         None,
         "Start the job on every host listed, over ssh: DeepSpeed's format, one 'host slots=N' "

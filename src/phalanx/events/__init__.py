@@ -1,6 +1,16 @@
 """The run's event log, ``<run dir>/events.jsonl``: what happened, when, on which node."""
 
+from phalanx.events.figures import Recovery, RecoveryTracker, recovery
 from phalanx.events.kinds import KINDS, SCHEMA_VERSION
 from phalanx.events.log import EVENTS_FILE, EventLog, read_events
 
-__all__ = ["EVENTS_FILE", "KINDS", "SCHEMA_VERSION", "EventLog", "read_events"]
+__all__ = [
+    "EVENTS_FILE",
+    "KINDS",
+    "SCHEMA_VERSION",
+    "EventLog",
+    "Recovery",
+    "RecoveryTracker",
+    "read_events",
+    "recovery",
+]

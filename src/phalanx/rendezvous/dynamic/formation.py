@@ -31,6 +31,7 @@ from phalanx.net import free_port
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
 from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
+from phalanx.rendezvous.dynamic.waiting import WaitingLine
 from phalanx.rendezvous.settings import RendezvousSettings
 
 # A store that outlives the job (etcd) keeps the run's state, so an id serves one job.
@@ -56,12 +57,22 @@ class RoundFormer:
         self._max = max_nodes
         self._clock = clock
         self._worker_port = worker_port
+        self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock)
 
     def form(
         self, me: Arrival, prior: Membership | None, prior_rank: int | None
     ) -> tuple[Membership, int, tuple[str, int]]:
         """Join the next round (after ``prior``, if this node was in it) and block until it
-        forms; return the membership, this node's rank and the master address/port."""
+        forms; return the membership, this node's rank and the master address/port. While it
+        waits, the waiting line says who is there (``waiting``)."""
+        try:
+            return self._form(me, prior, prior_rank)
+        finally:
+            self._line.end()
+
+    def _form(
+        self, me: Arrival, prior: Membership | None, prior_rank: int | None
+    ) -> tuple[Membership, int, tuple[str, int]]:
         deadline = self._clock() + self._s.join_timeout
         rejoining = prior is not None and prior_rank is not None
         t = prior.round + 1 if prior is not None and rejoining else self._b.latest_round()
@@ -145,6 +156,7 @@ class RoundFormer:
                     f"join_timeout={self._s.join_timeout:g}s: round {t - 1} is running and "
                     "no new round opened (set --rdzv-conf join_timeout=... to wait longer)"
                 )
+            self._line.check(t, deadline, queued=True)
             self._b.store.wait([key], min(left, self._s.heartbeat_interval))
 
     # -- closing ---------------------------------------------------------------------------
@@ -153,7 +165,7 @@ class RoundFormer:
             return self._b.close(t, Decision(count=self._max))
         if t > 0:
             settled = self._keys.round(t - 1, "all_settled")
-            if (decided := self._wait_decided(t, deadline, settled)) is not None:
+            if (decided := self._wait_decided(t, deadline, settled, deadline)) is not None:
                 return decided
             if self._clock() >= deadline:
                 return self._b.close(
@@ -176,7 +188,9 @@ class RoundFormer:
             window_end = self._clock() + self._s.last_call_timeout
         else:
             window_end = deadline
-        if (decided := self._wait_decided(t, min(window_end, deadline))) is not None:
+        if (
+            decided := self._wait_decided(t, min(window_end, deadline), None, deadline)
+        ) is not None:
             return decided
         joined = self._b.read_int(self._keys.round(t, "joined"))
         if joined >= self._min:
@@ -187,8 +201,11 @@ class RoundFormer:
             why = f"only {joined} node(s) joined within join_timeout={self._s.join_timeout:g}s"
         return self._b.close(t, Decision(failure=f"{why}; at least {self._min} needed"))
 
-    def _wait_decided(self, t: int, until: float, key: str | None = None) -> Decision | None:
-        """Wait until round t is decided (-> the decision), ``key`` exists or ``until`` (-> None)."""
+    def _wait_decided(
+        self, t: int, until: float, key: str | None = None, deadline: float | None = None
+    ) -> Decision | None:
+        """Wait until round t is decided (-> the decision), ``key`` exists or ``until`` (-> None).
+        ``deadline``: the join timeout's, for the waiting line."""
         closed = self._keys.round(t, "closed")
         while True:
             if (decision := self._b.decision(t)) is not None:
@@ -197,6 +214,7 @@ class RoundFormer:
             left = until - self._clock()
             if left <= 0:
                 return None
+            self._line.check(t, until if deadline is None else deadline)
             if self._b.store.wait([key or closed], min(left, self._s.heartbeat_interval)) and key:
                 return self._b.decision(t)
 

@@ -1,0 +1,64 @@
+"""``phalanx timeline RUN_DIR [-o run.html]``: the run's events as a page of lanes per rank
+(``-o``), or as a few lines on the terminal. Works on a running job too (what happened so
+far) and on a finished one."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from phalanx.errors import PhalanxError, UsageError
+from phalanx.events import EVENTS_FILE, read_events
+from phalanx.timeline import build, render, summarize
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"timeline: {message}")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(
+        prog="phalanx timeline",
+        description=(
+            "Draw a run's events: one lane per rank over time, grouped by node (attempts, "
+            "rendezvous waits, failures with their kind, hangs, restarts, the step reached). "
+            "With -o, a self-contained HTML page (nothing is fetched when it is viewed; hover "
+            "a mark for its details); without, a summary on the terminal."
+        ),
+    )
+    parser.add_argument("run_dir", help="The job's run directory (printed by phalanx at start).")
+    parser.add_argument("-o", "--output", help="Write the HTML page here.")
+    return parser.parse_args(argv)
+
+
+def run_events(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's events: this node's (``read_run_events`` adds the gathered nodes')."""
+    path = run_dir / EVENTS_FILE
+    try:
+        return read_events(path)
+    except FileNotFoundError:
+        raise UsageError(
+            f"timeline: {str(run_dir)!r} has no {EVENTS_FILE}; give the run directory "
+            "phalanx printed at start"
+        ) from None
+    except OSError as exc:
+        raise PhalanxError(f"timeline: cannot read {path} ({exc.strerror or exc})") from None
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    timeline = build(run_events(Path(args.run_dir)))
+    if args.output is None:
+        print(summarize(timeline))
+        return 0
+    try:
+        Path(args.output).write_text(render(timeline), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(
+            f"timeline: cannot write {args.output!r} ({exc.strerror or exc})"
+        ) from None
+    print(f"phalanx: timeline written to {args.output}", file=sys.stderr)
+    return 0

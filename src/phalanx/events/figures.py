@@ -1,0 +1,102 @@
+"""Recovery figures from a run's events: per incident how long the job took to detect the
+failure, stop its workers, re-form and get back to where it failed; and the run's ETTR.
+
+An **incident** is a ``failure`` event (a worker failure here, or the peer event that
+stopped this node's workers: a peer's failure, a lost node, a node waiting to join). Its
+four parts, each from recorded values only:
+
+``detect``  ``detected_at - failed_at`` of the failure (None when ``failed_at`` is unknown)
+``stop``    the ``stopped`` event's ``seconds`` (every local worker gone, since detection)
+``reform``  the next ``rdzv_done``'s ``t`` minus the ``stopped`` event's ``t``
+``back``    from that ``rdzv_done`` to the first ``progress`` of the new round whose
+            ``step`` reaches the failed round's highest step (``beats`` when the failed
+            round reported no step; any progress when it reported none at all); None if
+            the new round never got there
+
+``downtime`` is the sum of the parts there are (that is, from ``failed_at`` to back at the
+step). An incident the job never recovered from (no new round, the step never reached
+again, or another failure first) counts as down until the next incident's ``failed_at`` or
+the end of the run, so no second is counted twice.
+
+**ETTR** (effective training time ratio) is ``productive / wall``: ``wall`` runs from
+``run_start`` to ``job_end`` (or ``now`` for a running job); ``startup`` from ``run_start`` to
+the first ``progress`` (or to the first incident, if that came first); ``productive = wall -
+startup - sum(downtime)``. Productive time is time in which the workers were making progress
+that was not lost: before the first step nothing trains, and after a failure the steps
+redone up to the failed one repeat work already done once. The tail after the last step
+(saving, the exit barrier) counts as productive: no event marks where training ended. A run
+whose workers never reported progress has no ETTR (None). ``progress`` is sampled every 2 s
+per rank (``attempt.PROGRESS_EVERY``), so ``back``, ``startup`` and the ETTR are good to
+about 2 s.
+
+Events of several nodes may be merged (``phalanx.events.read_run_events``): every figure
+is per node. A node's events are those of its ``host`` whose ``seq`` count up from 0 (two
+agents on one host are told apart by their ``seq`` chains and node ranks); the
+run's ETTR is the lowest of its nodes' (training is synchronous: a node's lost time is the
+job's). ``recovery(events, now)`` is pure; ``RecoveryTracker`` is the same fold fed one
+event at a time (the agent's ``EventLog.listen``), keeping only what the figures need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from phalanx.events.fold import NodeFold
+from phalanx.events.recovery_data import Event, Incident, NodeFigures, Recovery
+
+__all__ = ["Incident", "NodeFigures", "Recovery", "RecoveryTracker", "recovery"]
+
+
+def recovery(events: Iterable[Event], now: float | None = None) -> Recovery:
+    """The figures of ``events`` (one node's, or several merged); ``now``: where a run that
+    has no ``job_end`` yet ends for now (default: its last event)."""
+    tracker = RecoveryTracker()
+    for event in events:
+        tracker.add(event)
+    return tracker.result(now)
+
+
+class RecoveryTracker:
+    """``recovery`` one event at a time: ``add`` every event (in each node's order), then
+    ``result``. Memory grows with nodes, rounds and incidents, never with progress samples."""
+
+    def __init__(self) -> None:
+        self._nodes: list[NodeFold] = []
+        self._by_host: dict[str, list[NodeFold]] = {}
+
+    def add(self, event: Event) -> None:
+        self._stream(event).add(event)
+
+    def result(self, now: float | None = None) -> Recovery:
+        incidents: list[Incident] = []
+        nodes = []
+        for stream in self._nodes:
+            found, figures = stream.figures(now)
+            incidents += found
+            nodes.append(figures)
+        incidents.sort(key=lambda i: (i.failed_at, i.host, i.node if i.node is not None else -1))
+        return Recovery(tuple(incidents), tuple(nodes))
+
+    def _stream(self, event: Event) -> NodeFold:
+        """The node ``event`` belongs to: same host, and the ``seq`` chain it continues
+        (``seq`` 0 starts a new one; a gap, from a torn line, joins the nearest below; of two
+        chains at the same ``seq``, the one of the same node rank)."""
+        host = str(event.get("host") or "")
+        streams = self._by_host.setdefault(host, [])
+        seq = event.get("seq")
+        chosen: NodeFold | None = None
+        if not isinstance(seq, int):
+            chosen = streams[-1] if streams else None
+        elif seq > 0:
+            below = [s for s in streams if s.last_seq < seq]
+            exact = [s for s in below if s.last_seq == seq - 1]
+            # Two agents on one host, merged by time, may both continue here: the node rank,
+            # once known, tells them apart.
+            same = [s for s in exact if s.node is not None and s.node == event.get("node")]
+            candidates = same or exact or sorted(below, key=lambda s: s.last_seq)
+            chosen = candidates[-1] if candidates else None
+        if chosen is None:
+            chosen = NodeFold(host)
+            streams.append(chosen)
+            self._nodes.append(chosen)
+        return chosen

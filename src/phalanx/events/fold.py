@@ -1,0 +1,200 @@
+"""The fold behind ``figures``: one node's events, in its order, to its incidents and its
+run's figures (the definitions are in ``figures``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from phalanx.events.recovery_data import DIGITS, Event, Incident, NodeFigures
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _r(value: float) -> float:
+    return round(value, DIGITS)
+
+
+@dataclass
+class _Open:
+    """An incident being followed through its recovery (wall-clock stamps)."""
+
+    failure: Event
+    failed_at: float
+    detected_at: float
+    target: tuple[str, int] | None  # the failed round's peak: ("step" | "beats", value)
+    stop: float | None = None
+    stopped_t: float | None = None
+    new_round: int | None = None
+    formed_t: float | None = None
+    back_t: float | None = None
+    cut_at: float | None = None  # the next incident began before this one recovered
+
+    def finish(self, node: int | None, host: str, end: float) -> Incident:
+        f = self.failure
+        detect = None if _num(f.get("failed_at")) is None else self.detected_at - self.failed_at
+        reform = _span(self.stopped_t, self.formed_t)
+        back = _span(self.formed_t, self.back_t)
+        parts = [
+            _r(max(0.0, p)) if p is not None else None for p in (detect, self.stop, reform, back)
+        ]
+        recovered = back is not None
+        if recovered:
+            downtime = sum(p for p in parts if p is not None)
+        else:
+            downtime = max(0.0, (self.cut_at if self.cut_at is not None else end) - self.failed_at)
+        target = None if self.target is None else f"{self.target[0]} {self.target[1]}"
+        return Incident(
+            node=node,
+            host=host,
+            round=f.get("round"),
+            attempt=f.get("attempt"),
+            failure_kind=f.get("failure_kind"),
+            rank=f.get("rank"),
+            local=f.get("local") is True,
+            failed_at=self.failed_at,
+            detect=parts[0],
+            stop=parts[1],
+            reform=parts[2],
+            back=parts[3],
+            target=target,
+            downtime=_r(downtime),
+            recovered=recovered,
+        )
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
+
+
+def _reading(event: Event) -> tuple[str, int] | None:
+    """A progress event's position: its step when it reports one, else its beats."""
+    step, beats = event.get("step"), event.get("beats")
+    if isinstance(step, int):
+        return "step", step
+    return ("beats", beats) if isinstance(beats, int) else None
+
+
+def _higher(reading: tuple[str, int], peak: tuple[str, int] | None) -> bool:
+    """Whether ``reading`` is the round's new peak (a step outranks any count of beats)."""
+    if peak is None or (reading[0], peak[0]) == ("step", "beats"):
+        return True
+    return reading[0] == peak[0] and reading[1] > peak[1]
+
+
+def _reaches(event: Event, target: tuple[str, int] | None) -> bool:
+    if target is None:
+        return True
+    value = event.get(target[0])
+    return isinstance(value, int) and value >= target[1]
+
+
+class NodeFold:
+    """The fold over one node's events."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.node: int | None = None
+        self.last_seq = -1
+        self.began: float | None = None
+        self.ended: float | None = None
+        self.last_t: float | None = None
+        self.first_progress: float | None = None
+        self.peaks: dict[object, tuple[str, int]] = {}  # round -> its highest reading
+        self.incidents: list[_Open] = []
+        self._on: dict[str, Callable[[Event, float], None]] = {
+            "run_start": self._run_start,
+            "failure": self._failure,
+            "stopped": self._stopped,
+            "rdzv_done": self._rdzv_done,
+            "progress": self._progress,
+            "job_end": self._job_end,
+        }
+
+    def add(self, event: Event) -> None:
+        seq, t = event.get("seq"), _num(event.get("t"))
+        if isinstance(seq, int):
+            self.last_seq = seq
+        if isinstance(event.get("node"), int):
+            self.node = event["node"]
+        if t is None:
+            return
+        self.last_t = t
+        if self.began is None:
+            self.began = t
+        on = self._on.get(str(event.get("kind")))
+        if on is not None:
+            on(event, t)
+
+    @property
+    def _open(self) -> _Open | None:
+        last = self.incidents[-1] if self.incidents else None
+        return last if last is not None and last.back_t is None and last.cut_at is None else None
+
+    def _run_start(self, event: Event, t: float) -> None:
+        self.began = t
+
+    def _job_end(self, event: Event, t: float) -> None:
+        self.ended = t
+
+    def _failure(self, event: Event, t: float) -> None:
+        detected = _num(event.get("detected_at"))
+        detected = t if detected is None else detected
+        failed = _num(event.get("failed_at"))
+        failed = detected if failed is None else min(failed, detected)
+        if (previous := self._open) is not None:
+            previous.cut_at = max(failed, previous.failed_at)
+        target = self.peaks.get(event.get("round"))
+        self.incidents.append(_Open(event, failed, detected, target))
+
+    def _stopped(self, event: Event, t: float) -> None:
+        now = self._open
+        if now is not None and now.stopped_t is None:
+            now.stop, now.stopped_t = _num(event.get("seconds")), t
+
+    def _rdzv_done(self, event: Event, t: float) -> None:
+        now = self._open
+        if now is not None and now.stopped_t is not None and now.formed_t is None:
+            now.formed_t, now.new_round = t, event.get("round")
+
+    def _progress(self, event: Event, t: float) -> None:
+        reading = _reading(event)
+        if reading is None:
+            return
+        if self.first_progress is None:
+            self.first_progress = t
+        key = event.get("round")
+        peak = self.peaks.get(key)
+        if _higher(reading, peak):
+            self.peaks[key] = reading
+        now = self._open
+        following = now is not None and now.formed_t is not None and key == now.new_round
+        if following and now is not None and _reaches(event, now.target):
+            now.back_t = t
+
+    def figures(self, now: float | None) -> tuple[list[Incident], NodeFigures]:
+        last = self.ended if self.ended is not None else now if now is not None else self.last_t
+        began = self.began if self.began is not None else (last or 0.0)
+        end = began if last is None else max(last, began)
+        incidents = [i.finish(self.node, self.host, end) for i in self.incidents]
+        wall = end - began
+        down = sum(i.downtime for i in incidents)
+        startup: float | None = None
+        productive = ettr = None
+        if self.first_progress is not None:
+            first_failure = min((i.failed_at for i in incidents), default=self.first_progress)
+            startup = max(0.0, min(self.first_progress, first_failure) - began)
+            productive = max(0.0, wall - startup - down)
+            ettr = round(productive / wall, 4) if wall > 0 else None
+        node = NodeFigures(
+            node=self.node,
+            host=self.host,
+            wall=_r(wall),
+            startup=None if startup is None else _r(startup),
+            downtime=_r(down),
+            productive=None if productive is None else _r(productive),
+            ettr=ettr,
+        )
+        return incidents, node

@@ -1,0 +1,69 @@
+"""The recovery figures as data (``figures`` computes them): per incident, per node, the run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Event = Mapping[str, Any]
+DIGITS = 3  # figures are rounded to the millisecond (events are stamped to the microsecond)
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One failure as one node saw it, with its recovery (seconds; None: not known)."""
+
+    node: int | None
+    host: str
+    round: int | None
+    attempt: int | None
+    failure_kind: str | None
+    rank: int | None
+    local: bool  # this node's own failure (else a peer's, or a lost node, as it heard)
+    failed_at: float
+    detect: float | None
+    stop: float | None
+    reform: float | None
+    back: float | None
+    target: str | None  # what "back" means: "step 41", "beats 9", or None (any progress)
+    downtime: float
+    recovered: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """One node's run as a whole (seconds; ``ettr`` None: its workers reported no progress)."""
+
+    node: int | None
+    host: str
+    wall: float
+    startup: float | None
+    downtime: float
+    productive: float | None
+    ettr: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class Recovery:
+    incidents: tuple[Incident, ...]
+    nodes: tuple[NodeFigures, ...]
+
+    @property
+    def ettr(self) -> float | None:
+        """The run's: the lowest of its nodes' (None when no node has one)."""
+        known = [n.ettr for n in self.nodes if n.ettr is not None]
+        return min(known) if known else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ettr": self.ettr,
+            "incidents": [i.to_json() for i in self.incidents],
+            "nodes": [n.to_json() for n in self.nodes],
+        }

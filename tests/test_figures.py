@@ -1,0 +1,163 @@
+"""Recovery figures (``phalanx.events.figures``) from hand-made event lists: the pure
+function, table-driven. The real job's figures are in test_events.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.events import recovery
+from phalanx.events.figures import RecoveryTracker
+from phalanx.report.recovery import summary_lines
+
+
+class Node:
+    """One agent's events, ``seq`` counted as the agent counts it."""
+
+    def __init__(self, host: str = "hostA", node: int | None = 0) -> None:
+        self.host, self.node, self.events = host, node, []  # type: list[dict[str, Any]]
+
+    def __call__(self, kind: str, t: float, **fields: Any) -> Node:
+        common = {"v": 1, "t": t, "mono": t, "seq": len(self.events), "host": self.host}
+        self.events.append({**common, "node": self.node, "kind": kind, **fields})
+        return self
+
+    def progress(self, t: float, round: int, step: int | None, beats: int = 1) -> Node:
+        return self("progress", t, round=round, rank=0, step=step, beats=beats)
+
+    def fail(self, t: float, round: int, failed_at: float | None, detected_at: float) -> Node:
+        return self(
+            "failure", t, round=round, attempt=round + 1, rank=1, failed_node=0,
+            failure_kind="exit_code", reason="exit 3", exit_code=3, local=True,
+            failed_at=failed_at, detected_at=detected_at,
+        )  # fmt: skip
+
+    def restart(self, t_stopped: float, seconds: float, round: int, t_formed: float) -> Node:
+        self("stopped", t_stopped, round=round - 1, attempt=round, seconds=seconds)
+        self("restart", t_stopped, restart=round, max_restarts=3, round=round - 1)
+        self("rdzv_start", t_stopped, attempt=round + 1)
+        return self("rdzv_done", t_formed, round=round, attempt=round + 1, seconds=0.1)
+
+
+def started(host: str = "hostA", node: int = 0) -> Node:
+    """As an agent starts: no node rank until the first round forms."""
+    run = Node(host, None)("run_start", 0.0, run_id="r")("rdzv_start", 0.0, attempt=1)
+    run.node = node
+    return run("rdzv_done", 1.0, round=0, attempt=1)
+
+
+def one_incident(host: str = "hostA", node: int = 0) -> Node:
+    """Peak step 4 in round 0; fails at 5.5, detected 5.8, stopped 0.5 s later (t 6.3);
+    round 1 forms at 8.0 and is back at step 4 at 11.0; ends at 20."""
+    run = started(host, node).progress(3.0, 0, 0).progress(5.0, 0, 4).fail(6.0, 0, 5.5, 5.8)
+    run.restart(6.3, 0.5, 1, 8.0).progress(9.0, 1, 2).progress(11.0, 1, 4)
+    return run("job_end", 20.0, outcome="succeeded", exit_code=0)
+
+
+CASES: dict[str, tuple[list[dict[str, Any]], float | None, dict[str, Any], dict[str, Any]]] = {
+    "recovered at the step it failed at": (
+        one_incident().events, None,
+        {"detect": 0.3, "stop": 0.5, "reform": 1.7, "back": 3.0, "downtime": 5.5,
+         "recovered": True, "target": "step 4"},
+        {"wall": 20.0, "startup": 3.0, "downtime": 5.5, "productive": 11.5, "ettr": 0.575},
+    ),
+    "no step reported: beats": (
+        started().progress(3.0, 0, None, 1).progress(5.0, 0, None, 7).fail(6.0, 0, 5.0, 5.5)
+        .restart(6.0, 0.5, 1, 7.0).progress(8.0, 1, None, 3).progress(10.0, 1, None, 7)
+        ("job_end", 10.0).events, None,
+        {"detect": 0.5, "stop": 0.5, "reform": 1.0, "back": 3.0, "downtime": 5.0,
+         "target": "beats 7"},
+        {"wall": 10.0, "startup": 3.0, "productive": 2.0, "ettr": 0.2},
+    ),
+    "never re-formed: down to the end of the run": (
+        started().progress(2.0, 0, 1).fail(4.0, 0, 3.0, 3.5)
+        ("stopped", 4.0, round=0, attempt=1, seconds=0.5)("job_end", 10.0).events, None,
+        {"detect": 0.5, "stop": 0.5, "reform": None, "back": None, "downtime": 7.0,
+         "recovered": False},
+        {"wall": 10.0, "startup": 2.0, "downtime": 7.0, "productive": 1.0, "ettr": 0.1},
+    ),
+    "the step never reached again: down until the next failure": (
+        started().progress(2.0, 0, 5).fail(4.0, 0, 3.0, 3.0).restart(4.0, 0.0, 1, 5.0)
+        .progress(6.0, 1, 2).fail(7.0, 1, 7.0, 7.0).restart(7.0, 0.0, 2, 8.0)
+        .progress(9.0, 2, 2)("job_end", 12.0).events, None,
+        {"back": None, "downtime": 4.0, "recovered": False, "target": "step 5"},  # cut at 7
+        {"wall": 12.0, "startup": 2.0, "downtime": 6.0, "productive": 4.0},
+    ),
+    "a running job ends now": (
+        started().progress(2.0, 0, 1).fail(4.0, 0, 4.0, 4.0).events, 14.0,
+        {"downtime": 10.0, "recovered": False},
+        {"wall": 14.0, "startup": 2.0, "productive": 2.0},
+    ),
+    "failed_at unknown: no detect, downtime from detection": (
+        started().progress(2.0, 0, 1).fail(4.0, 0, None, 4.0).restart(4.5, 0.5, 1, 5.0)
+        .progress(6.0, 1, 1)("job_end", 8.0).events, None,
+        {"detect": None, "stop": 0.5, "reform": 0.5, "back": 1.0, "downtime": 2.0},
+        {"wall": 8.0, "startup": 2.0, "productive": 4.0, "ettr": 0.5},
+    ),
+    "a failure before any progress: startup ends at the failure": (
+        started().fail(3.0, 0, 3.0, 3.0).restart(3.0, 0.0, 1, 4.0).progress(6.0, 1, 0)
+        ("job_end", 10.0).events, None,
+        {"reform": 1.0, "back": 2.0, "downtime": 3.0, "target": None},
+        {"wall": 10.0, "startup": 3.0, "downtime": 3.0, "productive": 4.0, "ettr": 0.4},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_incident_and_run_figures(name: str) -> None:
+    events, now, incident, run = CASES[name]
+    figures = recovery(events, now)
+    first = figures.incidents[0].to_json()
+    assert {k: first[k] for k in incident} == incident
+    (node,) = figures.nodes
+    assert {k: node.to_json()[k] for k in run} == run
+    recovered = [i for i in figures.incidents if i.recovered]
+    for i in recovered:  # the parts add up
+        parts = [p for p in (i.detect, i.stop, i.reform, i.back) if p is not None]
+        assert i.downtime == pytest.approx(sum(parts), abs=1e-9)
+
+
+def test_no_progress_at_all_has_no_ettr() -> None:
+    events = started().fail(3.0, 0, 3.0, 3.0)("job_end", 5.0).events
+    figures = recovery(events)
+    assert figures.ettr is None and figures.nodes[0].ettr is None
+    assert "no ETTR" in summary_lines(figures)[-1]
+
+
+def test_no_incident_prints_nothing() -> None:
+    events = started().progress(2.0, 0, 1)("job_end", 4.0).events
+    figures = recovery(events)
+    assert figures.incidents == () and figures.nodes[0].ettr == 0.5
+    assert summary_lines(figures) == []
+
+
+def _interleaved(*nodes: Node) -> list[dict[str, Any]]:
+    merged = [e for n in nodes for e in n.events]
+    return sorted(merged, key=lambda e: e["t"])
+
+
+@pytest.mark.parametrize("order", ["concatenated", "by time"])
+@pytest.mark.parametrize("hosts", [("hostA", "hostB"), ("hostA", "hostA")])
+def test_merged_nodes_are_told_apart(order: str, hosts: tuple[str, str]) -> None:
+    """Two nodes' events merged (two hosts, or two agents on one host, told apart by their
+    seq chains): each node's figures as if read alone; the run's ETTR is the lower one."""
+    a = one_incident(hosts[0], 0)
+    b = started(hosts[1], 1).progress(2.0, 0, 1)("job_end", 10.0)
+    merged = a.events + b.events if order == "concatenated" else _interleaved(a, b)
+    figures = recovery(merged)
+    alone = recovery(a.events).nodes + recovery(b.events).nodes
+    assert sorted(figures.nodes, key=str) == sorted(alone, key=str)
+    assert len(figures.incidents) == 1 and figures.incidents[0].host == hosts[0]
+    assert figures.ettr == min(n.ettr for n in alone if n.ettr is not None)
+
+
+def test_the_tracker_fed_one_at_a_time_is_the_function() -> None:
+    events = one_incident().events
+    tracker = RecoveryTracker()
+    for e in events:
+        tracker.add(e)
+    assert tracker.result() == recovery(events)
+    lines = summary_lines(tracker.result())
+    assert lines[0].startswith("recovery: incident 1, round 0, rank 1 exit_code on hostA (node 0)")
+    assert "= 5.50 s down" in lines[0] and lines[1].startswith("recovery: ETTR 0.57")
