@@ -26,7 +26,9 @@ command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v strace >/dev/null || need+=(strace)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v chromium >/dev/null || need+=(chromium)
-[ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ] && command -v srun >/dev/null || need+=(slurmd slurmctld slurm-client munge)
+[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun >/dev/null ||
+    need+=(slurmctld slurmd slurm-client)
+[ -x /usr/sbin/munged ] || need+=(munge)
 if ((${#need[@]})); then
     apt_install "${need[@]}"
 fi
