@@ -147,6 +147,9 @@ class SlurmCluster:
     def _write_hosts(self) -> None:
         names = ["ctl", *self.node_names]
         table = "127.0.0.1 localhost\n" + "".join(f"{self.addr(name)} {name}\n" for name in names)
+        if not NETNS_ETC.exists():
+            NETNS_ETC.mkdir()
+            self._etc_dirs.append(NETNS_ETC)  # removed last, if nothing else uses it by then
         for namespace in self.spaces.names:
             directory = NETNS_ETC / namespace
             directory.mkdir(parents=True, exist_ok=True)
@@ -275,7 +278,12 @@ class SlurmCluster:
         finally:
             self.spaces.destroy()
             while self._etc_dirs:
-                shutil.rmtree(self._etc_dirs.pop(), ignore_errors=True)
+                directory = self._etc_dirs.pop()
+                if directory == NETNS_ETC:
+                    with contextlib.suppress(OSError):  # not empty: another test's hosts
+                        directory.rmdir()
+                else:
+                    shutil.rmtree(directory, ignore_errors=True)
 
     def job_pids(self) -> list[int]:
         """Processes on the nodes other than their slurmd: a job's (slurmstepd, its tasks)."""
