@@ -19,7 +19,7 @@ import torch
 
 from phalanx.errors import REQUEUE_EXIT_CODE
 from support.launch import wait_for, worker
-from support.slurm import SlurmCluster, job_env, needs_slurm, running, static_flags
+from support.slurm import SlurmCluster, job_env, needs_slurm, running
 
 pytestmark = needs_slurm
 REPO = Path(__file__).parents[1]
@@ -35,11 +35,10 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 def training_step(tmp_path: Path, out: Path, *flags: str) -> list[str]:
-    """The job step's command: phalanx on this node, two workers of preempt_train.py; the
-    rendezvous flags written out (``static_flags``: the path without them is
-    ``test_slurm.py``'s)."""
-    phalanx = f"exec {sys.executable} -m phalanx {static_flags(tmp_path)} --nproc-per-node 2"
-    return ["bash", "-c", " ".join([phalanx, *flags, worker("preempt_train.py"), str(out)])]
+    """The job step's command: phalanx on this node, its rendezvous and its preemption
+    signals from SLURM's variables, two workers of preempt_train.py."""
+    return [sys.executable, "-m", "phalanx", "--nproc-per-node", "2",
+            "--log-dir", str(tmp_path / "logs"), *flags, worker("preempt_train.py"), str(out)]  # fmt: skip
 
 
 def step(path: Path) -> int:
