@@ -9,9 +9,8 @@ one agent cannot."""
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,15 +47,14 @@ def step(path: Path) -> int:
         return -1
 
 
-def wait_until_training(out: Path, job: subprocess.Popen[str] | None = None) -> None:
+def wait_until_training(out: Path, ended: Callable[[], str | None]) -> None:
     """Until every rank has done 3 steps (the workers are past torch's import and Gloo's
-    setup, in the loop that asks ``phalanx.preempted()``)."""
+    setup, in the loop that asks ``phalanx.preempted()``); ``ended`` says what became of a
+    job that ended first (None while it runs)."""
     training = lambda: all(step(out / f"step_{rank}") >= 3 for rank in RANKS)  # noqa: E731
-    wait_for(
-        lambda: training() or (job is not None and job.poll() is not None), TIMEOUT, "training"
-    )
-    if job is not None and job.poll() is not None:
-        raise AssertionError("the job ended before training:\n" + "".join(job.communicate()))
+    wait_for(lambda: training() or ended() is not None, TIMEOUT, "training")
+    if not training():
+        raise AssertionError(f"the job ended before training: {ended()}")
 
 
 def assert_one_step_saved(out: Path) -> int:
@@ -82,7 +80,7 @@ def test_scancel_signal_saves_one_step_on_every_rank_and_the_step_exits_75(
     job = slurm.popen(["srun", f"--job-name={name}", "-N2", "--ntasks-per-node=1",
                        *training_step(tmp_path, out)], cwd=REPO)  # fmt: skip
     try:
-        wait_until_training(out, job)
+        wait_until_training(out, lambda: None if job.poll() is None else "".join(job.communicate()))
         cancelled = slurm.run(["scancel", f"--signal={sig}", slurm.job_id(name)])
         assert cancelled.returncode == 0, cancelled.stderr
         stdout, stderr = job.communicate(timeout=TIMEOUT)
@@ -116,7 +114,7 @@ def test_a_requeued_batch_job_resumes_from_the_step_every_rank_saved(
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
     try:
-        wait_until_training(out)
+        wait_until_training(out, lambda: batch_ended(slurm, job_id, tmp_path))
         assert slurm.run(["scancel", "--signal=USR1", job_id]).returncode == 0
         wait_for(lambda: slurm.job_fields(job_id).get("JobState") in ENDED, 2 * TIMEOUT, "the end")
         fields = slurm.job_fields(job_id)
@@ -128,6 +126,11 @@ def test_a_requeued_batch_job_resumes_from_the_step_every_rank_saved(
     saved = assert_one_step_saved(out)
     assert [step(out / f"resumed_{rank}") for rank in RANKS] == [saved] * 4
     wait_for(lambda: slurm.job_pids() == [], 30, "the job's processes to go")
+
+
+def batch_ended(slurm: SlurmCluster, job_id: str, tmp_path: Path) -> str | None:
+    fields = slurm.job_fields(job_id)
+    return f"{fields}\n{batch_output(tmp_path)}" if fields.get("JobState") in ENDED else None
 
 
 def batch_output(tmp_path: Path) -> str:
