@@ -5,6 +5,7 @@
 # the chaos tests), strace (a system call made to fail, for the checkpoint tests),
 # openssh-server (a real sshd per host for the --hosts/--hostfile tests), chromium (a real
 # headless browser opens the timeline page and screenshots it),
+# slurmctld, slurmd, slurm-client and munge (a real Slurm cluster for the scheduler tests),
 # python3-venv where the system Python lacks venv;
 # then a virtualenv in .venv without system site packages (a machine's own packages must
 # not hide a missing dependency, and Debian's system Python refuses pip install), holding
@@ -25,6 +26,9 @@ command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v strace >/dev/null || need+=(strace)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v chromium >/dev/null || need+=(chromium)
+[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun >/dev/null ||
+    need+=(slurmctld slurmd slurm-client)
+[ -x /usr/sbin/munged ] || need+=(munge)
 if ((${#need[@]})); then
     apt_install "${need[@]}"
 fi

@@ -20,6 +20,12 @@ from support.netns import NetNamespaces, unavailable_reason
 
 STRICT = os.environ.get("CI") == "true"
 
+# A test run inside a SLURM job or a Kubernetes pod (a CI runner) would otherwise give every
+# phalanx it starts default --preempt-signals, turning the SIGTERM that tests send to stop a
+# job (exit 143) into a preemption (exit 75). Tests that want a scheduler set it themselves.
+for _marker in ("SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST", "PET_PREEMPT_SIGNALS"):
+    os.environ.pop(_marker, None)
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(

@@ -16,6 +16,7 @@ from phalanx.errors import (
     JobFailed,
     MismatchError,
     PhalanxError,
+    Preempted,
     RendezvousError,
     UsageError,
 )
@@ -23,6 +24,7 @@ from phalanx.errors import (
 if TYPE_CHECKING:
     from phalanx.inscript import checkpoint, dist
     from phalanx.inscript.dist import DistInfo, add_dist_args, init, setup_dist
+    from phalanx.inscript.preempt import preempted
     from phalanx.inscript.spawn import spawn
     from phalanx.worker.progress import heartbeat, step
 
@@ -38,6 +40,7 @@ _LAZY = {
     "DistInfo": "phalanx.inscript.dist",
     "step": "phalanx.worker.progress",
     "heartbeat": "phalanx.worker.progress",
+    "preempted": "phalanx.inscript.preempt",
 }
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "JobFailed",
     "MismatchError",
     "PhalanxError",
+    "Preempted",
     "RendezvousError",
     "UsageError",
     "add_dist_args",
@@ -53,6 +57,7 @@ __all__ = [
     "dist",
     "heartbeat",
     "init",
+    "preempted",
     "setup_dist",
     "spawn",
     "step",

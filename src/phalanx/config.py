@@ -48,6 +48,12 @@ class LaunchConfig:
     duplicate_stdout_filters: tuple[str, ...] = ()
     duplicate_stderr_filters: tuple[str, ...] = ()
     signals_to_handle: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    # Signals that mean "you will be stopped" (a preemption, not an interrupt): forwarded to
+    # every worker of every node, which then have ``preempt_grace`` seconds in all, counted
+    # from the first node's signal; then the job exits REQUEUE_EXIT_CODE (75).
+    preempt_signals: tuple[str, ...] = ()
+    preempt_grace: float = 25.0
+    requeue: bool = False  # under SLURM, node rank 0 runs ``scontrol requeue`` after one
     virtual_local_rank: bool = False
     start_method: str = "spawn"
     dry_run: bool = False

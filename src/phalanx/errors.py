@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# The job was preempted (asked to stop by its scheduler), not failed: sysexits' EX_TEMPFAIL,
+# "try again later", what a requeue wrapper or a scheduler's policy can key on.
+REQUEUE_EXIT_CODE = 75
+
 
 class PhalanxError(Exception):
     """Root of every error phalanx raises on purpose."""
@@ -49,3 +53,14 @@ class Interrupted(PhalanxError):
         super().__init__(f"interrupted by signal {signum}")
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+class Preempted(Interrupted):
+    """The job was preempted (``--preempt-signals``): it stopped within ``--preempt-grace``
+    and asks to be run again. Exit code ``REQUEUE_EXIT_CODE`` whatever the signal was; an
+    ``Interrupted`` so every way out that cleans up after a signal cleans up after this."""
+
+    def __init__(self, signum: int, detail: str = "") -> None:
+        super().__init__(signum)
+        self.args = (detail or f"preempted by signal {signum}",)
+        self.exit_code = REQUEUE_EXIT_CODE

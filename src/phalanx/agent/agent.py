@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 from phalanx.agent.loop import Rounds, write_launcher_file
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, PhalanxError
+from phalanx.errors import Interrupted, PhalanxError, Preempted
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
@@ -108,6 +108,9 @@ class Agent:
         )
         try:
             code = self._run(run_dir, events, status, recovery, wall_clock, filters)
+        except Preempted as exc:
+            events.emit("job_end", outcome="preempted", exit_code=exc.exit_code)
+            raise
         except Interrupted as exc:
             events.emit("job_end", outcome="interrupted", exit_code=exc.exit_code)
             raise
@@ -131,7 +134,9 @@ class Agent:
         filters: tuple[tuple[bytes, ...], tuple[bytes, ...]],
     ) -> int:
         config = self._config
-        with SignalWatcher(config.signals_to_handle, stacks=True) as signals:
+        with SignalWatcher(
+            config.signals_to_handle, stacks=True, preempt=config.preempt_signals
+        ) as signals:
             write_launcher_file(run_dir, signals)
             # Entered before anything is started, so every process of the job is born in it.
             cgroup = JobCgroup.enter(f"phalanx-{run_dir.name}") if self._contain else None

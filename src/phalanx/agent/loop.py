@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import threading
 import time
@@ -12,12 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
+from phalanx.agent import preempted
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.policy import Step, decide, judged
 from phalanx.agent.stopped import asked_to_stop, stop_report
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
-from phalanx.errors import Interrupted, JobFailed, MismatchError, RendezvousError
+from phalanx.errors import Interrupted, JobFailed, MismatchError, Preempted, RendezvousError
 from phalanx.events.attempt import AttemptEvents, AttemptFailure
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
@@ -38,7 +40,8 @@ from phalanx.report.exits import WorkerExit, root_cause
 from phalanx.report.oom import OomProbe
 from phalanx.report.recovery import summary_lines
 from phalanx.status import StatusService, launcher
-from phalanx.supervisor.group import Outcome, Supervisor
+from phalanx.supervisor.group import Outcome, RoundResult, Supervisor
+from phalanx.supervisor.preempt import Preemption, PreemptWatch, from_notice
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.contract import STACK_SIGNAL
 from phalanx.worker.nofollow import replace_file
@@ -86,12 +89,6 @@ class Rounds:
     def run(self) -> int:
         while True:
             joined = self._next_round()
-            if joined.num_nodes > 1 or self.attempts == 0:
-                log.info(
-                    "round %d: node %d of %d, world size %d, master %s:%d",
-                    joined.round, joined.node_rank, joined.num_nodes, joined.world_size,
-                    joined.master_addr, joined.master_port,
-                )  # fmt: skip
             plan = build_plan(self.config, joined, self.run_dir, self.base_env)
             mark = ProgressMark.take(plan)
             self.attempts += 1
@@ -106,11 +103,14 @@ class Rounds:
             probe = OomProbe()
             self.status.begin(plan, joined, self.rdzv.status_exchange())
             tick = self.status.watch(attempt.watch(watch.tick))
-            result = self.supervisor.run(plan, self.signals, self._poll(watch), tick)
+            preempt = self._preempt_watch(joined)
+            result = self.supervisor.run(plan, self.signals, self._poll(watch), tick, preempt)
             attempt.ended(result.exits)
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
+            if result.preemption is not None and _ended_by_preemption(result):
+                self._preempted(joined, plan, exits, result.preemption, result.event)
             if result.outcome is Outcome.SUCCEEDED:
-                return self._succeeded(joined, exits)
+                return self._succeeded(joined, plan, exits)
             stop = asked_to_stop(result)
             if stop is not None:  # here or on another node: the job stops, with no failure
                 self._interrupted(joined, exits, *stop)
@@ -122,6 +122,8 @@ class Rounds:
                     stop_began=self.supervisor.stop_began,
                     stall_timeout=self.config.stall_timeout,
                 )
+            if result.preemption is not None:  # a failure during the grace: no restart
+                self._fail(joined, exits, result.event, watch.hang, None, crash_loop=False)
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
                 self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
@@ -166,6 +168,12 @@ class Rounds:
             seconds=round(time.monotonic() - began, 3),
         )
         self._check_same_code(joined)
+        if joined.num_nodes > 1 or self.attempts == 0:
+            log.info(
+                "round %d: node %d of %d, world size %d, master %s:%d",
+                joined.round, joined.node_rank, joined.num_nodes, joined.world_size,
+                joined.master_addr, joined.master_port,
+            )  # fmt: skip
         return joined
 
     def _failure_events(
@@ -232,8 +240,14 @@ class Rounds:
             self.rdzv.report_done(False, signum=exc.signum)
             raise
 
-    def _succeeded(self, joined: RendezvousResult, exits: list[WorkerExit]) -> int:
-        """This node's workers all finished: wait for the others (the exit barrier)."""
+    def _succeeded(self, joined: RendezvousResult, plan: RoundPlan, exits: list[WorkerExit]) -> int:
+        """This node's workers all finished: wait for the others (the exit barrier). Read
+        first whether the job was preempted: ranks that saw another node's preemption
+        through ``phalanx.preempted()``'s collective may end before this node hears of it
+        (the notice is in the store before any worker is told)."""
+        notice = self.rdzv.preemption()
+        if notice is not None:
+            self._preempted(joined, plan, exits, from_notice(notice, self.config.preempt_grace))
         self.rdzv.report_done(True)
         log.info("all %d workers finished", len(exits))
         late = self.rdzv.await_peers(lambda: self.signals.pending() is not None)
@@ -278,6 +292,62 @@ class Rounds:
         _, figures = self._recovery_figures()
         data = stop_report(exits, self.attempts, signum, node, where, figures)
         write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
+
+    def _preempt_watch(self, joined: RendezvousResult) -> PreemptWatch:
+        return PreemptWatch(
+            self.config.preempt_grace,
+            self.rdzv.report_preemption,
+            joined.node_rank,
+            on_start=self._preempt_event,
+        )
+
+    def _preempt_event(self, preemption: Preemption) -> None:
+        deadline = preemption.time + preemption.grace  # the first node's wall clock
+        self.events.emit("preempt", signal=preemption.signal, deadline=deadline)
+
+    def _preempted(
+        self,
+        joined: RendezvousResult,
+        plan: RoundPlan,
+        exits: list[WorkerExit],
+        preemption: Preemption,
+        gone: JobEvent | None = None,
+    ) -> NoReturn:
+        """The round ended after a preemption: wait for the other nodes until the job's
+        deadline at most (a failure of theirs during the grace is the job's failure; a node
+        ``gone`` meanwhile ended the round: nobody to wait for), report, requeue (node rank
+        0), exit 75."""
+        late = gone
+        if gone is None:
+            self.rdzv.report_done(True)  # no new round: finished nodes are not run again
+            late = self.rdzv.await_peers(
+                lambda: (
+                    self.signals.pending() is not None or time.monotonic() >= preemption.deadline
+                )
+            )
+        else:
+            self.rdzv.report_done(False)
+        signum = self.signals.pending()
+        if signum is not None:
+            raise Interrupted(signum)
+        if late is not None and late.kind is EventKind.PEER_FAILED:
+            log.warning("the job failed during its preemption grace: %s", _describe_event(late))
+            self._fail(joined, exits, late, None, None, crash_loop=False)
+        if late is not None:  # a node gone or given up: the scheduler's stop, as announced
+            log.warning("during the preemption grace: %s", _describe_event(late))
+        text, data = preempted.report(
+            preemption, exits, preempted.last_step(plan), joined.node_rank
+        )
+        print(text, file=sys.stderr, flush=True)
+        lines, figures = self._recovery_figures()
+        for line in lines:
+            log.info("%s", line)
+        if figures is not None:
+            data["recovery"] = figures
+        write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
+        if self.config.requeue and joined.node_rank == 0:
+            preempted.requeue(self.base_env)
+        raise Preempted(signal.Signals[preemption.signal], f"preempted by {preemption.signal}")
 
     def _record_failure(
         self,
@@ -441,6 +511,19 @@ def write_launcher_file(run_dir: Path, signals: SignalWatcher) -> None:
         )
 
 
+def _ended_by_preemption(result: RoundResult) -> bool:
+    """Whether a round that was preempted ended as a preemption (exit 75): its workers
+    ended or were stopped by the deadline, or a peer went away meanwhile (stopped by the
+    scheduler before the deadline, or its store with it). A worker that failed, here or on
+    a peer (``PEER_FAILED``), is the job's failure."""
+    if result.outcome is Outcome.PREEMPTED:
+        return True
+    event = result.event
+    return result.outcome is Outcome.REMOTE and (
+        event is None or event.kind is not EventKind.PEER_FAILED
+    )
+
+
 def _describe_event(event: JobEvent) -> str:
     who = f"node {event.node_rank}" if event.node_rank is not None else "a node"
     text = {
@@ -449,6 +532,7 @@ def _describe_event(event: JobEvent) -> str:
         EventKind.NODE_WAITING: "a node is waiting to join; re-forming the round",
         EventKind.JOB_STOPPED: f"{who} stopped the job",
         EventKind.STORE_LOST: "",  # the detail already names the store and the error
+        EventKind.PREEMPTED: f"{who} was preempted",
     }[event.kind]
     if not text:
         return event.detail or "the rendezvous store cannot be reached"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from phalanx import parsing
+from phalanx.cli import preempt
 from phalanx.cli.scheduler import NO_DERIVATION, Derivation
 from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.errors import UsageError
@@ -120,6 +121,22 @@ def _check_names(ns: argparse.Namespace, p: _Problems) -> tuple[tuple[str, ...],
     if ns.event_log_handler not in {"null", "console"}:
         p.add(f"--event-log-handler: expected null or console, got {ns.event_log_handler!r}")
     return signals, preload
+
+
+def _preemption(
+    ns: argparse.Namespace, environ: Mapping[str, str], p: _Problems
+) -> dict[str, Any]:
+    """--preempt-signals (default from the environment: ``cli.preempt``), --preempt-grace,
+    --requeue."""
+    no_signals: tuple[str, ...] = ()
+    scheduler = str(ns.scheduler)
+    signals = p.parse(
+        lambda: preempt.parse_signals(ns.preempt_signals, environ, scheduler), no_signals
+    )
+    grace = p.parse(lambda: preempt.parse_grace(ns.preempt_grace), preempt.DEFAULT_GRACE)
+    if ns.requeue and not signals:
+        p.add("--requeue needs preemption signals (--preempt-signals SIG,...; none are set)")
+    return {"preempt_signals": signals, "preempt_grace": grace, "requeue": bool(ns.requeue)}
 
 
 def _program(
@@ -235,6 +252,7 @@ def to_config(
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
         **_streams(ns, p, nproc),
         signals_to_handle=signals,
+        **_preemption(ns, environ, p),
         virtual_local_rank=bool(ns.virtual_local_rank),
         start_method=str(ns.start_method),
         dry_run=bool(ns.dry_run),

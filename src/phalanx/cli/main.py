@@ -9,12 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
-from phalanx.cli import logs, ls, stacks, status, stop, timeline
+from phalanx.cli import logs, ls, preempt, stacks, status, stop, timeline
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import derive
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, PhalanxError, UsageError
+from phalanx.errors import Interrupted, PhalanxError, Preempted, UsageError
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.plan import describe
@@ -44,7 +44,9 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return run_hosts(config, argv)
     launch = prepare(config)
     if config.dry_run:
-        print("\n".join((*config.derived, describe(launch.dry_run_plan(environ), environ))))
+        settings = preempt.describe(config.preempt_signals, config.preempt_grace, config.requeue)
+        plan = describe(launch.dry_run_plan(environ), environ)
+        print("\n".join((*config.derived, plan, settings)))
         return 0
     for line in config.derived:
         log.info("%s", line)
@@ -63,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         for problem in exc.problems:
             print(f"phalanx: error: {problem}", file=sys.stderr)
+        return exc.exit_code
+    except Preempted as exc:
+        print(f"phalanx: {exc}; exit {exc.exit_code} (run the job again)", file=sys.stderr)
         return exc.exit_code
     except Interrupted as exc:
         print(f"phalanx: stopped by {exc}", file=sys.stderr)

@@ -169,6 +169,26 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     option(
         "signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "Signals forwarded to the workers."
     )
+    option(
+        "preempt-signals",
+        None,
+        "Signals that mean the job is preempted, SIG[,SIG...] or none (default: SIGUSR1,SIGTERM "
+        "under SLURM, SIGTERM under Kubernetes, none elsewhere). Forwarded to every worker of "
+        "every node, where phalanx.preempted() turns True; the job then has --preempt-grace "
+        "seconds to save and exit, and exits 75 (preempted: run it again). Not an interrupt: "
+        "a second signal during the grace stops it at once.",
+    )
+    option(
+        "preempt-grace",
+        "25",
+        "Seconds from the first node's preemption signal until every worker of the job is "
+        "stopped (SIGTERM, then SIGKILL, from 5 s before). Default 25: within Kubernetes' "
+        "default 30 s grace; under sbatch --signal=USR1@90 raise it to about 80.",
+    )
+    switch(
+        "requeue",
+        "After a preemption under SLURM, node rank 0 runs 'scontrol requeue $SLURM_JOB_ID'.",
+    )
     option("shutdown-timeout", "5", "Seconds between SIGTERM and SIGKILL when stopping workers.")
     switch("virtual-local-rank", "LOCAL_RANK=0 for every worker, each seeing only its GPU.")
     switch("dry-run", "Print the plan (ranks, argv, environment per worker) and exit.")

@@ -8,7 +8,7 @@ from pathlib import Path
 from phalanx.config import LaunchConfig
 from phalanx.credentials import worker_environment
 from phalanx.rendezvous.api import RendezvousResult
-from phalanx.worker.contract import CHECKPOINT_LOG_ENV, CHECKPOINT_LOG_FILE
+from phalanx.worker.contract import CHECKPOINT_LOG_ENV, CHECKPOINT_LOG_FILE, PREEMPT_SIGNALS_ENV
 
 # Variables phalanx sets for every worker (torchrun 2.13's set); everything else is inherited.
 WORKER_ENV_KEYS = (
@@ -90,13 +90,18 @@ def worker_env(
 
 
 def job_env(config: LaunchConfig, rdzv: RendezvousResult, run_dir: Path) -> dict[str, str]:
-    """What every process phalanx starts is told about the job (workers and spawn owners)."""
-    return {
+    """What every process phalanx starts is told about the job (workers and spawn owners);
+    the preemption signals only when there are some (the worker absorbs them during a
+    preemption's grace: ``phalanx.worker.preempt``)."""
+    env = {
         "TORCHELASTIC_RESTART_COUNT": str(rdzv.restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
         "TORCHELASTIC_RUN_ID": rdzv.run_id,
         CHECKPOINT_LOG_ENV: str(run_dir / CHECKPOINT_LOG_FILE),
     }
+    if config.preempt_signals:
+        env[PREEMPT_SIGNALS_ENV] = ",".join(config.preempt_signals)
+    return env
 
 
 def rank_dir(run_dir: Path, restart_count: int, rank: int) -> Path:

@@ -88,6 +88,9 @@ class EventKind(Enum):
     NODE_WAITING = "node_waiting"  # a new node wants in (elastic scale-up at the next round)
     JOB_STOPPED = "job_stopped"  # some node gave up for good (budget spent, fatal error)
     STORE_LOST = "store_lost"  # this node cannot reach the rendezvous store; the job cannot go on
+    # A node got a preemption signal: every node forwards it to its workers and stops them
+    # by the job's deadline (``failure`` holds the notice: signal, time, grace, node).
+    PREEMPTED = "preempted"
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,17 @@ class RendezvousHandler(Protocol):
         peers still finishing (torchrun's exit barrier). Without ``report_done`` first,
         peers see this node as ``NODE_LOST`` (a graceful scale-down).
         """
+
+    def report_preemption(self, notice: dict[str, object]) -> dict[str, object]:
+        """This node got a preemption signal (``notice``: JSON-able, its ``time`` the wall
+        clock of that moment): the first node to say so in a round sets the job's notice
+        and every other node sees ``PREEMPTED`` with it. Returns the job's notice (another
+        node's if it was first; ``notice`` itself when the store cannot be reached)."""
+
+    def preemption(self) -> dict[str, object] | None:
+        """The job's preemption notice of the current round (None: not preempted). A
+        store read: for after the round, where workers that saw ``phalanx.preempted()``
+        through their collective may have ended before this node heard the event."""
 
     def fence(self) -> Fence | None:
         """What SIGKILLs this node's workers once it may have lost the store for longer than

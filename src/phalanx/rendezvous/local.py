@@ -39,6 +39,7 @@ class LocalRendezvous:
         self._round = -1
         self._failures: list[dict[str, object]] = []
         self._verdict: tuple[int, RoundVerdict] | None = None  # the last round judged
+        self._preemption: tuple[int, dict[str, object]] | None = None
 
     @property
     def run_id(self) -> str:
@@ -64,6 +65,15 @@ class LocalRendezvous:
 
     def poll(self) -> JobEvent | None:
         return None
+
+    def report_preemption(self, notice: dict[str, object]) -> dict[str, object]:
+        if self._preemption is None or self._preemption[0] != self._round:
+            self._preemption = (self._round, dict(notice))
+        return self._preemption[1]
+
+    def preemption(self) -> dict[str, object] | None:
+        found = self._preemption
+        return found[1] if found is not None and found[0] == self._round else None
 
     def report_failure(self, failure: dict[str, object]) -> int | None:
         seq = len(self._failures) + 1

@@ -29,6 +29,7 @@ from phalanx.rendezvous.fencing import KILL_BOUND, Fence
 from phalanx.report.exits import WorkerExit, read_error_file
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogFile, LogStream, finish_all
+from phalanx.supervisor.preempt import Preemption, PreemptWatch, kill_margin
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.nofollow import make_dirs
@@ -46,6 +47,7 @@ class Outcome(Enum):
     REMOTE = "remote"  # an event from another node (peer failure, node lost, scale-up)
     INTERRUPTED = "interrupted"
     STOPPED = "stopped"  # the caller's on_tick asked to stop the round (e.g. a hang)
+    PREEMPTED = "preempted"  # every worker ended (or was stopped by the deadline) after one
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class RoundResult:
     exits: tuple[WorkerExit, ...]
     event: JobEvent | None = None
     signum: int | None = None
+    # Set when the round was preempted, whatever its outcome (a failure during the grace
+    # is still a failure, but no restart follows it).
+    preemption: Preemption | None = None
 
 
 Launch = Callable[[WorkerPlan], RunningWorker]
@@ -95,6 +100,7 @@ class Supervisor:
         self._duplicate_filters = duplicate_filters
         self._host = host or socket.gethostname()
         self._wall_clock = wall_clock
+        self._preempt: PreemptWatch | None = None  # the running round's
         # Wall clock when the last round's stop began (its failure was acted on): for the
         # event log's recovery figures; 0.0 when the round ended without a stop.
         self.stop_began = 0.0
@@ -105,49 +111,37 @@ class Supervisor:
         signals: SignalWatcher,
         poll: Callable[[], JobEvent | None] = lambda: None,
         on_tick: OnTick = lambda running: False,
+        preempt: PreemptWatch | None = None,
     ) -> RoundResult:
         """Run one round to its end. Every ``monitor_interval``: ``on_tick`` (the caller's
-        own checks; True stops the workers and returns ``STOPPED``), then ``poll``."""
+        own checks; True stops the workers and returns ``STOPPED``), then ``poll``. With
+        ``preempt``, a preemption signal here or a peer's ``PREEMPTED`` lets the workers
+        run on until they end or the job's deadline (``phalanx.supervisor.preempt``)."""
         selector = selectors.DefaultSelector()
         selector.register(signals.fd, selectors.EVENT_READ, None)
         self.stop_began = 0.0
         slots: list[_Slot] = []
         streams: dict[int, LogStream] = {}
-        stopping = False
+        self._preempt = preempt
         try:
             for worker in plan.workers:
                 slots.append(self._start(worker, plan, selector, streams))
             next_poll = time.monotonic() + self._monitor_interval
             while True:
                 timeout = max(0.0, next_poll - time.monotonic())
-                events = selector.select(timeout)
+                bound = preempt.wait_bound() if preempt is not None else None
+                events = selector.select(timeout if bound is None else min(timeout, bound))
                 # Read before the exits: the fence's SIGKILLs are phalanx's, not failures.
                 fenced = self._fence.reason if self._fence is not None else None
-                self._handle_events(events, slots, streams, selector, stopping or bool(fenced))
+                self._handle_events(events, slots, streams, selector, bool(fenced))
                 if any(key.fd == signals.fd for key, _ in events):
                     signals.drain()  # or select would return at once forever
-                signum = signals.pending()
-                if signum is not None:
-                    stopping = True
-                    self._stop(slots, streams, selector, signum)
-                    return RoundResult(Outcome.INTERRUPTED, self._exits(slots), signum=signum)
-                if fenced is not None:
-                    stopping = True
-                    self._reap_fenced(slots, streams, selector)
-                    lost = JobEvent(EventKind.STORE_LOST, detail=fenced)
-                    return RoundResult(Outcome.REMOTE, self._exits(slots), event=lost)
-                if any(s.exit is not None and s.exit.failed for s in slots):
-                    stopping = True
-                    self._stop(slots, streams, selector, signal.SIGTERM)
-                    return RoundResult(Outcome.FAILED, self._exits(slots))
-                if all(s.exit is not None for s in slots):
-                    self._stop(slots, streams, selector, signal.SIGKILL)  # leftover children only
-                    return RoundResult(Outcome.SUCCEEDED, self._exits(slots))
-                if time.monotonic() >= next_poll:
+                ended = self._settle(slots, streams, selector, signals, fenced)
+                if ended is None and time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + self._monitor_interval
                     ended = self._tick(slots, streams, selector, poll, on_tick)
-                    if ended is not None:
-                        return ended
+                if ended is not None:
+                    return ended
         finally:
             # Whatever happened above (even an exception in our own code), nothing survives.
             self._kill_all(slots)
@@ -159,6 +153,61 @@ class Supervisor:
                     self._fence.release(slot.proc.pid)
             selector.close()
             finish_all(handle for slot in slots for handle in slot.files)
+            self._preempt = None
+
+    def _settle(
+        self,
+        slots: list[_Slot],
+        streams: dict[int, LogStream],
+        selector: selectors.BaseSelector,
+        signals: SignalWatcher,
+        fenced: str | None,
+    ) -> RoundResult | None:
+        """After each wake-up: the round's result, if what happened ends it."""
+        preempt = self._preempt
+        signum = signals.pending()
+        if signum is not None:
+            self._stop(slots, streams, selector, signum)
+            return self._result(Outcome.INTERRUPTED, slots, signum=signum)
+        if fenced is not None:
+            self._reap_fenced(slots, streams, selector)
+            lost = JobEvent(EventKind.STORE_LOST, detail=fenced)
+            return self._result(Outcome.REMOTE, slots, event=lost)
+        taken = signals.take_preempt()
+        if taken is not None and preempt is not None and not preempt.begin(taken, _running(slots)):
+            log.warning("%s again during the grace: stopping the workers now", _name(taken))
+            return self._preempt_stop(slots, streams, selector)
+        if any(s.exit is not None and s.exit.failed for s in slots):
+            self._stop(slots, streams, selector, signal.SIGTERM)
+            return self._result(Outcome.FAILED, slots)
+        if all(s.exit is not None for s in slots):
+            self._stop(slots, streams, selector, signal.SIGKILL)  # leftover children only
+            preempted = preempt is not None and preempt.preemption is not None
+            return self._result(Outcome.PREEMPTED if preempted else Outcome.SUCCEEDED, slots)
+        if preempt is not None and preempt.due():
+            left = sum(1 for s in slots if s.exit is None)
+            log.warning("preemption: the deadline is near; stopping %d worker(s) still running", left)
+            return self._preempt_stop(slots, streams, selector)
+        return None
+
+    def _preempt_stop(
+        self, slots: list[_Slot], streams: dict[int, LogStream], selector: selectors.BaseSelector
+    ) -> RoundResult:
+        """End a preempted round now: SIGTERM, half the kill margin, SIGKILL."""
+        assert self._preempt is not None and self._preempt.preemption is not None
+        margin = kill_margin(self._preempt.preemption.grace)
+        self._stop(slots, streams, selector, signal.SIGTERM, grace=margin / 2)
+        return self._result(Outcome.PREEMPTED, slots)
+
+    def _result(
+        self,
+        outcome: Outcome,
+        slots: list[_Slot],
+        event: JobEvent | None = None,
+        signum: int | None = None,
+    ) -> RoundResult:
+        preemption = self._preempt.preemption if self._preempt is not None else None
+        return RoundResult(outcome, self._exits(slots), event, signum, preemption)
 
     def _tick(
         self,
@@ -169,12 +218,15 @@ class Supervisor:
         on_tick: OnTick,
     ) -> RoundResult | None:
         """The caller's checks, then the rendezvous: the round's result if either ends it."""
-        running = [(s.plan, s.proc.pid) for s in slots if s.exit is None]
+        running = _running(slots)
         if on_tick(running):
             self._stop(slots, streams, selector, signal.SIGTERM)
-            return RoundResult(Outcome.STOPPED, self._exits(slots))
+            return self._result(Outcome.STOPPED, slots)
         event = poll()
         if event is None:
+            return None
+        if event.kind is EventKind.PREEMPTED and self._preempt is not None:
+            self._preempt.hear(event, running)  # the workers run on, to the job's deadline
             return None
         # Without the store the others may re-form without this node at any moment: no
         # grace period for workers that may overlap new ones.
@@ -183,8 +235,8 @@ class Supervisor:
         if any(s.exit is not None and s.exit.failed for s in slots):
             # A worker had died on its own before the event was acted on: its failure is
             # this round's story, as if noticed a moment earlier.
-            return RoundResult(Outcome.FAILED, self._exits(slots))
-        return RoundResult(Outcome.REMOTE, self._exits(slots), event=event)
+            return self._result(Outcome.FAILED, slots)
+        return self._result(Outcome.REMOTE, slots, event=event)
 
     def _start(
         self,
@@ -251,11 +303,17 @@ class Supervisor:
             pid=slot.proc.pid,
             returncode=returncode,
             time=noticed,
-            stopped_by_launcher=stopping and returncode != 0,
+            stopped_by_launcher=(stopping and returncode != 0) or self._forwarded(returncode),
             log_dir=str(slot.plan.log_dir),
             label=slot.plan.name,
             monotonic=time.monotonic(),  # orders this node's exits (report.exits.causal_order)
         )
+
+    def _forwarded(self, returncode: int) -> bool:
+        """Whether the worker died of the preemption signal phalanx forwarded to it (its
+        default action, in a program without phalanx's boot): the launcher's doing."""
+        sent = self._preempt.forwarded if self._preempt is not None else None
+        return sent is not None and returncode == -sent
 
     def _stop(
         self,
@@ -263,8 +321,10 @@ class Supervisor:
         streams: dict[int, LogStream],
         selector: selectors.BaseSelector,
         first_signal: int,
+        grace: float | None = None,
     ) -> None:
-        """Signal every group, wait to the deadline, then SIGKILL and wait a bounded time.
+        """Signal every group, wait to the deadline (``grace``; default the shutdown
+        timeout), then SIGKILL and wait a bounded time.
 
         A worker whose exit is already pending (its exit fd readable: it died before this
         signal, e.g. while the agent was busy polling or not scheduled) is recorded first, as
@@ -274,7 +334,8 @@ class Supervisor:
             self.stop_began = self._wall_clock()
         fenced = self._fence is not None and self._fence.reason is not None
         self._handle_events(selector.select(0), slots, streams, selector, stopping=fenced)
-        grace = _KILL_WAIT if first_signal == signal.SIGKILL else self._shutdown_timeout
+        if grace is None:
+            grace = _KILL_WAIT if first_signal == signal.SIGKILL else self._shutdown_timeout
         for sig, wait in ((first_signal, grace), (signal.SIGKILL, _KILL_WAIT)):
             # Groups of exited workers too: their children may still be running.
             for slot in slots:
@@ -369,6 +430,14 @@ class Supervisor:
         )  # fmt: skip
         exit_ = self._record_exit(slot, -signal.SIGKILL, stopping=True)
         return replace(exit_, stuck_state=state)
+
+
+def _running(slots: list[_Slot]) -> list[tuple[WorkerPlan, int]]:
+    return [(s.plan, s.proc.pid) for s in slots if s.exit is None]
+
+
+def _name(signum: int) -> str:
+    return signal.Signals(signum).name
 
 
 def process_state(pid: int) -> str:

@@ -2,12 +2,14 @@
 
 The handlers only record the signal; the wakeup fd wakes the supervisor's ``select`` so it
 can stop the workers in order, from ordinary code, with its ``finally`` blocks intact.
-``--signals-to-handle`` stop the job (``pending``). ``STACK_SIGNAL`` (``phalanx stacks``),
-unless it is one of those, asks for every rank's stack instead (``take_stack_request``).
+``--signals-to-handle`` stop the job (``pending``). ``--preempt-signals`` start a preemption
+instead (``take_preempt``), even when also listed to stop: a preemption signal is not an
+interrupt. ``STACK_SIGNAL`` (``phalanx stacks``), unless it is one of those, asks for every
+rank's stack instead (``take_stack_request``).
 
 Where phalanx only waits on others -- opening the rendezvous, forming a round -- there is
 no loop of ours to notice a recorded signal, so inside ``raising()`` the handler raises
-``Interrupted`` instead: the wait ends at once (the rendezvous waits in slices of at most
+``Interrupted`` instead (``Preempted`` for a preemption signal: no worker runs to save): the wait ends at once (the rendezvous waits in slices of at most
 a heartbeat interval, so a blocking store call returns within about a second), and the
 ``finally`` blocks on the way out tell the other nodes and stop everything this node started.
 """
@@ -21,14 +23,16 @@ import threading
 from collections.abc import Iterator
 from types import FrameType, TracebackType
 
-from phalanx.errors import Interrupted
+from phalanx.errors import Interrupted, Preempted
 from phalanx.worker.contract import STACK_SIGNAL
 
 
 class SignalWatcher:
-    def __init__(self, names: tuple[str, ...], *, stacks: bool = False) -> None:
-        """Watch the signals ``names`` (stop); with ``stacks``, also ``STACK_SIGNAL`` for
-        stack requests (unless ``names`` has it: it then stops the job, as asked)."""
+    def __init__(
+        self, names: tuple[str, ...], *, stacks: bool = False, preempt: tuple[str, ...] = ()
+    ) -> None:
+        """Watch the signals ``names`` (stop) and ``preempt``; with ``stacks``, also
+        ``STACK_SIGNAL`` for stack requests (unless listed: it then does what it is listed for)."""
         self._reader, self._writer = socket.socketpair()
         self._reader.setblocking(False)
         self._writer.setblocking(False)
@@ -38,9 +42,12 @@ class SignalWatcher:
         self._raising = False
         # Python delivers signals to the main thread only; elsewhere we cannot watch them.
         self.active = threading.current_thread() is threading.main_thread()
-        self._signals = [signal.Signals[name] for name in names]
-        self.stacks_active = self.active and stacks and STACK_SIGNAL not in self._signals
+        self._preempt = [signal.Signals[name] for name in preempt]
+        self._signals = [signal.Signals[n] for n in names if signal.Signals[n] not in self._preempt]
+        listed = (*self._signals, *self._preempt)
+        self.stacks_active = self.active and stacks and STACK_SIGNAL not in listed
         self._stack_request = False
+        self._preempts: list[int] = []
 
     @property
     def fd(self) -> int:
@@ -53,6 +60,8 @@ class SignalWatcher:
             )
             for sig in self._signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            for sig in self._preempt:
+                self._previous[sig] = signal.signal(sig, self._handle_preempt)
             if self.stacks_active:
                 self._previous[STACK_SIGNAL] = signal.signal(STACK_SIGNAL, self._handle_stacks)
         return self
@@ -75,6 +84,17 @@ class SignalWatcher:
             self._raising = False  # once: the way out must not be interrupted again
             raise Interrupted(signum)
 
+    def _handle_preempt(self, signum: int, frame: FrameType | None) -> None:
+        self._preempts.append(signum)
+        if self._raising:
+            self._raising = False
+            raise Preempted(signum)
+
+    def take_preempt(self) -> int | None:
+        """The next preemption signal received, if any (each is taken once: a second one
+        during the grace means "now")."""
+        return self._preempts.pop(0) if self._preempts else None
+
     def _handle_stacks(self, signum: int, frame: FrameType | None) -> None:
         self._stack_request = True
 
@@ -89,6 +109,8 @@ class SignalWatcher:
         it raises on entry)."""
         if self._received:
             raise Interrupted(self._received[0])
+        if self._preempts:
+            raise Preempted(self._preempts[0])
         self._raising = True
         try:
             yield

@@ -11,8 +11,11 @@ rank's log directory (the directory of ``TORCHELASTIC_ERROR_FILE``):
   stacks``), and -- unless the user already enabled faulthandler -- the stack at a fatal
   signal (SIGSEGV, SIGABRT, ...), which the failure report quotes.
 
-No thread is started and no signal but ``STACK_SIGNAL`` is touched. What a script could
-notice: SIGUSR2 dumps stacks instead of ending the process, ``faulthandler.is_enabled()``
+- ``preempt``: the job's ``--preempt-signals`` are absorbed while a preemption's grace runs
+  (``phalanx.worker.preempt``), and ``phalanx.preempted()`` reads the agent's notice.
+
+No thread is started and no signal but ``STACK_SIGNAL`` and the preemption signals is
+touched. What a script could notice: SIGUSR2 dumps stacks instead of ending the process, ``faulthandler.is_enabled()``
 is True, and ``/proc/self/cmdline`` shows this module (``sys.orig_argv`` does not). The script then runs
 through ``phalanx.worker.become.run_job``: the same ``sys.argv``, ``sys.path[0]``,
 ``__main__``, tracebacks and exit codes as a plain python, and ``sys.orig_argv`` as python
@@ -30,7 +33,7 @@ import zipfile
 from collections.abc import Mapping
 from typing import TextIO
 
-from phalanx.worker import become, progress
+from phalanx.worker import become, preempt, progress
 from phalanx.worker.contract import STACK_SIGNAL, STACKS_FILE, rank_dir
 from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import ForkRequest
@@ -46,6 +49,7 @@ def install(environ: Mapping[str, str]) -> None:
         return
     progress.open_counters(directory)
     progress.watch_optimizers()
+    preempt.install(environ, directory)
     _stacks = os.fdopen(append_to(os.path.join(directory, STACKS_FILE)), "a")  # lives forever
     faulthandler.register(STACK_SIGNAL, file=_stacks, all_threads=True, chain=False)
     if not faulthandler.is_enabled():  # a user's -X faulthandler keeps writing to stderr

@@ -19,6 +19,11 @@ STACKS_FILE = "stacks.txt"
 # directory), so the agent can tell a crash loop from progress.
 CHECKPOINT_LOG_ENV = "PHALANX_CHECKPOINT_LOG"
 CHECKPOINT_LOG_FILE = "checkpoints.jsonl"
+# A preemption: the agent writes PREEMPT_NOTICE_FILE in each rank's directory (JSON: the
+# signal, the wall-clock deadline, the monotonic instant the agent stops the workers), then
+# forwards the signal; PREEMPT_SIGNALS_ENV names the job's preemption signals.
+PREEMPT_NOTICE_FILE = "preempt.json"
+PREEMPT_SIGNALS_ENV = "PHALANX_PREEMPT_SIGNALS"
 
 
 def rank_dir(environ: Mapping[str, str]) -> str | None:

@@ -217,6 +217,31 @@ class DynamicRendezvous:
             log.warning("rendezvous: could not tell the other nodes about the failure: %s", exc)
         return seq
 
+    def report_preemption(self, notice: dict[str, object]) -> dict[str, object]:
+        membership, rank = self._current()
+        if self._liveness.store_problem() is not None:
+            return notice  # nobody to tell; this node still stops within its own grace
+        key = self._board.keys.round(membership.round, "preempted")
+        try:
+            job = self._board.put_first(key, notice)
+            if job.get("by") == self._node_id:
+                detail = f"node {rank} ({self._hostname}) got {notice.get('signal')}"
+                event = JobEvent(EventKind.PREEMPTED, rank, detail, dict(job))
+                self._board.post_event(membership.round, event, about=self._node_id)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not tell the other nodes of the preemption: %s", exc)
+            return notice
+        return job
+
+    def preemption(self) -> dict[str, object] | None:
+        if self._membership is None or self._liveness.store_problem() is not None:
+            return None
+        try:
+            return self._board.get_json(self._board.keys.round(self._membership.round, "preempted"))
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not read whether the job was preempted: %s", exc)
+            return None
+
     def failures(self) -> list[dict[str, object]]:
         """Empty once the store is lost: asking would only wait out its timeout again."""
         if self._liveness.store_problem() is not None:

@@ -14,7 +14,7 @@ event log),
 round, and those of them that saw progress during it) + ``verdict`` (the job's verdict on
 it, see ``judge``), ``ok``/``all_ok`` (members done successfully),
 ``departed``/``all_departed`` (members that saw ``all_ok`` and stopped using the store),
-``stack_requests`` (how many job-wide stacks requests were made) + ``stacks/<n>/<rank>``
+``preempted`` (the first preemption notice of the round), ``stack_requests`` (how many job-wide stacks requests were made) + ``stacks/<n>/<rank>``
 (node ``rank``'s answer to request ``n``; the requester deletes it once read), and the
 same for status requests: ``status_requests`` + ``status/<n>/<rank>``.
 
@@ -107,7 +107,7 @@ class Keys:
     ROUND_NAMES = (
         "open", "joined", "waiting", "closed", "members", "master", "settled", "gone", "lost",
         "all_settled", "events", "claim", "ok", "all_ok", "departed", "all_departed",
-        "stack_requests", "judged", "progressed", "verdict", "status_requests",
+        "stack_requests", "judged", "progressed", "verdict", "preempted", "status_requests",
     )  # fmt: skip
 
     def round_keys(

@@ -1,0 +1,97 @@
+"""The end of a preempted job on one node: its report, and the requeue under SLURM.
+
+A preemption is not a failure: no restart is spent, the report says "preempted" (when the
+first node got which signal, the last step this node's ranks reached, which ranks ended on
+their own and which were stopped at the deadline) and the agent exits ``REQUEUE_EXIT_CODE``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+
+from phalanx.errors import REQUEUE_EXIT_CODE
+from phalanx.plan import RoundPlan
+from phalanx.report.exits import WorkerExit
+from phalanx.supervisor.preempt import Preemption
+from phalanx.worker import progress
+
+log = logging.getLogger("phalanx")
+_SCONTROL_TIMEOUT = 30.0
+
+
+def last_step(plan: RoundPlan) -> int | None:
+    """The highest ``phalanx.step(n)`` this node's ranks reached (None: none called it)."""
+    steps = []
+    for worker in plan.workers:
+        counters = progress.read(str(worker.log_dir / progress.FILE_NAME))
+        if counters is not None and counters[1] != progress.NO_STEP:
+            steps.append(counters[1])
+    return max(steps) if steps else None
+
+
+def report(
+    preemption: Preemption, exits: Sequence[WorkerExit], step: int | None, node_rank: int
+) -> tuple[str, dict[str, object]]:
+    """The framed summary and ``report.json`` of a preempted node."""
+    stopped = sorted(e.rank for e in exits if e.stopped_by_launcher)
+    saved = sorted(e.rank for e in exits if e.returncode == 0)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(preemption.time))
+    where = "this node" if preemption.node in (None, node_rank) else f"node {preemption.node}"
+    rule = "=" * 78
+    lines = [
+        rule,
+        f"phalanx: job preempted ({preemption.signal} on {where} at {when}, "
+        f"grace {preemption.grace:g} s); exit {REQUEUE_EXIT_CODE}, to be run again",
+        f"  last step on this node: {step if step is not None else 'unknown (no phalanx.step)'}",
+        f"  ranks that exited on their own: {_ranks(saved)}",
+        f"  ranks stopped at the deadline: {_ranks(stopped)}",
+        rule,
+    ]
+    data: dict[str, object] = {
+        "preempted": {
+            **preemption.notice(),
+            "step": step,
+            "exited": saved,
+            "stopped_at_deadline": stopped,
+        },
+        "exit_code": REQUEUE_EXIT_CODE,
+        "exits": [e.to_json() for e in exits],
+    }
+    return "\n".join(lines), data
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(str(r) for r in ranks) if ranks else "none"
+
+
+def requeue(environ: Mapping[str, str]) -> None:
+    """``scontrol requeue $SLURM_JOB_ID`` (``scontrol`` from PATH); any trouble is one
+    warning: the job's own exit code (75) still tells a wrapper what happened."""
+    job_id = environ.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        log.warning("--requeue: not under SLURM (no SLURM_JOB_ID); nothing requeued")
+        return
+    scontrol = shutil.which("scontrol", path=environ.get("PATH"))
+    if scontrol is None:
+        log.warning("--requeue: scontrol is not on PATH; job %s not requeued", job_id)
+        return
+    try:
+        done = subprocess.run(
+            [scontrol, "requeue", job_id],
+            capture_output=True,
+            text=True,
+            timeout=_SCONTROL_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("--requeue: scontrol requeue %s failed: %s", job_id, exc)
+        return
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        log.warning("--requeue: scontrol requeue %s exited %d: %s", job_id, done.returncode, said)
+        return
+    log.info("requeued SLURM job %s (scontrol requeue)", job_id)
