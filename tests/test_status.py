@@ -256,3 +256,22 @@ def test_status_and_stop_of_a_node_waiting_for_its_peers(tmp_path: Path) -> None
     report = json.loads((run_dir / "report.json").read_text())
     assert report["outcome"] == "interrupted"
     assert report["reason"] == "stopped by SIGTERM on this node, in the rendezvous"
+
+
+def test_stop_is_a_stop_even_where_sigterm_means_a_preemption(tmp_path: Path) -> None:
+    """``--preempt-signals SIGTERM`` (as under SLURM or Kubernetes): a scheduler's SIGTERM
+    would start a preemption (exit 75); ``phalanx stop``'s is a stop (143, no grace)."""
+    logs = tmp_path / "logs"
+    args = ["--preempt-signals", "SIGTERM", "--preempt-grace", "300", "--nproc-per-node", "1",
+            "--log-dir", str(logs), worker("steps_slowly.py"), "3000"]  # fmt: skip
+    with launched(args) as agent:
+        wait_for(lambda: any(logs.glob("*/status.json")), 60, "the agent's status file")
+        (run_dir,) = logs.iterdir()
+        wait_for(lambda: _stepping(run_dir), 60, "the first step")
+        stop = run_phalanx(["stop", str(run_dir)], timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        _, err = agent.communicate(timeout=60)
+        assert agent.returncode == 143, err
+    assert json.loads((run_dir / "report.json").read_text())["outcome"] == "interrupted"
+    kinds = [e["kind"] for e in read_events(run_dir / "events.jsonl")]
+    assert "preempt" not in kinds and kinds[-1] == "job_end"

@@ -18,6 +18,7 @@ from phalanx.events.metrics import MetricsServer
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rundir import make_run_dir
 from phalanx.status import StatusService
+from phalanx.status.files import stop_marker
 from phalanx.supervisor.cgroup import JobCgroup
 from phalanx.supervisor.clock import WallClock
 from phalanx.supervisor.group import Supervisor
@@ -135,7 +136,10 @@ class Agent:
     ) -> int:
         config = self._config
         with SignalWatcher(
-            config.signals_to_handle, stacks=True, preempt=config.preempt_signals
+            config.signals_to_handle,
+            stacks=True,
+            preempt=config.preempt_signals,
+            stop_marker=stop_marker(run_dir),
         ) as signals:
             write_launcher_file(run_dir, signals)
             # Entered before anything is started, so every process of the job is born in it.

@@ -2,7 +2,8 @@
 
 Sends ``SIGTERM`` to the run's agent (its pid in ``RUN_DIR/launcher.json``, checked to be
 that same process by its start time, so a reused pid is never signalled), as a scheduler
-would. The agent stops its workers (SIGTERM, the grace, SIGKILL), tells the other nodes,
+would, but as a stop even where SIGTERM is a preemption signal (``--preempt-signals``:
+a marker file it leaves first says so; no grace, no requeue). The agent stops its workers (SIGTERM, the grace, SIGKILL), tells the other nodes,
 which stop theirs, and every node writes its ``report.json`` (no root cause; which node was
 stopped, by which signal) and exits 143, as for SIGTERM. This command waits for this
 node's agent to end (``--timeout``) and says where the report is.
@@ -18,6 +19,7 @@ import time
 
 from phalanx.cli.args import Parser, add_run_dir, run_directory
 from phalanx.errors import PhalanxError
+from phalanx.status.files import leave_stop_marker
 from phalanx.status.launcher import read_launcher
 
 
@@ -51,6 +53,7 @@ def main(argv: list[str]) -> int:
         raise PhalanxError(
             f"the job of {run_dir} is not running (its agent, pid {agent.pid}, ended)"
         )
+    leave_stop_marker(run_dir)  # a stop, also where SIGTERM would mean a preemption
     os.kill(agent.pid, signal.SIGTERM)
     print(f"phalanx: stopping the job (SIGTERM to its agent, pid {agent.pid})", file=sys.stderr)
     deadline = time.monotonic() + args.timeout

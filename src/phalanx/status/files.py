@@ -6,6 +6,8 @@ leaves for its agent.
 ``<run dir>/nodes/<rank>/events.jsonl``   that node's events, as it answered (capped)
 ``<run dir>/requests/status-<nonce>``     a request: the CLI creates it, the agent notices
 ``<run dir>/requests/status-<nonce>.answer``  the agent's answer: which nodes answered
+``<run dir>/requests/stop``               ``phalanx stop`` was here: the SIGTERM that follows
+                                          is a stop, even where SIGTERM means a preemption
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ from phalanx.events.run import NODES_DIR
 STATUS_FILE = "status.json"
 REQUESTS_DIR = "requests"
 _REQUEST = re.compile(r"^status-([0-9a-f]{32})$")
+
+
+def stop_marker(run_dir: Path) -> Path:
+    return run_dir / REQUESTS_DIR / "stop"
+
+
+def leave_stop_marker(run_dir: Path) -> None:
+    (run_dir / REQUESTS_DIR).mkdir(mode=0o700, exist_ok=True)
+    stop_marker(run_dir).touch(mode=0o600)
 
 
 def node_dir(run_dir: Path, node_rank: int) -> Path:
