@@ -86,7 +86,11 @@ def test_a_node_status_from_its_events_and_counters(tmp_path: Path) -> None:
     ranks = {r["rank"]: r for r in status["ranks"]}
     assert (ranks[2]["state"], ranks[2]["pid"], ranks[2]["step"]) == ("running", 11, 30)
     assert ranks[2]["steps_per_s"] == 4.0 and ranks[2]["since_beat"] == 5.0
-    assert (ranks[3]["state"], ranks[3]["returncode"], ranks[3]["since_beat"]) == ("failed", 1, None)
+    assert (ranks[3]["state"], ranks[3]["returncode"], ranks[3]["since_beat"]) == (
+        "failed",
+        1,
+        None,
+    )
     assert status["last_failure"]["rank"] == 3
     node.hear({**base, "kind": "job_end", "outcome": "failed", "exit_code": 1})
     assert (node.snapshot()["state"], node.snapshot()["exit_code"]) == ("failed", 1)
@@ -118,7 +122,6 @@ def test_a_status_request_reaches_every_node_and_the_answers_come_back(cluster: 
     assert b.gather_status(rb.round, 1, [0, 2], WAIT) == {0: b"node 0", 2: b"node 2"}
     assert [k for k in cluster.server.data if "/status/" in k] == []  # read once, removed
     assert a.poll() is None and c.poll() is None  # no job event
-
 
 
 def test_the_asker_writes_who_answered_and_names_who_did_not(
