@@ -174,6 +174,7 @@ def test_a_finished_run_shows_its_final_state_and_root_cause(tmp_path: Path) -> 
     assert "recovery: incident 1, round 0, rank 1 exit_code on " in text, text
     assert "never back at step 2" in text, text
     assert len(view["recovery"]["incidents"]) == 1
+    assert view["report"]["root_cause"]["rank"] == 1 and view["missing"] == []
     listed = run_phalanx(["ls", "--log-dir", str(logs)], timeout=30)
     assert listed.returncode == 0
     assert listed.stdout.splitlines()[0].split() == ["RUN", "STATE", "STARTED", "DURATION"]
@@ -233,6 +234,12 @@ def test_ls_lists_the_newest_run_first_with_its_state(tmp_path: Path) -> None:
     rows = [line.split() for line in listed.stdout.splitlines()[1:]]
     assert [(r[0], r[1], r[-1]) for r in rows] == [("new", "ended", rows[0][-1]),
                                                   ("old", "succeeded", "0:01:30")]  # fmt: skip
+    for n in range(50):  # the 50 newest are listed, --all lists every one
+        run(f"more{n:02d}", 3_000_000.0 + n)
+    shown = run_phalanx(["ls", "--log-dir", str(tmp_path)], timeout=30).stdout.splitlines()[1:]
+    assert len(shown) == 50 and shown[0].split()[0] == "more49"
+    every = run_phalanx(["ls", "--log-dir", str(tmp_path), "--all"], timeout=30)
+    assert [line.split()[0] for line in every.stdout.splitlines()[-2:]] == ["new", "old"]
 
 
 def test_status_and_stop_of_a_node_waiting_for_its_peers(tmp_path: Path) -> None:
