@@ -29,7 +29,7 @@ from phalanx.rendezvous.fencing import KILL_BOUND, Fence
 from phalanx.report.exits import WorkerExit, read_error_file
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogFile, LogStream, finish_all
-from phalanx.supervisor.preempt import Preemption, PreemptWatch, kill_margin
+from phalanx.supervisor.preempt import Preemption, PreemptWatch, kill_margin, tell_stopping
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.worker.nofollow import make_dirs
@@ -336,6 +336,8 @@ class Supervisor:
         self._handle_events(selector.select(0), slots, streams, selector, stopping=fenced)
         if grace is None:
             grace = _KILL_WAIT if first_signal == signal.SIGKILL else self._shutdown_timeout
+        if first_signal == signal.SIGTERM:
+            tell_stopping(s.plan for s in slots if s.exit is None)
         for sig, wait in ((first_signal, grace), (signal.SIGKILL, _KILL_WAIT)):
             # Groups of exited workers too: their children may still be running.
             for slot in slots:

@@ -28,7 +28,8 @@ from phalanx.supervisor.cgroup import JobCgroup
 _GUARDIAN_CODE = """
 import os, signal, sys, time
 agent = os.getppid()
-for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+          signal.SIGUSR2):
     signal.signal(s, signal.SIG_IGN)
 groups, buf, leaving = set(), b"", False
 while True:

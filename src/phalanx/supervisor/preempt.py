@@ -20,18 +20,27 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from phalanx.plan import WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
-from phalanx.worker.contract import PREEMPT_NOTICE_FILE
+from phalanx.worker.contract import PREEMPT_NOTICE_FILE, PREEMPT_SIGNALS_ENV, STOP_NOTICE_FILE
 from phalanx.worker.nofollow import replace_file
 
 log = logging.getLogger("phalanx")
 
 # Tells the other nodes; returns the job's notice (``RendezvousHandler.report_preemption``).
 Announce = Callable[[dict[str, object]], dict[str, object]]
+
+
+def tell_stopping(workers: Iterable[WorkerPlan]) -> None:
+    """Before phalanx's own SIGTERM: tell each worker that treats SIGTERM as a preemption
+    that this one is a stop (``STOP_NOTICE_FILE``), so it acts at once, as without phalanx."""
+    for plan in workers:
+        if "SIGTERM" in plan.env.get(PREEMPT_SIGNALS_ENV, "").split(","):
+            with contextlib.suppress(OSError):  # then the worker waits its bound, no more
+                replace_file(plan.log_dir / STOP_NOTICE_FILE, b"")
 
 
 def kill_margin(grace: float) -> float:

@@ -24,6 +24,10 @@ CHECKPOINT_LOG_FILE = "checkpoints.jsonl"
 # forwards the signal; PREEMPT_SIGNALS_ENV names the job's preemption signals.
 PREEMPT_NOTICE_FILE = "preempt.json"
 PREEMPT_SIGNALS_ENV = "PHALANX_PREEMPT_SIGNALS"
+# Written by the agent before its own SIGTERM to a worker whose preemption signals include
+# SIGTERM: that SIGTERM is a stop. A SIGTERM with neither file came from outside (Slurm and
+# Kubernetes signal every process of a job, maybe before the agent has written its notice).
+STOP_NOTICE_FILE = "stopping"
 
 
 def rank_dir(environ: Mapping[str, str]) -> str | None:

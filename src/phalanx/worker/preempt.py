@@ -25,16 +25,22 @@ import time
 from collections.abc import Mapping
 from types import FrameType
 
-from phalanx.worker.contract import PREEMPT_NOTICE_FILE, PREEMPT_SIGNALS_ENV
+from phalanx.worker.contract import PREEMPT_NOTICE_FILE, PREEMPT_SIGNALS_ENV, STOP_NOTICE_FILE
+
+# How long a SIGTERM with no word from the agent waits for one: the agent got the same
+# signal at the same moment and writes its notice within a monitor tick or two.
+NOTICE_WAIT = 2.0
 
 _notice: str | None = None  # this rank's notice path, once ``install`` found its directory
+_stopping: str | None = None  # and its stop notice's
 _previous: dict[int, object] = {}
 
 
 def install(environ: Mapping[str, str], rank_dir: str) -> None:
     """Absorb the job's preemption signals (``PREEMPT_SIGNALS_ENV``) in this worker."""
-    global _notice
+    global _notice, _stopping
     _notice = os.path.join(rank_dir, PREEMPT_NOTICE_FILE)
+    _stopping = os.path.join(rank_dir, STOP_NOTICE_FILE)
     for name in environ.get(PREEMPT_SIGNALS_ENV, "").split(","):
         sig = getattr(signal.Signals, name.strip(), None) if name.strip() else None
         if sig is not None and sig not in (signal.SIGKILL, signal.SIGSTOP):
@@ -58,10 +64,25 @@ def _stop_at() -> float | None:
         return None
 
 
+def _await_notice() -> float | None:
+    """A SIGTERM with no notice: phalanx's own stop says so (``STOP_NOTICE_FILE``: act at
+    once); otherwise it came from outside, to every process of the job at once, and the
+    agent's notice follows within ``NOTICE_WAIT`` if it is a preemption."""
+    waited = time.monotonic() + NOTICE_WAIT
+    while _stopping is not None and not os.path.exists(_stopping):
+        stop_at = _stop_at()
+        if stop_at is not None or time.monotonic() >= waited:
+            return stop_at
+        time.sleep(0.05)
+    return None
+
+
 def _absorb(signum: int, frame: FrameType | None) -> None:
     if signum != signal.SIGTERM:
         return
     stop_at = _stop_at()
+    if stop_at is None:
+        stop_at = _await_notice()
     if stop_at is not None and time.monotonic() < stop_at:
         return  # the grace runs: the script saves, or is stopped at the deadline
     previous = _previous.get(signum)

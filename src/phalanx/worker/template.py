@@ -182,7 +182,13 @@ def main(argv: list[str]) -> None:
         send(sock, {"failed": f"{type(exc).__name__}: {exc}"})
         sys.exit(1)
     send(sock, ready)
-    request = Server(sock).serve()
+    server = Server(sock)  # records the dispositions its children get back (become)
+    # A scheduler signals every process of a job (Slurm's scancel --signal, a pod's
+    # SIGTERM): the template is the agent's to stop (SIGKILL, or its death signal).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                signal.SIGUSR2):  # fmt: skip
+        signal.signal(sig, signal.SIG_IGN)
+    request = server.serve()
     if request is not None:
         leave.run_to_exit(lambda: become.run_job(request))
 
