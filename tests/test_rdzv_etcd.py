@@ -14,6 +14,7 @@ from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
 from phalanx.rendezvous.registry import create_handler, spec_problems
 from phalanx.rendezvous.spec import RendezvousSpec
+from phalanx.status.exchange import ANSWER_LIMIT, encode_answer
 from support.etcd_server import EtcdCluster, revoke_all_leases
 from support.tools import needs_etcd
 
@@ -130,6 +131,32 @@ def test_stacks_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> N
         for h in handlers:
             h.shutdown()
 
+
+
+def test_status_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> None:
+    """A node's answer to ``phalanx status`` (at most ``ANSWER_LIMIT``) fits one etcd put;
+    the asker reads it back, then deletes it."""
+    run_id = uuid.uuid4().hex
+    handlers = [create_handler(spec(etcd, "etcd", run_id)) for _ in range(2)]
+    try:
+        results = form(handlers)
+        asker, other = sorted(range(2), key=lambda i: results[i].node_rank)
+        ask, answer = handlers[asker].status_exchange(), handlers[other].status_exchange()
+        assert ask is not None and answer is not None
+        request = ask.request_status()
+        deadline = time.monotonic() + HANG
+        while answer.status_requests() != request:
+            assert time.monotonic() < deadline, "the request never reached the other node"
+            time.sleep(0.05)
+        lines = [b'{"kind": "progress", "pad": "%s"}\n' % (b"x" * 1000) for _ in range(2000)]
+        answer.post_status(request, encode_answer({"node": 1}, lines))
+        peer = results[other].node_rank
+        answers = ask.gather_status(results[asker].round, request, [peer], HANG)
+        assert ANSWER_LIMIT - 1100 < len(answers[peer]) <= ANSWER_LIMIT
+        assert ask.gather_status(results[asker].round, request, [peer], 0.1) == {}
+    finally:
+        for h in handlers:
+            h.shutdown()
 
 def test_etcd_options_checked_with_the_settings(etcd: EtcdCluster) -> None:
     bad = RendezvousSpec("etcd", "x", 1, 2, etcd.endpoint_arg, {"protocl": "https", "timeout": "5"})

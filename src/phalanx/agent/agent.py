@@ -17,6 +17,8 @@ from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rundir import make_run_dir
+from phalanx.status import StatusService
+from phalanx.status.files import stop_marker
 from phalanx.supervisor.cgroup import JobCgroup
 from phalanx.supervisor.clock import WallClock
 from phalanx.supervisor.group import Supervisor
@@ -95,6 +97,7 @@ class Agent:
             log.info("metrics: http://%s:%d/metrics", config.metrics_addr, metrics.port)
         recovery = RecoveryTracker()
         events.listen(recovery.add)
+        status = StatusService(run_dir, events)
         events.emit(
             "run_start",
             run_id=self._run_id,
@@ -105,7 +108,7 @@ class Agent:
             max_restarts=config.max_restarts,
         )
         try:
-            code = self._run(run_dir, events, recovery, wall_clock, filters)
+            code = self._run(run_dir, events, status, recovery, wall_clock, filters)
         except Preempted as exc:
             events.emit("job_end", outcome="preempted", exit_code=exc.exit_code)
             raise
@@ -119,19 +122,24 @@ class Agent:
             events.emit("job_end", outcome="succeeded", exit_code=code)
             return code
         finally:
+            status.close()
             events.close()
 
     def _run(
         self,
         run_dir: Path,
         events: EventLog,
+        status: StatusService,
         recovery: RecoveryTracker,
         wall_clock: WallClock,
         filters: tuple[tuple[bytes, ...], tuple[bytes, ...]],
     ) -> int:
         config = self._config
         with SignalWatcher(
-            config.signals_to_handle, stacks=True, preempt=config.preempt_signals
+            config.signals_to_handle,
+            stacks=True,
+            preempt=config.preempt_signals,
+            stop_marker=stop_marker(run_dir),
         ) as signals:
             write_launcher_file(run_dir, signals)
             # Entered before anything is started, so every process of the job is born in it.
@@ -157,7 +165,7 @@ class Agent:
                 )
                 rounds = Rounds(
                     config, rendezvous, supervisor, signals, run_dir, self._base_env, events,
-                    recovery,
+                    status, recovery,
                 )  # fmt: skip
                 return rounds.run()
             finally:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -18,6 +16,7 @@ from typing import NoReturn
 from phalanx.agent import preempted
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.policy import Step, decide, judged
+from phalanx.agent.stopped import asked_to_stop, stop_report
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
 from phalanx.errors import Interrupted, JobFailed, MismatchError, Preempted, RendezvousError
@@ -40,6 +39,7 @@ from phalanx.report import job as jobreport
 from phalanx.report.exits import WorkerExit, root_cause
 from phalanx.report.oom import OomProbe
 from phalanx.report.recovery import summary_lines
+from phalanx.status import StatusService, launcher
 from phalanx.supervisor.group import Outcome, RoundResult, Supervisor
 from phalanx.supervisor.preempt import Preemption, PreemptWatch, from_notice
 from phalanx.supervisor.signals import SignalWatcher
@@ -47,7 +47,7 @@ from phalanx.worker.contract import STACK_SIGNAL
 from phalanx.worker.nofollow import replace_file
 
 log = logging.getLogger("phalanx")
-LAUNCHER_FILE = "launcher.json"  # the agent's pid, for ``phalanx stacks RUN_DIR``
+LAUNCHER_FILE = launcher.LAUNCHER_FILE  # the agent's pid, for ``phalanx stacks RUN_DIR``
 
 
 class Rounds:
@@ -70,12 +70,14 @@ class Rounds:
         run_dir: Path,
         base_env: Mapping[str, str],
         events: EventLog,
+        status: StatusService,
         recovery: RecoveryTracker | None = None,
     ) -> None:
         """``recovery``: the figures of this run's events so far (fed by ``events``), printed
         and saved in ``report.json`` at the end when there was an incident."""
         self.config = config
         self.events = events
+        self.status = status
         self.recovery = recovery
         self.rdzv = rendezvous
         self.supervisor = supervisor
@@ -99,20 +101,19 @@ class Rounds:
                 job=self._job_stacks(joined),
             )
             probe = OomProbe()
+            self.status.begin(plan, joined, self.rdzv.status_exchange())
+            tick = self.status.watch(attempt.watch(watch.tick))
             preempt = self._preempt_watch(joined)
-            result = self.supervisor.run(
-                plan, self.signals, self._poll(watch), attempt.watch(watch.tick), preempt
-            )
+            result = self.supervisor.run(plan, self.signals, self._poll(watch), tick, preempt)
             attempt.ended(result.exits)
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
             if result.preemption is not None and _ended_by_preemption(result):
                 self._preempted(joined, plan, exits, result.preemption, result.event)
             if result.outcome is Outcome.SUCCEEDED:
                 return self._succeeded(joined, plan, exits)
-            if result.outcome is Outcome.INTERRUPTED:
-                assert result.signum is not None
-                self.rdzv.report_done(False)
-                raise Interrupted(result.signum)
+            stop = asked_to_stop(result)
+            if stop is not None:  # here or on another node: the job stops, with no failure
+                self._interrupted(joined, exits, *stop)
             exits, cause = self._record_failure(exits, result.event, watch, probe)
             event = result.event.kind if result.event is not None else None
             if cause is not None or event is not EventKind.NODE_WAITING:  # a scale-up is no failure
@@ -151,8 +152,9 @@ class Rounds:
         try:
             with self.signals.raising():
                 joined = self.rdzv.next_round(self.config.nproc_per_node)
-        except Interrupted:
-            self.rdzv.report_done(False)
+        except Interrupted as exc:
+            self.rdzv.report_done(False, signum=exc.signum)
+            self._stop_report([], exc.signum, self.events.node, "this node, in the rendezvous")
             raise
         self.events.node = joined.node_rank
         self.events.emit(
@@ -234,8 +236,8 @@ class Rounds:
         try:
             with self.signals.raising():
                 return self.rdzv.judge_round(progressed, failure_signature)
-        except Interrupted:
-            self.rdzv.report_done(False)
+        except Interrupted as exc:
+            self.rdzv.report_done(False, signum=exc.signum)
             raise
 
     def _succeeded(self, joined: RendezvousResult, plan: RoundPlan, exits: list[WorkerExit]) -> int:
@@ -265,6 +267,31 @@ class Rounds:
         # would not run again), so every node reports the failure and stops.
         log.warning("the job failed after this node's workers finished: %s", _describe_event(late))
         self._fail(joined, exits, late, None, None, crash_loop=False)
+
+    def _interrupted(
+        self,
+        joined: RendezvousResult,
+        exits: list[WorkerExit],
+        signum: int,
+        event: JobEvent | None,
+    ) -> NoReturn:
+        """Asked to stop by ``signum`` (``phalanx stop``, Ctrl-C), here (``event`` None: the
+        other nodes are told, and stop too) or on the node of ``event``: write the report
+        (no root cause; who stopped the job) and end as interrupted by that signal."""
+        self.rdzv.report_done(False, signum=signum if event is None else None)
+        node = joined.node_rank if event is None else event.node_rank
+        if event is not None:
+            log.warning("%s", _describe_event(event))
+        self._stop_report(exits, signum, node, "this node" if event is None else f"node {node}")
+        raise Interrupted(signum)
+
+    def _stop_report(
+        self, exits: list[WorkerExit], signum: int, node: int | None, where: str
+    ) -> None:
+        """``report.json`` of a job stopped by ``signum`` on ``where`` (no root cause)."""
+        _, figures = self._recovery_figures()
+        data = stop_report(exits, self.attempts, signum, node, where, figures)
+        write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
 
     def _preempt_watch(self, joined: RendezvousResult) -> PreemptWatch:
         return PreemptWatch(
@@ -471,8 +498,7 @@ def write_bounded(path: Path, text: str, timeout: float = 2.0) -> None:
 
 def write_launcher_file(run_dir: Path, signals: SignalWatcher) -> None:
     data = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
+        **launcher.this_process(),  # pid, host, start time (``phalanx stop`` checks it)
         "stacks_signal": STACK_SIGNAL.name if signals.stacks_active else None,
     }
     try:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
-from phalanx.cli import preempt, stacks, timeline
+from phalanx.cli import logs, ls, preempt, stacks, status, stop, timeline
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import derive
@@ -25,6 +25,10 @@ log = logging.getLogger("phalanx")
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "stacks": stacks.main,
     "timeline": timeline.main,
+    "status": status.main,
+    "logs": logs.main,
+    "stop": stop.main,
+    "ls": ls.main,
 }
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import PhalanxError, UsageError
-from phalanx.events import EVENTS_FILE, read_events
+from phalanx.events import EVENTS_FILE, read_run_events
 from phalanx.timeline import build, render, summarize
 
 
@@ -35,10 +35,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def run_events(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's events: this node's (``read_run_events`` adds the gathered nodes')."""
+    """The run's events: this node's, and the other nodes' that ``phalanx status`` gathered
+    here (``read_run_events``)."""
     path = run_dir / EVENTS_FILE
     try:
-        return read_events(path)
+        path.open("rb").close()  # this node's file: missing or unreadable is said here
     except FileNotFoundError:
         raise UsageError(
             f"timeline: {str(run_dir)!r} has no {EVENTS_FILE}; give the run directory "
@@ -46,6 +47,7 @@ def run_events(run_dir: Path) -> list[dict[str, Any]]:
         ) from None
     except OSError as exc:
         raise PhalanxError(f"timeline: cannot read {path} ({exc.strerror or exc})") from None
+    return read_run_events(run_dir)
 
 
 def main(argv: list[str]) -> int:

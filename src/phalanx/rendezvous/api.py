@@ -18,7 +18,9 @@ policy turns that into "restart" or "crash loop" identically everywhere.
 Stacks on request (``phalanx stacks`` on any node) go through a ``StackExchange``, which a
 multi-node handler gives out (``stacks()``): the node asked posts ``request_stacks()``; every
 node's watch sees the number grow in ``stack_requests()`` (non-blocking), dumps its ranks and
-``post_stacks``; the requester's helper thread ``gather_stacks`` the answers.
+``post_stacks``; the requester's helper thread ``gather_stacks`` the answers. ``phalanx
+status`` goes the same way through a ``StatusExchange`` (``status_exchange()``): each node
+answers with its status and its events (``phalanx.status``).
 """
 
 from __future__ import annotations
@@ -197,10 +199,13 @@ class RendezvousHandler(Protocol):
         for all: idempotent per round, the same on every node (as ``claim_restart``).
         Raises ``RendezvousError`` when the store cannot be reached."""
 
-    def report_done(self, ok: bool) -> None:
+    def report_done(self, ok: bool, *, signum: int | None = None) -> None:
         """This node's workers finished (``ok=True``: peers see nothing) or the node gives up
         for good (``ok=False``: every peer sees ``JOB_STOPPED``, and no new round forms).
-        ``False`` after ``True`` is allowed: the job failed elsewhere after this node finished."""
+        ``False`` after ``True`` is allowed: the job failed elsewhere after this node finished.
+        ``signum``: the node gives up because it was asked to stop by that signal (``phalanx
+        stop``, Ctrl-C); the peers' ``JOB_STOPPED`` carries it as ``failure["signal"]``, so
+        every node ends as interrupted by it."""
 
     def await_peers(self, interrupted: Callable[[], bool] = ...) -> JobEvent | None:
         """After ``report_done(True)``: block until every node of the round is done, at most
@@ -241,6 +246,10 @@ class RendezvousHandler(Protocol):
         """How this node asks the others for their ranks' stacks and answers them; None when
         the job has no other node."""
 
+    def status_exchange(self) -> StatusExchange | None:
+        """How this node asks the others for their status and events and answers them; None
+        when the job has no other node."""
+
 
 class StackExchange(Protocol):
     """Stacks on request between the nodes of a round (``phalanx stacks``; see above)."""
@@ -264,3 +273,27 @@ class StackExchange(Protocol):
         """Block up to ``timeout`` until the nodes ``node_ranks`` of round ``round`` answered
         ``request``; return the answers there are, by node rank. Meant for a helper thread
         (the round is given, since the agent may have moved on); store trouble only logged."""
+
+
+class StatusExchange(Protocol):
+    """Status on request between the nodes of a round (``phalanx status``), shaped as the
+    ``StackExchange``: a counter of requests per round, one answer key per node and request."""
+
+    def request_status(self) -> int:
+        """Ask every node of the current round for its status; return the request's number.
+        Raises ``RendezvousError`` when the store cannot be reached."""
+
+    def status_requests(self) -> int:
+        """The newest status request of the current round this node knows of (0: none),
+        including its own. Never waits on the network (read by the heartbeat thread)."""
+
+    def post_status(self, request: int, data: bytes) -> None:
+        """This node's answer to ``request`` of the current round (the caller bounds its
+        size: ``phalanx.status.exchange``). One store write; store trouble is only logged."""
+
+    def gather_status(
+        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
+    ) -> dict[int, bytes]:
+        """Block up to ``timeout`` until the nodes ``node_ranks`` of round ``round`` answered
+        ``request``; return the answers there are, by node rank (each deleted from the store
+        once read). For a helper thread; store trouble only logged."""

@@ -14,6 +14,7 @@ from phalanx.rendezvous.api import (
     RoundVerdict,
     Signature,
     StackExchange,
+    StatusExchange,
 )
 
 
@@ -96,7 +97,7 @@ class LocalRendezvous:
     def claim_restart(self, max_restarts: int) -> bool:
         return self._round < max_restarts
 
-    def report_done(self, ok: bool) -> None:
+    def report_done(self, ok: bool, *, signum: int | None = None) -> None:
         pass
 
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
@@ -109,4 +110,7 @@ class LocalRendezvous:
         return None  # no other node can count this one lost
 
     def stacks(self) -> StackExchange | None:
+        return None  # no other node to ask
+
+    def status_exchange(self) -> StatusExchange | None:
         return None  # no other node to ask

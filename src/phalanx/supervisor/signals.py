@@ -21,6 +21,7 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType, TracebackType
 
 from phalanx.errors import Interrupted, Preempted
@@ -29,10 +30,17 @@ from phalanx.worker.contract import STACK_SIGNAL
 
 class SignalWatcher:
     def __init__(
-        self, names: tuple[str, ...], *, stacks: bool = False, preempt: tuple[str, ...] = ()
+        self,
+        names: tuple[str, ...],
+        *,
+        stacks: bool = False,
+        preempt: tuple[str, ...] = (),
+        stop_marker: Path | None = None,
     ) -> None:
         """Watch the signals ``names`` (stop) and ``preempt``; with ``stacks``, also
-        ``STACK_SIGNAL`` for stack requests (unless listed: it then does what it is listed for)."""
+        ``STACK_SIGNAL`` for stack requests (unless listed: it then does what it is listed for).
+        A preemption signal that comes while ``stop_marker`` exists is a stop (``phalanx
+        stop`` leaves it before its SIGTERM: a person's stop, not the scheduler's)."""
         self._reader, self._writer = socket.socketpair()
         self._reader.setblocking(False)
         self._writer.setblocking(False)
@@ -48,6 +56,7 @@ class SignalWatcher:
         self.stacks_active = self.active and stacks and STACK_SIGNAL not in listed
         self._stack_request = False
         self._preempts: list[int] = []
+        self._stop_marker = stop_marker
 
     @property
     def fd(self) -> int:
@@ -85,6 +94,9 @@ class SignalWatcher:
             raise Interrupted(signum)
 
     def _handle_preempt(self, signum: int, frame: FrameType | None) -> None:
+        if self._stop_marker is not None and self._stop_marker.exists():
+            self._handle(signum, frame)
+            return
         self._preempts.append(signum)
         if self._raising:
             self._raising = False

@@ -250,12 +250,38 @@ class Board:
         """Wait up to ``timeout`` until every node in ``ranks`` answered ``request``; return
         the answers there are by node rank, deleting each from the store once read."""
         keys = {rank: self.keys.stacks(r, request, rank) for rank in ranks}
+        return {
+            rank: data.decode(errors="replace")
+            for rank, data in self._collect(keys, timeout).items()
+        }
+
+    # -- status on request ----------------------------------------------------------------
+    def request_status(self, r: int) -> int:
+        """Post a status request in round ``r``; return its number (1, 2, ...)."""
+        return self.store.add(self.keys.round(r, "status_requests"), 1)
+
+    def status_requests(self, r: int) -> int:
+        """How many status requests round ``r`` has had (a plain read, as ``stack_requests``)."""
+        data = self.store.get(self.keys.round(r, "status_requests"))
+        return 0 if data is None else int(data)
+
+    def post_status(self, r: int, request: int, rank: int, data: bytes) -> None:
+        """Node ``rank``'s answer to status request ``request`` of round ``r``."""
+        self.store.set(self.keys.status(r, request, rank), data)
+
+    def collect_status(
+        self, r: int, request: int, ranks: Sequence[int], timeout: float
+    ) -> dict[int, bytes]:
+        """As ``collect_stacks``, for status answers."""
+        return self._collect({rank: self.keys.status(r, request, rank) for rank in ranks}, timeout)
+
+    def _collect(self, keys: dict[int, str], timeout: float) -> dict[int, bytes]:
         self.store.wait(list(keys.values()), timeout)
         found = {}
         for rank, key in keys.items():
             data = self.store.get(key)
             if data is not None:
-                found[rank] = data.decode(errors="replace")
+                found[rank] = data
                 self.store.delete(key)
         return found
 

@@ -24,6 +24,7 @@ the run but ``stopped``, the tombstone that refuses a reused run id.
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import time
 import uuid
@@ -37,6 +38,7 @@ from phalanx.rendezvous.api import (
     RoundVerdict,
     Signature,
     StackExchange,
+    StatusExchange,
 )
 from phalanx.rendezvous.dynamic.board import LEFT, Board
 from phalanx.rendezvous.dynamic.formation import RoundFormer
@@ -115,6 +117,7 @@ class DynamicRendezvous:
         self._membership: Membership | None = None
         self._rank: int | None = None
         self._done: bool | None = None  # what report_done said
+        self._stopped_by: int | None = None  # the signal that stopped this node (report_done)
         self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
         self._closed = False
 
@@ -276,7 +279,9 @@ class DynamicRendezvous:
         except StoreUnavailable as exc:
             raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
 
-    def report_done(self, ok: bool) -> None:
+    def report_done(self, ok: bool, *, signum: int | None = None) -> None:
+        if signum is not None and self._stopped_by is None:
+            self._stopped_by = signum
         if not ok:
             self._liveness.settle()  # fenced: learn what became of the store, bounded
         if self._done is True and not ok and self._membership is not None:
@@ -320,9 +325,14 @@ class DynamicRendezvous:
         if self._liveness.store_problem() is not None:
             return
         try:
-            if self._board.stop(f"node {rank} ({self._hostname}) gave up", rank):
+            signum = self._stopped_by
+            how = f"was stopped by {_signal_name(signum)}" if signum is not None else "gave up"
+            if self._board.stop(f"node {rank} ({self._hostname}) {how}", rank):
                 detail = f"node {rank} ({self._hostname}) stopped the job"
-                event = JobEvent(EventKind.JOB_STOPPED, rank, detail)
+                if signum is not None:
+                    detail = f"node {rank} ({self._hostname}) {how}: the job stops"
+                failure: dict[str, object] = {} if signum is None else {"signal": signum}
+                event = JobEvent(EventKind.JOB_STOPPED, rank, detail, failure)
                 self._board.post_event(membership.round, event, about=self._node_id)
         except StoreUnavailable as exc:
             log.warning("rendezvous: could not tell the other nodes the job stopped: %s", exc)
@@ -364,6 +374,45 @@ class DynamicRendezvous:
             return self._board.collect_stacks(round, request, node_ranks, timeout)
         except StoreUnavailable as exc:
             log.warning("rendezvous: could not read the other nodes' stacks: %s", exc)
+            return {}
+
+    def status_exchange(self) -> StatusExchange:
+        return self  # as ``stacks``: see ``request_status`` and after
+
+    # -- StatusExchange --------------------------------------------------------------------
+    def request_status(self) -> int:
+        membership, _ = self._current()
+        problem = self._liveness.store_problem()
+        if problem is not None:
+            raise RendezvousError(problem)
+        try:
+            request = self._board.request_status(membership.round)
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+        self._liveness.saw_status_request(request)
+        return request
+
+    def status_requests(self) -> int:
+        return self._liveness.status_requests()
+
+    def post_status(self, request: int, data: bytes) -> None:
+        membership, rank = self._current()
+        if self._liveness.store_problem() is not None:
+            return  # the requester will name this node as not answering
+        try:
+            self._board.post_status(membership.round, request, rank, data)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not post this node's status: %s", exc)
+
+    def gather_status(
+        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
+    ) -> dict[int, bytes]:
+        if self._liveness.store_problem() is not None:
+            return {}
+        try:
+            return self._board.collect_status(round, request, node_ranks, timeout)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not read the other nodes' status: %s", exc)
             return {}
 
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
@@ -527,3 +576,10 @@ def _fence_for(store: KVStore, settings: RendezvousSettings) -> Fence | None:
     if isinstance(store, RenewingStore):
         store.on_renewed(fence.proved_alive, timing.beat)
     return fence
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -15,7 +15,8 @@ round, and those of them that saw progress during it) + ``verdict`` (the job's v
 it, see ``judge``), ``ok``/``all_ok`` (members done successfully),
 ``departed``/``all_departed`` (members that saw ``all_ok`` and stopped using the store),
 ``preempted`` (the first preemption notice of the round), ``stack_requests`` (how many job-wide stacks requests were made) + ``stacks/<n>/<rank>``
-(node ``rank``'s answer to request ``n``; the requester deletes it once read).
+(node ``rank``'s answer to request ``n``; the requester deletes it once read), and the
+same for status requests: ``status_requests`` + ``status/<n>/<rank>``.
 
 Nothing is kept for ever: ``sweep`` deletes a round's keys two rounds later, and on a store
 that outlives the job (etcd) the last node to leave deletes all but ``stopped``, which stays
@@ -99,18 +100,29 @@ class Keys:
     def stacks(self, r: int, request: int, rank: int) -> str:
         return self.round(r, f"stacks/{request}/{rank}")
 
+    def status(self, r: int, request: int, rank: int) -> str:
+        return self.round(r, f"status/{request}/{rank}")
+
     # Every fixed name a round may hold (the numbered ones are listed by ``round_keys``).
     ROUND_NAMES = (
         "open", "joined", "waiting", "closed", "members", "master", "settled", "gone", "lost",
         "all_settled", "events", "claim", "ok", "all_ok", "departed", "all_departed",
-        "stack_requests", "judged", "progressed", "verdict", "preempted",
+        "stack_requests", "judged", "progressed", "verdict", "preempted", "status_requests",
     )  # fmt: skip
 
     def round_keys(
-        self, r: int, *, slots: int, members: int, events: int, requests: int
+        self,
+        r: int,
+        *,
+        slots: int,
+        members: int,
+        events: int,
+        requests: int,
+        status_requests: int = 0,
     ) -> Iterator[str]:
         """Every key round ``r`` can hold, given its counters: ``slots`` arrivals, ``members``
-        fates, ``events`` log entries, ``requests`` stacks requests (one answer per member)."""
+        fates, ``events`` log entries, ``requests`` stacks requests and ``status_requests``
+        status requests (one answer per member each)."""
         for name in self.ROUND_NAMES:
             yield self.round(r, name)
         for slot in range(1, slots + 1):
@@ -122,3 +134,6 @@ class Keys:
         for request in range(1, requests + 1):
             for rank in range(members):
                 yield self.stacks(r, request, rank)
+        for request in range(1, status_requests + 1):
+            for rank in range(members):
+                yield self.status(r, request, rank)

@@ -15,7 +15,8 @@ It does every periodic store operation, so ``poll()`` never touches the network:
   O(1) reads per node per interval, not O(n). At the same pace it reads how many stacks
   requests the round has had (``phalanx stacks`` on any node), for ``stack_requests()``:
   one ``get`` per heartbeat rather than per event check, since a person waits for that
-  answer, not a restart.
+  answer, not a restart; and likewise how many status requests (``phalanx status``), for
+  ``status_requests()``: one more ``get``.
 
 The thread keeps watching the previous round while the agent is in ``next_round`` (that
 is how members that died during a restart are found and the restart stops waiting for
@@ -73,6 +74,7 @@ class Liveness:
         # (index, since): the counter shows slot ``index`` taken but its entry is absent.
         self._hole: tuple[int, float] | None = None
         self._stack_requests = 0  # the newest stacks request of the round seen so far
+        self._status_requests = 0  # the same for status requests
         proved = fence.proved_alive if fence is not None else (lambda start: None)
         self._pulse = pulse_for(board, settings, clock, proved)
         self._declared: set[str] = set()
@@ -93,6 +95,7 @@ class Liveness:
             self._next_event = 1
             self._hole = None
             self._stack_requests = 0
+            self._status_requests = 0
             self._pulse.follow()
             self._declared = set()
             self._next_beat = 0.0
@@ -132,6 +135,16 @@ class Liveness:
         """This node made ``request``: count it now rather than at the next heartbeat."""
         with self._lock:
             self._stack_requests = max(self._stack_requests, request)
+
+    def status_requests(self) -> int:
+        """The newest status request of the followed round seen so far (0: none)."""
+        with self._lock:
+            return self._status_requests
+
+    def saw_status_request(self, request: int) -> None:
+        """This node made ``request``: count it now rather than at the next heartbeat."""
+        with self._lock:
+            self._status_requests = max(self._status_requests, request)
 
     def store_problem(self) -> str | None:
         """Why the store counts as lost, or None: errors for two heartbeats in a row, no
@@ -230,9 +243,11 @@ class Liveness:
         if view is None:
             return  # joining: nobody to judge yet
         requests = self._b.stack_requests(view.membership.round)
+        statuses = self._b.status_requests(view.membership.round)
         with self._lock:
             if self._view is view:  # not the previous round's count after a switch
                 self._stack_requests = max(self._stack_requests, requests)
+                self._status_requests = max(self._status_requests, statuses)
         self._watch(view, now)
 
     def _read_events(self, view: _View) -> None:

@@ -1,0 +1,54 @@
+"""A job asked to stop by a signal (``phalanx stop``, a scheduler's SIGTERM, Ctrl-C), on this
+node or on another: how the agent tells, and the report it writes (pure functions)."""
+
+from __future__ import annotations
+
+import signal
+
+from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.report.exits import WorkerExit, report_json
+from phalanx.supervisor.group import Outcome, RoundResult
+
+
+def asked_to_stop(result: RoundResult) -> tuple[int, JobEvent | None] | None:
+    """(the signal, None) when this node was asked to stop by a signal; (the signal, the
+    ``JOB_STOPPED`` event) when another node was and told the job; None otherwise."""
+    if result.outcome is Outcome.INTERRUPTED:
+        assert result.signum is not None
+        return result.signum, None
+    event = result.event
+    if event is None or event.kind is not EventKind.JOB_STOPPED:
+        return None
+    signum = event.failure.get("signal")
+    if isinstance(signum, int) and not isinstance(signum, bool):
+        return signum, event
+    return None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def stop_report(
+    exits: list[WorkerExit],
+    attempts: int,
+    signum: int,
+    node: int | None,
+    where: str,
+    recovery: dict[str, object] | None,
+) -> dict[str, object]:
+    """``report.json`` of a job stopped by ``signum`` on ``where`` (node ``node``): no root
+    cause, every exit, the recovery figures so far."""
+    name = _signal_name(signum)
+    return report_json(
+        exits,
+        attempts,
+        outcome="interrupted",
+        reason=f"stopped by {name} on {where}",
+        signal=name,
+        stopped_on_node=node,
+        recovery=recovery,
+    )
