@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from phalanx.agent.loop import Rounds, write_launcher_file
+from phalanx.agent.loop import Rounds
+from phalanx.agent.runfiles import write_launcher_file
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, PhalanxError, Preempted
 from phalanx.events.figures import RecoveryTracker

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from phalanx.agent.loop import LAUNCHER_FILE
+from phalanx.agent.runfiles import LAUNCHER_FILE
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.hang.stacks import catches
 from phalanx.worker.contract import STACK_SIGNAL

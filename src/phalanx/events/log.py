@@ -2,7 +2,7 @@
 
 The agent emits from its own thread; the line is written by a writer thread, so a full disk
 or a log filesystem that stops answering costs events, never the job (the same rule as the
-report: ``agent.loop.write_bounded``). Lines are appended with one ``write`` each to a file
+report: ``agent.runfiles.write_bounded``). Lines are appended with one ``write`` each to a file
 opened ``O_APPEND`` without following symlinks, so a reader sees whole lines, except perhaps
 a torn last one, which ``read_events`` skips.
 """

@@ -41,6 +41,8 @@ from phalanx.rendezvous.api import (
     StatusExchange,
 )
 from phalanx.rendezvous.dynamic.board import LEFT, Board
+from phalanx.rendezvous.dynamic.departure import Departure
+from phalanx.rendezvous.dynamic.exchange import Channel, RoundExchange
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.judge import judge
 from phalanx.rendezvous.dynamic.keys import Keys
@@ -57,7 +59,6 @@ from phalanx.rendezvous.fencing import (
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.base import (
-    DurableStore,
     KVStore,
     LeasedStore,
     RenewingStore,
@@ -120,6 +121,18 @@ class DynamicRendezvous:
         self._stopped_by: int | None = None  # the signal that stopped this node (report_done)
         self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
         self._closed = False
+        board, liveness = self._board, self._liveness
+        stacks = Channel[str]("stacks", board.request_stacks, board.post_stacks,
+                              board.collect_stacks, liveness.stack_requests,
+                              liveness.saw_stack_request)  # fmt: skip
+        status = Channel[bytes]("status", board.request_status, board.post_status,
+                                board.collect_status, liveness.status_requests,
+                                liveness.saw_status_request)  # fmt: skip
+        self._departure = Departure(
+            board, store, liveness, self._settings, self._hostname, self._node_id, run_id
+        )
+        self._stacks = RoundExchange(stacks, liveness.store_problem, self._current, run_id)
+        self._status = RoundExchange(status, liveness.store_problem, self._current, run_id)
 
     @classmethod
     def for_spec(
@@ -340,80 +353,37 @@ class DynamicRendezvous:
     def stacks(self) -> StackExchange:
         return self  # the round's keys on the same store: see ``request_stacks`` and after
 
-    # -- StackExchange ---------------------------------------------------------------------
+    # -- StackExchange and StatusExchange (``exchange``) ------------------------------------
     def request_stacks(self) -> int:
-        membership, _ = self._current()
-        problem = self._liveness.store_problem()
-        if problem is not None:
-            raise RendezvousError(problem)
-        try:
-            request = self._board.request_stacks(membership.round)
-        except StoreUnavailable as exc:
-            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
-        self._liveness.saw_stack_request(request)
-        return request
+        return self._stacks.request()
 
     def stack_requests(self) -> int:
-        return self._liveness.stack_requests()
+        return self._stacks.requests()
 
     def post_stacks(self, request: int, text: str) -> None:
-        membership, rank = self._current()
-        if self._liveness.store_problem() is not None:
-            return  # the requester will name this node as not answering
-        try:
-            self._board.post_stacks(membership.round, request, rank, text)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not post this node's stacks: %s", exc)
+        self._stacks.post(request, text)
 
     def gather_stacks(
         self, round: int, request: int, node_ranks: Sequence[int], timeout: float
     ) -> dict[int, str]:
-        if self._liveness.store_problem() is not None:
-            return {}
-        try:
-            return self._board.collect_stacks(round, request, node_ranks, timeout)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not read the other nodes' stacks: %s", exc)
-            return {}
+        return self._stacks.gather(round, request, node_ranks, timeout)
 
     def status_exchange(self) -> StatusExchange:
-        return self  # as ``stacks``: see ``request_status`` and after
+        return self  # as ``stacks``
 
-    # -- StatusExchange --------------------------------------------------------------------
     def request_status(self) -> int:
-        membership, _ = self._current()
-        problem = self._liveness.store_problem()
-        if problem is not None:
-            raise RendezvousError(problem)
-        try:
-            request = self._board.request_status(membership.round)
-        except StoreUnavailable as exc:
-            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
-        self._liveness.saw_status_request(request)
-        return request
+        return self._status.request()
 
     def status_requests(self) -> int:
-        return self._liveness.status_requests()
+        return self._status.requests()
 
     def post_status(self, request: int, data: bytes) -> None:
-        membership, rank = self._current()
-        if self._liveness.store_problem() is not None:
-            return  # the requester will name this node as not answering
-        try:
-            self._board.post_status(membership.round, request, rank, data)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not post this node's status: %s", exc)
+        self._status.post(request, data)
 
     def gather_status(
         self, round: int, request: int, node_ranks: Sequence[int], timeout: float
     ) -> dict[int, bytes]:
-        if self._liveness.store_problem() is not None:
-            return {}
-        try:
-            return self._board.collect_status(round, request, node_ranks, timeout)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not read the other nodes' status: %s", exc)
-            return {}
+        return self._status.gather(round, request, node_ranks, timeout)
 
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
         _, event = self._exit_barrier(interrupted)
@@ -480,79 +450,19 @@ class DynamicRendezvous:
             self._store.close()
 
     # -- internals -------------------------------------------------------------------------
-    def _depart(self, membership: Membership) -> None:
-        """After the exit barrier: the node serving the store (c10d) keeps it until every
-        member has seen ``all_ok`` and said it is leaving (at most ``heartbeat_timeout``), so
-        no peer's last read meets a closed store (a C++ warning and a false "not every node
-        finished"). The others stop their heartbeat thread first: after saying so, nothing of
-        theirs touches the store."""
-        r = membership.round
-        if not self._store.hosting:
-            self._liveness.stop()
-        if self._board.depart(r, membership.count):
-            self._clear(finished=True)
-        if self._store.hosting:
-            everyone = self._board.keys.round(r, "all_departed")
-            if not self._board.store.wait([everyone], self._settings.heartbeat_timeout):
-                log.info("rendezvous: a node did not confirm it left; closing the store anyway")
-
-    def _leave_failed(self, membership: Membership) -> None:
-        """After a final failure, once every member's fate is known: on a store that outlives
-        the job, the last survivor to leave clears the run (the lost ones never will)."""
-        if not isinstance(self._store, DurableStore):
-            return
-        r = membership.round
-        survivors = membership.count - self._board.counter(self._board.keys.round(r, "lost"))
-        if self._board.depart(r, survivors):
-            self._clear(finished=False)
-
-    def _clear(self, *, finished: bool) -> None:
-        """The last node out of a finished or failed job (see ``_depart``, ``_leave_failed``):
-        on a store that outlives the job, delete all of the run but its tombstone. The
-        others have stopped using the store by now (they said so before this node did)."""
-        if not isinstance(self._store, DurableStore):
-            return  # c10d, static: the store ends with the job
-        if finished:  # (a failed job's tombstone is the reason it stopped, written then)
-            self._board.finish()
-        self._store.clear(self._board.keys.stopped)
-        outcome = "finished" if finished else "failed"
-        log.info("rendezvous %r %s: removed its keys but the tombstone", self.run_id, outcome)
-
     def _current(self) -> tuple[Membership, int]:
         if self._membership is None or self._rank is None:
             raise RendezvousError("no rendezvous round has formed yet")
         return self._membership, self._rank
 
     def _leave(self) -> None:
-        """The exit barrier after success; a short linger after giving up (so the store host
-        stays until the peers read JOB_STOPPED); a graceful scale-down otherwise."""
+        """Leave the run's store as ``departure`` says, if a round formed and the store is
+        still there."""
         if self._membership is None or self._rank is None:
             return
         if self._liveness.store_problem() is not None:
             return
-        membership, rank = self._membership, self._rank
-        if self._done is True:
-            all_done, event = self._exit_barrier()  # (at once if the agent waited already)
-            if all_done:
-                self._depart(membership)
-            elif event is None and isinstance(self._store, DurableStore):
-                # The barrier timed out, a peer still running: count this node out anyway,
-                # so that the peer, finishing last, still clears the run from a store that
-                # outlives the job.
-                self._liveness.stop()
-                if self._board.depart(membership.round, membership.count):
-                    self._clear(finished=True)
-        elif self._done is False:
-            settled = self._board.keys.round(membership.round, "all_settled")
-            if self._board.store.wait([settled], self._settings.heartbeat_timeout):
-                self._leave_failed(membership)
-        else:
-            self._liveness.stop_beating()
-            self._board.store.set(self._board.keys.heartbeat(self._node_id), LEFT)
-            if self._board.settle(membership.round, rank, membership.count, "left"):
-                detail = f"node {rank} ({self._hostname}) left the job"
-                event = JobEvent(EventKind.NODE_LOST, rank, detail)
-                self._board.post_event(membership.round, event, about=self._node_id)
+        self._departure.leave(self._membership, self._rank, self._done, self._exit_barrier)
 
 
 def fence_timing(store: KVStore, settings: RendezvousSettings) -> FenceTiming | None:

@@ -1,0 +1,87 @@
+"""Requests asked on one node and answered by every node of the round, through the store:
+``phalanx stacks`` and ``phalanx status`` (``StackExchange``, ``StatusExchange``).
+
+One pattern for both: the asker bumps the round's request counter; every node learns of it
+from its heartbeat thread (one plain read per beat, no write) and posts its answer under the
+request's number; the asker collects what came within its timeout. With the store lost, a
+request is an error, an answer is skipped (the asker names the node as not answering) and a
+gather returns nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from phalanx.errors import RendezvousError
+from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.stores.base import StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+Answer = TypeVar("Answer")
+
+
+@dataclass(frozen=True)
+class Channel(Generic[Answer]):
+    """One kind of request: the board's and the heartbeat thread's calls for it."""
+
+    what: str  # "stacks", "status": for messages
+    ask: Callable[[int], int]  # round -> the new request's number
+    post: Callable[[int, int, int, Answer], None]  # round, request, node rank, answer
+    collect: Callable[[int, int, Sequence[int], float], dict[int, Answer]]
+    seen: Callable[[], int]  # the newest request the heartbeat thread has read
+    saw: Callable[[int], None]  # this node's own request, known at once
+
+
+class RoundExchange(Generic[Answer]):
+    def __init__(
+        self,
+        channel: Channel[Answer],
+        store_problem: Callable[[], str | None],
+        current: Callable[[], tuple[Membership, int]],
+        run_id: str,
+    ) -> None:
+        self._channel = channel
+        self._store_problem = store_problem
+        self._current = current
+        self._run_id = run_id
+
+    def request(self) -> int:
+        membership, _ = self._current()
+        problem = self._store_problem()
+        if problem is not None:
+            raise RendezvousError(problem)
+        try:
+            request = self._channel.ask(membership.round)
+        except StoreUnavailable as exc:
+            raise RendezvousError(f"rendezvous {self._run_id!r}: {exc}") from None
+        self._channel.saw(request)
+        return request
+
+    def requests(self) -> int:
+        return self._channel.seen()
+
+    def post(self, request: int, answer: Answer) -> None:
+        membership, rank = self._current()
+        if self._store_problem() is not None:
+            return  # the requester will name this node as not answering
+        try:
+            self._channel.post(membership.round, request, rank, answer)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not post this node's %s: %s", self._channel.what, exc)
+
+    def gather(
+        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
+    ) -> dict[int, Answer]:
+        if self._store_problem() is not None:
+            return {}
+        try:
+            return self._channel.collect(round, request, node_ranks, timeout)
+        except StoreUnavailable as exc:
+            log.warning(
+                "rendezvous: could not read the other nodes' %s: %s", self._channel.what, exc
+            )
+            return {}
