@@ -25,10 +25,14 @@ examples:
   phalanx --nproc-per-node 8 --stall-timeout 600 train.py   # detect and explain hangs
   phalanx --hostfile hosts.txt train.py   # every host over ssh (or --hosts h1:8,h2:8)
   phalanx stacks RUN_DIR       # print every rank's Python stack now; the job goes on
+  phalanx status RUN_DIR       # every node's ranks: state, step, steps/s; the last failure
+  phalanx logs RUN_DIR --rank 1 --follow    # one rank's logs (phalanx stop RUN_DIR: end it)
+  phalanx timeline RUN_DIR -o run.html      # the run drawn, one lane per rank (phalanx ls)
 exit status: 0 success; the root-cause worker's exit code (128+N for signal N) on failure,
 1 for a hang or a lost node;
 2 usage error, or the nodes run different code or versions (see --allow-mismatch);
-130/143 when interrupted by SIGINT/SIGTERM."""
+130/143 when interrupted by SIGINT/SIGTERM;
+75 when preempted (--preempt-signals; see the README's "Preemption")."""
 
 
 class _Parser(argparse.ArgumentParser):
