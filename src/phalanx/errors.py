@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 # The job was preempted (asked to stop by its scheduler), not failed: sysexits' EX_TEMPFAIL,
 # "try again later", what a requeue wrapper or a scheduler's policy can key on.
 REQUEUE_EXIT_CODE = 75
@@ -49,9 +51,11 @@ class JobFailed(PhalanxError):
 class Interrupted(PhalanxError):
     """The launcher was asked to stop by a signal; exit code is 128 + the signal number."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"interrupted by signal {signum}")
+    def __init__(self, signum: int, where: str = "") -> None:
+        """``where``: the node whose signal stopped the job, when not this one."""
+        super().__init__(_signal_name(signum) + (f" on {where}" if where else ""))
         self.signum = signum
+        self.where = where
         self.exit_code = 128 + signum
 
 
@@ -60,7 +64,14 @@ class Preempted(Interrupted):
     and asks to be run again. Exit code ``REQUEUE_EXIT_CODE`` whatever the signal was; an
     ``Interrupted`` so every way out that cleans up after a signal cleans up after this."""
 
-    def __init__(self, signum: int, detail: str = "") -> None:
-        super().__init__(signum)
+    def __init__(self, signum: int, detail: str = "", where: str = "") -> None:
+        super().__init__(signum, where)
         self.args = (detail or f"preempted by signal {signum}",)
         self.exit_code = REQUEUE_EXIT_CODE
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

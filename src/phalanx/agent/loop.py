@@ -15,7 +15,7 @@ from phalanx.agent.policy import Step, decide, judged
 from phalanx.agent.stopped import asked_to_stop
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
-from phalanx.errors import Interrupted, MismatchError
+from phalanx.errors import Interrupted, MismatchError, Preempted
 from phalanx.events.attempt import AttemptEvents, AttemptFailure
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
@@ -141,9 +141,11 @@ class Rounds(Endings):
         try:
             with self.signals.raising():
                 joined = self.rdzv.next_round(self.config.nproc_per_node)
-        except Interrupted as exc:
-            self.rdzv.report_done(False, signum=exc.signum)
-            self._stop_report([], exc.signum, self.events.node, "this node, in the rendezvous")
+        except Interrupted as exc:  # a signal here, or (``where``) the job stopped by one elsewhere
+            preempted = isinstance(exc, Preempted)
+            self.rdzv.report_done(False, signum=exc.signum, preempted=preempted)
+            where = exc.where or "this node, in the rendezvous"
+            self._stop_report([], exc.signum, self.events.node, where)
             raise
         self.events.node = joined.node_rank
         self.events.emit(
@@ -226,7 +228,7 @@ class Rounds(Endings):
             with self.signals.raising():
                 return self.rdzv.judge_round(progressed, failure_signature)
         except Interrupted as exc:
-            self.rdzv.report_done(False, signum=exc.signum)
+            self.rdzv.report_done(False, signum=exc.signum, preempted=isinstance(exc, Preempted))
             raise
 
     def _preempt_watch(self, joined: RendezvousResult) -> PreemptWatch:

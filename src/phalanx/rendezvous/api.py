@@ -199,7 +199,9 @@ class RendezvousHandler(Protocol):
         for all: idempotent per round, the same on every node (as ``claim_restart``).
         Raises ``RendezvousError`` when the store cannot be reached."""
 
-    def report_done(self, ok: bool, *, signum: int | None = None) -> None:
+    def report_done(
+        self, ok: bool, *, signum: int | None = None, preempted: bool = False
+    ) -> None:
         """This node's workers finished (``ok=True``: peers see nothing) or the node gives up
         for good (``ok=False``: every peer sees ``JOB_STOPPED``, and no new round forms).
         ``False`` after ``True`` is allowed: the job failed elsewhere after this node finished.

@@ -97,7 +97,9 @@ class LocalRendezvous:
     def claim_restart(self, max_restarts: int) -> bool:
         return self._round < max_restarts
 
-    def report_done(self, ok: bool, *, signum: int | None = None) -> None:
+    def report_done(
+        self, ok: bool, *, signum: int | None = None, preempted: bool = False
+    ) -> None:
         pass
 
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:

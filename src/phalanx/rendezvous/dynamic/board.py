@@ -157,10 +157,32 @@ class Board:
         """Mark the job finished for good (kept by ``clear``: a reused run id is refused)."""
         self.put_first(self.keys.stopped, {"reason": "the job finished", "finished": True})
 
-    def stop(self, reason: str, node_rank: int | None) -> bool:
-        """Stop the job for good (the first reason is kept); return whether this call did."""
-        won = self.put_first(self.keys.stopped, {"reason": reason, "node_rank": node_rank})
+    def stop(
+        self,
+        reason: str,
+        node_rank: int | None,
+        *,
+        signum: int | None = None,
+        preempted: bool = False,
+    ) -> bool:
+        """Stop the job for good (the first reason is kept); return whether this call did.
+        ``signum``: the signal that stopped it (``phalanx stop``, Ctrl-C, a preemption), so
+        a node still joining ends as the signalled one does (143, 75), not as a failure."""
+        record: dict[str, Any] = {"reason": reason, "node_rank": node_rank}
+        if signum is not None:
+            record.update(signal=signum, preempted=preempted)
+        won = self.put_first(self.keys.stopped, record)
         return bool(won["by"] == self.node_id)
+
+    def stop_signal(self) -> tuple[int, bool, str] | None:
+        """The signal that stopped the job, whether it was a preemption, and where; None
+        when no signal did (or the job runs)."""
+        found = self.get_json(self.keys.stopped)
+        if found is None or not isinstance(found.get("signal"), int):
+            return None
+        node = found.get("node_rank")
+        where = f"node {node}" if isinstance(node, int) else "a node that was joining"
+        return int(found["signal"]), found.get("preempted") is True, where
 
     def settle(self, r: int, rank: int, count: int, fate: str) -> bool:
         """Record how member ``rank`` of round ``r`` (of ``count``) left it: ``rejoined``,

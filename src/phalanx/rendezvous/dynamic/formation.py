@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from phalanx.errors import RendezvousError
+from phalanx.errors import Interrupted, Preempted, RendezvousError
 from phalanx.net import free_port
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
 from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
@@ -114,6 +114,12 @@ class RoundFormer:
         reason, finished = stopped
         if finished:  # the tombstone of a run that succeeded (its other keys may be gone)
             raise self._finished()
+        by_signal = self._b.stop_signal()
+        if by_signal is not None:  # a stop or a preemption, not a failure: end as that node
+            signum, preempted, where = by_signal
+            if preempted:
+                raise Preempted(signum, f"preempted on {where} ({reason})", where)
+            raise Interrupted(signum, where)
         raise RendezvousError(
             f"rendezvous {self._keys.run_id!r}: the job stopped: {reason} ({_SINGLE_USE})"
         )

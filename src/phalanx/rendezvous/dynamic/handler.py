@@ -119,6 +119,7 @@ class DynamicRendezvous:
         self._rank: int | None = None
         self._done: bool | None = None  # what report_done said
         self._stopped_by: int | None = None  # the signal that stopped this node (report_done)
+        self._preempted = False  # and whether it was a preemption
         self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
         self._closed = False
         board, liveness = self._board, self._liveness
@@ -292,9 +293,12 @@ class DynamicRendezvous:
         except StoreUnavailable as exc:
             raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
 
-    def report_done(self, ok: bool, *, signum: int | None = None) -> None:
+    def report_done(
+        self, ok: bool, *, signum: int | None = None, preempted: bool = False
+    ) -> None:
         if signum is not None and self._stopped_by is None:
             self._stopped_by = signum
+            self._preempted = preempted
         if not ok:
             self._liveness.settle()  # fenced: learn what became of the store, bounded
         if self._done is True and not ok and self._membership is not None:
@@ -328,7 +332,12 @@ class DynamicRendezvous:
         if self._liveness.store_problem() is not None:
             return
         try:
-            self._board.stop(f"node {self._hostname} ({self._addr}) left while joining", None)
+            self._board.stop(
+                f"node {self._hostname} ({self._addr}) left while joining",
+                None,
+                signum=self._stopped_by,
+                preempted=self._preempted,
+            )
         except StoreUnavailable as exc:
             log.warning("rendezvous: could not tell the other nodes this node left: %s", exc)
 
@@ -340,7 +349,13 @@ class DynamicRendezvous:
         try:
             signum = self._stopped_by
             how = f"was stopped by {_signal_name(signum)}" if signum is not None else "gave up"
-            if self._board.stop(f"node {rank} ({self._hostname}) {how}", rank):
+            stop = self._board.stop(
+                f"node {rank} ({self._hostname}) {how}",
+                rank,
+                signum=signum,
+                preempted=self._preempted,
+            )
+            if stop:
                 detail = f"node {rank} ({self._hostname}) stopped the job"
                 if signum is not None:
                     detail = f"node {rank} ({self._hostname}) {how}: the job stops"
