@@ -5,6 +5,7 @@ here, ``tests/support/sshd.py``), the controller in a third namespace, started w
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.errors import REQUEUE_EXIT_CODE
 from support.launch import remove_job_cgroups, wait_for, worker
 from support.netns import NetNamespaces
 from support.sshd import SshHosts, needs_sshd
@@ -251,3 +253,30 @@ def test_preflight_refuses_each_host_that_differs_naming_it_and_starts_nothing(
     assert "Connection refused" in errors[4], errors[4]
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
+
+
+def test_a_preemption_signal_to_the_controller_preempts_every_host(
+    ssh_hosts: SshHosts, tmp_path: Path
+) -> None:
+    """``--preempt-signals SIGUSR1``: SIGUSR1 to the controller reaches one agent over its
+    lifeline, that agent's rendezvous preempts the other host, all four ranks save the same
+    step, and the controller exits 75 with nothing left on either host."""
+    ssh_hosts.start()
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = controller(ssh_hosts, tmp_path, worker("preempt_train.py"), str(out), "100", "3",
+                      flags=["--preempt-signals", "SIGUSR1", "--preempt-grace", "20"])  # fmt: skip
+    held = [out / f"ready_rank{r}" for r in range(4)]
+    try:
+        wait_for(lambda: all(p.exists() for p in held), 120, "every rank at the held step")
+    except AssertionError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"the job did not start: {proc.communicate()}") from None
+    proc.send_signal(signal.SIGUSR1)
+    code, out_text, err = finish(proc)
+    assert code == REQUEUE_EXIT_CODE, f"{out_text}\n{err}"
+    assert "phalanx: preempted (SIGUSR1): passed to host1's agent" in err, err
+    saved = [json.loads((out / f"saved_rank{r}.json").read_text()) for r in range(4)]
+    assert saved == [{"step": 3}] * 4
+    for name in ssh_hosts.names:
+        wait_for(lambda n=name: ssh_hosts.job_pids(n) == [], 10, f"nothing left on {name}")

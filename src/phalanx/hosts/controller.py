@@ -3,6 +3,9 @@ ends. It sends each session the environment line, then keeps the lifeline beatin
 the job anywhere it closes the lifelines (the agents stop their workers and exit), and only
 ssh clients it started itself are ever killed, by their process group.
 
+A preemption signal (``--preempt-signals``) is written on the first session's lifeline, so
+that host's agent preempts the job through the rendezvous, as if it had been signalled.
+
 When it stops everything: a signal (SIGINT, SIGTERM, SIGHUP) to the controller; a session
 lost (ssh's exit status 255: a cut link, a dead host); or a host that failed while the others
 still run ``AFTER_FAILURE`` seconds later (their agents normally end on their own, told by
@@ -23,7 +26,7 @@ import time
 from types import FrameType
 
 from phalanx.hosts.console import Console
-from phalanx.hosts.lifeline import BEAT
+from phalanx.hosts.lifeline import BEAT, PREEMPT_LINE
 from phalanx.hosts.plan import HostPlan, HostsPlan
 from phalanx.hosts.ssh import env_line
 
@@ -67,6 +70,9 @@ class Session:
     def beat(self) -> None:
         self._send(b"\n")
 
+    def preempt(self, name: str) -> None:
+        self._send(PREEMPT_LINE + name.encode() + b"\n")
+
     def close_lifeline(self) -> None:
         with self._lock:
             if self._open and self.proc.stdin is not None:
@@ -81,18 +87,27 @@ class Session:
 
 
 class Controller:
-    def __init__(self, plan: HostsPlan) -> None:
+    def __init__(self, plan: HostsPlan, preempt_signals: tuple[str, ...] = ()) -> None:
+        """``preempt_signals``: the job's (``--preempt-signals``); one of them to the
+        controller is passed to one agent, whose rendezvous preempts every node (each
+        agent told separately would take a second signal for "stop at once")."""
         self._plan = plan
+        self._preempt_signals = {int(signal.Signals[name]) for name in preempt_signals}
+        self._preempted: int | None = None
         self._signal: int | None = None
         self._wake = threading.Event()
         self._done = threading.Event()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signal = signum  # only state: the loop does the stopping
+        # Only state: the loop does the stopping. A second preemption signal is a stop.
+        if signum in self._preempt_signals and self._preempted is None:
+            self._preempted = signum
+        else:
+            self._signal = signum
         self._wake.set()
 
     def run(self) -> int:
-        stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *self._preempt_signals}
         previous = {s: signal.signal(s, self._on_signal) for s in stops}
         console = Console()
         sessions: list[Session] = []
@@ -122,9 +137,16 @@ class Controller:
         self._wake.set()
 
     def _supervise(self, sessions: list[Session]) -> int:
+        told = False
         while True:
             self._wake.wait(1.0)
             self._wake.clear()
+            if self._preempted is not None and not told:
+                told = True
+                name = signal.Signals(self._preempted).name
+                print(f"phalanx: preempted ({name}): passed to {sessions[0].host.name}'s agent, "
+                      "which preempts every host (--preempt-grace)", file=sys.stderr, flush=True)  # fmt: skip
+                sessions[0].preempt(name)
             if self._signal is not None:
                 print(f"phalanx: stopping the job on every host ({signal.Signals(self._signal).name})",
                       file=sys.stderr, flush=True)  # fmt: skip

@@ -1,6 +1,8 @@
 """The remote agent's lifeline: its stdin from ssh.
 
-The controller writes a newline every ``BEAT`` seconds. End of file (the controller stopped
+The controller writes a newline every ``BEAT`` seconds, and ``preempt SIGNAME`` when it got
+a preemption signal (``--preempt-signals``): the lifeline sends that signal to this agent,
+which then preempts the whole job through the rendezvous (``PREEMPT_LINE``). End of file (the controller stopped
 the job, was killed, or its ssh client died) or ``SILENCE`` seconds without a byte (a link
 cut without a reset: nobody on this side would notice for minutes) means the job is over
 here: SIGTERM to this agent, which stops its workers the usual way, and SIGKILL after
@@ -21,6 +23,7 @@ import time
 BEAT = 0.5
 SILENCE = 3.0
 HARD_STOP = 5.0
+PREEMPT_LINE = b"preempt "  # + the signal's name + newline
 
 
 class Lifeline:
@@ -52,12 +55,28 @@ class Lifeline:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _wait_for_break(self) -> str:
+        pending = b""
         while True:
             ready, _, _ = select.select([self._fd], [], [], SILENCE)
             if not ready:
                 return f"silent for {SILENCE:g} s"
             try:
-                if not os.read(self._fd, 4096):
-                    return "closed"
+                data = os.read(self._fd, 4096)
             except OSError as exc:
                 return f"broken ({exc.strerror})"
+            if not data:
+                return "closed"
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                if line.startswith(PREEMPT_LINE):
+                    _preempt(line[len(PREEMPT_LINE):].decode(errors="replace").strip())
+
+
+def _preempt(name: str) -> None:
+    """The controller's preemption signal, delivered to this agent as if sent to it."""
+    sig = getattr(signal.Signals, name, None)
+    if sig is None or sig in (signal.SIGKILL, signal.SIGSTOP):
+        return
+    print(f"phalanx: the controller was preempted ({name}); preempting this host's job",
+          file=sys.stderr, flush=True)  # fmt: skip
+    os.kill(os.getpid(), sig)

@@ -30,4 +30,4 @@ def run_hosts(config: LaunchConfig, argv: Sequence[str]) -> int:
     problems = preflight(config, plan)
     if problems:
         raise UsageError([*problems, "pre-flight failed: nothing was started on any host"])
-    return Controller(plan).run()
+    return Controller(plan, config.preempt_signals).run()
