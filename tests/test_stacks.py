@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,8 +43,9 @@ def test_stacks_of_a_running_job_then_it_finishes(tmp_path: Path, mode: str) -> 
             for rank in (0, 1):
                 assert f"=== rank {rank} (local rank {rank}, pid" in result.stdout
             # Both main threads are in the wait loop: the summary line and the dump show it.
-            assert result.stdout.count("stacks_wait.py:9 in wait_for_go") >= 2, result.stdout
-            assert 'stacks_wait.py", line 9 in wait_for_go' in result.stdout
+            # Line 9 (the sleep) or line 8 (the check), wherever the dump caught the loop.
+            assert len(re.findall(r"stacks_wait.py:[89] in wait_for_go", result.stdout)) >= 2
+            assert re.search(r'stacks_wait.py", line [89] in wait_for_go', result.stdout)
         assert len(list(run_dir.glob("stacks_*.txt"))) == 2
         assert launcher.poll() is None
         # The launcher went back to sleep: no busy loop on the signal's wakeup byte (a spin
@@ -106,7 +108,7 @@ def test_stacks_of_a_two_node_job_from_either_node(
         assert f"(node {headers[0].split()[2]}) at" in out.splitlines()[0]  # the asker first
         for rank in (0, 1):  # one rank per node: local rank 0 on each
             assert f"=== rank {rank} (local rank 0, pid" in out, out
-        assert out.count('stacks_wait.py", line 9 in wait_for_go') == 2, out
+        assert len(re.findall(r'stacks_wait.py", line [89] in wait_for_go', out)) == 2, out
         assert len(list(run_dir.glob("stacks_*.txt"))) == 1  # one file, on the asking node
         wait_for(
             lambda other=other: "sent to the node that asked" in nodes[other].stderr,
