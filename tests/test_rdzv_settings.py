@@ -132,9 +132,13 @@ def test_registry_names() -> None:
 
 
 def arrival(
-    name: str, prev_rank: int = -1, prev_round: int = -1, fixed: int | None = None
+    name: str,
+    prev_rank: int = -1,
+    prev_round: int = -1,
+    fixed: int | None = None,
+    host: bool = False,
 ) -> Arrival:
-    return Arrival(name, name, name, 1, prev_rank, prev_round, fixed)
+    return Arrival(name, name, name, 1, prev_rank, prev_round, fixed, hosts_store=host)
 
 
 @pytest.mark.parametrize(
@@ -146,6 +150,8 @@ def arrival(
         ([arrival("b", 1, 0), arrival("c", 2, 0)], [1, 0]),  # a lost: b keeps 1
         ([arrival("new"), arrival("a", 0, 3), arrival("b", 1, 3)], [2, 0, 1]),  # newcomer last
         ([arrival("old", 0, 1), arrival("a", 0, 3)], [1, 0]),  # the newer round's holder wins
+        ([arrival("a"), arrival("host", host=True)], [1, 0]),  # the store's host first
+        ([arrival("a", 0, 2), arrival("host", host=True)], [0, 1]),  # but a kept rank stays
     ],
 )
 def test_assign_ranks(arrivals: list[Arrival], ranks: list[int]) -> None:

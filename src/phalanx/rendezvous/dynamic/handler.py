@@ -178,6 +178,7 @@ class DynamicRendezvous:
             prev_rank=-1 if self._rank is None else self._rank,
             prev_round=-1 if self._membership is None else self._membership.round,
             fixed_rank=self._fixed_rank,
+            hosts_store=self._store.hosting,
             fingerprint=self._fingerprint,
         )
         try:

@@ -21,6 +21,7 @@ class Arrival:
     prev_rank: int = -1  # its rank in the last round it was a member of (-1: none)
     prev_round: int = -1
     fixed_rank: int | None = None  # static rendezvous: the --node-rank given
+    hosts_store: bool = False  # this node's agent serves the rendezvous store (c10d)
     # Its code and versions, as short strings (phalanx.consistency.fingerprint)
     fingerprint: dict[str, str] = field(default_factory=dict)
 
@@ -73,7 +74,9 @@ def assign_ranks(arrivals: Sequence[Arrival]) -> list[int]:
 
     Static rendezvous: every node brings its rank, which must be 0..n-1, each once.
     Dynamic: a node keeps the rank it had in its last round when that rank still exists and
-    nobody from a newer round holds it; the rest fill the free ranks in arrival order.
+    nobody from a newer round holds it; the rest fill the free ranks in arrival order, the
+    node serving the store first (so in a first round it is node 0, the host its endpoint
+    names, however the nodes' starts raced).
     """
     n = len(arrivals)
     if any(a.fixed_rank is not None for a in arrivals):
@@ -99,4 +102,7 @@ def assign_ranks(arrivals: Sequence[Arrival]) -> list[int]:
             result[i] = rank
             taken.add(rank)
     free = iter(sorted(set(range(n)) - taken))
-    return [rank if rank >= 0 else next(free) for rank in result]
+    unranked = [i for i in range(n) if result[i] < 0]
+    for i in sorted(unranked, key=lambda i: not arrivals[i].hosts_store):  # stable: arrival order
+        result[i] = next(free)
+    return result
