@@ -10,6 +10,7 @@ sessions are counted too: threads that used the store and ended leave none open.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import re
 import threading
@@ -217,6 +218,13 @@ def test_a_junk_keepalive_reply_leaves_the_lease_thread_renewing(
         store.close()
 
 
+def _get_quietly(store: EtcdStore) -> None:
+    # Only the sessions are tested here: a request that times out on a loaded machine
+    # (the 1 s budget) still opened and ended its thread's session.
+    with contextlib.suppress(StoreUnavailable):
+        store.get("k")
+
+
 def test_threads_that_ended_leave_no_open_sessions(fake: FakeEtcd) -> None:
     """Each thread gets its own HTTP session; one that ended has it closed at the next request,
     so N short-lived threads do not leave N sessions (and their sockets) behind."""
@@ -224,7 +232,7 @@ def test_threads_that_ended_leave_no_open_sessions(fake: FakeEtcd) -> None:
     client = store._client
     try:
         for _ in range(3):  # rounds of threads, as rounds of the rendezvous start them
-            threads = [threading.Thread(target=store.get, args=("k",)) for _ in range(8)]
+            threads = [threading.Thread(target=_get_quietly, args=(store,)) for _ in range(8)]
             for t in threads:
                 t.start()
             for t in threads:
