@@ -125,22 +125,32 @@ def test_every_worker_of_every_node_is_told_without_a_collective(
     assert not (out / "child_got_signal").exists()
 
 
+def _sleeping_pair(
+    net: Hosts, nodes: list[Node], tmp_path: Path, name: str, *, grace: float
+) -> Path:
+    """Two agents (c10d, ``--preempt-signals SIGUSR1``, ``--preempt-grace grace``) whose one
+    worker each sleeps with a child and never asks; returns once all four are up, with the
+    directory of their pid files."""
+    pids_dir, port = tmp_path / "pids", free_port()
+    pids_dir.mkdir()
+    for i in range(2):
+        args = [
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{net.addr(0)}:{port}", "--rdzv-id", name,
+            "--rdzv-conf", FAST, "--preempt-signals", "SIGUSR1", "--preempt-grace", f"{grace:g}",
+            worker("sleep_tree.py"), str(pids_dir),
+        ]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"{name}{i}"))
+    wait_for(lambda: len(read_pids(pids_dir)) == 4, 120, "2 workers and their children")
+    return pids_dir
+
+
 def test_the_deadline_is_the_jobs_a_node_not_signalled_stops_its_workers_too(
     hosts: Callable[[int], Hosts], nodes: list[Node], tmp_path: Path
 ) -> None:
     """Workers that never ask, on two nodes; only node 1 is signalled: node 0 stops its own
     by the job's deadline as well (it heard it from node 1), both exit 75."""
-    net, pids_dir, port = hosts(2), tmp_path / "pids", free_port()
-    pids_dir.mkdir()
-    for i in range(2):
-        args = [
-            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{net.addr(0)}:{port}", "--rdzv-id", "deadline",
-            "--rdzv-conf", FAST, "--preempt-signals", "SIGUSR1", "--preempt-grace", "3",
-            worker("sleep_tree.py"), str(pids_dir),
-        ]  # fmt: skip
-        nodes.append(Node(net, i, args, tmp_path, f"deadline{i}"))
-    wait_for(lambda: len(read_pids(pids_dir)) == 4, 120, "2 workers and their children")
+    pids_dir = _sleeping_pair(hosts(2), nodes, tmp_path, "deadline", grace=3)
     pids = read_pids(pids_dir)
     os.kill(nodes[1].proc.pid, signal.SIGUSR1)
     assert [n.finish(120) for n in nodes] == [REQUEUE_EXIT_CODE] * 2, [n.stderr for n in nodes]
@@ -156,17 +166,7 @@ def test_a_node_gone_during_the_grace_is_part_of_the_preemption(
 ) -> None:
     """Node 1 is signalled, then SIGKILLed (its scheduler did not wait): node 0 still ends
     as preempted (75), not as a failed job."""
-    net, pids_dir, port = hosts(2), tmp_path / "pids", free_port()
-    pids_dir.mkdir()
-    for i in range(2):
-        args = [
-            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{net.addr(0)}:{port}", "--rdzv-id", "gone",
-            "--rdzv-conf", FAST, "--preempt-signals", "SIGUSR1", "--preempt-grace", "600",
-            worker("sleep_tree.py"), str(pids_dir),
-        ]  # fmt: skip
-        nodes.append(Node(net, i, args, tmp_path, f"gone{i}"))
-    wait_for(lambda: len(read_pids(pids_dir)) == 4, 120, "2 workers and their children")
+    _sleeping_pair(hosts(2), nodes, tmp_path, "gone", grace=600)
     os.kill(nodes[1].proc.pid, signal.SIGUSR1)
     wait_for(lambda: "preempted: node 1" in nodes[0].stderr, 60, "node 0 hearing of it")
     nodes[1].kill()
