@@ -147,3 +147,25 @@ def test_stop_on_a_deleted_run_directory_names_the_agents_pid(tmp_path: Path) ->
         os.kill(job.pid, signal.SIGTERM)  # as it says
         _, err = job.communicate(timeout=HANG)
     assert job.returncode == 143, err
+
+
+def test_a_hang_on_a_read_only_run_directory_is_still_reported(tmp_path: Path) -> None:
+    """A rank stops making progress after the run directory turned read-only: the hang
+    report's files cannot be written (one line), and the job still ends with the hang as
+    its root cause, exit 1, the report on the console."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    logs = tmp_path / "logs"
+    args = ["--stall-timeout", "10", "--log-dir", str(logs),
+            worker("step_then_wait.py"), str(shared)]  # fmt: skip
+    with tiny_tmpfs(logs, size="1m"), launched(args) as job:
+        wait_for(lambda: (shared / "ready").exists(), HANG, "the worker's first step")
+        (run_dir,) = logs.iterdir()
+        with read_only(run_dir):
+            _, err = job.communicate(timeout=HANG)
+    assert job.returncode == 1, err
+    said = [n for n in err.splitlines() if "hang_report" in n]
+    assert len(said) == 1 and "(Read-only file system)" in said[0], err
+    assert "Root cause: rank 0 (local rank 0)" in err and "[hang]" in err
+    assert "report: not written" in err
+    assert "Traceback" not in err
