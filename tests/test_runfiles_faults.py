@@ -169,3 +169,24 @@ def test_a_hang_on_a_read_only_run_directory_is_still_reported(tmp_path: Path) -
     assert "Root cause: rank 0 (local rank 0)" in err and "[hang]" in err
     assert "report: not written" in err
     assert "Traceback" not in err
+
+
+def test_a_stop_notice_that_cannot_be_written_is_said(tmp_path: Path) -> None:
+    """Under ``--preempt-signals SIGTERM`` phalanx leaves a stop notice before its own
+    SIGTERM to a worker; on a read-only run directory it cannot: one line says so, and the
+    job still ends with the failing rank's exit code."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    logs = tmp_path / "logs"
+    args = ["--preempt-signals", "SIGTERM", "--nproc-per-node", "2", "--log-dir", str(logs),
+            worker("freeze_me.py"), str(shared)]  # fmt: skip
+    with tiny_tmpfs(logs, size="1m"), launched(args) as job:
+        wait_for(lambda: (shared / "victim.pid").exists(), HANG, "both workers")
+        (run_dir,) = logs.iterdir()
+        with read_only(run_dir):
+            (shared / "go").touch()  # rank 0 exits 3; phalanx stops rank 1
+            _, err = job.communicate(timeout=HANG)
+    assert job.returncode == 3, err
+    said = [n for n in err.splitlines() if "/stopping (" in n]
+    assert len(said) == 1, err
+    assert f"cannot write {run_dir}/attempt_0/rank_1/stopping (Read-only file system)" in said[0]
