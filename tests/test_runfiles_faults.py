@@ -31,8 +31,19 @@ def _broken(run_dir: Path, fault: str) -> Iterator[None]:
     if fault == "full":
         fill(run_dir)
     else:
-        shutil.rmtree(run_dir)
+        _remove(run_dir)
     yield
+
+
+def _remove(run_dir: Path) -> None:
+    """``rm -r run_dir`` under its running agent, which may put a temporary file there
+    (status.json's) while it is being removed: again until it is gone."""
+
+    def gone() -> bool:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return not run_dir.exists()
+
+    wait_for(gone, HANG, f"{run_dir} removed")
 
 
 def test_a_full_log_disk_lets_restarted_workers_run(tmp_path: Path) -> None:
@@ -137,7 +148,7 @@ def test_stop_on_a_deleted_run_directory_names_the_agents_pid(tmp_path: Path) ->
         wait_for(lambda: (shared / "ready0").exists(), HANG, "the worker")
         (run_dir,) = logs.iterdir()
         wait_for(lambda: (run_dir / "events.jsonl").exists(), HANG, "the event log")
-        shutil.rmtree(run_dir)
+        _remove(run_dir)
         stop = run_phalanx(["stop", str(run_dir)], timeout=HANG)
         lines = stop.stderr.strip().splitlines()
         assert stop.returncode == 1 and len(lines) == 1, stop.stderr
