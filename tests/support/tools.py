@@ -9,6 +9,8 @@ problem to fix, not a test quietly left out.
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import shutil
 import subprocess
 import sys
@@ -49,3 +51,33 @@ def tiny_tmpfs(path: Path, size: str = "64k") -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=True, timeout=30)
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[Path]:
+    """``path`` made read-only in place (root only): a read-only bind mount of it over
+    itself, unmounted after. Files already open for writing keep their mount (as after a
+    filesystem turned read-only under a writer that holds them); every new open by path
+    gets EROFS. (A ``remount,ro`` of the whole filesystem is refused while a file on it is
+    open for writing, and a running job always holds some.)"""
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True, timeout=30)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True, timeout=30)
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True, timeout=30)
+
+
+def fill(directory: Path) -> None:
+    """Write a file in ``directory`` until its filesystem says ENOSPC (a disk that is full)."""
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        while True:
+            try:
+                os.write(fd, bytes(4096))
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                return
+    finally:
+        os.close(fd)

@@ -1,7 +1,8 @@
 # usage: progress_or_fail.py DIR EVIDENCE -- every attempt, rank 0 shows EVIDENCE of progress
 # (checkpoint: a phalanx.checkpoint save; optimizer: 3 optimizer steps; step: phalanx.step;
 # heartbeat: phalanx.heartbeat; none: nothing), then writes DIR/shown.<restart>; the last rank waits for that file and
-# exits 3, the same way every time. Rank 0 then sleeps until phalanx stops it.
+# exits 3, the same way every time. Rank 0 then sleeps until phalanx stops it. With "gate"
+# after EVIDENCE, the last rank of the first attempt also waits for DIR/go before it fails.
 import os
 import sys
 import time
@@ -36,6 +37,9 @@ if rank == 0:
 if rank == last:
     deadline = time.monotonic() + 60
     while not shown.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gate = folder / "go" if sys.argv[3:] == ["gate"] and restart == 0 else shown
+    while not gate.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     print(f"rank {rank} fails the same way", file=sys.stderr, flush=True)
     sys.exit(3)

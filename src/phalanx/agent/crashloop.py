@@ -8,7 +8,10 @@ Progress during a round, on this node, is either of:
   ``phalanx.step()``, ``phalanx.heartbeat()``), of any local rank.
 
 A job with neither (no checkpoints, no optimizer, a ``--no-python`` binary) shows no
-progress, so the same failure twice in a row is a crash loop there, as it always was. A job
+progress, so the same failure twice in a row is a crash loop there, as it always was. But
+where the run directory cannot take a write (full, read-only, deleted) the evidence may
+never have been written: progress is then unknown, and unknown counts as progress, never
+as "none" (``unrecordable``). A job
 that trains between failures is restarted within its budget even without checkpoints: a
 crash that recurs after some training may be a flaky host, and restarting errs on the side
 of the job (``--max-restarts`` bounds it).
@@ -19,6 +22,8 @@ node's failure records (``failure_signature``).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +33,9 @@ from phalanx.plan import RoundPlan
 from phalanx.report.exits import WorkerExit, root_cause
 from phalanx.worker import progress
 from phalanx.worker.contract import CHECKPOINT_LOG_FILE
+from phalanx.worker.nofollow import open_file
+
+log = logging.getLogger("phalanx")
 
 # A rank's counter file, as (inode, beats): a worker makes a new file when it starts, so a
 # changed inode means the whole count is this round's.
@@ -71,7 +79,23 @@ class ProgressMark:
         return cls(checkpoints, {path: _read_counter(path) for path in _counter_paths(plan)})
 
     def progressed(self, plan: RoundPlan) -> bool:
-        """Whether a local rank completed a checkpoint or moved its counter since ``take``."""
+        """Whether a local rank completed a checkpoint or moved its counter since ``take``;
+        also True when that cannot be known (``unrecordable``): unknown is not "none"."""
+        if self._saw_progress(plan):
+            return True
+        why = unrecordable(plan.run_dir)
+        if why is not None:
+            log.warning(
+                "the progress of this node's ranks is unknown: %s cannot be written (%s), "
+                "so their counters and checkpoint log may be missing; not taken for no "
+                "progress (no crash-loop verdict on that basis)",
+                plan.run_dir,
+                why,
+            )
+            return True
+        return False
+
+    def _saw_progress(self, plan: RoundPlan) -> bool:
         if _count_lines(plan.run_dir / CHECKPOINT_LOG_FILE) > self.checkpoints:
             return True
         for path in _counter_paths(plan):
@@ -84,6 +108,27 @@ class ProgressMark:
             elif now[1] > before[1]:
                 return True
         return False
+
+
+def unrecordable(run_dir: Path) -> str | None:
+    """Why progress evidence cannot be written in ``run_dir`` now (a worker's counters, a
+    checkpoint's log line), as ``strerror``; None when a small write there works. The
+    workers' writes are best effort (a full, read-only or deleted run directory costs them
+    a line, never the job), so an absent file there proves nothing. Probed with a write of
+    a counter file's size, as the worker makes its own."""
+    probe = run_dir / f".progress-probe.{os.getpid()}"
+    try:
+        fd = open_file(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, bytes(progress.LAYOUT.size))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    return None
 
 
 def failure_signature(records: Sequence[Mapping[str, object]]) -> str:

@@ -216,7 +216,7 @@ class Rounds(Endings):
         if verdict is not None and verdict.repeated and step is Step.RESTART:
             log.warning(
                 "the same failure as the last one (%s), but the job progressed since "
-                "(a checkpoint, or a progress counter that moved, on some node)",
+                "(a checkpoint, or a progress counter that moved, on some node; or unknown progress)",
                 verdict.failure,
             )
         return step, verdict

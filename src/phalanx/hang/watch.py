@@ -101,7 +101,7 @@ class RoundWatch:
             ", ".join(str(rank) for rank in stalled),
             detector.timeout,
             suspects,
-            self.report_path,
+            self.report_path or "not written",
         )
         return True
 
@@ -118,7 +118,9 @@ class RoundWatch:
             self.peer_hang = self._analyse(f"hang found by node {event.node_rank}")
             self.report_path = self._write(self.peer_hang, f"reported by node {event.node_rank}")
             log.warning(
-                "node %s found a hang; this node's stacks: %s", event.node_rank, self.report_path
+                "node %s found a hang; this node's stacks: %s",
+                event.node_rank,
+                self.report_path or "not written",
             )
         return event
 
@@ -127,7 +129,11 @@ class RoundWatch:
         if not self._running:
             log.warning("stacks requested, but no worker is running")
             return None
-        path = write_stacks_file(self._plan.run_dir, self._node_stacks("stacks on request"))
+        try:
+            path = write_stacks_file(self._plan.run_dir, self._node_stacks("stacks on request"))
+        except OSError as exc:  # a full, read-only or deleted run directory: the job goes on
+            log.warning("stacks: cannot write the stacks file in %s: %s", self._plan.run_dir, exc)
+            return None
         log.info("stacks of %d rank(s) written to %s", len(self._running), path)
         return path
 
@@ -178,11 +184,17 @@ class RoundWatch:
         timeout = self._detector.timeout if self._detector is not None else 0.0
         return analyse(states, timeout)
 
-    def _write(self, analysis: HangAnalysis, how: str) -> Path:
+    def _write(self, analysis: HangAnalysis, how: str) -> Path | None:
+        """The hang report's files; None when they cannot be written (a full, read-only or
+        deleted run directory: said in one line, and the failure report still has it all)."""
         base = self._plan.attempt_dir / "hang_report"
         node = self._plan.rendezvous.node_rank
         header = f"hang on {self.host} (node {node}), {how}, at {time.ctime()}"
-        write_atomic(base.with_suffix(".txt"), "\n".join([header, *analysis.summary()]) + "\n")
         data = {"host": self.host, "node_rank": node, "how": how, **analysis.to_json()}
-        write_atomic(base.with_suffix(".json"), json.dumps(data, indent=2) + "\n")
+        try:
+            write_atomic(base.with_suffix(".txt"), "\n".join([header, *analysis.summary()]) + "\n")
+            write_atomic(base.with_suffix(".json"), json.dumps(data, indent=2) + "\n")
+        except OSError as exc:
+            log.warning("hang: cannot write %s (%s)", base.with_suffix(".*"), exc.strerror or exc)
+            return None
         return base.with_suffix(".txt")

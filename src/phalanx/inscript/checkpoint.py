@@ -35,7 +35,9 @@ Crash-loop detection: when the environment variable ``PHALANX_CHECKPOINT_LOG`` n
 each completed ``save`` appends one JSON line ``{"step": ..., "path": ..., "time": ...}``
 (``time`` in seconds since the epoch) to it. The phalanx agent sets it for its workers and
 reads it to tell a job that keeps failing without progress from one that checkpoints
-between failures.
+between failures. That line is best effort: ``save`` raises only for the checkpoint's own
+files; a log line that cannot be written (a full, read-only or deleted run directory) is
+said once on stderr, and the checkpoint stands.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +92,7 @@ READ_PASSES = 100
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 _MARKER_SUFFIX = ".done"
+_log_warned = False  # the checkpoint log's failure is said once per process
 
 
 @dataclass(frozen=True)
@@ -190,16 +194,31 @@ def _complete_size(path: Path, step: int) -> int | None:
 
 
 def _append_log(done: Checkpoint, when: float) -> None:
+    """Best effort: the checkpoint is whole already, and the log is the launcher's (in its
+    run directory, which may be full, read-only or deleted): a line that cannot be written
+    is said once per process, never raised. The agent then does not take the missing line
+    for "no progress" (``agent.crashloop.unrecordable``)."""
+    global _log_warned
     log_path = os.environ.get(CHECKPOINT_LOG_ENV)
     if not log_path:
         return
     line = json.dumps({"step": done.step, "path": str(done.path.resolve()), "time": when})
-    # One write(2) on an O_APPEND descriptor: concurrent appenders never interleave lines.
-    fd = append_to(log_path)  # in the run directory: never through a symlink
     try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+        # One write(2) on an O_APPEND descriptor: concurrent appenders never interleave lines.
+        fd = append_to(log_path)  # in the run directory: never through a symlink
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if not _log_warned:
+            _log_warned = True
+            print(
+                f"phalanx: cannot write {log_path} ({exc.strerror or exc}): checkpoint "
+                f"{done.path} is saved whole, but the launcher cannot count it (said once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _candidates(folder: Path) -> list[Checkpoint]:

@@ -10,6 +10,7 @@ started at that time. A file from before the start time was recorded falls back 
 from __future__ import annotations
 
 import json
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,3 +71,21 @@ def read_launcher(run_dir: Path) -> Launcher | None:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not isinstance(host, str):
         return None
     return Launcher(pid, host, float(started) if isinstance(started, (int, float)) else None)
+
+
+def holders(run_dir: Path, name: str) -> list[int]:
+    """Pids of this user's processes on this host that hold ``run_dir/name`` open, even
+    after the file was deleted (``/proc/<pid>/fd``; psutil's ``open_files`` leaves deleted
+    files out). How a run whose directory is gone still finds its agent: it keeps its
+    ``events.jsonl`` open."""
+    target = os.path.join(os.path.abspath(run_dir), name)
+    found = []
+    for pid in psutil.pids():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds}
+        except OSError:  # another user's process, or one that ended meanwhile
+            continue
+        if target in links or f"{target} (deleted)" in links:
+            found.append(pid)
+    return found

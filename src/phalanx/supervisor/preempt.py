@@ -27,6 +27,7 @@ from phalanx.plan import WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.worker.contract import PREEMPT_NOTICE_FILE, PREEMPT_SIGNALS_ENV, STOP_NOTICE_FILE
 from phalanx.worker.nofollow import replace_file
+from phalanx.worker.preempt import NOTICE_WAIT
 
 log = logging.getLogger("phalanx")
 
@@ -37,10 +38,19 @@ Announce = Callable[[dict[str, object]], dict[str, object]]
 def tell_stopping(workers: Iterable[WorkerPlan]) -> None:
     """Before phalanx's own SIGTERM: tell each worker that treats SIGTERM as a preemption
     that this one is a stop (``STOP_NOTICE_FILE``), so it acts at once, as without phalanx."""
+    failed: list[str] = []
     for plan in workers:
         if "SIGTERM" in plan.env.get(PREEMPT_SIGNALS_ENV, "").split(","):
-            with contextlib.suppress(OSError):  # then the worker waits its bound, no more
+            try:
                 replace_file(plan.log_dir / STOP_NOTICE_FILE, b"")
+            except OSError as exc:  # then the worker waits its bound, no more
+                failed.append(f"{plan.log_dir / STOP_NOTICE_FILE} ({exc.strerror or exc})")
+    if failed:  # one line for the whole group (a full or read-only run directory)
+        log.warning(
+            "cannot write %s: those ranks wait up to %g s for a preemption notice before they stop",
+            ", ".join(failed),
+            NOTICE_WAIT,
+        )
 
 
 def kill_margin(grace: float) -> float:

@@ -50,7 +50,13 @@ def install(environ: Mapping[str, str]) -> None:
     progress.open_counters(directory)
     progress.watch_optimizers()
     preempt.install(environ, directory)
-    _stacks = os.fdopen(append_to(os.path.join(directory, STACKS_FILE)), "a")  # lives forever
+    path = os.path.join(directory, STACKS_FILE)
+    try:
+        _stacks = os.fdopen(append_to(path), "a")  # lives forever
+    except OSError as exc:  # a read-only or deleted run directory: the job goes on
+        print(f"phalanx: cannot write {path} ({exc.strerror or exc}): no stack dumps for "
+              "this rank", file=sys.stderr, flush=True)  # fmt: skip
+        return
     faulthandler.register(STACK_SIGNAL, file=_stacks, all_threads=True, chain=False)
     if not faulthandler.is_enabled():  # a user's -X faulthandler keeps writing to stderr
         faulthandler.enable(file=_stacks, all_threads=True)

@@ -20,6 +20,7 @@ Stdlib only: the warm-start template imports this before torch.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.abc
 import importlib.machinery
@@ -67,17 +68,33 @@ def open_counters(rank_dir: str) -> None:
 
     The file is written whole under a temporary name and renamed into place, so the agent
     never sees a short file (it reads with ``pread``; a truncated mapping would fault).
+
+    Best effort: where the file cannot be made (a full log disk, a read-only or deleted run
+    directory) the worker runs anyway with counters that count nothing, says so once on its
+    stderr; the agent then cannot know this rank's progress (``read``
+    finds no file) and never takes that for "no progress" (``agent.crashloop``).
     """
     global _beats, _step, _map
     path = os.path.join(rank_dir, FILE_NAME)
     temporary = f"{path}.{os.getpid()}"
-    fd = open_file(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     try:
-        os.write(fd, LAYOUT.pack(0, NO_STEP))
-        mapped = mmap.mmap(fd, LAYOUT.size)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
+        fd = open_file(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        try:
+            os.write(fd, LAYOUT.pack(0, NO_STEP))
+            mapped = mmap.mmap(fd, LAYOUT.size)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # a half-made temporary: not left behind
+            os.unlink(temporary)
+        print(
+            f"phalanx: cannot write {path} ({exc.strerror or exc}): this rank runs on, "
+            "its progress unknown to phalanx",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
     _map = mapped
     _beats = ctypes.c_uint64.from_buffer(mapped, 0)
     _step = ctypes.c_int64.from_buffer(mapped, ctypes.sizeof(ctypes.c_uint64))

@@ -1,0 +1,203 @@
+"""The files phalanx writes for itself are best effort (README, "Faults from outside the job"):
+a full, read-only or deleted run directory costs a line each, never the job, a checkpoint,
+a restart, or a stop. Each fault is made for real under a running job: a tiny tmpfs that
+fills, a read-only bind mount over the run directory, the directory removed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from phalanx import checkpoint
+from support.launch import launched, run_phalanx, wait_for, worker
+from support.tools import fill, read_only, tiny_tmpfs
+
+HANG = 120.0  # bounds that only catch a hang
+
+
+@contextlib.contextmanager
+def _broken(run_dir: Path, fault: str) -> Iterator[None]:
+    """``run_dir`` full, read-only or deleted for the ``with`` block."""
+    if fault == "read-only":
+        with read_only(run_dir):
+            yield
+        return
+    if fault == "full":
+        fill(run_dir)
+    else:
+        _remove(run_dir)
+    yield
+
+
+def _remove(run_dir: Path) -> None:
+    """``rm -r run_dir`` under its running agent, which may put a temporary file there
+    (status.json's) while it is being removed: again until it is gone."""
+
+    def gone() -> bool:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return not run_dir.exists()
+
+    wait_for(gone, HANG, f"{run_dir} removed")
+
+
+def test_a_full_log_disk_lets_restarted_workers_run(tmp_path: Path) -> None:
+    """The first attempt fills a 64 KiB --log-dir and fails; the restarted worker cannot
+    make its progress counters there, says so once, and runs to its end: exit 0, one
+    restart spent."""
+    with tiny_tmpfs(tmp_path / "logs") as logs:
+        args = ["--max-restarts", "2", "--log-dir", str(logs),
+                worker("chatty.py"), "200", "fail-once"]  # fmt: skip
+        result = run_phalanx(args, timeout=HANG)
+    assert result.returncode == 0, result.stderr[-4000:]
+    last_lines = [n for n in result.stdout.splitlines() if n.startswith("[rank0]: line 000199 ")]
+    assert len(last_lines) == 2  # each attempt wrote everything, to the console
+    said = [n for n in result.stderr.splitlines() if "/progress (" in n]
+    assert len(said) == 1, result.stderr[-4000:]
+    assert said[0].startswith("[rank0]: phalanx: cannot write ")
+    assert "attempt_1/rank_0/progress (No space left on device): this rank runs on" in said[0]
+    assert "restarting the worker group (restart 1 of 2)" in result.stderr
+    assert "restart 2 of 2" not in result.stderr
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only", "deleted"])
+def test_a_checkpoint_is_saved_whatever_became_of_the_run_directory(
+    tmp_path: Path, fault: str
+) -> None:
+    """``phalanx.checkpoint.save`` into a healthy directory while the run directory (where
+    its log line goes) is full, read-only or gone: the checkpoint is whole and loadable,
+    the worker says once that the line could not be written, and the job exits 0."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    with tiny_tmpfs(tmp_path / "logs", size="1m") as logs:
+        args = ["--log-dir", str(logs), worker("save_when_told.py"), str(shared)]
+        with launched(args) as job:
+            wait_for(lambda: (shared / "ready").exists(), HANG, "the worker")
+            (run_dir,) = logs.iterdir()
+            with _broken(run_dir, fault):
+                (shared / "go").touch()
+                out, err = job.communicate(timeout=HANG)
+    assert job.returncode == 0, err
+    assert "[rank0]: saved step 1" in out.splitlines()
+    assert checkpoint.load_latest(shared / "ckpt") == {"step": 1}
+    said = [n for n in err.splitlines() if "checkpoints.jsonl" in n]
+    assert len(said) == 1, err
+    assert said[0].startswith(f"[rank0]: phalanx: cannot write {run_dir}/checkpoints.jsonl (")
+    assert "is saved whole, but the launcher cannot count it" in said[0]
+    assert "Traceback" not in err
+
+
+def test_progress_that_cannot_be_recorded_is_not_taken_for_none(tmp_path: Path) -> None:
+    """A worker steps (``phalanx.step``) and fails the same way every attempt. After the
+    first attempt the run directory turns read-only, so the second attempt's counters
+    cannot be made: its progress is unknown, and the same failure again is no crash loop.
+    The job spends its whole budget (3 attempts) and exits with the worker's 3."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    with tiny_tmpfs(tmp_path / "logs", size="1m") as logs:
+        args = ["--max-restarts", "2", "--log-dir", str(logs),
+                worker("progress_or_fail.py"), str(shared), "step", "gate"]  # fmt: skip
+        with launched(args) as job:
+            wait_for(lambda: (shared / "shown.0").exists(), HANG, "the first attempt's steps")
+            (run_dir,) = logs.iterdir()
+            with read_only(run_dir):
+                (shared / "go").touch()  # the first attempt fails now
+                _, err = job.communicate(timeout=HANG)
+    assert job.returncode == 3, err
+    assert "crash loop" not in err
+    assert "job failed after 3 attempt(s)" in err
+    unknown = [n for n in err.splitlines() if "progress of this node's ranks is unknown" in n]
+    assert len(unknown) == 1 and "(Read-only file system)" in unknown[0], err
+    assert "restarting the worker group (restart 2 of 2)" in err
+
+
+def test_stop_on_a_read_only_run_directory_warns_and_stops_the_job(tmp_path: Path) -> None:
+    """``phalanx stop`` cannot leave its ``requests/stop`` marker: one warning, and the
+    SIGTERM still goes: the job ends with 143."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    logs = tmp_path / "logs"
+    args = ["--log-dir", str(logs), worker("hold_until_go.py"), str(shared)]
+    with tiny_tmpfs(logs, size="1m"), launched(args) as job:
+        wait_for(lambda: (shared / "ready0").exists(), HANG, "the worker")
+        (run_dir,) = logs.iterdir()
+        with read_only(run_dir):
+            stop = run_phalanx(["stop", str(run_dir)], timeout=HANG)
+            _, err = job.communicate(timeout=HANG)
+    assert stop.returncode == 0, stop.stderr
+    assert job.returncode == 143, err
+    warned = [n for n in stop.stderr.splitlines() if "warning" in n]
+    assert len(warned) == 1, stop.stderr
+    assert f"cannot write {run_dir}/requests/stop (Read-only file system)" in warned[0]
+    assert "stopping anyway" in warned[0]
+    assert "the job stopped (no report.json was written)" in stop.stderr
+
+
+def test_stop_on_a_deleted_run_directory_names_the_agents_pid(tmp_path: Path) -> None:
+    """The run directory removed under a running job: ``phalanx stop`` cannot read
+    ``launcher.json``, so it names the agent (the process holding the run's event log
+    open) and how to stop it, in one line, exit 1; doing what it says stops the job."""
+    shared, logs = tmp_path / "shared", tmp_path / "logs"
+    shared.mkdir()
+    with launched(["--log-dir", str(logs), worker("hold_until_go.py"), str(shared)]) as job:
+        wait_for(lambda: (shared / "ready0").exists(), HANG, "the worker")
+        (run_dir,) = logs.iterdir()
+        wait_for(lambda: (run_dir / "events.jsonl").exists(), HANG, "the event log")
+        _remove(run_dir)
+        stop = run_phalanx(["stop", str(run_dir)], timeout=HANG)
+        lines = stop.stderr.strip().splitlines()
+        assert stop.returncode == 1 and len(lines) == 1, stop.stderr
+        assert f"{run_dir} was deleted" in lines[0]
+        assert f"its agent is pid {job.pid} " in lines[0]
+        assert lines[0].endswith(f"stop it with kill -TERM {job.pid}")
+        os.kill(job.pid, signal.SIGTERM)  # as it says
+        _, err = job.communicate(timeout=HANG)
+    assert job.returncode == 143, err
+
+
+def test_a_hang_on_a_read_only_run_directory_is_still_reported(tmp_path: Path) -> None:
+    """A rank stops making progress after the run directory turned read-only: the hang
+    report's files cannot be written (one line), and the job still ends with the hang as
+    its root cause, exit 1, the report on the console."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    logs = tmp_path / "logs"
+    args = ["--stall-timeout", "10", "--log-dir", str(logs),
+            worker("step_then_wait.py"), str(shared)]  # fmt: skip
+    with tiny_tmpfs(logs, size="1m"), launched(args) as job:
+        wait_for(lambda: (shared / "ready").exists(), HANG, "the worker's first step")
+        (run_dir,) = logs.iterdir()
+        with read_only(run_dir):
+            _, err = job.communicate(timeout=HANG)
+    assert job.returncode == 1, err
+    said = [n for n in err.splitlines() if "hang_report" in n]
+    assert len(said) == 1 and "(Read-only file system)" in said[0], err
+    assert "Root cause: rank 0 (local rank 0)" in err and "[hang]" in err
+    assert "report: not written" in err
+    assert "Traceback" not in err
+
+
+def test_a_stop_notice_that_cannot_be_written_is_said(tmp_path: Path) -> None:
+    """Under ``--preempt-signals SIGTERM`` phalanx leaves a stop notice before its own
+    SIGTERM to a worker; on a read-only run directory it cannot: one line says so, and the
+    job still ends with the failing rank's exit code."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    logs = tmp_path / "logs"
+    args = ["--preempt-signals", "SIGTERM", "--nproc-per-node", "2", "--log-dir", str(logs),
+            worker("freeze_me.py"), str(shared)]  # fmt: skip
+    with tiny_tmpfs(logs, size="1m"), launched(args) as job:
+        wait_for(lambda: (shared / "victim.pid").exists(), HANG, "both workers")
+        (run_dir,) = logs.iterdir()
+        with read_only(run_dir):
+            (shared / "go").touch()  # rank 0 exits 3; phalanx stops rank 1
+            _, err = job.communicate(timeout=HANG)
+    assert job.returncode == 3, err
+    said = [n for n in err.splitlines() if "/stopping (" in n]
+    assert len(said) == 1, err
+    assert f"cannot write {run_dir}/attempt_0/rank_1/stopping (Read-only file system)" in said[0]
