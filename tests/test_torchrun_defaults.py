@@ -143,3 +143,11 @@ def test_shutdown_timeout_is_5_s_unless_torchrun_s_variable_says() -> None:
         ours(["--shutdown-timeout", "7"], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "12"}).shutdown_timeout
         == 7.0
     )
+
+
+def test_the_usage_line_lists_every_subcommand() -> None:
+    from phalanx.cli.main import SUBCOMMANDS
+    from phalanx.cli.usage import SUBCOMMAND_NAMES, USAGE
+
+    assert sorted(SUBCOMMAND_NAMES) == sorted(SUBCOMMANDS)
+    assert "{" + ",".join(SUBCOMMAND_NAMES) + "}" in USAGE

@@ -4,7 +4,6 @@ problems at once."""
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
 from collections.abc import Callable, Mapping
@@ -14,6 +13,8 @@ from typing import Any
 
 from phalanx import parsing
 from phalanx.cli import preempt
+from phalanx.cli.nproc import cuda_device_count as _cuda_device_count
+from phalanx.cli.nproc import resolve_nproc
 from phalanx.cli.problems import Problems
 from phalanx.cli.rdzv_flags import rendezvous_flags
 from phalanx.cli.scheduler import NO_DERIVATION, Derivation
@@ -41,47 +42,6 @@ def parse_owner_flags(text: str) -> tuple[tuple[str, str], ...]:
             f"--spawn-owner-flags: unknown fact(s) {', '.join(unknown)}; known: {', '.join(known)}"
         )
     return tuple((fact, renamed.get(fact, flag)) for fact, flag in SPAWN_OWNER_FACTS)
-
-
-def resolve_nproc(
-    text: str,
-    cuda_device_count: Callable[[], int],
-    xpu_device_count: Callable[[], int] = lambda: _xpu_device_count(),
-) -> int:
-    """``N``, ``auto`` (GPUs if any, else CPUs), ``cpu``, ``gpu`` or ``xpu``, as torchrun
-    reads it."""
-    value = str(text).strip().lower()
-    if value == "cpu":
-        return os.cpu_count() or 1
-    if value == "xpu":
-        if (count := xpu_device_count()) > 0:
-            return count
-        raise ValueError("--nproc-per-node xpu: no XPU device is visible")
-    if value in {"gpu", "auto"}:
-        count = cuda_device_count()
-        if count > 0:
-            return count
-        if value == "gpu":
-            raise ValueError("--nproc-per-node gpu: no CUDA device is visible")
-        return os.cpu_count() or 1
-    if not value.lstrip("+-").isdigit():
-        raise ValueError(
-            f"--nproc-per-node: expected a positive integer, auto, cpu, gpu or xpu, got {text!r}"
-        )
-    return parsing.parse_int(text, "--nproc-per-node", minimum=1)
-
-
-def _xpu_device_count() -> int:
-    import torch
-
-    xpu = getattr(torch, "xpu", None)
-    return int(xpu.device_count()) if xpu is not None and xpu.is_available() else 0
-
-
-def _cuda_device_count() -> int:
-    import torch  # imported only for auto/gpu: the launcher itself does not need torch
-
-    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
 _Problems = Problems

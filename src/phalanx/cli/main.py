@@ -49,9 +49,9 @@ def expanded(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
 
 def help_command(args: list[str]) -> int:
     """``phalanx help [SUBCOMMAND]``."""
-    if args and args[0] in SUBCOMMANDS:
+    if args and args[0] in SUBCOMMANDS and args[0] != "help":
         return SUBCOMMANDS[args[0]](["--help"])
-    if args:
+    if args and args[0] not in ("help", "-h", "--help"):
         raise UsageError(
             f"help: unknown subcommand {args[0]!r}{did_you_mean(args[0], SUBCOMMANDS)} "
             f"(subcommands: {', '.join(SUBCOMMAND_NAMES)})"
