@@ -78,7 +78,10 @@ def test_all_problems_reported_at_once() -> None:
 MULTI = ["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"]  # refused before any contact
 BAD_INPUTS = [
     (["--nproc-per-node", "0", SCRIPT], "--nproc-per-node: expected an integer >= 1, got 0"),
-    (["--nproc-per-node", "x", SCRIPT], "--nproc-per-node: expected an integer, got 'x'"),
+    (
+        ["--nproc-per-node", "x", SCRIPT],
+        "--nproc-per-node: expected a positive integer, auto, cpu, gpu or xpu, got 'x'",
+    ),
     (["--nnodes", "3:2", SCRIPT], "--nnodes: MIN must not exceed MAX"),
     (["--nnodes", "x", SCRIPT], "--nnodes: expected N or MIN:MAX"),
     (["missing_script.py"], "training script not found: 'missing_script.py'"),
@@ -92,7 +95,7 @@ BAD_INPUTS = [
     (["--rdzv-id", "a b", *MULTI, SCRIPT], "--rdzv-id 'a b': expected letters, digits"),
     (["--rdzv-conf", "novalue", SCRIPT], "--rdzv-conf: expected key=value"),
     (["--rdzv-conf", "join_timeout=abc", SCRIPT], "join_timeout=abc: expected a positive number"),
-    (["--rdzv-conf", "bogus=1", *MULTI, SCRIPT], "--rdzv-conf bogus: unknown key for c10d"),
+    (["--rdzv-conf", "bogus=1", *MULTI, SCRIPT], "--rdzv-conf bogus: unknown key for static"),
     (
         ["--rdzv-conf", "protocol=ftp", "--rdzv-backend", "etcd", *MULTI, SCRIPT],
         "--rdzv-conf protocol=ftp: expected http or https",
@@ -120,7 +123,10 @@ BAD_INPUTS = [
         ["--local-ranks-filter", "a,b", SCRIPT],
         "--local-ranks-filter: expected comma-separated ranks",
     ),
-    (["--logs-specs", "mine", SCRIPT], "--logs-specs: custom torchrun LogsSpecs plugins"),
+    (
+        ["--logs-specs", "mine", SCRIPT],
+        "--logs-specs: could not find entrypoint under 'torchrun.logs_specs[mine]'",
+    ),
     (["--numa-binding", "x", SCRIPT], "invalid choice: 'x'"),
     (["--signals-to-handle", "SIGNOPE", SCRIPT], "unknown signal 'SIGNOPE'"),
     (["--signals-to-handle", "SIGTERM,SIGKILL", SCRIPT], "SIGKILL cannot be caught"),

@@ -7,7 +7,13 @@ import pytest
 from phalanx.errors import UsageError
 from phalanx.rendezvous.dynamic.members import Arrival, assign_ranks
 from phalanx.rendezvous.registry import BACKENDS, create_handler, spec_problems
-from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings, parse_settings
+from phalanx.rendezvous.settings import (
+    SETTINGS_KEYS,
+    RendezvousSettings,
+    known_keys,
+    parse_settings,
+    unused_keys,
+)
 from phalanx.rendezvous.spec import RendezvousSpec, split_endpoint
 
 DEFAULTS = RendezvousSettings()
@@ -19,7 +25,6 @@ DEFAULTS = RendezvousSettings()
         ({}, "join_timeout", 600.0),
         ({}, "last_call_timeout", 3.0),
         ({"join_timeout": "30"}, "join_timeout", 30.0),
-        ({"timeout": "45"}, "join_timeout", 45.0),  # torchrun ignores it; phalanx uses it
         ({"last_call_timeout": "0.5"}, "last_call_timeout", 0.5),
         ({"close_timeout": "7"}, "close_timeout", 7.0),
         ({"keep_alive_interval": "2"}, "heartbeat_interval", 2.0),
@@ -38,11 +43,10 @@ def test_settings(conf: dict[str, str], field: str, value: float) -> None:
 @pytest.mark.parametrize(
     ("conf", "message"),
     [
-        ({"join_timout": "5"}, "unknown key for c10d (known: "),
+        ({"join_timout": "5"}, "unknown key for c10d; did you mean join_timeout. .known: "),
         ({"join_timeout": "soon"}, "join_timeout=soon: expected a positive number"),
         ({"last_call_timeout": "0"}, "expected a positive number"),
         ({"read_timeout": "inf"}, "expected a positive number"),
-        ({"timeout": "5", "join_timeout": "6"}, "sets join_timeout twice"),
         ({"heartbeat_timeout": "9", "keep_alive_max_attempt": "3"}, "not both"),
         ({"keep_alive_max_attempt": "0"}, "expected a positive integer"),
         ({"heartbeat_interval": "5", "heartbeat_timeout": "6"}, "at least twice"),
@@ -53,13 +57,30 @@ def test_settings_rejects(conf: dict[str, str], message: str) -> None:
         parse_settings(conf)
 
 
+def test_timeout_is_join_timeout_where_torchrun_reads_it_so() -> None:
+    """torchrun's static and etcd handlers wait ``timeout``; its c10d and etcd-v2 handlers
+    never read it, so there it is accepted beside join_timeout and not used."""
+    for backend in ("static", "etcd"):
+        assert parse_settings({"timeout": "45"}, backend).join_timeout == 45.0
+        with pytest.raises(UsageError, match="sets join_timeout twice"):
+            parse_settings({"timeout": "5", "join_timeout": "6"}, backend)
+    for backend in ("c10d", "etcd-v2"):
+        both = parse_settings({"timeout": "5", "join_timeout": "6"}, backend)
+        assert both.join_timeout == 6.0
+        assert parse_settings({"timeout": "45"}, backend).join_timeout == 600.0
+        assert unused_keys({"timeout": "5"}, backend) == [
+            f"--rdzv-conf timeout: accepted as torchrun does, not used ({backend} never reads it)"
+        ]
+
+
 def test_unknown_key_lists_every_known_key() -> None:
     with pytest.raises(UsageError) as info:
         parse_settings({"bogus": "1", "join_timeout": "x"})
     assert len(info.value.problems) == 2  # every problem at once
     unknown = next(p for p in info.value.problems if "bogus" in p)
-    for key in SETTINGS_KEYS:
+    for key in known_keys("c10d", ()):
         assert key in unknown
+    assert "etcd_prefix" not in unknown and "etcd_prefix" in SETTINGS_KEYS  # etcd's only
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,10 @@ def test_a_log_gets_plain_lines_while_the_first_node_waits(
     formed = next(i for i, text in enumerate(err.splitlines()) if "round 0: node" in text)
     assert waiting and max(waiting) < formed, err
     assert "join timeout in " in err.splitlines()[waiting[0]]
+    # It names where it waits, so a node waiting at the wrong place shows it.
+    assert err.splitlines()[waiting[0]].endswith(
+        f"; rendezvous: the {backend} store at 127.0.0.1:{port}"
+    ), err
     assert "waiting for nodes" not in nodes[1].stderr  # it came last: the round formed at once
 
 

@@ -67,7 +67,7 @@ def same(name: str) -> Seen:
 
 ROWS: dict[str, Row] = {
     "nnodes": Row("2:4", lambda ns: torchrun.parse_min_max_nnodes(ns.nnodes),
-                  lambda c, ns: (c.min_nodes, c.max_nodes)),
+                  lambda c, ns: (c.min_nodes, c.max_nodes), extra=("--rdzv-backend", "c10d")),
     "nproc_per_node": Row("3", lambda ns: torchrun.determine_local_world_size(ns.nproc_per_node),
                           attr("nproc_per_node")),
     "rdzv_backend": Row("etcd-v2", same("rdzv_backend"), attr("rdzv_backend"),
@@ -107,8 +107,8 @@ ROWS: dict[str, Row] = {
     "master_addr": Row("10.1.2.3", same("master_addr"), attr("master_addr")),
     "master_port": Row("29601", same("master_port"), attr("master_port")),
     "local_addr": Row("10.0.0.5", same("local_addr"), attr("local_addr")),
-    # Not carried out (test_not_applied_flags_through_the_cli): parsed the same, then
-    # --logs-specs is refused and --numa-binding warns.
+    # Not carried out (test_not_applied_flags_through_the_cli): parsed the same, then an
+    # unregistered --logs-specs is refused (as torchrun) and --numa-binding warns.
     "logs_specs": Row("my.plugin", same("logs_specs"), lambda c, ns: ns.logs_specs),
     "numa_binding": Row("socket", same("numa_binding"), lambda c, ns: ns.numa_binding),
     "signals_to_handle": Row("SIGTERM,SIGUSR1", lambda ns: ns.signals_to_handle.split(","),
@@ -116,7 +116,7 @@ ROWS: dict[str, Row] = {
     "shutdown_timeout": Row("7", same("shutdown_timeout"), attr("shutdown_timeout")),
     "virtual_local_rank": Row(None, same("virtual_local_rank"), attr("virtual_local_rank")),
 }  # fmt: skip
-REFUSED = {"logs_specs"}  # to_config refuses it with a pointer (checked through the CLI)
+REFUSED = {"logs_specs"}  # my.plugin is registered nowhere: refused (checked through the CLI)
 
 
 def torchrun_options() -> list[argparse.Action]:
@@ -209,12 +209,14 @@ def cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("flag", ["--logs-specs", "--logs_specs"])
-def test_logs_specs_is_refused_with_a_pointer(flag: str, tmp_path: Path) -> None:
+def test_an_unregistered_logs_specs_is_refused_as_torchrun_refuses_it(
+    flag: str, tmp_path: Path
+) -> None:
     done = cli([flag, "my.plugin", SCRIPT], tmp_path)
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.splitlines() == [
-        "phalanx: error: --logs-specs: custom torchrun LogsSpecs plugins are not supported by "
-        "phalanx; use --log-dir, --redirects and --local-ranks-filter"
+        "phalanx: error: --logs-specs: could not find entrypoint under "
+        "'torchrun.logs_specs[my.plugin]' key (registered: default)"
     ]
 
 

@@ -44,6 +44,9 @@ class LaunchConfig:
     # Streams per local rank that go to the log file only, not to the console (torchrun's -r).
     redirects: dict[int, frozenset[str]] = field(default_factory=dict)
     local_ranks_filter: frozenset[int] | None = None
+    # TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: each console line's prefix, a string.Template of
+    # ${role_name} ${rank} ${local_rank} (torchrun's); None: "[rankN]: " (plan.prefix).
+    log_line_prefix_template: str | None = None
     # Lines containing any of these words are also copied to filtered_std{out,err}.log.
     duplicate_stdout_filters: tuple[str, ...] = ()
     duplicate_stderr_filters: tuple[str, ...] = ()

@@ -20,8 +20,13 @@ from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import NodeInfo, RendezvousHandler, RendezvousResult
 from phalanx.rendezvous.dynamic.keys import check_run_id
 from phalanx.rendezvous.local import LocalRendezvous
-from phalanx.rendezvous.registry import backend_problem, create_handler, spec_problems
-from phalanx.rendezvous.settings import SETTINGS_KEYS, settings_problems
+from phalanx.rendezvous.registry import (
+    backend_problem,
+    conf_keys,
+    create_handler,
+    spec_problems,
+)
+from phalanx.rendezvous.settings import settings_problems
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
 
@@ -68,12 +73,13 @@ def rendezvous_spec(config: LaunchConfig) -> RendezvousSpec:
 def rendezvous_problems(config: LaunchConfig) -> list[str]:
     """Every usage problem of the rendezvous part (nothing is contacted). One node needs no
     store, so only the backend's name, the run id and the rendezvous settings are checked
-    there (a bad value is refused wherever the job runs; the backend's own keys are left)."""
+    there (a bad value or an unknown key is refused wherever the job runs)."""
     if not config.is_multi_node:
         if (problem := backend_problem(config.rdzv_backend)) is not None:
             return [problem]
         conf = config.rdzv_conf_dict
-        problems = settings_problems(conf, config.rdzv_backend, frozenset(conf) - SETTINGS_KEYS)[1]
+        keys = conf_keys(config.rdzv_backend)
+        problems = settings_problems(conf, config.rdzv_backend, keys)[1]
         if config.rdzv_id != "none" and (problem := check_run_id(config.rdzv_id)) is not None:
             problems.append(problem)
         token_from_conf(conf, {}, problems)  # no store here, but token= is refused everywhere

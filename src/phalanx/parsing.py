@@ -6,8 +6,10 @@ what was expected; the CLI collects those messages and reports them all at once.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 _HOST_PORT = re.compile(r"^(?P<host>[^:\[\]]+)(:(?P<port>[^:]*))?$")
@@ -151,3 +153,9 @@ def parse_filter_words(text: str) -> tuple[str, ...]:
     placeholder = "\0"
     words = str(text).replace(",,", placeholder).split(",")
     return tuple(word.replace(placeholder, ",") for word in words if word)
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``"; did you mean X?"`` for the closest of ``known``, or ``""``."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""

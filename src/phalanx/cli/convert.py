@@ -4,15 +4,19 @@ problems at once."""
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
 from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from phalanx import parsing
 from phalanx.cli import preempt
+from phalanx.cli.nproc import cuda_device_count as _cuda_device_count
+from phalanx.cli.nproc import resolve_nproc
+from phalanx.cli.problems import Problems
+from phalanx.cli.rdzv_flags import rendezvous_flags
 from phalanx.cli.scheduler import NO_DERIVATION, Derivation
 from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.errors import UsageError
@@ -20,8 +24,6 @@ from phalanx.events import metrics
 from phalanx.hosts.hostfile import HostSlots, parse_hosts, read_hostfile
 from phalanx.hosts.remote_env import forwarded_env, read_env_file
 from phalanx.launch import rendezvous_problems
-
-T = TypeVar("T")
 
 # The facts a spawn-owner process is told, with TRELLIS.2's flag names by default.
 SPAWN_OWNER_FACTS: tuple[tuple[str, str], ...] = tuple(
@@ -42,54 +44,33 @@ def parse_owner_flags(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((fact, renamed.get(fact, flag)) for fact, flag in SPAWN_OWNER_FACTS)
 
 
-def resolve_nproc(text: str, cuda_device_count: Callable[[], int]) -> int:
-    """``N``, ``auto`` (GPUs if any, else CPUs), ``cpu`` or ``gpu``, as torchrun reads it."""
-    value = str(text).strip().lower()
-    if value == "cpu":
-        return os.cpu_count() or 1
-    if value in {"gpu", "auto"}:
-        count = cuda_device_count()
-        if count > 0:
-            return count
-        if value == "gpu":
-            raise ValueError("--nproc-per-node gpu: no CUDA device is visible")
-        return os.cpu_count() or 1
-    return parsing.parse_int(text, "--nproc-per-node", minimum=1)
+_Problems = Problems
+
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+DEFAULT_SHUTDOWN_TIMEOUT = 5.0
+# torchrun's worker line prefix, a string.Template of ${role_name} ${rank} ${local_rank}.
+PREFIX_TEMPLATE_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+LOGS_SPECS_GROUP = "torchrun.logs_specs"
 
 
-def _cuda_device_count() -> int:
-    import torch  # imported only for auto/gpu: the launcher itself does not need torch
-
-    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-
-
-class _Problems:
-    """Every usage problem found so far. ``parse`` runs one parser and, when it fails, records
-    the message and returns ``fallback``, so the rest of the command line is still checked."""
-
-    def __init__(self) -> None:
-        self.found: list[str] = []
-
-    def parse(self, parser: Callable[[], T], fallback: T) -> T:
-        try:
-            return parser()
-        except ValueError as exc:
-            self.found.append(str(exc))
-            return fallback
-
-    def add(self, problem: str) -> None:
-        if problem not in self.found:  # the rendezvous check may repeat one of ours
-            self.found.append(problem)
+def _shutdown_timeout(text: str | None, environ: Mapping[str, str]) -> float:
+    """--shutdown-timeout; not given: ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` as torchrun reads
+    it, else 5 (torchrun: 30; phalanx stops a failed group sooner, a deliberate difference)."""
+    if text is not None:
+        return parsing.parse_float(text, "--shutdown-timeout", minimum=0)
+    if (env := environ.get(SHUTDOWN_TIMEOUT_ENV)) is not None:
+        return parsing.parse_float(env, SHUTDOWN_TIMEOUT_ENV, minimum=0)
+    return DEFAULT_SHUTDOWN_TIMEOUT
 
 
-def _seconds(ns: argparse.Namespace, p: _Problems) -> tuple[float, float, float]:
+def _seconds(
+    ns: argparse.Namespace, environ: Mapping[str, str], p: _Problems
+) -> tuple[float, float, float]:
     """--monitor-interval, --shutdown-timeout, --stall-timeout (0: off)."""
     monitor = p.parse(
         lambda: parsing.parse_float(ns.monitor_interval, "--monitor-interval", minimum=0.001), 0.1
     )
-    shutdown = p.parse(
-        lambda: parsing.parse_float(ns.shutdown_timeout, "--shutdown-timeout", minimum=0), 5.0
-    )
+    shutdown = p.parse(lambda: _shutdown_timeout(ns.shutdown_timeout, environ), 5.0)
     stall = p.parse(
         lambda: parsing.parse_float(ns.stall_timeout, "--stall-timeout", minimum=0), 0.0
     )
@@ -113,19 +94,19 @@ def _check_names(ns: argparse.Namespace, p: _Problems) -> tuple[tuple[str, ...],
     for name in preload:
         if not all(part.isidentifier() for part in name.split(".")):
             p.add(f"--preload: {name!r} is not a module name (expected e.g. numpy,pkg.mod)")
-    if ns.logs_specs:
+    if ns.logs_specs is not None and ns.logs_specs not in _logs_specs_names():
+        # torchrun's own refusal (its _get_logs_specs_class), as a usage error.
         p.add(
-            "--logs-specs: custom torchrun LogsSpecs plugins are not supported by phalanx; "
-            "use --log-dir, --redirects and --local-ranks-filter"
+            f"--logs-specs: could not find entrypoint under "
+            f"'{LOGS_SPECS_GROUP}[{ns.logs_specs}]' key (registered: "
+            f"{', '.join(sorted(_logs_specs_names())) or 'none'})"
         )
     if ns.event_log_handler not in {"null", "console"}:
         p.add(f"--event-log-handler: expected null or console, got {ns.event_log_handler!r}")
     return signals, preload
 
 
-def _preemption(
-    ns: argparse.Namespace, environ: Mapping[str, str], p: _Problems
-) -> dict[str, Any]:
+def _preemption(ns: argparse.Namespace, environ: Mapping[str, str], p: _Problems) -> dict[str, Any]:
     """--preempt-signals (default from the environment: ``cli.preempt``), --preempt-grace,
     --requeue."""
     no_signals: tuple[str, ...] = ()
@@ -159,46 +140,15 @@ def _program(
     return mode, program
 
 
-def _rendezvous_flags(ns: argparse.Namespace, p: _Problems, max_nodes: int) -> dict[str, Any]:
-    """The rendezvous fields of the config (their own checks: ``launch.rendezvous_problems``)."""
-    node_rank = p.parse(lambda: parsing.parse_int(ns.node_rank, "--node-rank", minimum=0), 0)
-    master_port = p.parse(
-        lambda: parsing.parse_int(ns.master_port, "--master-port", minimum=0), 29500
-    )
-    if not 0 <= master_port <= 65535:
-        p.add(f"--master-port: expected 0..65535, got {master_port}")
-    backend = str(ns.rdzv_backend).strip()
-    # etcd takes a list of endpoints and http(s):// URLs, which its backend checks.
-    if ns.rdzv_endpoint and backend not in ("etcd", "etcd-v2"):
-        p.parse(lambda: parsing.parse_endpoint(ns.rdzv_endpoint), None)
-    # (More than one node: the static backend's own check says it.)
-    if node_rank >= max_nodes == 1 and backend == "static" and not ns.standalone:
-        p.add(f"--node-rank: expected 0..{max_nodes - 1} for --nnodes {ns.nnodes}, got {node_rank}")
-    master_addr = p.parse(lambda: parsing.check_host(ns.master_addr, "--master-addr"), "")
-    local_addr = None
-    if ns.local_addr is not None:
-        local_addr = p.parse(lambda: parsing.check_host(ns.local_addr, "--local-addr"), None)
-    no_conf: dict[str, str] = {}
-    conf = p.parse(lambda: parsing.parse_kv_list(ns.rdzv_conf, "--rdzv-conf"), no_conf)
-    return {
-        "rdzv_backend": backend,
-        "rdzv_endpoint": str(ns.rdzv_endpoint),
-        "rdzv_id": str(ns.rdzv_id),
-        "rdzv_conf": tuple(sorted(conf.items())),
-        "node_rank": node_rank,
-        "master_addr": master_addr,
-        "master_port": master_port,
-        "local_addr": local_addr,
-    }
-
-
 def _streams(ns: argparse.Namespace, p: _Problems, nproc: int) -> dict[str, Any]:
     """Where each rank's output goes: --redirects, --tee, --local-ranks-filter, filters."""
     no_streams: dict[int, frozenset[str]] = {}
     redirects = p.parse(
         lambda: parsing.parse_std_spec(ns.redirects, "--redirects", nproc), no_streams
     )
-    p.parse(lambda: parsing.parse_std_spec(ns.tee, "--tee", nproc), no_streams)
+    tee = p.parse(lambda: parsing.parse_std_spec(ns.tee, "--tee", nproc), no_streams)
+    # torchrun's rule: a teed stream is shown on the console even when it is also redirected.
+    redirects = {rank: s - tee.get(rank, frozenset()) for rank, s in redirects.items()}
     ranks_filter = None
     if str(ns.local_ranks_filter).strip():
         ranks_filter = p.parse(
@@ -229,8 +179,8 @@ def to_config(
     max_restarts = p.parse(
         lambda: parsing.parse_int(ns.max_restarts, "--max-restarts", minimum=0), 0
     )
-    monitor, shutdown, stall = _seconds(ns, p)
-    rendezvous = _rendezvous_flags(ns, p, max_nodes)
+    monitor, shutdown, stall = _seconds(ns, environ, p)
+    rendezvous, rdzv_notes = rendezvous_flags(ns, p, max_nodes, derivation.given)
     signals, preload = _check_names(ns, p)
     owner_flags = p.parse(lambda: parse_owner_flags(ns.spawn_owner_flags), SPAWN_OWNER_FACTS)
     mode, program = _program(ns, environ, p)
@@ -251,6 +201,7 @@ def to_config(
         role=str(ns.role),
         log_dir=Path(ns.log_dir) if ns.log_dir else None,
         **_streams(ns, p, nproc),
+        log_line_prefix_template=environ.get(PREFIX_TEMPLATE_ENV) or None,
         signals_to_handle=signals,
         **_preemption(ns, environ, p),
         virtual_local_rank=bool(ns.virtual_local_rank),
@@ -262,7 +213,7 @@ def to_config(
         preload=preload,
         stall_timeout=stall or None,
         allow_mismatch=bool(ns.allow_mismatch),
-        not_applied=_not_applied(ns),
+        not_applied=(*rdzv_notes, *_not_applied(ns)),
         **_metrics(ns, p),
         derived=derivation.lines,
         **hosts,
@@ -297,7 +248,7 @@ def _hosts(
         (str(ns.nnodes) != "1", "nnodes"),
         (str(ns.node_rank) != "0", "node_rank"),
         (ns.local_addr is not None, "local_addr"),
-        (str(ns.rdzv_backend) != "c10d", "rdzv_backend"),
+        ("rdzv_backend" in given, "rdzv_backend"),
     ):
         if refused:
             where = given.get(dest, f"PET_{dest.upper()}")
@@ -334,9 +285,20 @@ def _metrics(ns: argparse.Namespace, p: _Problems) -> dict[str, Any]:
     return {"metrics_port": port, "metrics_addr": addr}
 
 
+def _logs_specs_names() -> set[str]:
+    """The names registered in torchrun's entry point group (torch registers ``default``);
+    read from the metadata, nothing is imported."""
+    return {ep.name for ep in entry_points(group=LOGS_SPECS_GROUP)}
+
+
 def _not_applied(ns: argparse.Namespace) -> tuple[str, ...]:
     """What a torchrun command line asks that phalanx accepts without doing, said at start."""
     notes = []
+    if ns.logs_specs not in (None, "default"):
+        notes.append(
+            f"--logs-specs {ns.logs_specs} is not applied: phalanx writes its own logs "
+            "(--log-dir, --redirects, --tee, --local-ranks-filter)"
+        )
     if ns.numa_binding:
         notes.append(
             f"--numa-binding {ns.numa_binding} is not applied: phalanx does not bind workers to "

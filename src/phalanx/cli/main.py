@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
-from phalanx.cli import logs, ls, preempt, stacks, status, stop, timeline
+from phalanx.cli import abbrev, logs, ls, preempt, stacks, status, stop, timeline
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import derive
+from phalanx.cli.usage import SUBCOMMAND_NAMES, did_you_mean
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, PhalanxError, Preempted, UsageError
 from phalanx.hosts.run import run_hosts
@@ -29,16 +31,50 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "logs": logs.main,
     "stop": stop.main,
     "ls": ls.main,
+    "help": lambda args: help_command(args),
 }
 
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig:
+    """``argv`` (torchrun's abbreviations spelled out already: ``expanded``) as a config."""
     ns = build_parser(environ).parse_args(list(argv))
     ns, derivation = derive(ns, argv, environ)
     return to_config(ns, environ, derivation=derivation)
 
 
+def expanded(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """``argv`` with the launcher's abbreviated flags spelled out (``cli.abbrev``)."""
+    return abbrev.expand(build_parser(environ), argv)
+
+
+def help_command(args: list[str]) -> int:
+    """``phalanx help [SUBCOMMAND]``."""
+    if args and args[0] in SUBCOMMANDS and args[0] != "help":
+        return SUBCOMMANDS[args[0]](["--help"])
+    if args and args[0] not in ("help", "-h", "--help"):
+        raise UsageError(
+            f"help: unknown subcommand {args[0]!r}{did_you_mean(args[0], SUBCOMMANDS)} "
+            f"(subcommands: {', '.join(SUBCOMMAND_NAMES)})"
+        )
+    build_parser(os.environ).print_help()
+    return 0
+
+
+def _near_subcommand(word: str, environ: Mapping[str, str]) -> str | None:
+    """The problem with a first word that is no file but close to a subcommand's name."""
+    if word.startswith("-") or Path(word).exists() or shutil.which(word, path=environ.get("PATH")):
+        return None
+    hint = did_you_mean(word, SUBCOMMANDS)
+    if not hint:
+        return None
+    return (
+        f"{word!r} is neither a training script nor a subcommand{hint} "
+        f"(subcommands: {', '.join(SUBCOMMAND_NAMES)})"
+    )
+
+
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    argv = expanded(argv, environ)
     config = parse_config(argv, environ)
     if config.hosts:
         return run_hosts(config, argv)
@@ -61,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = SUBCOMMANDS.get(args[0]) if args else None
         if command is not None and not Path(args[0]).is_file():
             return command(args[1:])
+        if args and (problem := _near_subcommand(args[0], os.environ)) is not None:
+            raise UsageError(problem)
         return run(args, os.environ)
     except UsageError as exc:
         for problem in exc.problems:

@@ -7,6 +7,8 @@ import argparse
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from phalanx import __version__
+from phalanx.cli.usage import USAGE, HelpFormatter
 from phalanx.errors import UsageError
 
 DESCRIPTION = """\
@@ -54,11 +56,13 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     holds only the flags the command line gave (``cli.scheduler``: explicit flags win)."""
     parser = _Parser(
         prog="phalanx",
+        usage=USAGE,
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
+        formatter_class=HelpFormatter,
+        allow_abbrev=False,  # torchrun's abbreviations: cli.abbrev, before the script only
     )
+    parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
 
     def option(
         flag: str, default: Any, help: str, *names: str, pet: bool = True, **kwargs: Any
@@ -91,9 +95,19 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         )
 
     option("nnodes", "1", "Number of nodes, or MIN:MAX for an elastic job.")
-    option("nproc-per-node", "1", "Workers per node: an integer, auto, cpu or gpu.")
-    option("rdzv-backend", "c10d", "Rendezvous backend: c10d, static, etcd or etcd-v2.")
-    option("rdzv-endpoint", "", "Rendezvous endpoint, host[:port] ([ipv6]:port for IPv6).")
+    option("nproc-per-node", "1", "Workers per node: an integer, auto, cpu, gpu or xpu.")
+    option(
+        "rdzv-backend",
+        "static",
+        "Rendezvous backend: static (node 0 hosts the store at --master-addr:--master-port, "
+        "or at --rdzv-endpoint if given), c10d, etcd or etcd-v2. As in torchrun, one node "
+        "without --master-port or --rdzv-endpoint meets on a free port instead.",
+    )
+    option(
+        "rdzv-endpoint",
+        "",
+        "Rendezvous endpoint, host[:port] ([ipv6]:port for IPv6); c10d: localhost:29400 if empty.",
+    )
     option("rdzv-id", "none", "Job id; jobs with different ids never mix on one endpoint.")
     option(
         "rdzv-conf",
@@ -137,7 +151,8 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     option(
         "tee",
         "0",
-        "Accepted for torchrun compatibility: phalanx always tees to the log files.",
+        "Streams that go to the console as well as the log file, as --redirects; a stream "
+        "both redirected and teed is shown (torchrun's rule).",
         "-t",
     )
     option("local-ranks-filter", "", "Show only these local ranks on the console, e.g. 0,1.")
@@ -153,14 +168,20 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     )
     option("node-rank", "0", "Rank of this node (static rendezvous).")
     option("master-addr", "127.0.0.1", "Address of node 0 (static rendezvous).")
-    option("master-port", "29500", "Port of node 0's rendezvous store (static rendezvous).")
+    option(
+        "master-port",
+        None,
+        "Port of node 0's rendezvous store (static rendezvous; default: 29500, or a free "
+        "port on one node without --rdzv-endpoint, as torchrun).",
+    )
     option("local-addr", None, "Address other nodes reach this node at (default: its hostname).")
     # torchrun reads no PET_LOGS_SPECS or PET_NUMA_BINDING (plain argparse options there), so
     # a variable left in the environment must not refuse or change a job here either.
     option(
         "logs-specs",
         None,
-        "Accepted for torchrun compatibility; only the built-in logging exists.",
+        "torchrun's torchrun.logs_specs entry point name: 'default' (phalanx's own logging) "
+        "or another registered one (accepted, not applied: a warning says so).",
         pet=False,
     )
     option(
@@ -193,7 +214,12 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "requeue",
         "After a preemption under SLURM, node rank 0 runs 'scontrol requeue $SLURM_JOB_ID'.",
     )
-    option("shutdown-timeout", "5", "Seconds between SIGTERM and SIGKILL when stopping workers.")
+    option(
+        "shutdown-timeout",
+        None,
+        "Seconds between SIGTERM and SIGKILL when stopping workers (default: "
+        "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 5; torchrun's fallback is 30).",
+    )
     switch("virtual-local-rank", "LOCAL_RANK=0 for every worker, each seeing only its GPU.")
     switch("dry-run", "Print the plan (ranks, argv, environment per worker) and exit.")
     switch(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from string import Template
 
 from phalanx.config import LaunchConfig
 from phalanx.credentials import worker_environment
@@ -26,6 +27,11 @@ class WorkerPlan:
     log_dir: Path
     console_streams: frozenset[str]  # which of stdout/stderr also go to the console
     label: str = ""  # console prefix and report name: "rank3", or "node1" for a spawn owner
+    prefix: str = ""  # before each console line; "": "[<name>]: " (``line_prefix``)
+
+    @property
+    def console_prefix(self) -> str:
+        return self.prefix or f"[{self.name}]: "
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -93,10 +99,22 @@ def build_plan(
                 env=worker_env(config, rdzv, local_rank, run_dir, base_env),
                 log_dir=log_dir,
                 console_streams=console if shown else frozenset(),
+                prefix=line_prefix(config, rank, local_rank),
             )
         )
     return RoundPlan(
         run_dir=run_dir, attempt_dir=attempt_dir, rendezvous=rdzv, workers=tuple(workers)
+    )
+
+
+def line_prefix(config: LaunchConfig, rank: int, local_rank: int) -> str:
+    """The prefix of a worker's console lines: torchrun's template when one is set
+    (``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``, substituted as torchrun does), else ""
+    (the plan's default, ``[rankN]: ``)."""
+    if config.log_line_prefix_template is None:
+        return ""
+    return Template(config.log_line_prefix_template).safe_substitute(
+        role_name=config.role, rank=rank, local_rank=local_rank
     )
 
 

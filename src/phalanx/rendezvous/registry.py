@@ -33,6 +33,15 @@ def load_backend(name: str) -> Backend:
     return backend
 
 
+def conf_keys(name: str) -> frozenset[str]:
+    """The --rdzv-conf keys of backend ``name`` beside the settings' (none if it cannot load:
+    ``spec_problems`` says why on many nodes)."""
+    try:
+        return load_backend(name).keys
+    except ImportError:
+        return frozenset()
+
+
 def backend_problem(name: str) -> str | None:
     """The problem with ``--rdzv-backend name``, or None for a known backend."""
     if name in BACKENDS:

@@ -1,14 +1,17 @@
 """The rendezvous timeouts, parsed from ``--rdzv-conf key=value`` pairs.
 
-Every key is either used or rejected: an unknown key is a ``UsageError`` that names it and
-lists the keys the chosen backend knows. torchrun's spellings are accepted; unlike torchrun,
-``timeout`` is not silently ignored (it sets ``join_timeout``).
+Every key is used, known to torchrun, or rejected: an unknown key is a ``UsageError`` that
+names it, says the nearest known key and lists the keys the chosen backend knows, on one node
+as on many. torchrun's spellings are accepted. ``timeout`` is ``join_timeout`` for static and
+etcd (torchrun's static and etcd handlers read it so); torchrun's c10d and etcd-v2 handlers
+never read it, so there it is accepted and not used, as is etcd's ``etcd_prefix`` (each said
+in one line at start: ``unused_keys``).
 
 =========================  =========  =============================================================
 key (aliases)              default    meaning
 =========================  =========  =============================================================
 ``join_timeout``           600        seconds ``next_round`` may wait for a round to form before
-(``timeout``)                         it raises ``RendezvousError`` (also: a waiting node's limit)
+(``timeout``: static, etcd)           it raises ``RendezvousError`` (also: a waiting node's limit)
 ``last_call_timeout``      3          with MIN <= nodes < MAX present, seconds to wait for more
                                       before the round starts (torchrun waits a fixed 30)
 ``close_timeout``          30         seconds a node waits for the round's membership and master
@@ -38,6 +41,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from phalanx.errors import UsageError
+from phalanx.parsing import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,6 @@ class RendezvousSettings:
 # --rdzv-conf key -> RendezvousSettings field
 _SECONDS_KEYS = {
     "join_timeout": "join_timeout",
-    "timeout": "join_timeout",
     "last_call_timeout": "last_call_timeout",
     "close_timeout": "close_timeout",
     "heartbeat_interval": "heartbeat_interval",
@@ -71,7 +74,45 @@ _SECONDS_KEYS = {
     "exit_barrier_timeout": "exit_barrier_timeout",
 }
 _ATTEMPTS_KEY = "keep_alive_max_attempt"
-SETTINGS_KEYS = frozenset({*_SECONDS_KEYS, _ATTEMPTS_KEY})
+# torchrun's static and etcd handlers wait ``timeout`` seconds for the others; its c10d and
+# etcd-v2 handlers never read the key (``unused_keys``).
+_TIMEOUT_IS_JOIN = frozenset({"static", "etcd"})
+# Keys torchrun's backends read that phalanx has no use for: key -> the backends.
+_UNUSED = {"timeout": frozenset({"c10d", "etcd-v2"}), "etcd_prefix": frozenset({"etcd", "etcd-v2"})}
+SETTINGS_KEYS = frozenset({*_SECONDS_KEYS, _ATTEMPTS_KEY, *_UNUSED})
+
+
+def _field(key: str, backend: str) -> str | None:
+    if key == "timeout" and backend in _TIMEOUT_IS_JOIN:
+        return "join_timeout"
+    return _SECONDS_KEYS.get(key)
+
+
+def known_keys(backend: str, backend_keys: Collection[str]) -> frozenset[str]:
+    """Every --rdzv-conf key ``backend`` accepts (``backend_keys``: its own)."""
+    usable = {key for key, backends in _UNUSED.items() if backend in backends}
+    return frozenset({*_SECONDS_KEYS, _ATTEMPTS_KEY, *usable, *backend_keys}) | (
+        {"timeout"} if backend in _TIMEOUT_IS_JOIN else set()
+    )
+
+
+def unknown_key(key: str, backend: str, known: Collection[str]) -> str:
+    """The problem with an unknown key: the key, never its value (it may be a misspelt
+    secret's), the nearest known one, and all of them."""
+    return (
+        f"--rdzv-conf {key}: unknown key for {backend}{did_you_mean(key, known)} "
+        f"(known: {', '.join(sorted(known))})"
+    )
+
+
+def unused_keys(conf: Mapping[str, str], backend: str) -> list[str]:
+    """One line per key given that torchrun's ``backend`` accepts and phalanx does not use."""
+    return [
+        f"--rdzv-conf {key}: accepted as torchrun does, not used ({backend} never reads it)"
+        for key in conf
+        if backend in _UNUSED.get(key, ()) and _field(key, backend) is None
+    ]
+
 
 _TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
 _FALSE = frozenset({"0", "false", "f", "no", "n", "off"})
@@ -112,8 +153,9 @@ def settings_problems(
     values: dict[str, float] = {}
     spelled: dict[str, str] = {}  # field -> the key that set it
     attempts: int | None = None
+    known = known_keys(backend, backend_keys)
     for key, text in conf.items():
-        field = _SECONDS_KEYS.get(key)
+        field = _field(key, backend)
         if field is not None:
             if field in spelled:
                 problems.append(f"--rdzv-conf sets {field} twice ({spelled[field]} and {key})")
@@ -130,10 +172,8 @@ def settings_problems(
             if attempts < 1:
                 problems.append(f"--rdzv-conf {key}={text}: expected a positive integer")
                 attempts = None
-        elif key not in backend_keys:
-            known = ", ".join(sorted({*SETTINGS_KEYS, *backend_keys}))
-            # The key, not its value: a misspelt secret's value must not be printed.
-            problems.append(f"--rdzv-conf {key}: unknown key for {backend} (known: {known})")
+        elif key not in known:
+            problems.append(unknown_key(key, backend, known))
     if _ATTEMPTS_KEY in conf and "heartbeat_timeout" in spelled:
         problems.append(
             "--rdzv-conf: give heartbeat_timeout or keep_alive_max_attempt, not both "

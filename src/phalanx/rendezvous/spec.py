@@ -9,7 +9,7 @@ from typing import Any
 from phalanx.parsing import parse_endpoint
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.fencing import FenceTiming, counters_timing
-from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.settings import RendezvousSettings, known_keys, unknown_key
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ class Backend:
     # How a node of this backend proves it is alive, for fencing (checked before ``open``,
     # so settings that leave no time to fence are a usage error).
     fencing: Callable[[RendezvousSettings, Any], FenceTiming] = heartbeat_fencing
+    # Its own --rdzv-conf keys (beside the settings'), for the check on one node, where the
+    # backend is never opened.
+    keys: frozenset[str] = frozenset()
 
 
 def split_endpoint(text: str, default_port: int, what: str = "--rdzv-endpoint") -> tuple[str, int]:
@@ -69,9 +72,9 @@ def split_endpoint(text: str, default_port: int, what: str = "--rdzv-endpoint") 
 def unknown_keys(spec: RendezvousSpec, own: frozenset[str], skip: frozenset[str]) -> list[str]:
     """A problem for each --rdzv-conf key that neither the settings nor the backend know,
     naming the key only (its value may be a misspelt secret's)."""
-    known = ", ".join(sorted(own | skip))
+    known = known_keys(spec.backend, own)
     return [
-        f"--rdzv-conf {key}: unknown key for {spec.backend} (known: {known})"
+        unknown_key(key, spec.backend, known)
         for key in spec.conf
         if key not in own and key not in skip
     ]

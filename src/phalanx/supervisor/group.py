@@ -253,7 +253,7 @@ class Supervisor:
             self._fence.guard(proc.pid)  # killed at once if the node has fenced already
         slot = _Slot(worker, proc, [])
         selector.register(proc.exit_fd, selectors.EVENT_READ, slot)
-        prefix = f"[{worker.name}]: ".encode()
+        prefix = worker.console_prefix.encode()
         for index, (name, fd, path) in enumerate(
             (
                 ("stdout", proc.stdout_fd, worker.stdout_path),

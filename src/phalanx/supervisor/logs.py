@@ -156,8 +156,9 @@ class LogStream:
             self._partial = b""
 
     def _prefixed(self, line: bytes) -> bytes:
-        # torch.distributed's excepthook already prefixes tracebacks with "[rankN]: ".
-        return line if line.startswith(self.prefix) else self.prefix + line
+        # torch already prefixes some lines with the rank: "[rank0]: " (its excepthook),
+        # "[rank0]:[W..." (its C++ warnings); such a line is not prefixed twice.
+        return line if line.startswith(self.prefix.rstrip()) else self.prefix + line
 
     def _emit(self, lines: list[bytes]) -> None:
         if self.duplicate is not None:

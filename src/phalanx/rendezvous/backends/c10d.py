@@ -101,7 +101,9 @@ def open_handler(
         log.warning("%s", warning)
     store = open_store(options.host, options.port, options.is_host, settings, options.token)
     addr = node_address(options.host, options.port, spec.local_addr)
-    return DynamicRendezvous.for_spec(store, spec, settings, addr)
+    return DynamicRendezvous.for_spec(store, spec, settings, addr, where)
 
 
-BACKEND = Backend("c10d", "the agent store, hosted by one agent", check, open_handler)
+BACKEND = Backend(
+    "c10d", "the agent store, hosted by one agent", check, open_handler, keys=CONF_KEYS
+)

@@ -50,7 +50,8 @@ def open_handler(
     store = open_etcd_store(options.endpoints, spec.run_id, options.store)
     first = urlsplit(options.endpoints[0])
     addr = node_address(first.hostname or "localhost", first.port or 2379, spec.local_addr)
-    return DynamicRendezvous.for_spec(store, spec, settings, addr)
+    where = f"etcd at {', '.join(options.endpoints)}"
+    return DynamicRendezvous.for_spec(store, spec, settings, addr, where)
 
 
 def fencing(settings: RendezvousSettings, options: Options) -> FenceTiming:
@@ -59,5 +60,10 @@ def fencing(settings: RendezvousSettings, options: Options) -> FenceTiming:
 
 
 BACKEND = Backend(
-    "etcd", "etcd v3 (torchrun's etcd-v2 name accepted)", check, open_handler, fencing
+    "etcd",
+    "etcd v3 (torchrun's etcd-v2 name accepted)",
+    check,
+    open_handler,
+    fencing,
+    keys=conf.CONF_KEYS,
 )

@@ -71,7 +71,9 @@ def open_handler(
             read_timeout=settings.read_timeout,
         )
         addr = node_address(host, port, spec.local_addr)
-    return DynamicRendezvous.for_spec(store, spec, settings, addr)
+    return DynamicRendezvous.for_spec(store, spec, settings, addr, where)
 
 
-BACKEND = Backend("static", "node ranks given; node 0 hosts the store", check, open_handler)
+BACKEND = Backend(
+    "static", "node ranks given; node 0 hosts the store", check, open_handler, keys=TOKEN_KEYS
+)

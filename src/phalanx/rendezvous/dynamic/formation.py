@@ -47,9 +47,11 @@ class RoundFormer:
         max_nodes: int,
         clock: Callable[[], float] = time.monotonic,
         worker_port: int | None = None,
+        where: str = "",
     ) -> None:
         """``worker_port``: the workers' master port in every round (a program that was
-        given its port, ``phalanx.spawn``); None: node 0 picks a free port each round."""
+        given its port, ``phalanx.spawn``); None: node 0 picks a free port each round.
+        ``where``: the store, as the waiting line names it."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -57,7 +59,7 @@ class RoundFormer:
         self._max = max_nodes
         self._clock = clock
         self._worker_port = worker_port
-        self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock)
+        self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock, where=where)
 
     def form(
         self, me: Arrival, prior: Membership | None, prior_rank: int | None

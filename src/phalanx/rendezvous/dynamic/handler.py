@@ -92,8 +92,9 @@ class DynamicRendezvous:
         node_id: str | None = None,
         worker_port: int | None = None,
         fingerprint: Mapping[str, str] | None = None,
+        where: str = "",
     ) -> None:
-        """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
+        """``where``: the store, as the waiting line names it. ``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
         ``fixed_rank``: static rendezvous (then ``min_nodes == max_nodes`` is required).
         ``worker_port``: the workers' MASTER_PORT in every round; None: a free port per round.
         ``fingerprint``: what this node announces of its code and versions with every join
@@ -107,7 +108,8 @@ class DynamicRendezvous:
         self._store = store
         self._board = Board(store, Keys(run_id), self._node_id)
         self._former = RoundFormer(
-            self._board, self._settings, min_nodes, max_nodes, worker_port=worker_port
+            self._board, self._settings, min_nodes, max_nodes, worker_port=worker_port,
+            where=where,
         )
         self._fence = _fence_for(store, self._settings)
         self._liveness = Liveness(self._board, self._settings, fence=self._fence)
@@ -137,7 +139,12 @@ class DynamicRendezvous:
 
     @classmethod
     def for_spec(
-        cls, store: KVStore, spec: RendezvousSpec, settings: RendezvousSettings, addr: str
+        cls,
+        store: KVStore,
+        spec: RendezvousSpec,
+        settings: RendezvousSettings,
+        addr: str,
+        where: str = "",
     ) -> DynamicRendezvous:
         """The handler a backend opens for ``spec`` over ``store`` (``addr``: this node's, as
         the others reach it). A static spec (a ``node_rank`` given) fixes the node count at
@@ -153,6 +160,7 @@ class DynamicRendezvous:
             worker_port=spec.worker_port,
             fixed_rank=spec.node_rank,
             fingerprint=spec.fingerprint,
+            where=where,
         )
 
     @property

@@ -1,6 +1,8 @@
 """The waiting line: while a node waits for a round to form, say who is there.
 
-``phalanx: waiting for nodes: 1 of 2..4 present (hostA); 1 more needed; join timeout in 583 s``
+``phalanx: waiting for nodes: 1 of 2..4 present (hostA); 1 more needed; join timeout in 583 s;
+rendezvous: the c10d store at 10.0.0.1:29400`` (one line: the last part names where this node
+waits, so a node waiting at the wrong place shows it)
 
 On a terminal (stderr is a tty) it is one line redrawn in place (``\\r`` and clear to the end
 of the line), every ``TTY_EVERY`` seconds and at once on every change, ended with a newline
@@ -43,9 +45,12 @@ class Waiting:
     queued: bool = False
 
 
-def waiting_text(w: Waiting, min_nodes: int, max_nodes: int, left: float) -> str:
-    """The line's text (pure: ``left`` is the seconds left of ``join_timeout``)."""
+def waiting_text(w: Waiting, min_nodes: int, max_nodes: int, left: float, where: str = "") -> str:
+    """The line's text (pure: ``left`` is the seconds left of ``join_timeout``; ``where``:
+    the store this node waits at, e.g. "the static store at 10.0.0.1:29500")."""
     timeout = f"join timeout in {max(0, math.ceil(left))} s"
+    if where:
+        timeout += f"; rendezvous: {where}"
     if w.queued:
         return (
             f"phalanx: waiting to join: round {w.round - 1} is running without this node; "
@@ -78,8 +83,10 @@ class WaitingLine:
         *,
         out: Callable[[], TextIO] = lambda: sys.stderr,
         clock: Callable[[], float] = time.monotonic,
+        where: str = "",
     ) -> None:
         self._b = board
+        self._where = where
         self._min, self._max = min_nodes, max_nodes
         self._out = out
         self._clock = clock
@@ -103,7 +110,7 @@ class WaitingLine:
         changed = waiting != self._said
         if not changed and now - self._said_at < (TTY_EVERY if tty else LOG_EVERY):
             return
-        text = waiting_text(waiting, self._min, self._max, deadline - now)
+        text = waiting_text(waiting, self._min, self._max, deadline - now, self._where)
         try:
             out.write(f"{_CLEAR}{text}" if tty else f"{text}\n")
             out.flush()

@@ -32,7 +32,12 @@ from urllib.parse import quote, urlsplit
 
 from phalanx.credentials import ETCD_PASSWORD_ENV
 from phalanx.errors import UsageError
-from phalanx.rendezvous.settings import SETTINGS_KEYS, positive_seconds
+from phalanx.rendezvous.settings import (
+    SETTINGS_KEYS,
+    known_keys,
+    positive_seconds,
+    unknown_key,
+)
 
 DEFAULT_PORT = 2379
 
@@ -50,6 +55,8 @@ _SPELLINGS = {
     "request_timeout": "request_timeout",
     "lease_ttl": "lease_ttl",
 }
+
+CONF_KEYS = frozenset(_SPELLINGS)
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,8 @@ def etcd_options_from_conf(
         field = _SPELLINGS.get(name)
         if field is None:
             if name not in rendezvous_keys:
-                known = ", ".join(sorted(_SPELLINGS))
                 # Not its value: a misspelt "pasword=..." must not print the password.
-                problems.append(f"--rdzv-conf {name}: unknown key for etcd (known: {known})")
+                problems.append(unknown_key(name, "etcd", known_keys("etcd", CONF_KEYS)))
         elif field in given:
             problems.append(f"--rdzv-conf sets {field} twice ({given[field][0]} and {name})")
         else:
