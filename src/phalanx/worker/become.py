@@ -118,6 +118,9 @@ def become(
         if signal.getsignal(signum) != handler:
             signal.signal(signum, handler)
     signal.set_wakeup_fd(-1)
+    # The template forked with its stop signals blocked; unblocking them only now, with this
+    # process's dispositions back, delivers one sent since the fork (the agent's SIGTERM)
+    # instead of losing it to the template's SIG_IGN.
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     # os.environ's setters call putenv/unsetenv, so native code sees the new values too.
     os.environ.clear()

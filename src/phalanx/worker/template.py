@@ -38,6 +38,12 @@ from phalanx.worker import become, leave
 from phalanx.worker.protocol import ForkRequest, ProtocolError, receive, send
 
 DEFAULT_PRELOAD = ("torch",)
+# A scheduler signals every process of a job (Slurm's scancel --signal, a pod's SIGTERM):
+# the template ignores these (it is the agent's to stop: SIGKILL, or its death signal), and
+# blocks them around each fork, so that one sent to a new worker before it has its own
+# dispositions back stays pending until it has them (``become``), instead of being ignored.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                signal.SIGUSR2)  # fmt: skip
 
 
 def preload(modules: tuple[str, ...]) -> dict[str, object]:
@@ -118,7 +124,16 @@ class Server:
             # scan (and so never copy) the inherited heap, and ``leave`` can tell the
             # worker's own objects from the template's.
             gc.freeze()
-            pid = os.fork()
+            # Blocked, not ignored: a stop signal sent to the child before ``become`` has
+            # restored its dispositions (the agent's, the moment it has the pid) is kept
+            # pending and delivered when ``become`` unblocks it.
+            pid = -1
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                pid = os.fork()
+            finally:
+                if pid != 0:  # the template (or a failed fork): its own mask back
+                    signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
         except (ProtocolError, KeyError, TypeError, AttributeError, OSError) as exc:
             for fd in fds:
                 os.close(fd)
@@ -147,6 +162,11 @@ class Server:
             for pidfd in self._children.values():
                 os.close(pidfd)
             become.become(request, stdio, template_pid, self._signals, self._mask)
+        except KeyboardInterrupt:  # a SIGINT that was pending at fork: die of it, as python
+            traceback.print_exc()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            os._exit(1)
         except BaseException:
             traceback.print_exc()
             os._exit(1)
@@ -183,10 +203,7 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     send(sock, ready)
     server = Server(sock)  # records the dispositions its children get back (become)
-    # A scheduler signals every process of a job (Slurm's scancel --signal, a pod's
-    # SIGTERM): the template is the agent's to stop (SIGKILL, or its death signal).
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-                signal.SIGUSR2):  # fmt: skip
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     request = server.serve()
     if request is not None:
