@@ -122,6 +122,7 @@ def test_a_dead_template_means_a_cold_restart(tmp_path: Path) -> None:
     assert {int(p.read_text()) for p in out.glob("1.?")} == {launcher.pid}
     lines = [line for line in stderr_path.read_text().splitlines() if FALLBACK in line]
     assert len(lines) == 1 and "the template exited" in lines[0]
+    assert f"see {tmp_path / 'logs'}" in lines[0] and "template.log" in lines[0]
 
 
 @pytest.mark.parametrize(

@@ -96,11 +96,12 @@ class Template:
     """The agent's handle on the template process; ``launch`` is a supervisor ``Launch``."""
 
     def __init__(
-        self, proc: subprocess.Popen[bytes], sock: socket.socket, log_file: BinaryIO
+        self, proc: subprocess.Popen[bytes], sock: socket.socket, log_file: BinaryIO, log_path: Path
     ) -> None:
         self._proc = proc
         self._sock = sock
         self._log = log_file
+        self._log_path = log_path  # the file object's name is its descriptor's number
         self._state = "starting"  # -> "ready" | "gone"
         self._statuses: dict[int, int] = {}  # pid -> wait status, as the template reported it
 
@@ -126,7 +127,7 @@ class Template:
             raise
         finally:
             theirs.close()
-        return cls(proc, ours, log_file)
+        return cls(proc, ours, log_file, log_path)
 
     @property
     def pid(self) -> int:
@@ -227,7 +228,7 @@ class Template:
             log.warning(
                 "warm start unavailable (%s; see %s); starting workers cold",
                 reason,
-                self._log.name,
+                self._log_path,
             )
 
     def close(self) -> None:
