@@ -7,11 +7,13 @@ import hashlib
 import json
 import os
 import random
+import socket
 import string
 from pathlib import Path
 
 import pytest
 
+from phalanx.worker.protocol import ProtocolError, make_pair, receive, send
 from support.launch import run_phalanx, worker
 
 MODES = {"warm": [], "cold": ["--cold-start"]}
@@ -47,3 +49,31 @@ def test_a_large_environment_reaches_every_worker_whole(tmp_path: Path, mode: st
     if mode == "warm":  # forked from the template, not exec'd by the launcher
         template = int(result.stderr.split(WARM_LINE, 1)[1].split()[0])
         assert {data["ppid"] for data in seen} == {template}
+
+
+def test_a_message_too_big_for_a_packet_arrives_whole_with_its_fds() -> None:
+    """Over real sockets: 3 MiB go in a memfd beside the message's own fd; a memfd whose
+    size is not the one announced is a ``ProtocolError``, with every fd closed."""
+    ours, theirs = make_pair()
+    read_end, write_end = os.pipe()
+    try:
+        message = {"fork": {"env": {"X": "é" * (3 << 20)}}}
+        send(ours, message, (write_end,))
+        received = receive(theirs, max_fds=1)
+        assert received is not None
+        got, fds = received
+        assert got == message and len(fds) == 1
+        os.write(fds[0], b"ok")  # the pipe's write end, passed along
+        os.close(fds[0])
+        assert os.read(read_end, 2) == b"ok"
+        body = os.memfd_create("short")
+        os.write(body, b"{}")
+        socket.send_fds(ours, [b'{"memfd": 10}'], [body])
+        os.close(body)
+        with pytest.raises(ProtocolError, match="another size"):
+            receive(theirs)
+    finally:
+        for end in (ours, theirs):
+            end.close()
+        os.close(read_end)
+        os.close(write_end)

@@ -36,6 +36,7 @@ from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.plan import WorkerPlan
 from phalanx.plan.env import node_env
 from phalanx.supervisor.process import RunningWorker, exec_worker
+from phalanx.worker.contract import TEMPLATE_SHIM
 from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import ForkRequest, ProtocolError, make_pair, receive, send
 
@@ -111,7 +112,8 @@ class Template:
         log_file = os.fdopen(append_to(log_path), "ab")
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "phalanx.worker.template",
+                # -c, not -m: the working directory stays off sys.path (isolated_main).
+                [sys.executable, "-u", "-c", TEMPLATE_SHIM,
                  str(theirs.fileno()), str(os.getpid()), ",".join(preload)],
                 env=dict(env),
                 stdin=subprocess.DEVNULL,

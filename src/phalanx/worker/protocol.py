@@ -45,8 +45,9 @@ class ProtocolError(Exception):
 class ForkRequest:
     """One worker to fork: what ``python -u SCRIPT ARGS`` / ``python -u -m MODULE ARGS`` gets.
 
-    ``kind`` is ``"script"`` or ``"module"``; ``target`` the script path as the user typed it
-    (relative to ``cwd``) or the module name; ``args`` the script's arguments; ``orig_argv``
+    ``kind`` is ``"script"`` or ``"module"``, or ``"boot"`` for ``python -u -c BOOT_SHIM
+    ARGS`` (``target`` is then ``phalanx.worker.boot``); ``target`` the script path as the
+    user typed it (relative to ``cwd``) or the module name; ``args`` the script's arguments; ``orig_argv``
     the command a cold start would have run (for ``sys.orig_argv``).
     """
 
