@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.config import LaunchConfig
-from phalanx.plan import WORKER_ENV_KEYS, build_plan, worker_env
+from phalanx.plan import WORKER_BOOT, WORKER_ENV_KEYS, build_plan, worker_env
 from phalanx.rendezvous.api import NodeInfo, RendezvousResult
 from support.launch import run_phalanx, worker
 from support.tools import TORCHRUN
@@ -77,10 +77,10 @@ def test_plan_ranks_and_log_paths() -> None:
     plan = build_plan(config, RDZV, Path("/runs/r"), {})
     assert [w.global_rank for w in plan.workers] == [4, 5, 6, 7]
     assert plan.workers[0].stdout_path == Path("/runs/r/attempt_2/rank_4/stdout.log")
-    # phalanx's worker-side code (phalanx.worker.boot) runs first, then t.py as python would.
-    assert all(
-        w.argv == (sys.executable, "-u", "-m", "phalanx.worker.boot", "t.py") for w in plan.workers
-    )
+    # phalanx's worker-side code (phalanx.worker.boot, started by -c with the working
+    # directory off sys.path) runs first, then t.py as python would.
+    assert WORKER_BOOT[0] == "-c" and "from phalanx.worker.boot import main" in WORKER_BOOT[1]
+    assert all(w.argv == (sys.executable, "-u", *WORKER_BOOT, "t.py") for w in plan.workers)
 
 
 # Values that differ by design between two launches of the same job.

@@ -85,7 +85,7 @@ def _helpers(launcher: subprocess.Popen[bytes]) -> tuple[psutil.Process, psutil.
     """The launcher's guardian (``python -I -S -c``) and, warm, its template."""
     children = psutil.Process(launcher.pid).children()
     (guardian,) = [c for c in children if c.cmdline()[1:3] == ["-I", "-S"]]
-    templates = [c for c in children if "phalanx.worker.template" in c.cmdline()]
+    templates = [c for c in children if "phalanx.worker.template" in " ".join(c.cmdline())]
     return guardian, (templates[0] if templates else None)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.config import LaunchConfig
-from phalanx.plan import WorkerCommand, WorkerPlan
+from phalanx.plan import WORKER_BOOT, WorkerCommand, WorkerPlan
 from phalanx.supervisor.warm import fork_request, template_env
 from support.launch import (
     PHALANX,
@@ -122,6 +122,7 @@ def test_a_dead_template_means_a_cold_restart(tmp_path: Path) -> None:
     assert {int(p.read_text()) for p in out.glob("1.?")} == {launcher.pid}
     lines = [line for line in stderr_path.read_text().splitlines() if FALLBACK in line]
     assert len(lines) == 1 and "the template exited" in lines[0]
+    assert f"see {tmp_path / 'logs'}" in lines[0] and "template.log" in lines[0]
 
 
 @pytest.mark.parametrize(
@@ -203,11 +204,11 @@ def test_fork_request_only_for_python_files_and_modules(tmp_path: Path) -> None:
     )
     booted = fork_request(_plan(WorkerCommand("script", "a.py", ("--x",), py)), cwd, py)
     assert booted is not None and (booted.kind, booted.target, booted.args) == (
-        "module",
+        "boot",
         "phalanx.worker.boot",
         ("a.py", "--x"),
     )
-    assert booted.orig_argv == (py, "-u", "-m", "phalanx.worker.boot", "a.py", "--x")
+    assert booted.orig_argv == (py, "-u", *WORKER_BOOT, "a.py", "--x")
     for command in [
         WorkerCommand("script", "a.pyc", (), py, False),
         WorkerCommand("script", "missing.py", (), py, False),

@@ -30,11 +30,12 @@ def launched(
     *,
     cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
+    command: Sequence[str] = PHALANX,
 ) -> Iterator[subprocess.Popen[str]]:
-    """phalanx running in the background (its output piped, as text) for the ``with`` block;
-    its whole session is killed afterwards if it is still running."""
+    """phalanx (``command``) running in the background (its output piped, as text) for the
+    ``with`` block; its whole session is killed afterwards if it is still running."""
     launcher = subprocess.Popen(
-        [*PHALANX, *args],
+        [*command, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -56,9 +57,10 @@ def run_phalanx(
     timeout: float = 120,
     cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
+    command: Sequence[str] = PHALANX,
 ) -> subprocess.CompletedProcess[str]:
     """Run phalanx to completion; on timeout kill its whole session so nothing leaks."""
-    with launched(args, cwd=cwd, env=env) as proc:
+    with launched(args, cwd=cwd, env=env, command=command) as proc:
         out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 

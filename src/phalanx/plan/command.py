@@ -13,11 +13,14 @@ from pathlib import Path
 
 from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.rendezvous.api import RendezvousResult
+from phalanx.worker.contract import BOOT_SHIM
 
 # Every python worker runs phalanx's worker-side code first (progress counters for hang
-# detection, stack dumps on SIGUSR2), then the user's program; see phalanx.worker.boot.
+# detection, stack dumps on SIGUSR2), then the user's program; see phalanx.worker.boot. It
+# starts with ``-c BOOT_SHIM``, not ``-m``: the working directory stays off ``sys.path``
+# until the user's code runs (``phalanx.worker.contract.isolated_main``).
 BOOT_MODULE = "phalanx.worker.boot"
-WORKER_BOOT = ("-m", BOOT_MODULE)
+WORKER_BOOT = ("-c", BOOT_SHIM)
 
 
 @dataclass(frozen=True)
@@ -26,17 +29,18 @@ class WorkerCommand:
     target: str  # the script's path, the module's name, or the program
     args: tuple[str, ...] = ()
     python: str = sys.executable
-    boot: bool = True  # phalanx's worker-side code (``-m phalanx.worker.boot``) first
+    boot: bool = True  # phalanx's worker-side code (``phalanx.worker.boot``) first
 
     def python_main(self) -> tuple[str, str, tuple[str, ...]] | None:
-        """What ``python -u`` runs as ``__main__``: (``script`` or ``module``, target, args);
-        None for a program that is not run by python."""
+        """What ``python -u`` runs: (``script`` or ``module``, target, args), or (``boot``,
+        ``BOOT_MODULE``, ``[-m] TARGET ARGS``) for phalanx's worker-side code first; None
+        for a program that is not run by python."""
         if self.kind == "program":
             return None
         if not self.boot:
             return self.kind, self.target, self.args
         into = ("-m", self.target) if self.kind == "module" else (self.target,)
-        return "module", BOOT_MODULE, (*into, *self.args)
+        return "boot", BOOT_MODULE, (*into, *self.args)
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -44,7 +48,8 @@ class WorkerCommand:
         if main is None:
             return (self.target, *self.args)
         kind, target, args = main
-        return (self.python, "-u", *(("-m", target) if kind == "module" else (target,)), *args)
+        how = {"boot": WORKER_BOOT, "module": ("-m", target), "script": (target,)}[kind]
+        return (self.python, "-u", *how, *args)
 
 
 def worker_command(

@@ -36,6 +36,7 @@ from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.plan import WorkerPlan
 from phalanx.plan.env import node_env
 from phalanx.supervisor.process import RunningWorker, exec_worker
+from phalanx.worker.contract import TEMPLATE_SHIM
 from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import ForkRequest, ProtocolError, make_pair, receive, send
 
@@ -96,11 +97,12 @@ class Template:
     """The agent's handle on the template process; ``launch`` is a supervisor ``Launch``."""
 
     def __init__(
-        self, proc: subprocess.Popen[bytes], sock: socket.socket, log_file: BinaryIO
+        self, proc: subprocess.Popen[bytes], sock: socket.socket, log_file: BinaryIO, log_path: Path
     ) -> None:
         self._proc = proc
         self._sock = sock
         self._log = log_file
+        self._log_path = log_path  # the file object's name is its descriptor's number
         self._state = "starting"  # -> "ready" | "gone"
         self._statuses: dict[int, int] = {}  # pid -> wait status, as the template reported it
 
@@ -110,7 +112,8 @@ class Template:
         log_file = os.fdopen(append_to(log_path), "ab")
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "phalanx.worker.template",
+                # -c, not -m: the working directory stays off sys.path (isolated_main).
+                [sys.executable, "-u", "-c", TEMPLATE_SHIM,
                  str(theirs.fileno()), str(os.getpid()), ",".join(preload)],
                 env=dict(env),
                 stdin=subprocess.DEVNULL,
@@ -126,7 +129,7 @@ class Template:
             raise
         finally:
             theirs.close()
-        return cls(proc, ours, log_file)
+        return cls(proc, ours, log_file, log_path)
 
     @property
     def pid(self) -> int:
@@ -227,7 +230,7 @@ class Template:
             log.warning(
                 "warm start unavailable (%s; see %s); starting workers cold",
                 reason,
-                self._log.name,
+                self._log_path,
             )
 
     def close(self) -> None:

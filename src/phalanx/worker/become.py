@@ -14,6 +14,10 @@ the interpreter would. What a worker can observe is the same as after a cold sta
   to ``''`` and add its own frames to every traceback.
 - module: exactly what ``python -m`` calls, ``runpy._run_module_as_main``, with
   ``sys.path[0]`` the working directory; a missing module exits with python's message.
+- ``sys.path[0]`` is added just before the user's code runs: until then the working
+  directory is not on ``sys.path`` (the template and every worker start with
+  ``phalanx.worker.contract.isolated_main``), so the user's files cannot stand in for
+  the modules phalanx imports.
 - an uncaught exception prints through ``sys.excepthook`` with phalanx's frames removed and
   exits 1; ``SystemExit`` is left to the interpreter (codes, messages, ``None``); an
   uncaught ``KeyboardInterrupt`` ends the process by SIGINT after shutdown, as python does.
@@ -21,10 +25,10 @@ the interpreter would. What a worker can observe is the same as after a cold sta
   and closed; the process then leaves without tearing the interpreter down (see
   ``phalanx.worker.leave``: teardown would copy every page inherited from the template).
 
-The command phalanx asks for is ``python -u -m phalanx.worker.boot [-m] TARGET ...``, so a
-forked worker runs ``phalanx.worker.boot`` as ``__main__`` first, which installs phalanx's
-worker-side code (progress counters, stack dumps on SIGUSR2) and then runs TARGET through
-``run_job`` again -- exactly what a cold worker does.
+The command phalanx asks for is ``python -u -c BOOT_SHIM [-m] TARGET ...``, so a forked
+worker runs ``phalanx.worker.boot.main`` first (the ``boot`` request), which installs
+phalanx's worker-side code (progress counters, stack dumps on SIGUSR2) and then runs TARGET
+through ``run_job`` again -- exactly what a cold worker does.
 
 Known differences, none visible to the script itself: ``os.getppid()`` is the template,
 ``/proc/PID/cmdline`` shows the template's command, the string hash seed is the template's
@@ -41,6 +45,7 @@ import ctypes
 import importlib
 import importlib.machinery
 import os
+import runpy
 import signal
 import sys
 import types
@@ -118,6 +123,9 @@ def become(
         if signal.getsignal(signum) != handler:
             signal.signal(signum, handler)
     signal.set_wakeup_fd(-1)
+    # The template forked with its stop signals blocked; unblocking them only now, with this
+    # process's dispositions back, delivers one sent since the fork (the agent's SIGTERM)
+    # instead of losing it to the template's SIG_IGN.
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     # os.environ's setters call putenv/unsetenv, so native code sees the new values too.
     os.environ.clear()
@@ -141,10 +149,10 @@ def _fresh_main() -> types.ModuleType:
 
 
 def _set_path0(entry: str) -> None:
-    # The template's own sys.path[0] (its working directory, from -m) becomes the worker's;
-    # with PYTHONSAFEPATH (-P) python prepends nothing, and neither do we.
+    # Nothing stands for python's sys.path[0] until now (isolated_main took it off); with
+    # PYTHONSAFEPATH (-P) python prepends nothing, and neither do we.
     if not getattr(sys.flags, "safe_path", False):
-        sys.path[0] = entry
+        sys.path.insert(0, entry)
 
 
 def _run_script(request: ForkRequest) -> None:
@@ -174,14 +182,23 @@ def _run_module(request: ForkRequest) -> None:
     _set_path0(os.getcwd())
     _fresh_main()
     run_as_main: Callable[[str, bool], object] = getattr(  # noqa: B009 -- private on purpose
-        __import__("runpy"), "_run_module_as_main"
+        runpy, "_run_module_as_main"
     )
     run_as_main(request.target, True)
+
+
+def _run_boot(request: ForkRequest) -> None:
+    # What ``python -u -c BOOT_SHIM ARGS`` runs. Imported here: boot imports this module.
+    from phalanx.worker import boot
+
+    sys.argv = ["-c", *request.args]
+    boot.main(list(request.args))
 
 
 RUNNERS: dict[str, Callable[[ForkRequest], None]] = {
     "script": _run_script,
     "module": _run_module,
+    "boot": _run_boot,
 }
 
 

@@ -1,9 +1,14 @@
-"""``python -u -m phalanx.worker.boot [-m] TARGET ARGS...``: phalanx's worker-side code, then
-the user's script or module, as ``python -u [-m] TARGET ARGS...`` would run it.
+"""``python -u -c BOOT_SHIM [-m] TARGET ARGS...``: phalanx's worker-side code, then the user's
+script or module, as ``python -u [-m] TARGET ARGS...`` would run it.
 
 Every python worker runs this first: a cold worker as its command, a warm one forked by the
-template (which runs this module the way ``python -m`` would). ``install`` sets up, in the
-rank's log directory (the directory of ``TORCHELASTIC_ERROR_FILE``):
+template (which calls ``main`` as the shim would). ``BOOT_SHIM``
+(``phalanx.worker.contract.isolated_main``) takes the working directory off ``sys.path``
+first, so that nothing phalanx imports can be shadowed by the user's files (a ``types.py``
+in the working directory, a script named ``signal.py``); ``run_job`` puts the script's
+directory (or, for ``-m``, the working directory) first on ``sys.path`` just before the
+user's code runs, as python does. ``install`` sets up, in the rank's log directory (the
+directory of ``TORCHELASTIC_ERROR_FILE``):
 
 - ``progress``: the counters the agent watches for hangs (``phalanx.worker.progress``);
 - ``stacks.txt``: where ``faulthandler`` writes every thread's Python stack when the worker
@@ -16,7 +21,7 @@ rank's log directory (the directory of ``TORCHELASTIC_ERROR_FILE``):
 
 No thread is started and no signal but ``STACK_SIGNAL`` and the preemption signals is
 touched. What a script could notice: SIGUSR2 dumps stacks instead of ending the process, ``faulthandler.is_enabled()``
-is True, and ``/proc/self/cmdline`` shows this module (``sys.orig_argv`` does not). The script then runs
+is True, and ``/proc/self/cmdline`` shows the shim (``sys.orig_argv`` does not). The script then runs
 through ``phalanx.worker.become.run_job``: the same ``sys.argv``, ``sys.path[0]``,
 ``__main__``, tracebacks and exit codes as a plain python, and ``sys.orig_argv`` as python
 would have shown it. A "script" that is a zip app, a directory or a ``.pyc`` is handed to a
@@ -34,7 +39,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from phalanx.worker import become, preempt, progress
-from phalanx.worker.contract import STACK_SIGNAL, STACKS_FILE, rank_dir
+from phalanx.worker.contract import BOOT_SHIM, STACK_SIGNAL, STACKS_FILE, rank_dir
 from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import ForkRequest
 
@@ -69,12 +74,22 @@ def _python_runs_it_itself(path: str) -> bool:
     return os.path.isfile(path) and (path.endswith(".pyc") or zipfile.is_zipfile(path))
 
 
+def _python_prefix() -> list[str]:
+    """The interpreter and its options, as this process was started (``sys.orig_argv``
+    before ``-c BOOT_SHIM``, or before ``-m phalanx.worker.boot``)."""
+    for marker in (BOOT_SHIM, "phalanx.worker.boot"):
+        if marker in sys.orig_argv[2:]:
+            return sys.orig_argv[: sys.orig_argv.index(marker, 2) - 1]
+    return [sys.executable, "-u"]
+
+
 def main(argv: list[str]) -> None:
+    """Run ``[-m] TARGET ARGS...`` (``argv``) as python would, after ``install``. The working
+    directory must not be on ``sys.path`` (``BOOT_SHIM``): ``run_job`` adds the target's."""
     become.install_exit_hook()
     if not argv:
-        sys.exit("usage: python -m phalanx.worker.boot [-m] TARGET [ARGS...]")
-    here = sys.orig_argv.index(__spec__.name) if __spec__ is not None else -1
-    prefix = sys.orig_argv[: here - 1] if here > 0 else [sys.executable, "-u"]
+        sys.exit("usage: python -c BOOT_SHIM [-m] TARGET [ARGS...]")
+    prefix = _python_prefix()
     if argv[0] == "-m" and len(argv) > 1:
         kind, target, args = "module", argv[1], argv[2:]
     else:
@@ -86,5 +101,7 @@ def main(argv: list[str]) -> None:
     become.run_job(ForkRequest(kind, target, tuple(args), {}, os.getcwd(), tuple(sys.orig_argv)))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # ``python -m phalanx.worker.boot``, by hand: as the shim would
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path.pop(0)
     main(sys.argv[1:])

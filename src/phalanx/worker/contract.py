@@ -30,6 +30,26 @@ PREEMPT_SIGNALS_ENV = "PHALANX_PREEMPT_SIGNALS"
 STOP_NOTICE_FILE = "stopping"
 
 
+def isolated_main(module: str) -> str:
+    """The ``-c`` code that runs ``module.main(sys.argv[1:])`` with the working directory off
+    ``sys.path``: how every python worker (``phalanx.worker.boot``) and the warm-start
+    template start. ``python -m`` would put the working directory first on ``sys.path`` before
+    phalanx's own imports, so a ``types.py`` there, or a script named ``signal.py``, would be
+    imported in place of the standard library's (python's start-up imports are done before
+    it adds the entry, so only phalanx's could be). ``-P`` would do it too, but from 3.11 only,
+    and the script would see ``sys.flags.safe_path`` set; ``-I`` would also drop
+    ``PYTHONPATH`` and the user site. The script's own ``sys.path[0]`` is set just before it
+    runs (``phalanx.worker.become``)."""
+    return (
+        "import sys; getattr(sys.flags, 'safe_path', 0) or sys.path.pop(0); "
+        f"from {module} import main; main(sys.argv[1:])"
+    )
+
+
+BOOT_SHIM = isolated_main("phalanx.worker.boot")
+TEMPLATE_SHIM = isolated_main("phalanx.worker.template")
+
+
 def rank_dir(environ: Mapping[str, str]) -> str | None:
     """The rank's log directory, which phalanx's error file lives in; None outside phalanx."""
     error_file = environ.get("TORCHELASTIC_ERROR_FILE", "")

@@ -1,10 +1,15 @@
-"""``python -u -m phalanx.worker.template FD PARENT_PID [MODULE,...]``: the warm-start template.
+"""``python -u -c TEMPLATE_SHIM FD PARENT_PID [MODULE,...]``: the warm-start template.
 
 One per node, started by the agent with the environment every worker of the node shares
 (``OMP_NUM_THREADS`` included: the OpenMP runtime reads it once, when torch loads it). It
 imports torch and the ``--preload`` modules, reports ``ready`` on the socket ``FD``, then
 forks one worker per request, for this attempt and every restart. Forking skips the
 interpreter start-up and the torch import each worker would otherwise pay.
+
+The working directory is not on ``sys.path`` (``TEMPLATE_SHIM``: see
+``phalanx.worker.contract.isolated_main``), so a user's ``types.py`` or ``random.py`` there
+is never imported in place of the standard library's; only the ``--preload`` modules named
+by the user are looked for there too, as ``python -m`` would, after torch.
 
 Why forking is safe here: the template forks from its only Python thread and never runs
 torch code, so no lock is held, no OpenMP or autograd pool has been started and CUDA has
@@ -35,16 +40,32 @@ import traceback
 from typing import Any
 
 from phalanx.worker import become, leave
+from phalanx.worker import boot as _boot  # noqa: F401 -- every worker runs it first: import once
 from phalanx.worker.protocol import ForkRequest, ProtocolError, receive, send
 
 DEFAULT_PRELOAD = ("torch",)
+# A scheduler signals every process of a job (Slurm's scancel --signal, a pod's SIGTERM):
+# the template ignores these (it is the agent's to stop: SIGKILL, or its death signal), and
+# blocks them around each fork, so that one sent to a new worker before it has its own
+# dispositions back stays pending until it has them (``become``), instead of being ignored.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                signal.SIGUSR2)  # fmt: skip
 
 
-def preload(modules: tuple[str, ...]) -> dict[str, object]:
-    """Import ``modules``; raise ``RuntimeError`` if that made forking unsafe."""
+def preload(ours: tuple[str, ...], theirs: tuple[str, ...] = ()) -> dict[str, object]:
+    """Import ``ours``, then the user's ``theirs`` (with the working directory first on
+    ``sys.path`` meanwhile); raise ``RuntimeError`` if that made forking unsafe."""
     started = time.monotonic()
-    for name in modules:
+    modules = ours + theirs
+    for name in ours:
         importlib.import_module(name)
+    here = [] if getattr(sys.flags, "safe_path", False) or not theirs else [os.getcwd()]
+    sys.path[:0] = here
+    try:
+        for name in theirs:
+            importlib.import_module(name)
+    finally:
+        del sys.path[: len(here)]  # no worker may find phalanx's imports there
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         raise RuntimeError(f"importing {', '.join(modules)} initialized CUDA")
@@ -118,7 +139,16 @@ class Server:
             # scan (and so never copy) the inherited heap, and ``leave`` can tell the
             # worker's own objects from the template's.
             gc.freeze()
-            pid = os.fork()
+            # Blocked, not ignored: a stop signal sent to the child before ``become`` has
+            # restored its dispositions (the agent's, the moment it has the pid) is kept
+            # pending and delivered when ``become`` unblocks it.
+            pid = -1
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                pid = os.fork()
+            finally:
+                if pid != 0:  # the template (or a failed fork): its own mask back
+                    signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
         except (ProtocolError, KeyError, TypeError, AttributeError, OSError) as exc:
             for fd in fds:
                 os.close(fd)
@@ -147,6 +177,11 @@ class Server:
             for pidfd in self._children.values():
                 os.close(pidfd)
             become.become(request, stdio, template_pid, self._signals, self._mask)
+        except KeyboardInterrupt:  # a SIGINT that was pending at fork: die of it, as python
+            traceback.print_exc()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            os._exit(1)
         except BaseException:
             traceback.print_exc()
             os._exit(1)
@@ -173,20 +208,17 @@ def main(argv: list[str]) -> None:
     become.install_exit_hook()  # first registered, so it runs after all the others
     fd, parent = int(argv[0]), int(argv[1])
     become.die_with_parent(parent)
-    modules = DEFAULT_PRELOAD + tuple(m for m in (argv[2] if len(argv) > 2 else "").split(",") if m)
+    theirs = tuple(m for m in (argv[2] if len(argv) > 2 else "").split(",") if m)
     sock = socket.socket(fileno=fd)
     try:
-        ready = preload(modules)
+        ready = preload(DEFAULT_PRELOAD, theirs)
     except BaseException as exc:  # ImportError, an exception raised by a module, SystemExit...
         traceback.print_exc()
         send(sock, {"failed": f"{type(exc).__name__}: {exc}"})
         sys.exit(1)
     send(sock, ready)
     server = Server(sock)  # records the dispositions its children get back (become)
-    # A scheduler signals every process of a job (Slurm's scancel --signal, a pod's
-    # SIGTERM): the template is the agent's to stop (SIGKILL, or its death signal).
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-                signal.SIGUSR2):  # fmt: skip
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     request = server.serve()
     if request is not None:
