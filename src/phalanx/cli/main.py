@@ -14,7 +14,7 @@ from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import derive
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, PhalanxError, Preempted, UsageError
+from phalanx.errors import Interrupted, PhalanxError, UsageError, stopped_line
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.plan import describe
@@ -66,11 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"phalanx: error: {problem}", file=sys.stderr)
         return exc.exit_code
-    except Preempted as exc:
-        print(f"phalanx: {exc}; exit {exc.exit_code} (run the job again)", file=sys.stderr)
-        return exc.exit_code
-    except Interrupted as exc:
-        print(f"phalanx: stopped by {exc}", file=sys.stderr)
+    except Interrupted as exc:  # Preempted too
+        print(f"phalanx: {stopped_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except PhalanxError as exc:
         print(f"phalanx: {exc}", file=sys.stderr)
