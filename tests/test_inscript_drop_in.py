@@ -1,9 +1,11 @@
-"""A ``phalanx.spawn`` program stopped from outside (``phalanx stop``, or Ctrl-C): it ends as
-the CLI does, 143 or 130 and one line, no traceback; one that catches ``Interrupted``
-still cleans up. Real programs, real signals."""
+"""The in-script API as a drop-in: a ``phalanx.spawn`` program stopped from outside
+(``phalanx stop``, or Ctrl-C) ends as the CLI does, 143 or 130 and one line, no traceback,
+and one that catches ``Interrupted`` still cleans up; ``add_dist_args`` on TRELLIS.2's own
+parser. Real programs, real signals."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -53,3 +55,25 @@ def test_a_stopped_spawn_program_ends_with_the_signals_code(
     ], err
     if catch:
         assert (tmp_path / "cleaned").read_text() == f"{code} {name}"
+
+
+def test_add_dist_args_keeps_the_flags_a_trellis_parser_already_has(tmp_path: Path) -> None:
+    """TRELLIS.2's parser defines --num_nodes ... --master_port itself; add_dist_args on it
+    adds only --backend (it was argparse's "conflicting option string"), and the program's
+    own flags, defaults and types are the ones parsed."""
+    program = [sys.executable, worker("trellis_parser.py"), "--out", str(tmp_path)]
+    helped = subprocess.run([*program, "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0, helped.stderr
+    assert "Number of GPUs per node" in helped.stdout and "--backend" in helped.stdout
+    done = subprocess.run(
+        [*program, "--num_gpus", "2", "--master_port", "0", "--backend", "gloo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert rows == [
+        {"rank": r, "world": 2, "num_gpus": 2, "master_port": "0", "backend": "gloo"}
+        for r in (0, 1)
+    ]
