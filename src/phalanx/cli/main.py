@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
-from phalanx.cli import logs, ls, preempt, stacks, status, stop, timeline
+from phalanx.cli import clean, logs, ls, preempt, stacks, status, stop, timeline
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import derive
@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "logs": logs.main,
     "stop": stop.main,
     "ls": ls.main,
+    "clean": clean.main,
 }
 
 
