@@ -74,6 +74,7 @@ class Rounds(Endings):
         self.run_dir = run_dir
         self.base_env = base_env
         self.attempts = 0
+        self.restart_count = 0
 
     def run(self) -> int:
         while True:
@@ -81,6 +82,7 @@ class Rounds(Endings):
             plan = build_plan(self.config, joined, self.run_dir, self.base_env)
             mark = ProgressMark.take(plan)
             self.attempts += 1
+            self.restart_count = joined.restart_count
             attempt = AttemptEvents(self.events, plan, joined.round, self.attempts)
             watch = RoundWatch(
                 plan,

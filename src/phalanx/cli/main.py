@@ -14,7 +14,7 @@ from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import derive
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, PhalanxError, UsageError, stopped_line
+from phalanx.errors import Interrupted, JobFailed, PhalanxError, UsageError, stopped_line
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.plan import describe
@@ -69,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except Interrupted as exc:  # Preempted too
         print(f"phalanx: {stopped_line(exc)}", file=sys.stderr)
+        return exc.exit_code
+    except JobFailed as exc:  # the framed report just printed names the cause: not twice
         return exc.exit_code
     except PhalanxError as exc:
         print(f"phalanx: {exc}", file=sys.stderr)
