@@ -160,4 +160,4 @@ def test_the_tracker_fed_one_at_a_time_is_the_function() -> None:
     assert tracker.result() == recovery(events)
     lines = summary_lines(tracker.result())
     assert lines[0].startswith("recovery: incident 1 (round 0), rank 1 exit_code on hostA (node 0)")
-    assert "back at step 4 5.50 s later (" in lines[0] and lines[1].startswith("recovery: ETTR 0.57")
+    assert "back at step 4 after 5.50 s down (" in lines[0] and lines[1].startswith("recovery: ETTR 0.57")

@@ -66,7 +66,13 @@ class Endings:
         if notice is not None:
             self._preempted(joined, plan, exits, from_notice(notice, self.config.preempt_grace))
         self.rdzv.report_done(True)
-        log.info("all %d workers finished", len(exits))
+        if self.config.spawn_owner:  # one process here; the ranks were its children
+            log.info(
+                "the spawn-owner process finished (it started this node's %d ranks)",
+                self.config.nproc_per_node,
+            )
+        else:
+            log.info("all %d workers finished", len(exits))
         late = self.rdzv.await_peers(lambda: self.signals.pending() is not None)
         signum = self.signals.pending()
         if signum is not None:

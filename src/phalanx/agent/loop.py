@@ -162,9 +162,15 @@ class Rounds(Endings):
         )
         self._check_same_code(joined)
         if joined.num_nodes > 1 or self.attempts == 0:
+            # A spawn owner is one process per node that starts the node's ranks itself.
+            owner = (
+                " (ranks; one spawn-owner process per node starts them)"
+                if self.config.spawn_owner
+                else ""
+            )
             log.info(
-                "round %d: node %d of %d, world size %d, master %s:%d",
-                joined.round, joined.node_rank, joined.num_nodes, joined.world_size,
+                "round %d: node %d of %d, world size %d%s, master %s:%d",
+                joined.round, joined.node_rank, joined.num_nodes, joined.world_size, owner,
                 joined.master_addr, joined.master_port,
             )  # fmt: skip
         return joined

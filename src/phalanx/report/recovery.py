@@ -13,10 +13,10 @@ def _s(value: float | None) -> str:
 
 
 def _goal(target: str | None) -> str:
-    """What "back" means, in words: the failed attempt's highest step, or its count of
-    optimizer steps when it reported no step (``beats``), or any progress."""
+    """Where "back" is, in words: the failed attempt's highest step, or its count of
+    optimizer steps when it reported no step (``beats``); None: any progress."""
     if target is None:
-        return "progress"
+        return ""
     kind, _, value = target.partition(" ")
     return f"{value} optimizer steps" if kind == "beats" else target
 
@@ -36,12 +36,13 @@ def incident_line(number: int, incident: Incident) -> str:
         else "the nodes never regrouped"
     )
     parts = f"noticed in {_s(incident.detect)}, workers stopped in {_s(incident.stop)}, {regrouped}"
+    down = f"{incident.downtime:.2f} s down"
     if incident.recovered:
-        return (
-            f"{head}back at {goal} {incident.downtime:.2f} s later ({parts}, "
-            f"{goal} reached again in {_s(incident.back)})"
-        )
-    return f"{head}never got back to {goal}: {incident.downtime:.2f} s lost ({parts})"
+        back = f"back at {goal}" if goal else "making progress again"
+        again = f"{goal} reached again" if goal else "progress again"
+        return f"{head}{back} after {down} ({parts}, {again} in {_s(incident.back)})"
+    never = f"never back at {goal}" if goal else "never made progress again"
+    return f"{head}{never}; {down} ({parts})"
 
 
 def ettr_line(recovery: Recovery, node: NodeFigures) -> str:
