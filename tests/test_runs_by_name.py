@@ -74,6 +74,7 @@ def test_clean_removes_old_runs_and_never_a_running_one(tmp_path: Path) -> None:
         assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, argv
     helped = run_phalanx(["clean", "--help"], env=env, timeout=60)
     assert "--older-than AGE" in helped.stdout and "--keep N" in helped.stdout
+    assert "phalanx clean --older-than 7d" in run_phalanx(["--help"], env=env, timeout=60).stdout
     args = ["--nproc-per-node", "1", "--rdzv-id", "live", worker("steps_slowly.py"), "100000"]
     with launched(args, env=env) as agent:
         wait_for(lambda: len(list(base.iterdir())) == 3, 60, "the running job's directory")
