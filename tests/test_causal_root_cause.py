@@ -176,7 +176,7 @@ def test_a_host_whose_clock_is_behind_does_not_make_its_collateral_error_the_roo
         # Gone from /proc: rank 1 has died and its parent, node 1's template, has reaped it,
         # so node 1's agent finds its exit pending (and its status sent) when it resumes.
         wait_for(lambda: not Path(f"/proc/{rank1}").exists(), 60, "rank 1 to fail and be reaped")
-        wait_for(lambda: "exit code 7 (attempt 1)" in nodes[0].stderr, 60, "node 0's record")
+        wait_for(lambda: "exit code 7 (attempt 0)" in nodes[0].stderr, 60, "node 0's record")
     finally:
         os.kill(held, signal.SIGCONT)
     codes = [node.finish(120) for node in nodes]

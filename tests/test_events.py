@@ -94,8 +94,8 @@ def test_recovery_figures_of_one_failure_and_one_restart(tmp_path: Path) -> None
     assert incident.downtime == pytest.approx(sum(round(v, 3) for v in expected.values()), abs=1e-9)
     assert figures.ettr is not None and 0 < figures.ettr < 1
     # Said at the end, and saved in report.json (the job succeeded after the restart).
-    assert "phalanx: recovery: incident 1, round 0, rank 0 exit_code on" in done.stderr
-    assert re.search(r"^phalanx: recovery: ETTR 0\.\d\d: ", done.stderr, re.M), done.stderr
+    assert "phalanx: recovery: incident 1 (round 0), rank 0 exit_code on" in done.stderr
+    assert re.search(r"^phalanx: recovery: ETTR 0\.\d\d \(the share of the run spent making progress\): ", done.stderr, re.M), done.stderr
     (path,) = logs.glob("*/report.json")
     report = json.loads(path.read_text())
     assert report["outcome"] == "succeeded" and report["attempts"] == 2
@@ -134,4 +134,4 @@ def test_a_failed_job_reports_the_incident_it_never_recovered_from(tmp_path: Pat
     assert report["outcome"] == "failed" and report["root_cause"]["rank"] == 0
     (incident,) = report["recovery"]["incidents"]
     assert (incident["recovered"], incident["back"], incident["reform"]) == (False, None, None)
-    assert "never back at step 1" in done.stderr, done.stderr
+    assert "never back at step 1; " in done.stderr, done.stderr

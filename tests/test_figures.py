@@ -9,7 +9,7 @@ import pytest
 
 from phalanx.events import recovery
 from phalanx.events.figures import RecoveryTracker
-from phalanx.report.recovery import summary_lines
+from phalanx.report.recovery import ettr_line, summary_lines
 
 
 class Node:
@@ -159,5 +159,38 @@ def test_the_tracker_fed_one_at_a_time_is_the_function() -> None:
         tracker.add(e)
     assert tracker.result() == recovery(events)
     lines = summary_lines(tracker.result())
-    assert lines[0].startswith("recovery: incident 1, round 0, rank 1 exit_code on hostA (node 0)")
-    assert "= 5.50 s down" in lines[0] and lines[1].startswith("recovery: ETTR 0.57")
+    assert lines[0].startswith("recovery: incident 1 (round 0), rank 1 exit_code on hostA (node 0)")
+    assert "back at step 4 after 5.50 s down (" in lines[0] and lines[1].startswith("recovery: ETTR 0.57")
+
+
+def test_the_lines_say_the_parts_in_words() -> None:
+    """A script with no step (its optimizer steps counted as beats) that never got back:
+    no "beats", no "re-form ?" -- what a user can read."""
+    events = (
+        started().progress(2.0, 0, None, beats=7).fail(3.0, 0, 3.0, 3.0)
+        .restart(3.5, 0.5, 1, 4.0).progress(6.0, 1, None, beats=3)("job_end", 9.0).events
+    )  # fmt: skip
+    first, _ = summary_lines(recovery(events))
+    assert first == (
+        "recovery: incident 1 (round 0), rank 1 exit_code on hostA (node 0): never back at "
+        "7 optimizer steps; 6.00 s down (noticed in 0.00 s, workers stopped in 0.50 s, the "
+        "nodes regrouped in 0.50 s)"
+    )
+    unformed = started().progress(2.0, 0, 4).fail(3.0, 0, 3.0, 3.0)("job_end", 5.0).events
+    assert "the nodes never regrouped)" in summary_lines(recovery(unformed))[0]
+
+
+def test_a_stall_is_not_productive_and_a_slow_step_is() -> None:
+    """Running, no progress for 30 s (more than STALLED_AFTER): stalled, not productive;
+    the same gap closed by a step (a slow step) counts again; a succeeded job's tail counts."""
+    hung = started().progress(2.0, 0, 1).events
+    (node,) = recovery(hung, now=32.0).nodes
+    assert (node.stalled, node.productive, node.wall) == (30.0, 0.0, 32.0)
+    slow = started().progress(2.0, 0, 1).progress(32.0, 0, 2).events
+    assert recovery(slow, now=33.0).nodes[0].stalled == 0.0
+    ended = started().progress(2.0, 0, 1)("job_end", 40.0, outcome="succeeded").events
+    assert recovery(ended).nodes[0].stalled == 0.0
+    stopped = started().progress(2.0, 0, 1)("job_end", 40.0, outcome="interrupted").events
+    assert recovery(stopped).nodes[0].stalled == 38.0
+    figures = recovery(stopped)
+    assert "38.00 s without progress since" in ettr_line(figures, figures.nodes[0])

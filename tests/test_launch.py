@@ -209,7 +209,7 @@ def test_restart_resumes_from_snapshot_bit_identical(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert (
         "rank 1 (local rank 1) on" in result.stderr
-        and "killed by SIGKILL (attempt 1)" in result.stderr
+        and "killed by SIGKILL (attempt 0)" in result.stderr
     )
     assert "restarting the worker group (restart 1 of 1)" in result.stderr
     assert "resumed at epoch" in result.stdout

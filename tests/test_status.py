@@ -171,8 +171,9 @@ def test_a_finished_run_shows_its_final_state_and_root_cause(tmp_path: Path) -> 
     assert "last failure: round 0, rank 1 (node 0) [exit_code]:" in text
     assert "root cause: rank 1 on " in text
     # The recovery figures of its events: one incident, never recovered (no restart left).
-    assert "recovery: incident 1, round 0, rank 1 exit_code on " in text, text
-    assert "never back at step 2" in text, text
+    assert "recovery: incident 1 (round 0), rank 1 exit_code on " in text, text
+    # Rank 0 may be one step past rank 1's failure before it is stopped: the round's peak.
+    assert re.search(r"never back at step [23]; ", text), text
     assert len(view["recovery"]["incidents"]) == 1
     assert view["report"]["root_cause"]["rank"] == 1 and view["missing"] == []
     listed = run_phalanx(["ls", "--log-dir", str(logs)], timeout=30)

@@ -8,6 +8,16 @@ from pathlib import Path
 
 from phalanx.hosts.hostfile import HostSlots
 
+DEFAULT_RDZV_ID = "none"  # torchrun's default --rdzv-id
+
+
+def shown_run_id(run_id: str, quote: bool = True) -> str:
+    """How messages name a run id (``quote``: in quotes), or, for the default one, that none
+    was given: a user who gave no ``--rdzv-id`` never chose 'none'."""
+    if run_id == DEFAULT_RDZV_ID:
+        return "(no --rdzv-id given)"
+    return repr(run_id) if quote else run_id
+
 
 class LaunchMode(Enum):
     SCRIPT = "script"  # python -u script.py args
@@ -27,7 +37,7 @@ class LaunchConfig:
     standalone: bool = False
     rdzv_backend: str = "c10d"
     rdzv_endpoint: str = ""
-    rdzv_id: str = "none"
+    rdzv_id: str = DEFAULT_RDZV_ID
     rdzv_conf: tuple[tuple[str, str], ...] = ()
     node_rank: int = 0
     master_addr: str = "127.0.0.1"

@@ -48,15 +48,20 @@ class JobFailed(PhalanxError):
         self.exit_code = exit_code
 
 
-class Interrupted(PhalanxError):
-    """The launcher was asked to stop by a signal; exit code is 128 + the signal number."""
+class Interrupted(PhalanxError, SystemExit):
+    """The launcher was asked to stop by a signal; exit code is 128 + the signal number.
+
+    Also a ``SystemExit`` whose ``code`` is that exit code: a ``phalanx.spawn`` program that
+    does not catch it ends as the CLI does (143 for SIGTERM, 130 for SIGINT), without a
+    traceback; ``except Interrupted`` (or ``except Exception``) still catches it to clean up.
+    """
 
     def __init__(self, signum: int, where: str = "") -> None:
         """``where``: the node whose signal stopped the job, when not this one."""
         super().__init__(_signal_name(signum) + (f" on {where}" if where else ""))
         self.signum = signum
         self.where = where
-        self.exit_code = 128 + signum
+        self.exit_code = self.code = 128 + signum
 
 
 class Preempted(Interrupted):
@@ -67,7 +72,14 @@ class Preempted(Interrupted):
     def __init__(self, signum: int, detail: str = "", where: str = "") -> None:
         super().__init__(signum, where)
         self.args = (detail or f"preempted by signal {signum}",)
-        self.exit_code = REQUEUE_EXIT_CODE
+        self.exit_code = self.code = REQUEUE_EXIT_CODE
+
+
+def stopped_line(exc: Interrupted) -> str:
+    """What the CLI and ``phalanx.spawn`` print when a signal ended the job (one line)."""
+    if isinstance(exc, Preempted):
+        return f"{exc}; exit {exc.exit_code} (run the job again)"
+    return f"stopped by {exc}"
 
 
 def _signal_name(signum: int) -> str:

@@ -55,6 +55,7 @@ class Endings:
     events: EventLog
     recovery: RecoveryTracker | None
     attempts: int
+    restart_count: int  # the current attempt's, as its directory is named: attempt_<n>
 
     def _succeeded(self, joined: RendezvousResult, plan: RoundPlan, exits: list[WorkerExit]) -> int:
         """This node's workers all finished: wait for the others (the exit barrier). Read
@@ -65,7 +66,13 @@ class Endings:
         if notice is not None:
             self._preempted(joined, plan, exits, from_notice(notice, self.config.preempt_grace))
         self.rdzv.report_done(True)
-        log.info("all %d workers finished", len(exits))
+        if self.config.spawn_owner:  # one process here; the ranks were its children
+            log.info(
+                "the spawn-owner process finished (it started this node's %d ranks)",
+                self.config.nproc_per_node,
+            )
+        else:
+            log.info("all %d workers finished", len(exits))
         late = self.rdzv.await_peers(lambda: self.signals.pending() is not None)
         signum = self.signals.pending()
         if signum is not None:
@@ -179,7 +186,7 @@ class Endings:
                 cause.who,
                 cause.host,
                 cause.reason if cause.kind == "hang" else cause.describe_exit(),
-                self.attempts,
+                self.restart_count,
                 f" [{cause.kind}]" if cause.kind else "",
             )
         elif event is not None:
@@ -230,9 +237,9 @@ class Endings:
                 "with no progress on any node in between (no checkpoint completed, no "
                 "optimizer step or phalanx.step/heartbeat); not spending the remaining restarts."
             )
-        print(text, file=sys.stderr, flush=True)
-        for line in lines:
+        for line in lines:  # before the report, so the report (the cause, once) ends the output
             log.info("%s", line)
+        print(text, file=sys.stderr, flush=True)
         write_bounded(self.run_dir / "report.json", json.dumps(report.data, indent=2))
         cause = report.cause
         if cause is None:

@@ -74,6 +74,7 @@ class Rounds(Endings):
         self.run_dir = run_dir
         self.base_env = base_env
         self.attempts = 0
+        self.restart_count = 0
 
     def run(self) -> int:
         while True:
@@ -81,6 +82,7 @@ class Rounds(Endings):
             plan = build_plan(self.config, joined, self.run_dir, self.base_env)
             mark = ProgressMark.take(plan)
             self.attempts += 1
+            self.restart_count = joined.restart_count
             attempt = AttemptEvents(self.events, plan, joined.round, self.attempts)
             watch = RoundWatch(
                 plan,
@@ -160,9 +162,15 @@ class Rounds(Endings):
         )
         self._check_same_code(joined)
         if joined.num_nodes > 1 or self.attempts == 0:
+            # A spawn owner is one process per node that starts the node's ranks itself.
+            owner = (
+                " (ranks; one spawn-owner process per node starts them)"
+                if self.config.spawn_owner
+                else ""
+            )
             log.info(
-                "round %d: node %d of %d, world size %d, master %s:%d",
-                joined.round, joined.node_rank, joined.num_nodes, joined.world_size,
+                "round %d: node %d of %d, world size %d%s, master %s:%d",
+                joined.round, joined.node_rank, joined.num_nodes, joined.world_size, owner,
                 joined.master_addr, joined.master_port,
             )  # fmt: skip
         return joined

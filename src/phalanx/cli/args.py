@@ -1,13 +1,14 @@
-"""What the run subcommands (``phalanx status|logs|stop``) share: a parser whose errors are
-one line (exit 2), and the run directory argument."""
+"""What the run subcommands (``phalanx status|logs|stacks|timeline|stop``) share: a parser
+whose errors are one line (exit 2), and the run argument (``phalanx.cli.runs``)."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from phalanx.cli.runs import run_directory
 from phalanx.errors import UsageError
-from phalanx.status.view import is_run_dir
+
+__all__ = ["Parser", "add_run_dir", "run_directory"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -17,16 +18,8 @@ class Parser(argparse.ArgumentParser):
 
 def add_run_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "run_dir", help="The job's run directory on this node (printed by phalanx at start)."
+        "run_dir",
+        metavar="RUN",
+        help="The run: its directory (printed by phalanx at start), or its name as 'phalanx "
+        "ls' lists it, a unique prefix of the name, or 'last' (the newest run).",
     )
-
-
-def run_directory(command: str, text: str) -> Path:
-    """``text`` as a run directory; a ``UsageError`` naming it when it is not one."""
-    run_dir = Path(text)
-    if not is_run_dir(run_dir):
-        raise UsageError(
-            f"{command}: {text!r} is not a phalanx run directory (no launcher.json or "
-            "events.jsonl); give the directory phalanx printed at start"
-        )
-    return run_dir

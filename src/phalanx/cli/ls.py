@@ -4,7 +4,8 @@ Runs are the run directories under the default log base (``rundir.default_log_ba
 where runs go without ``--log-dir``) or under ``DIR``. For each: its id (the directory's
 name), its state (``running`` while its agent is alive; otherwise the job's outcome from
 its status or events, or ``ended`` when the agent ended without one, e.g. SIGKILL), when it
-started and how long it ran (so far).
+started and how long it ran (so far). Where the runs are is said on stderr, with how to
+name one to the other subcommands (``phalanx.cli.runs``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import time
 from pathlib import Path
 
 from phalanx.cli.args import Parser
+from phalanx.cli.runs import LAST, listed, started_at
 from phalanx.errors import UsageError
 from phalanx.rundir import default_log_base
-from phalanx.status.view import RunView, gather, is_run_dir
+from phalanx.status.view import RunView
 
 MOST = 50  # runs listed at most (the newest)
 
@@ -35,17 +37,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _row(view: RunView, now: float) -> tuple[float, list[str]]:
+def _row(view: RunView, now: float) -> list[str]:
     head = view.own
-    started = head.get("started_at")
-    if not isinstance(started, (int, float)):
-        started = view.run_dir.stat().st_mtime
+    started = started_at(view)
     ended = head.get("ended_at")
     span = (ended if isinstance(ended, (int, float)) and not view.alive else now) - started
     minutes, seconds = divmod(max(0, int(span)), 60)
     hours, minutes = divmod(minutes, 60)
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
-    return started, [view.run_dir.name, view.state, when, f"{hours}:{minutes:02d}:{seconds:02d}"]
+    return [view.run_dir.name, view.state, when, f"{hours}:{minutes:02d}:{seconds:02d}"]
 
 
 def main(argv: list[str]) -> int:
@@ -53,16 +53,19 @@ def main(argv: list[str]) -> int:
     base = args.log_dir or default_log_base()
     if args.log_dir is not None and not base.is_dir():
         raise UsageError(f"ls: --log-dir {str(base)!r} is not a directory")
-    runs = [p for p in base.iterdir() if p.is_dir() and is_run_dir(p)] if base.is_dir() else []
-    if not runs:
+    views = listed(base)
+    if not views:
         print(f"phalanx: no runs under {base}", file=sys.stderr)
         return 0
     now = time.time()
-    # No request to the agents: a list is read from the files (status.json is ~2 s fresh).
-    rows = sorted((_row(gather(p, 0, ask_agent=False), now) for p in runs), reverse=True)
-    shown = rows if args.all else rows[:MOST]
-    table = [["RUN", "STATE", "STARTED", "DURATION"], *[cells for _, cells in shown]]
+    shown = views if args.all else views[:MOST]
+    table = [["RUN", "STATE", "STARTED", "DURATION"], *[_row(view, now) for view in shown]]
     widths = [max(len(r[i]) for r in table) for i in range(4)]
     for cells in table:
         print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    if args.log_dir is None:
+        how = f"name one (or a unique prefix, or '{LAST}') to phalanx status, logs, stacks, timeline, stop"
+    else:
+        how = "give status, logs, stacks, timeline, stop the run's directory there"
+    print(f"phalanx: {len(views)} run(s) in {base}; {how}", file=sys.stderr)
     return 0

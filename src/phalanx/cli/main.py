@@ -10,13 +10,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import Agent, configure_logging
-from phalanx.cli import abbrev, logs, ls, preempt, stacks, status, stop, timeline
+from phalanx.cli import abbrev, clean, logs, ls, preempt, stacks, status, stop, timeline
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import derive
 from phalanx.cli.usage import SUBCOMMAND_NAMES, did_you_mean
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, PhalanxError, Preempted, UsageError
+from phalanx.errors import Interrupted, JobFailed, PhalanxError, UsageError, stopped_line
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.plan import describe
@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "logs": logs.main,
     "stop": stop.main,
     "ls": ls.main,
+    "clean": clean.main,
     "help": lambda args: help_command(args),
 }
 
@@ -104,11 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"phalanx: error: {problem}", file=sys.stderr)
         return exc.exit_code
-    except Preempted as exc:
-        print(f"phalanx: {exc}; exit {exc.exit_code} (run the job again)", file=sys.stderr)
+    except Interrupted as exc:  # Preempted too
+        print(f"phalanx: {stopped_line(exc)}", file=sys.stderr)
         return exc.exit_code
-    except Interrupted as exc:
-        print(f"phalanx: stopped by {exc}", file=sys.stderr)
+    except JobFailed as exc:  # the framed report just printed names the cause: not twice
         return exc.exit_code
     except PhalanxError as exc:
         print(f"phalanx: {exc}", file=sys.stderr)

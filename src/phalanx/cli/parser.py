@@ -30,6 +30,7 @@ examples:
   phalanx status RUN_DIR       # every node's ranks: state, step, steps/s; the last failure
   phalanx logs RUN_DIR --rank 1 --follow    # one rank's logs (phalanx stop RUN_DIR: end it)
   phalanx timeline RUN_DIR -o run.html      # the run drawn, one lane per rank (phalanx ls)
+  phalanx clean --older-than 7d   # remove old runs; RUN_DIR may be a name from phalanx ls, or last
 exit status: 0 success; the root-cause worker's exit code (128+N for signal N) on failure,
 1 for a hang or a lost node;
 2 usage error, or the nodes run different code or versions (see --allow-mismatch);

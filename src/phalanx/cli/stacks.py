@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from phalanx.agent.runfiles import LAUNCHER_FILE
+from phalanx.cli.args import add_run_dir, run_directory
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.hang.stacks import catches
 from phalanx.worker.contract import STACK_SIGNAL
@@ -39,9 +40,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
             "multi-node job, grouped by node."
         ),
     )
-    parser.add_argument(
-        "run_dir", help="The job's run directory on this node (printed by phalanx at start)."
-    )
+    add_run_dir(parser)
     parser.add_argument(
         "--timeout", type=float, default=45.0, help="Seconds to wait for the dump (default 45)."
     )
@@ -55,13 +54,13 @@ def launcher_pid(run_dir: Path) -> int:
     except (OSError, ValueError):
         raise UsageError(
             f"stacks: {str(run_dir)!r} is not a phalanx run directory (no readable "
-            f"{LAUNCHER_FILE}); give the directory phalanx printed at start"
+            f"{LAUNCHER_FILE}); is the job running? 'phalanx ls' lists the runs"
         ) from None
     pid = data.get("pid") if isinstance(data, dict) else None
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         raise UsageError(
             f"stacks: {str(run_dir / LAUNCHER_FILE)!r} is malformed (expected a launcher's "
-            f'{{"pid": ..., "host": ...}}); give the directory phalanx printed at start'
+            f'{{"pid": ..., "host": ...}}); \'phalanx ls\' lists the runs'
         )
     if data.get("host", socket.gethostname()) != socket.gethostname():
         raise PhalanxError(
@@ -81,7 +80,7 @@ def launcher_pid(run_dir: Path) -> int:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    run_dir = Path(args.run_dir)
+    run_dir = run_directory("stacks", args.run_dir)
     pid = launcher_pid(run_dir)
     before = set(run_dir.glob("stacks_*.txt"))
     os.kill(pid, STACK_SIGNAL)

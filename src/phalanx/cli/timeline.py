@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from phalanx.cli.args import add_run_dir, run_directory
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.events import EVENTS_FILE, read_run_events
 from phalanx.timeline import build, render, summarize
@@ -29,7 +30,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
             "a mark for its details); without, a summary on the terminal."
         ),
     )
-    parser.add_argument("run_dir", help="The job's run directory (printed by phalanx at start).")
+    add_run_dir(parser)
     parser.add_argument("-o", "--output", help="Write the HTML page here.")
     return parser.parse_args(argv)
 
@@ -42,8 +43,7 @@ def run_events(run_dir: Path) -> list[dict[str, Any]]:
         path.open("rb").close()  # this node's file: missing or unreadable is said here
     except FileNotFoundError:
         raise UsageError(
-            f"timeline: {str(run_dir)!r} has no {EVENTS_FILE}; give the run directory "
-            "phalanx printed at start"
+            f"timeline: {str(run_dir)!r} has no {EVENTS_FILE} (yet); 'phalanx ls' lists the runs"
         ) from None
     except OSError as exc:
         raise PhalanxError(f"timeline: cannot read {path} ({exc.strerror or exc})") from None
@@ -52,7 +52,7 @@ def run_events(run_dir: Path) -> list[dict[str, Any]]:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    timeline = build(run_events(Path(args.run_dir)))
+    timeline = build(run_events(run_directory("timeline", args.run_dir)))
     if args.output is None:
         print(summarize(timeline))
         return 0

@@ -10,7 +10,7 @@ from phalanx.parsing import did_you_mean
 __all__ = ["SUBCOMMAND_NAMES", "USAGE", "HelpFormatter", "did_you_mean"]
 
 # The subcommands (``cli.main`` maps each to its module); ``help`` prints this usage.
-SUBCOMMAND_NAMES = ("stacks", "status", "logs", "stop", "ls", "timeline", "help")
+SUBCOMMAND_NAMES = ("stacks", "status", "logs", "stop", "ls", "clean", "timeline", "help")
 
 USAGE = f"""\
 phalanx [options] training_script [script args ...]

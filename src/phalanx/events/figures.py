@@ -21,7 +21,10 @@ the end of the run, so no second is counted twice.
 **ETTR** (effective training time ratio) is ``productive / wall``: ``wall`` runs from
 ``run_start`` to ``job_end`` (or ``now`` for a running job); ``startup`` from ``run_start`` to
 the first ``progress`` (or to the first incident, if that came first); ``productive = wall -
-startup - sum(downtime)``. Productive time is time in which the workers were making progress
+startup - sum(downtime) - stalled``, where ``stalled`` is, for a job still running (or one
+that did not succeed), the time since its ranks last moved once that is over
+``STALLED_AFTER`` and no incident counts it already: a hung job is not productive, and
+once the ranks move again the gap was a slow step and counts again. Productive time is time in which the workers were making progress
 that was not lost: before the first step nothing trains, and after a failure the steps
 redone up to the failed one repeat work already done once. The tail after the last step
 (saving, the exit barrier) counts as productive: no event marks where training ended. A run

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from phalanx.events.recovery_data import DIGITS, Event, Incident, NodeFigures
+from phalanx.events.recovery_data import DIGITS, STALLED_AFTER, Event, Incident, NodeFigures
 
 
 def _num(value: object) -> float | None:
@@ -100,6 +100,8 @@ class NodeFold:
         self.last_seq = -1
         self.began: float | None = None
         self.ended: float | None = None
+        self.outcome: object = None  # job_end's
+        self.last_progress: float | None = None
         self.last_t: float | None = None
         self.first_progress: float | None = None
         self.peaks: dict[object, tuple[str, int]] = {}  # round -> its highest reading
@@ -138,6 +140,7 @@ class NodeFold:
 
     def _job_end(self, event: Event, t: float) -> None:
         self.ended = t
+        self.outcome = event.get("outcome")
 
     def _failure(self, event: Event, t: float) -> None:
         detected = _num(event.get("detected_at"))
@@ -165,6 +168,7 @@ class NodeFold:
             return
         if self.first_progress is None:
             self.first_progress = t
+        self.last_progress = t
         key = event.get("round")
         peak = self.peaks.get(key)
         if _higher(reading, peak):
@@ -183,10 +187,12 @@ class NodeFold:
         down = sum(i.downtime for i in incidents)
         startup: float | None = None
         productive = ettr = None
+        stalled = 0.0
         if self.first_progress is not None:
             first_failure = min((i.failed_at for i in incidents), default=self.first_progress)
             startup = max(0.0, min(self.first_progress, first_failure) - began)
-            productive = max(0.0, wall - startup - down)
+            stalled = self._stalled(end)
+            productive = max(0.0, wall - startup - down - stalled)
             ettr = round(productive / wall, 4) if wall > 0 else None
         node = NodeFigures(
             node=self.node,
@@ -196,5 +202,15 @@ class NodeFold:
             downtime=_r(down),
             productive=None if productive is None else _r(productive),
             ettr=ettr,
+            stalled=_r(stalled),
         )
         return incidents, node
+
+    def _stalled(self, end: float) -> float:
+        """The time since the ranks last moved, once over ``STALLED_AFTER``, while no
+        incident counts it already: a hung job is not productive. Only for a job that runs
+        still or did not succeed: a successful one may well save and wait at the end."""
+        if self._open is not None or self.last_progress is None or self.outcome == "succeeded":
+            return 0.0
+        since = end - self.last_progress
+        return since if since > STALLED_AFTER else 0.0

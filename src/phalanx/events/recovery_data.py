@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Event = Mapping[str, Any]
+STALLED_AFTER = 10.0  # seconds without progress after which a running job counts as stalled
 DIGITS = 3  # figures are rounded to the millisecond (events are stamped to the microsecond)
 
 
@@ -45,6 +46,7 @@ class NodeFigures:
     downtime: float
     productive: float | None
     ettr: float | None
+    stalled: float = 0.0  # the ranks' time without progress at the end (see ``figures``)
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from typing import Protocol
 from phalanx.hang.analysis import HangAnalysis, RankState, analyse
 from phalanx.hang.files import write_atomic, write_stacks_file
 from phalanx.hang.jobstacks import JobStacks
-from phalanx.hang.stacks import DumpTarget, main_thread, parse_dump, request_dumps
+from phalanx.hang.stacks import DumpTarget, catches, main_thread, parse_dump, request_dumps
 from phalanx.hang.stall import StallDetector, main_thread_cpu
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
@@ -147,11 +148,7 @@ class RoundWatch:
             lines.append(
                 f"=== rank {state.rank} (local rank {state.local_rank}, pid {state.pid}) ==="
             )
-            lines.append(
-                self._texts.get(state.rank, "").rstrip("\n")
-                or "(no dump: this process does not catch "
-                f"{STACK_SIGNAL.name}, or did not answer in time)"
-            )
+            lines.append(self._texts.get(state.rank, "").rstrip("\n") or _no_dump(state.pid))
         return "\n".join(lines) + "\n"
 
     def _analyse(self, why: str) -> HangAnalysis:
@@ -198,3 +195,17 @@ class RoundWatch:
             log.warning("hang: cannot write %s (%s)", base.with_suffix(".*"), exc.strerror or exc)
             return None
         return base.with_suffix(".txt")
+
+
+def _no_dump(pid: int) -> str:
+    """Why a rank has no dump, and what would give one."""
+    if catches(pid, STACK_SIGNAL):
+        return "(no dump: the process did not answer in time)"
+    if shutil.which("py-spy") is None:
+        # A --spawn-owner or --no-python process: nothing of phalanx inside to dump it.
+        return (
+            f"(no dump: this process has no phalanx code to catch {STACK_SIGNAL.name}, as a "
+            "--spawn-owner or --no-python program; install py-spy (pip install py-spy) and "
+            "its stack and those of the processes it started are shown)"
+        )
+    return f"(no dump: this process does not catch {STACK_SIGNAL.name} and py-spy gave none)"

@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -46,36 +47,55 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
 
     ``--num_gpus`` is the number of worker processes per node: by default one per visible
     CUDA GPU; on a machine without CUDA it counts CPU worker processes and defaults to 1.
+    A flag the parser already has (TRELLIS.2's ``train.py`` defines all five itself) is kept
+    as it is, with its own default and type: only the missing ones are added.
     """
-    group = parser.add_argument_group("distributed")
-    group.add_argument("--num_nodes", type=int, default=1, help="number of nodes (default: 1)")
-    group.add_argument(
-        "--node_rank", type=int, default=0, help="rank of this node, 0..num_nodes-1 (default: 0)"
-    )
-    group.add_argument(
-        "--num_gpus",
-        type=int,
-        default=_default_num_gpus(),
-        help="worker processes on this node: one per GPU; on a CPU-only machine the number of "
-        "CPU workers (default: visible CUDA GPUs, or 1 without CUDA)",
-    )
-    group.add_argument(
-        "--master_addr",
-        default="localhost",
-        help="address of node 0, reachable from every node (default: localhost)",
-    )
-    group.add_argument(
-        "--master_port",
-        type=str,
-        default="12345",
-        help="free TCP port on node 0 for the rendezvous store (default: 12345)",
-    )
-    group.add_argument(
-        "--backend",
-        choices=("auto", *_BACKENDS),
-        default="auto",
-        help="collective backend; auto = nccl with CUDA, gloo without (default: auto)",
-    )
+    flags: list[tuple[str, dict[str, Any]]] = [
+        ("--num_nodes", {"type": int, "default": 1, "help": "number of nodes (default: 1)"}),
+        (
+            "--node_rank",
+            {"type": int, "default": 0, "help": "rank of this node, 0..num_nodes-1 (default: 0)"},
+        ),
+        (
+            "--num_gpus",
+            {
+                "type": int,
+                "default": _default_num_gpus(),
+                "help": "worker processes on this node: one per GPU; on a CPU-only machine the "
+                "number of CPU workers (default: visible CUDA GPUs, or 1 without CUDA)",
+            },
+        ),
+        (
+            "--master_addr",
+            {
+                "default": "localhost",
+                "help": "address of node 0, reachable from every node (default: localhost)",
+            },
+        ),
+        (
+            "--master_port",
+            {
+                "type": str,
+                "default": "12345",
+                "help": "free TCP port on node 0 for the rendezvous store (default: 12345)",
+            },
+        ),
+        (
+            "--backend",
+            {
+                "choices": ("auto", *_BACKENDS),
+                "default": "auto",
+                "help": "collective backend; auto = nccl with CUDA, gloo without (default: auto)",
+            },
+        ),
+    ]
+    # argparse has no public "has this option"; its table of option strings is the one place.
+    taken = parser._option_string_actions
+    missing = [(flag, options) for flag, options in flags if flag not in taken]
+    if missing:
+        group = parser.add_argument_group("distributed")
+        for flag, options in missing:
+            group.add_argument(flag, **options)
 
 
 def global_rank(node_rank: int, num_gpus: int, local_rank: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 from phalanx.agent import Agent, configure_logging
 from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.consistency.fingerprint import Target
-from phalanx.errors import UsageError
+from phalanx.errors import Interrupted, UsageError, stopped_line
 from phalanx.inscript.dist import resolve_backend
 from phalanx.inscript.envs import BACKEND_ENV
 from phalanx.launch import prepare
@@ -108,7 +108,9 @@ def spawn(
     default) is the CLI's ``--stall-timeout``: ranks without progress for that long are
     reported as a hang, with every rank's stack in ``log_dir``. ``fn`` and ``args`` must be picklable
     (as with ``torch.multiprocessing.spawn``). Returns when every process exited 0; raises
-    ``JobFailed`` naming the root cause (after printing the report) or ``Interrupted``.
+    ``JobFailed`` naming the root cause (after printing the report) or ``Interrupted`` (after
+    printing one line; uncaught, it ends the program with its exit code, 143 for SIGTERM and
+    130 for SIGINT, as a ``SystemExit`` does).
 
     Ports: ``master_port`` is the workers' -- ``MASTER_PORT`` in every round, restarts
     included, so a ``fn`` that calls ``setup_dist(..., master_addr, master_port)`` with the
@@ -158,4 +160,10 @@ def spawn(
             )  # fmt: skip
         # The workers run phalanx's entry point; the code that differs would be the program's.
         launch = prepare(config, Target("script", sys.argv[0], tuple(sys.argv[1:])))
-        Agent(config, launch.open_rendezvous, launch.run_id, env).run()
+        try:
+            Agent(config, launch.open_rendezvous, launch.run_id, env).run()
+        except Interrupted as exc:
+            # The CLI's one line; the exception (a SystemExit too) then ends an uncaught
+            # program with its code, 143 or 130, and no traceback.
+            print(f"phalanx: {stopped_line(exc)}", file=sys.stderr, flush=True)
+            raise

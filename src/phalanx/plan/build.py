@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from phalanx.config import LaunchConfig
+from phalanx.config import LaunchConfig, shown_run_id
 from phalanx.credentials import worker_environment
 from phalanx.plan.command import WorkerCommand, spawn_owner_command, worker_command
 from phalanx.plan.env import job_env, rank_dir, worker_env
@@ -122,7 +122,7 @@ def describe(plan: RoundPlan, base_env: Mapping[str, str]) -> str:
     """Human-readable plan for ``--dry-run``: per local rank, the argv and what phalanx sets."""
     rdzv = plan.rendezvous
     lines = [
-        f"run id {rdzv.run_id}, node {rdzv.node_rank} of {rdzv.num_nodes}, world size {rdzv.world_size}",
+        f"run id {shown_run_id(rdzv.run_id, quote=False)}, node {rdzv.node_rank} of {rdzv.num_nodes}, world size {rdzv.world_size}",
         f"run directory {plan.run_dir}",
     ]
     for worker in plan.workers:

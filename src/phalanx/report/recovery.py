@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from phalanx.events.figures import Incident, NodeFigures, Recovery
 
-SAMPLING_NOTE = "figures within about 2 s: progress is sampled every 2 s"
+SAMPLING_NOTE = "good to about 2 s: progress is sampled every 2 s"
 
 
 def _s(value: float | None) -> str:
     return "?" if value is None else f"{value:.2f} s"
+
+
+def _goal(target: str | None) -> str:
+    """Where "back" is, in words: the failed attempt's highest step, or its count of
+    optimizer steps when it reported no step (``beats``); None: any progress."""
+    if target is None:
+        return ""
+    kind, _, value = target.partition(" ")
+    return f"{value} optimizer steps" if kind == "beats" else target
 
 
 def incident_line(number: int, incident: Incident) -> str:
@@ -19,31 +28,33 @@ def incident_line(number: int, incident: Incident) -> str:
     what = incident.failure_kind or "failure"
     if incident.rank is not None:
         what = f"rank {incident.rank} {what}"
-    head = f"recovery: incident {number}, round {incident.round}, {what} on {where}: "
-    target = incident.target or "the first progress"
-    if incident.recovered:
-        parts = (
-            f"detect {_s(incident.detect)} + stop {_s(incident.stop)} + re-form "
-            f"{_s(incident.reform)} + back at {target} in {_s(incident.back)}"
-        )
-        return f"{head}{parts} = {incident.downtime:.2f} s down"
-    return (
-        f"{head}never back at {target} (detect {_s(incident.detect)}, stop "
-        f"{_s(incident.stop)}, re-form {_s(incident.reform)}): {incident.downtime:.2f} s down"
+    head = f"recovery: incident {number} (round {incident.round}), {what} on {where}: "
+    goal = _goal(incident.target)
+    regrouped = (
+        f"the nodes regrouped in {_s(incident.reform)}"
+        if incident.reform is not None
+        else "the nodes never regrouped"
     )
+    parts = f"noticed in {_s(incident.detect)}, workers stopped in {_s(incident.stop)}, {regrouped}"
+    down = f"{incident.downtime:.2f} s down"
+    if incident.recovered:
+        back = f"back at {goal}" if goal else "making progress again"
+        again = f"{goal} reached again" if goal else "progress again"
+        return f"{head}{back} after {down} ({parts}, {again} in {_s(incident.back)})"
+    never = f"never back at {goal}" if goal else "never made progress again"
+    return f"{head}{never}; {down} ({parts})"
 
 
 def ettr_line(recovery: Recovery, node: NodeFigures) -> str:
     count = len(recovery.incidents)
+    lost = f"{node.downtime:.2f} s lost in {count} incident(s)"
     if node.ettr is None:
-        return (
-            f"recovery: no ETTR: the workers reported no progress ({node.wall:.2f} s wall, "
-            f"{node.downtime:.2f} s down in {count} incident(s))"
-        )
+        return f"recovery: no ETTR: the workers reported no progress ({node.wall:.2f} s, {lost})"
+    stalled = f", {node.stalled:.2f} s without progress since" if node.stalled else ""
     return (
-        f"recovery: ETTR {node.ettr:.2f}: {node.productive:.2f} s productive of {node.wall:.2f} s "
-        f"wall (startup {_s(node.startup)}, {node.downtime:.2f} s down in {count} "
-        f"incident(s); {SAMPLING_NOTE})"
+        f"recovery: ETTR {node.ettr:.2f} (the share of the run spent making progress): "
+        f"{node.productive:.2f} s of {node.wall:.2f} s (startup {_s(node.startup)}, {lost}"
+        f"{stalled}; {SAMPLING_NOTE})"
     )
 
 

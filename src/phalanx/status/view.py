@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phalanx.config import shown_run_id
 from phalanx.events.figures import Recovery, recovery
 from phalanx.events.log import EVENTS_FILE, read_events
 from phalanx.events.run import NODES_DIR, read_run_events
@@ -160,6 +161,11 @@ def render(view: RunView, now: float | None = None) -> str:
                 cells[-1] = "-"  # a beat long ago, not "0 s ago"
             rows.append([*prefix, *cells])
     lines += _table(rows)
+    if any(row[7].endswith(COUNTED) for row in rows[1:]):
+        lines.append(
+            f"{COUNTED} optimizer steps (and phalanx.heartbeat() calls) counted by phalanx: "
+            "the script reports no step (phalanx.step(n) would)"
+        )
     if view.missing:
         names = ", ".join(f"node {m.get('node')} ({m.get('host')})" for m in view.missing)
         lines.append(f"no answer from: {names}")
@@ -184,10 +190,15 @@ def _headline(view: RunView, head: dict[str, Any], now: float) -> str:
         when += f" ({_duration(span)}{'' if view.alive else ' in all'})"
     code = f" (exit code {head['exit_code']})" if head.get("exit_code") is not None else ""
     return (
-        f"run {_text(head.get('run_id'))}: {view.state}{code}; round {_text(head.get('round'))}, "
+        f"run {_run_id(head)}: {view.state}{code}; round {_text(head.get('round'))}, "
         f"{restarts}, {_text(head.get('num_nodes'))} node(s), world size "
         f"{_text(head.get('world_size'))}{when}"
     )
+
+
+def _run_id(head: dict[str, Any]) -> str:
+    run_id = head.get("run_id")
+    return shown_run_id(run_id, quote=False) if isinstance(run_id, str) else "-"
 
 
 def _as_of(node: dict[str, Any]) -> str:
@@ -211,10 +222,22 @@ def _rank_cells(rank: dict[str, Any]) -> list[str]:
         _text(rank.get("local_rank")),
         _text(rank.get("pid")),
         state,
-        _text(rank.get("step")),
+        _step(rank),
         f"{rate:.2f}" if isinstance(rate, (int, float)) else "-",
         f"{since:g} s ago" if isinstance(since, (int, float)) else "-",
     ]
+
+
+COUNTED = "*"  # a STEP cell that shows the optimizer steps phalanx counted (no phalanx.step)
+
+
+def _step(rank: dict[str, Any]) -> str:
+    """The rank's step (``phalanx.step``), else the optimizer steps (and heartbeats) phalanx
+    counted for it, marked: a plain DDP script reports no step but its optimizer steps."""
+    step, beats = rank.get("step"), rank.get("beats")
+    if step is None and isinstance(beats, int) and beats > 0:
+        return f"{beats}{COUNTED}"
+    return _text(step)
 
 
 def _failures(view: RunView) -> list[str]:

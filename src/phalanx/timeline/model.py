@@ -35,7 +35,7 @@ class Attempt:
     after another rank failed) or running (no exit recorded)."""
 
     rank: int
-    attempt: int
+    attempt: int  # as users see it: its log directory's number (attempt_<restart count>)
     round: int | None
     start: float
     end: float
@@ -116,8 +116,9 @@ def build(events: Sequence[Event]) -> Timeline:
     attempts: list[Attempt] = []
     waits: list[Wait] = []
     homes: dict[int, tuple[float, int | None, str]] = {}  # rank -> (t, node, host) last start
+    labels = _attempt_labels(events)
     for stream in streams(events):
-        attempts.extend(_attempts(stream, end))
+        attempts.extend(_attempts(stream, end, labels))
         waits.extend(_waits(stream, end))
         for e in _of(stream, "workers_started"):
             for rank in e.get("ranks") or ():
@@ -132,7 +133,7 @@ def build(events: Sequence[Event]) -> Timeline:
         groups=_groups(homes),
         attempts=tuple(sorted(attempts, key=lambda a: (a.rank, a.start))),
         waits=tuple(waits),
-        failures=_failures(events),
+        failures=_failures(events, labels),
         hangs=tuple(_hangs(events)),
         restarts=_restarts(events),
         outcome=ends[-1].get("outcome") if ends else None,
@@ -144,6 +145,23 @@ def _of(stream: Iterable[Event], kind: str) -> list[Event]:
     return [e for e in stream if e.get("kind") == kind]
 
 
+def _attempt_labels(events: Sequence[Event]) -> dict[object, int]:
+    """Round -> the number users see for its attempt: the job's restart count then, as the
+    attempt's log directory ``attempt_<restart count>`` is named (the first is 0)."""
+    return {
+        e.get("round"): e["restart_count"]
+        for e in _of(events, "rdzv_done")
+        if isinstance(e.get("restart_count"), int)
+    }
+
+
+def _label(event: Event, labels: dict[object, int]) -> int:
+    """``event``'s attempt as users see it (the events count a node's attempts from 1)."""
+    found = labels.get(event.get("round"))
+    number = event.get("attempt")
+    return found if found is not None else int(number) - 1 if isinstance(number, int) else 0
+
+
 def _groups(homes: dict[int, tuple[float, int | None, str]]) -> tuple[Group, ...]:
     by_node: dict[tuple[int | None, str], list[int]] = {}
     for rank, (_, node, host) in sorted(homes.items()):
@@ -152,7 +170,7 @@ def _groups(homes: dict[int, tuple[float, int | None, str]]) -> tuple[Group, ...
     return tuple(Group(node, host, tuple(by_node[(node, host)])) for node, host in keys)
 
 
-def _attempts(stream: list[Event], end: float) -> Iterator[Attempt]:
+def _attempts(stream: list[Event], end: float, labels: dict[object, int]) -> Iterator[Attempt]:
     exits = {(e.get("attempt"), e.get("rank")): e for e in _of(stream, "worker_exit")}
     progress = _of(stream, "progress")
     formed = {e.get("attempt"): float(e["t"]) for e in _of(stream, "rdzv_done")}
@@ -170,7 +188,7 @@ def _attempts(stream: list[Event], end: float) -> Iterator[Attempt]:
             )
             yield Attempt(
                 rank=rank,
-                attempt=int(number or 0),
+                attempt=_label(started, labels),
                 round=started.get("round"),
                 start=float(started["t"]),
                 end=stop,
@@ -208,7 +226,7 @@ def _waits(stream: list[Event], end: float) -> Iterator[Wait]:
                    None, None, None)  # fmt: skip
 
 
-def _failures(events: Sequence[Event]) -> tuple[Mark, ...]:
+def _failures(events: Sequence[Event], labels: dict[object, int]) -> tuple[Mark, ...]:
     """Each node records the failure it acted on: the failing node's own record (``local``)
     names the root cause; a peer's record is shown only when no local one exists for its
     round (the failing node's events were not gathered)."""
@@ -223,7 +241,7 @@ def _failures(events: Sequence[Event]) -> tuple[Mark, ...]:
         code = f", exit code {e['exit_code']}" if e.get("exit_code") is not None else ""
         rank = e.get("rank")
         who = f"rank {rank}" if rank is not None else "a peer"
-        detail = f"{kind}: {who}{code} (attempt {e.get('attempt')}): {e.get('reason') or ''}"
+        detail = f"{kind}: {who}{code} (attempt {_label(e, labels)}): {e.get('reason') or ''}"
         marks.append(Mark(kind, float(when), rank, (e.get("node"), str(e.get("host"))), detail))
     return tuple(marks)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.stores.base import StoreUnavailable
@@ -57,7 +58,7 @@ class RoundExchange(Generic[Answer]):
         try:
             request = self._channel.ask(membership.round)
         except StoreUnavailable as exc:
-            raise RendezvousError(f"rendezvous {self._run_id!r}: {exc}") from None
+            raise RendezvousError(f"rendezvous {shown_run_id(self._run_id)}: {exc}") from None
         self._channel.saw(request)
         return request
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from phalanx.config import shown_run_id
 from phalanx.errors import Interrupted, Preempted, RendezvousError
 from phalanx.net import free_port
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
@@ -123,12 +124,12 @@ class RoundFormer:
                 raise Preempted(signum, f"preempted on {where} ({reason})", where)
             raise Interrupted(signum, where)
         raise RendezvousError(
-            f"rendezvous {self._keys.run_id!r}: the job stopped: {reason} ({_SINGLE_USE})"
+            f"rendezvous {shown_run_id(self._keys.run_id)}: the job stopped: {reason} ({_SINGLE_USE})"
         )
 
     def _finished(self) -> RendezvousError:
         return RendezvousError(
-            f"rendezvous {self._keys.run_id!r}: the job finished while this node waited "
+            f"rendezvous {shown_run_id(self._keys.run_id)}: the job finished while this node waited "
             f"to join ({_SINGLE_USE})"
         )
 
@@ -160,7 +161,7 @@ class RoundFormer:
             left = deadline - self._clock()
             if left <= 0:
                 raise RendezvousError(
-                    f"rendezvous {self._keys.run_id!r}: no place for this node within "
+                    f"rendezvous {shown_run_id(self._keys.run_id)}: no place for this node within "
                     f"join_timeout={self._s.join_timeout:g}s: round {t - 1} is running and "
                     "no new round opened (set --rdzv-conf join_timeout=... to wait longer)"
                 )

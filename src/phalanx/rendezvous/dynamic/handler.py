@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
+from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError, UsageError
 from phalanx.rendezvous.api import (
     EventKind,
@@ -196,7 +197,7 @@ class DynamicRendezvous:
             if rank == 0:  # (after the master is published: the others need not wait)
                 sweep(self._board, membership)
         except StoreUnavailable as exc:
-            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+            raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
         self._membership, self._rank = membership, rank
         self._liveness.follow(membership, rank)
         log.info(
@@ -272,7 +273,7 @@ class DynamicRendezvous:
         try:
             return self._board.failures()
         except StoreUnavailable as exc:
-            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+            raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
 
     def claim_restart(self, max_restarts: int) -> bool:
         membership, _ = self._current()
@@ -284,7 +285,7 @@ class DynamicRendezvous:
             finished = within and self._board.any_ok(r)
             restart = self._board.claim(r, within and not finished)
         except StoreUnavailable as exc:
-            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+            raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
         if finished and not restart:
             log.warning(
                 "rendezvous: not restarting: a node of this round had already finished its "
@@ -300,7 +301,7 @@ class DynamicRendezvous:
         try:
             return judge(self._board, membership, progressed, signature, self._settings)
         except StoreUnavailable as exc:
-            raise RendezvousError(f"rendezvous {self.run_id!r}: {exc}") from None
+            raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
 
     def report_done(
         self, ok: bool, *, signum: int | None = None, preempted: bool = False
