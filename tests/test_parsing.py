@@ -54,5 +54,9 @@ def test_std_spec(text: str, nproc: int, expected: dict[int, frozenset[str]]) ->
 
 def test_kv_list_and_filters() -> None:
     assert parsing.parse_kv_list("a=1, b = two,", "--rdzv-conf") == {"a": "1", "b": "two"}
+    # quotes around the whole list (a shell quoting passed on literally) are not the keys'
+    assert parsing.parse_kv_list("'a=1,b=2'", "--rdzv-conf") == {"a": "1", "b": "2"}
+    assert parsing.parse_kv_list('"a=1"', "--rdzv-conf") == {"a": "1"}
+    assert parsing.parse_kv_list("a='1'", "--rdzv-conf") == {"a": "'1'"}
     assert parsing.parse_filter_words("loss,,acc,epoch") == ("loss,acc", "epoch")
     assert parsing.parse_rank_list("0,2", "--local-ranks-filter") == frozenset({0, 2})

@@ -49,6 +49,11 @@ def test_c10d_accepts_timeout_beside_join_timeout(tmp_path: Path) -> None:
     many = cli(["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
                 "--rdzv-conf", "timeout=30,join_timeout=60", "--dry-run", SCRIPT], tmp_path)  # fmt: skip
     assert many.returncode == 0, many.stderr
+    # PyTorch's own test_run.py passes the list with its shell quotes, literally
+    quoted = cli(["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
+                  "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=5'", "--dry-run",
+                  SCRIPT], tmp_path)  # fmt: skip
+    assert quoted.returncode == 0, quoted.stderr
 
 
 def test_abbreviations_stop_at_the_script(tmp_path: Path) -> None:

@@ -91,9 +91,16 @@ def check_host(text: str, what: str) -> str:
 
 def parse_kv_list(text: str, what: str) -> dict[str, str]:
     """``"a=1,b=2"`` -> ``{"a": "1", "b": "2"}``; every item needs ``=`` and a key. A bad item
-    is counted, not quoted: it may be the tail of a secret that held a comma."""
+    is counted, not quoted: it may be the tail of a secret that held a comma.
+
+    Quotes around the whole list (``"'a=1,b=2'"``, a shell quoting that reached the program
+    unquoted, as in PyTorch's own torchrun tests) are dropped: torchrun would read them as
+    part of the first key and the last value, and ignore both."""
     result: dict[str, str] = {}
-    items = list(filter(None, (part.strip() for part in str(text).split(","))))
+    text = str(text).strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    items = list(filter(None, (part.strip() for part in text.split(","))))
     for number, item in enumerate(items, 1):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
