@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from phalanx.rendezvous.addr import is_this_machine, node_address
 from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.rendezvous.backends.claim import claim_store
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings, parse_bool
 from phalanx.rendezvous.spec import Backend, RendezvousSpec, split_endpoint, unknown_keys
@@ -97,9 +98,10 @@ def open_handler(
     spec: RendezvousSpec, settings: RendezvousSettings, options: Options
 ) -> RendezvousHandler:
     where = f"the c10d store at {options.host}:{options.port}"
-    if (warning := no_token_warning(options.token, options.host, where)) is not None:
+    if (warning := no_token_warning(options.token, where)) is not None:
         log.warning("%s", warning)
     store = open_store(options.host, options.port, options.is_host, settings, options.token)
+    claim_store(store, spec.run_id, settings.read_timeout, where)
     addr = node_address(options.host, options.port, spec.local_addr)
     return DynamicRendezvous.for_spec(store, spec, settings, addr)
 

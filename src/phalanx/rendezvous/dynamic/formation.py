@@ -29,6 +29,7 @@ from collections.abc import Callable
 from phalanx.errors import Interrupted, Preempted, RendezvousError
 from phalanx.net import free_port
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
+from phalanx.rendezvous.dynamic.admission import check_admission
 from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
@@ -47,9 +48,12 @@ class RoundFormer:
         max_nodes: int,
         clock: Callable[[], float] = time.monotonic,
         worker_port: int | None = None,
+        admit_mismatch: bool = False,
     ) -> None:
         """``worker_port``: the workers' master port in every round (a program that was
-        given its port, ``phalanx.spawn``); None: node 0 picks a free port each round."""
+        given its port, ``phalanx.spawn``); None: node 0 picks a free port each round.
+        ``admit_mismatch``: join a running job whose code or arguments differ from this
+        node's (``admission``; --allow-mismatch)."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -57,6 +61,7 @@ class RoundFormer:
         self._max = max_nodes
         self._clock = clock
         self._worker_port = worker_port
+        self._admit_mismatch = admit_mismatch
         self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock)
 
     def form(
@@ -83,6 +88,8 @@ class RoundFormer:
                 self._b.open_round(t)
             else:
                 t = self._first_undecided(t)
+                if not self._admit_mismatch:
+                    check_admission(self._b, t, me.fingerprint)
                 if not self._b.is_open(t) and t not in queued:
                     self._queue_for(t, me)  # round t-1 runs without us: wait for the next
                     queued.add(t)
