@@ -3,8 +3,8 @@
 A second job with another ``--rdzv-id`` is refused in one line naming both ids while the
 first runs on undisturbed; a second launch with the same id but other script arguments
 (``--nnodes 1:4``, so it could have been let in) is refused before the running job hears of
-it, and with ``--allow-per-node-args`` on both the two form one world. And an agent the
-user started without a token says once, at start, how to set one.
+it, and with ``--allow-per-node-args`` on both the two form one world. (The warning of an
+agent started without a token: ``test_rdzv_auth``.)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.net import free_port
-from support.launch import PHALANX, run_phalanx, wait_for, worker
+from support.launch import PHALANX, wait_for, worker
 
 HANG = 120.0
 CONF = "join_timeout=60,last_call_timeout=1"
@@ -144,20 +144,3 @@ def test_with_allow_per_node_args_two_launches_with_other_arguments_form_one_wor
         code, err = _finish(proc)
         assert code == 0, err
     assert [event["num_nodes"] for event in jobs.rounds("y")] == [2]
-
-
-def test_an_agent_started_without_a_token_says_so_once_and_how_to_set_one(
-    tmp_path: Path,
-) -> None:
-    port = free_port()
-    args = [*_c10d(port, "alone", "2"), "--rdzv-conf", "join_timeout=3",
-            worker("hold_until_go.py"), str(tmp_path)]  # fmt: skip
-    done = run_phalanx(args, env=_env(), timeout=HANG)
-    assert done.returncode == 1, done.stderr  # nobody else came: the join timed out
-    warnings = [line for line in done.stderr.splitlines() if "has no token" in line]
-    assert len(warnings) == 1, done.stderr
-    assert f"the c10d store at 127.0.0.1:{port} has no token" in warnings[0]
-    assert "PHALANX_RDZV_TOKEN" in warnings[0] and "token_file=PATH" in warnings[0]
-    with_token = run_phalanx(args, env=_env(PHALANX_RDZV_TOKEN="a-secret"), timeout=HANG)
-    assert with_token.returncode == 1, with_token.stderr
-    assert "has no token" not in with_token.stderr
