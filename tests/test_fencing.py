@@ -322,7 +322,8 @@ def partition_scenario(
     stamps.mkdir()
     for i in (0, 1):
         grace = ["--shutdown-timeout", "1" if i == 0 else "10"]
-        tail = [*grace, worker("fence_stamp.py"), str(stamps), f"n{i}"]
+        # The node's name is its worker's argument: arguments that differ on purpose.
+        tail = [*grace, "--allow-per-node-args", worker("fence_stamp.py"), str(stamps), f"n{i}"]
         nodes.append(Node(net, i, [*args_for(i), *tail], tmp, f"n{i}"))
 
     wait_for_a_round_of_two(nodes, stamps)
@@ -391,7 +392,7 @@ def test_a_node_cut_off_during_its_workers_grace_is_fenced_all_the_same(
                 "--shutdown-timeout", "1" if i == 0 else "600",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{spaces.addr(0)}:{port}",
                 "--rdzv-id", "fence-grace", "--rdzv-conf", conf,
-                worker("fence_stamp.py"), str(stamps), f"n{i}"]  # fmt: skip
+                "--allow-per-node-args", worker("fence_stamp.py"), str(stamps), f"n{i}"]  # fmt: skip
         nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
     wait_for_a_round_of_two(nodes, stamps)
     (stamps / "fail").touch()
@@ -456,7 +457,7 @@ def test_a_store_lost_by_its_errors_stops_the_workers_without_grace(
         args = ["--nnodes", "2", "--nproc-per-node", "1", "--shutdown-timeout", "600",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{spaces.addr(0)}:{port}",
                 "--rdzv-id", "lost-store", "--rdzv-conf", conf,
-                worker("fence_stamp.py"), str(stamps), f"n{i}"]  # fmt: skip
+                "--allow-per-node-args", worker("fence_stamp.py"), str(stamps), f"n{i}"]  # fmt: skip
         nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
     try:
         wait_for(

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import psutil
 import pytest
 
 from phalanx.errors import REQUEUE_EXIT_CODE
@@ -127,12 +128,27 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def _command_lines() -> list[str]:
+    """The command line of every process on this machine (every namespace)."""
     lines = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                lines.append((entry / "cmdline").read_bytes().decode(errors="replace"))
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            lines.append("\0".join(proc.cmdline()))
     return lines
+
+
+def _impostor(hosts: SshHosts, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """An agent started by hand on host1, where the job's store is, with the job's run id,
+    script and arguments, but without its token."""
+    pid = next(p for p in hosts.job_pids("host1") if "--rdzv-id" in psutil.Process(p).cmdline())
+    argv = psutil.Process(pid).cmdline()
+    run_id = argv[argv.index("--rdzv-id") + 1]
+    impostor = [sys.executable, "-m", "phalanx", "--log-dir", str(tmp_path / "impostor"),
+                "--nnodes", "1:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{hosts.addr('host1')}:29400", "--rdzv-id", run_id,
+                "--rdzv-conf", "is_host=false,join_timeout=30", *argv[-2:]]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PHALANX_RDZV_TOKEN"}
+    return subprocess.run(hosts.spaces.command(1, impostor), env=env, cwd=REPO, text=True,
+                          capture_output=True, timeout=120)  # fmt: skip
 
 
 def test_the_job_token_reaches_every_agent_and_no_command_line(
@@ -149,6 +165,11 @@ def test_the_job_token_reaches_every_agent_and_no_command_line(
         (token,) = tokens["host1"]
         assert tokens["host2"] == {token} and len(token) == 32, tokens
         assert not [line for line in _command_lines() if token in line]
+        impostor = _impostor(ssh_hosts, tmp_path)
+        assert impostor.returncode == 1, impostor.stderr
+        last = impostor.stderr.strip().splitlines()[-1]
+        assert "refused this node" in last and "rendezvous token" in last, impostor.stderr
+        assert proc.poll() is None  # the job runs on
     finally:
         proc.send_signal(signal.SIGTERM)
         finish(proc, timeout=30)

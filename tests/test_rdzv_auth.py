@@ -265,10 +265,10 @@ def test_a_bad_token_setting_is_one_line_and_exit_2(
 
 @pytest.mark.parametrize(
     ("endpoint", "token", "warned"),
-    [("10.213.255.1", None, True), ("10.213.255.1", "secret", False), ("127.0.0.1", None, False)],
-    ids=["no token, other machines", "a token", "loopback"],
+    [("10.213.255.1", None, True), ("10.213.255.1", "secret", False), ("127.0.0.1", None, True)],
+    ids=["no token, other machines", "a token", "loopback (any local process reaches it)"],
 )
-def test_no_token_on_an_endpoint_others_reach_is_said_once(
+def test_an_agent_the_user_started_without_a_token_says_so_once(
     tmp_path: Path, endpoint: str, token: str | None, warned: bool
 ) -> None:
     """The agent is told not to host (is_host=false) and gives up after join_timeout: what
@@ -283,6 +283,7 @@ def test_no_token_on_an_endpoint_others_reach_is_said_once(
     assert len(warnings) == (1 if warned else 0), done.stderr
     if warned:
         assert "PHALANX_RDZV_TOKEN" in warnings[0] and "token_file=PATH" in warnings[0]
+        assert "take node rank 0" in warnings[0] and "--hosts/--hostfile" in warnings[0]
 
 
 def test_a_static_job_shares_the_token_and_its_agents_have_no_torch(tmp_path: Path) -> None:

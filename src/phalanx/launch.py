@@ -67,6 +67,7 @@ def rendezvous_spec(config: LaunchConfig) -> RendezvousSpec:
         master_port=config.master_port,
         local_addr=config.local_addr,
         worker_port=config.worker_port,
+        allow_mismatch=config.allow_mismatch,
     )
 
 

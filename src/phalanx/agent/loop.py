@@ -190,7 +190,8 @@ class Rounds(Endings):
             "starting anyway (--allow-mismatch)"
             if self.config.allow_mismatch
             else "run the same code, files and versions on every node, or pass "
-            "--allow-mismatch (phalanx.spawn: allow_mismatch=True) to start anyway"
+            "--allow-mismatch (phalanx.spawn: allow_mismatch=True) to start anyway (script "
+            "arguments that differ on purpose: --allow-per-node-args on every node)"
         )
         table = mismatch_table(joined.nodes, joined.fingerprints, hint)
         if table is None:

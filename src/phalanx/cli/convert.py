@@ -213,6 +213,7 @@ def to_config(
         preload=preload,
         stall_timeout=stall or None,
         allow_mismatch=bool(ns.allow_mismatch),
+        allow_per_node_args=bool(ns.allow_per_node_args),
         not_applied=(*rdzv_notes, *_not_applied(ns)),
         **_metrics(ns, p),
         derived=derivation.lines,

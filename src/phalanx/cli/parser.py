@@ -265,6 +265,14 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "on every node before any worker starts, with a table of the nodes that differ "
         "(exit 2); with it the table is a warning.",
     )
+    switch(
+        "allow-per-node-args",
+        "Multi-node: the script's arguments differ between nodes on purpose. Without it the "
+        "nodes compare their arguments too (as a hash): a node whose arguments differ from "
+        "the running job's is refused before it joins (exit 2), so two unrelated launches "
+        "with the same --rdzv-id never merge. Give it on every node. torchrun has no such "
+        "check.",
+    )
     option(
         "metrics-port",
         None,

@@ -14,6 +14,10 @@ never contents):
 - ``script``: the content hash of the training script (the module's file for ``-m``, found
   as the worker's ``python -m`` would, without importing anything; the program for
   ``--no-python``), ``missing`` when there is none.
+- ``args``: the hash of the program's arguments, as given (``per-node`` under
+  ``--allow-per-node-args``, and for ``phalanx.spawn``, whose nodes are told their node rank
+  on their command lines): two unrelated launches that share an endpoint and a run id differ
+  here even when they run the same script (torchrun has no such check).
 - ``file ARG``: for each argument (or the value of ``--flag=VALUE``) that names a regular
   file, its content hash, keyed by the argument as written -- relative paths compare the
   same file in different checkouts. Directories are not hashed; a file over
@@ -41,6 +45,7 @@ from phalanx.config import LaunchConfig, LaunchMode
 MAX_HASHED = 64 * 1024 * 1024  # bytes; larger files are compared by size
 HASH_DIGITS = 16
 MISSING = "missing"
+PER_NODE = "per-node"
 VERSION_FIELDS = ("python", "phalanx", "torch", "cuda", "nccl")
 _CUDA_LINE = re.compile(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
 
@@ -52,12 +57,18 @@ class Target:
     kind: str
     name: str
     args: tuple[str, ...] = ()
+    per_node_args: bool = False  # the arguments may differ between nodes on purpose
 
 
 def target_of(config: LaunchConfig) -> Target:
     """The user's program of a CLI launch (``--run-path`` runs a script too)."""
     kinds = {LaunchMode.MODULE: "module", LaunchMode.NO_PYTHON: "program"}
-    return Target(kinds.get(config.mode, "script"), config.program, config.program_args)
+    return Target(
+        kinds.get(config.mode, "script"),
+        config.program,
+        config.program_args,
+        per_node_args=config.allow_per_node_args,
+    )
 
 
 def node_fingerprint(target: Target, cwd: Path | None = None) -> dict[str, str]:
@@ -66,6 +77,7 @@ def node_fingerprint(target: Target, cwd: Path | None = None) -> dict[str, str]:
     base = cwd or Path.cwd()
     found = versions()
     found["script"] = file_hash(_program_file(target, base))
+    found["args"] = PER_NODE if target.per_node_args else args_hash(target.args)
     for arg in target.args:
         path = arg.partition("=")[2] if arg.startswith("-") else arg
         if path and _is_file(base / path):
@@ -91,6 +103,13 @@ def versions() -> dict[str, str]:
     if nccl:
         found["nccl"] = nccl
     return found
+
+
+def args_hash(args: Sequence[str]) -> str:
+    """sha256 of the arguments (NUL-separated, so ``a b`` and ``"a b"`` differ), cut short,
+    with their count in front: ``2 args 1f0c...``."""
+    digest = hashlib.sha256(b"\0".join(arg.encode("utf-8", "surrogateescape") for arg in args))
+    return f"{len(args)} args {digest.hexdigest()[:HASH_DIGITS]}"
 
 
 def file_hash(path: Path | None) -> str:

@@ -159,7 +159,9 @@ def spawn(
                 "%s:%d (master_port)", master_addr, agents_port, master_addr, worker_port,
             )  # fmt: skip
         # The workers run phalanx's entry point; the code that differs would be the program's.
-        launch = prepare(config, Target("script", sys.argv[0], tuple(sys.argv[1:])))
+        # Its nodes' command lines differ by design (--node_rank): the arguments are not compared.
+        target = Target("script", sys.argv[0], tuple(sys.argv[1:]), per_node_args=True)
+        launch = prepare(config, target)
         try:
             Agent(config, launch.open_rendezvous, launch.run_id, env).run()
         except Interrupted as exc:

@@ -31,6 +31,8 @@ class RendezvousSpec:
     worker_port: int | None = None
     # What this node announces of its code and versions (phalanx.consistency.fingerprint).
     fingerprint: Mapping[str, str] = field(default_factory=dict)
+    # --allow-mismatch: a node whose fingerprint differs from a running job's joins it anyway.
+    allow_mismatch: bool = False
 
 
 def heartbeat_fencing(settings: RendezvousSettings, options: Any) -> FenceTiming:

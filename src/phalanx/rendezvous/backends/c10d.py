@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from phalanx.rendezvous.addr import is_this_machine, node_address
 from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.rendezvous.backends.claim import check_store, seed
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings, parse_bool
 from phalanx.rendezvous.spec import Backend, RendezvousSpec, split_endpoint, unknown_keys
@@ -69,12 +70,20 @@ def check(spec: RendezvousSpec) -> tuple[Options | None, list[str]]:
 
 
 def open_store(
-    host: str, port: int, is_host: bool | None, settings: RendezvousSettings, token: Token
+    host: str,
+    port: int,
+    is_host: bool | None,
+    settings: RendezvousSettings,
+    token: Token,
+    run_id: str,
 ) -> AgentKVStore:
-    """Host the store here or connect to it (see the module docstring)."""
+    """Host the store here or connect to it (see the module docstring); a store hosted here
+    names ``run_id`` as its run (``claim``)."""
     if is_host if is_host is not None else is_this_machine(host):
         try:
-            return AgentKVStore.host(host, port, token=token, read_timeout=settings.read_timeout)
+            return AgentKVStore.host(
+                host, port, token=token, read_timeout=settings.read_timeout, seed=seed(run_id)
+            )
         except OSError as exc:
             if is_host:
                 raise StoreUnavailable(
@@ -97,9 +106,12 @@ def open_handler(
     spec: RendezvousSpec, settings: RendezvousSettings, options: Options
 ) -> RendezvousHandler:
     where = f"the c10d store at {options.host}:{options.port}"
-    if (warning := no_token_warning(options.token, options.host, where)) is not None:
+    if (warning := no_token_warning(options.token, where)) is not None:
         log.warning("%s", warning)
-    store = open_store(options.host, options.port, options.is_host, settings, options.token)
+    store = open_store(
+        options.host, options.port, options.is_host, settings, options.token, spec.run_id
+    )
+    check_store(store, spec.run_id, where)
     addr = node_address(options.host, options.port, spec.local_addr)
     return DynamicRendezvous.for_spec(store, spec, settings, addr, where)
 

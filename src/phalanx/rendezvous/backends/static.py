@@ -15,6 +15,7 @@ import os
 
 from phalanx.rendezvous.addr import node_address
 from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.rendezvous.backends.claim import check_store, seed
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings
 from phalanx.rendezvous.spec import Backend, RendezvousSpec, unknown_keys
@@ -51,11 +52,14 @@ def open_handler(
 ) -> RendezvousHandler:
     host, port = spec.master_addr, spec.master_port
     where = f"the static store at {host}:{port}"
-    if (warning := no_token_warning(token, host, where)) is not None:
+    if (warning := no_token_warning(token, where)) is not None:
         log.warning("%s", warning)
     if spec.node_rank == 0:
         try:
-            store = AgentKVStore.host(host, port, token=token, read_timeout=settings.read_timeout)
+            store = AgentKVStore.host(
+                host, port, token=token, read_timeout=settings.read_timeout,
+                seed=seed(spec.run_id),
+            )  # fmt: skip
         except OSError as exc:
             raise StoreUnavailable(
                 f"node 0 cannot host the rendezvous store on --master-addr {host} "
@@ -71,6 +75,7 @@ def open_handler(
             read_timeout=settings.read_timeout,
         )
         addr = node_address(host, port, spec.local_addr)
+    check_store(store, spec.run_id, where)
     return DynamicRendezvous.for_spec(store, spec, settings, addr, where)
 
 

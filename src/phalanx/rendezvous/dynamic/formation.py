@@ -30,6 +30,7 @@ from phalanx.config import shown_run_id
 from phalanx.errors import Interrupted, Preempted, RendezvousError
 from phalanx.net import free_port
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
+from phalanx.rendezvous.dynamic.admission import check_admission
 from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
@@ -49,10 +50,13 @@ class RoundFormer:
         clock: Callable[[], float] = time.monotonic,
         worker_port: int | None = None,
         where: str = "",
+        admit_mismatch: bool = False,
     ) -> None:
         """``worker_port``: the workers' master port in every round (a program that was
         given its port, ``phalanx.spawn``); None: node 0 picks a free port each round.
-        ``where``: the store, as the waiting line names it."""
+        ``where``: the store, as the waiting line names it.
+        ``admit_mismatch``: join a running job whose code or arguments differ from this
+        node's (``admission``; --allow-mismatch)."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -60,6 +64,7 @@ class RoundFormer:
         self._max = max_nodes
         self._clock = clock
         self._worker_port = worker_port
+        self._admit_mismatch = admit_mismatch
         self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock, where=where)
 
     def form(
@@ -86,6 +91,8 @@ class RoundFormer:
                 self._b.open_round(t)
             else:
                 t = self._first_undecided(t)
+                if not self._admit_mismatch:
+                    check_admission(self._b, t, me.fingerprint)
                 if not self._b.is_open(t) and t not in queued:
                     self._queue_for(t, me)  # round t-1 runs without us: wait for the next
                     queued.add(t)

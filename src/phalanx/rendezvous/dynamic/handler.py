@@ -94,12 +94,16 @@ class DynamicRendezvous:
         worker_port: int | None = None,
         fingerprint: Mapping[str, str] | None = None,
         where: str = "",
+        admit_mismatch: bool = False,
     ) -> None:
-        """``where``: the store, as the waiting line names it. ``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
+        """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
+        ``where``: the store, as the waiting line names it.
         ``fixed_rank``: static rendezvous (then ``min_nodes == max_nodes`` is required).
         ``worker_port``: the workers' MASTER_PORT in every round; None: a free port per round.
         ``fingerprint``: what this node announces of its code and versions with every join
-        (``phalanx.consistency``); each round's result carries every member's."""
+        (``phalanx.consistency``); each round's result carries every member's.
+        ``admit_mismatch``: join a running job even when its fingerprint differs (else this
+        node is refused before the job hears of it: ``admission``)."""
         if not 1 <= min_nodes <= max_nodes:
             raise UsageError(f"--nnodes {min_nodes}:{max_nodes}: expected 1 <= MIN <= MAX")
         if fixed_rank is not None and min_nodes != max_nodes:
@@ -110,8 +114,8 @@ class DynamicRendezvous:
         self._board = Board(store, Keys(run_id), self._node_id)
         self._former = RoundFormer(
             self._board, self._settings, min_nodes, max_nodes, worker_port=worker_port,
-            where=where,
-        )
+            where=where, admit_mismatch=admit_mismatch,
+        )  # fmt: skip
         self._fence = _fence_for(store, self._settings)
         self._liveness = Liveness(self._board, self._settings, fence=self._fence)
         self._addr = addr
@@ -162,6 +166,7 @@ class DynamicRendezvous:
             fixed_rank=spec.node_rank,
             fingerprint=spec.fingerprint,
             where=where,
+            admit_mismatch=spec.allow_mismatch,
         )
 
     @property

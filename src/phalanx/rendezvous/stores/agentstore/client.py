@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
@@ -82,11 +82,19 @@ class AgentKVStore:
 
     @classmethod
     def host(
-        cls, host: str, port: int, *, token: Token, read_timeout: float, linger: float = LINGER
+        cls,
+        host: str,
+        port: int,
+        *,
+        token: Token,
+        read_timeout: float,
+        linger: float = LINGER,
+        seed: Mapping[str, bytes] | None = None,
     ) -> AgentKVStore:
         """Serve a store on ``host:port`` (only that address; 0 picks a free port) and return
-        the hosting handle. Raises ``OSError`` when the address cannot be bound."""
-        server = StoreServer.start(host, port, token)
+        the hosting handle. Raises ``OSError`` when the address cannot be bound. ``seed``:
+        keys it holds before anyone can connect."""
+        server = StoreServer.start(host, port, token, seed=seed)
         where = f"the rendezvous store this node hosts on {_hostport(host, server.port)}"
         # Connect to the address bound: a wildcard bind is reached on loopback.
         local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(server.host, server.host)

@@ -7,12 +7,13 @@ token=...`` is refused, because ``ps`` and shell history would show it. Messages
 key or the variable, never the value; the workers never get it (``phalanx.credentials``).
 
 Without a token the store still works (torchrun's behaviour: anyone who reaches the port can
-join); on an endpoint other than loopback the agent says so once at start.
+join); the agent says so once at start, on loopback too (any local process reaches that).
+``--hosts``/``--hostfile`` makes a token per job and sends it to every agent it starts
+(``phalanx.hosts``); one-node jobs have no store at all.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 
 from phalanx.credentials import RDZV_TOKEN_ENV
@@ -52,21 +53,14 @@ def token_from_conf(
     return Token(secret, "--rdzv-conf token_file")
 
 
-def no_token_warning(token: Token, host: str, what: str) -> str | None:
-    """The line to log once at start when ``what`` at ``host`` can be reached from other
-    machines and has no token; None on loopback or with a token."""
-    if token or _loopback(host):
+def no_token_warning(token: Token, what: str) -> str | None:
+    """The line to log once at start when the store ``what`` has no token (None with one).
+    Loopback is no exception: a local process took node rank 0, and with it the workers'
+    master address, of a job on 127.0.0.1."""
+    if token:
         return None
     return (
-        f"rendezvous: {what} has no token, so any process that can reach it can join, steer "
-        f"or stop this job; {HOW_TO_SET}"
+        f"rendezvous: {what} has no token, so any process that can reach it (on this machine "
+        f"too) can join, take node rank 0, steer or stop this job; {HOW_TO_SET} "
+        "(--hosts/--hostfile make one per job)"
     )
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False

@@ -26,6 +26,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from phalanx.rendezvous.stores.agentstore import auth, wire
@@ -61,13 +62,22 @@ class _Peer:
 class StoreServer:
     """A running agent store. ``start`` binds and serves; ``close`` stops it."""
 
-    def __init__(self, listener: socket.socket, token: Token, *, handshake_timeout: float) -> None:
-        """Serve on a bound, listening socket (use ``start``); no thread runs until ``serve``."""
+    def __init__(
+        self,
+        listener: socket.socket,
+        token: Token,
+        *,
+        handshake_timeout: float,
+        seed: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Serve on a bound, listening socket (use ``start``); no thread runs until ``serve``.
+        ``seed``: keys the store holds before its first connection (the run it serves)."""
         self._listener = listener
         self._bound = listener.getsockname()
         self._key = token.key
         self._handshake_timeout = handshake_timeout
         self._table: Table[_Peer] = Table()
+        self._table.data.update((k.encode(), v) for k, v in (seed or {}).items())
         self._peers: dict[socket.socket, _Peer] = {}
         self._deadlines: list[tuple[float, int, _Peer]] = []  # a heap; stale entries skipped
         self._order = itertools.count()
@@ -83,13 +93,19 @@ class StoreServer:
 
     @classmethod
     def start(
-        cls, host: str, port: int, token: Token, *, handshake_timeout: float = HANDSHAKE_TIMEOUT
+        cls,
+        host: str,
+        port: int,
+        token: Token,
+        *,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        seed: Mapping[str, bytes] | None = None,
     ) -> StoreServer:
         """Bind ``host:port`` (0: a free port) and serve from a thread of its own.
         Raises ``OSError`` when the address cannot be bound (the port is taken)."""
         listener = bind(bind_address(host), port)
         raise_descriptor_limit()
-        server = cls(listener, token, handshake_timeout=handshake_timeout)
+        server = cls(listener, token, handshake_timeout=handshake_timeout, seed=seed)
         server.serve()
         return server
 
