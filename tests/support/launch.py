@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -30,9 +30,11 @@ def launched(
     *,
     cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Iterator[subprocess.Popen[str]]:
     """phalanx running in the background (its output piped, as text) for the ``with`` block;
-    its whole session is killed afterwards if it is still running."""
+    its whole session is killed afterwards if it is still running. ``preexec_fn``: run in
+    the child before phalanx starts (a resource limit, a cgroup to join)."""
     launcher = subprocess.Popen(
         [*PHALANX, *args],
         stdout=subprocess.PIPE,
@@ -41,6 +43,7 @@ def launched(
         cwd=cwd,
         env=env,
         start_new_session=True,
+        preexec_fn=preexec_fn,
     )
     try:
         yield launcher
@@ -56,9 +59,10 @@ def run_phalanx(
     timeout: float = 120,
     cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run phalanx to completion; on timeout kill its whole session so nothing leaks."""
-    with launched(args, cwd=cwd, env=env) as proc:
+    with launched(args, cwd=cwd, env=env, preexec_fn=preexec_fn) as proc:
         out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 

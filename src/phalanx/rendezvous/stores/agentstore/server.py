@@ -28,9 +28,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from phalanx.limits import raise_descriptor_limit
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
-from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address, raise_descriptor_limit
+from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address
 from phalanx.rendezvous.stores.agentstore.table import Park, Table
 
 log = logging.getLogger("phalanx")
