@@ -13,7 +13,7 @@ from phalanx.agent.endings import Endings
 from phalanx.agent.runfiles import write_bounded
 from phalanx.errors import Interrupted, PhalanxError, Preempted, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
-from phalanx.rendezvous.api import JobEvent, RendezvousResult
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
 from phalanx.report.exits import WorkerExit, report_json
 
 log = logging.getLogger("phalanx")
@@ -46,6 +46,16 @@ class Between(Endings):
             records = self._round_records(joined, waiting_for_hangs=False)
         except RendezvousError:
             records = []
+        if (
+            event is not None
+            and event.kind is EventKind.PEER_FAILED
+            and "returncode" in event.failure
+        ):
+            # The store may be gone already (its host went down after the failure): the event
+            # that told of the failure carries its record.
+            node = event.node_rank
+            if all(r.get("node_rank") != node for r in records):
+                records.append({**event.failure, "node_rank": node, "round": joined.round})
         self.failure = SoFar(joined, exits, event, hang, records)
 
     def _stopped_waiting(self, exc: Interrupted, where: str) -> NoReturn:
