@@ -33,7 +33,7 @@ from phalanx.rendezvous.api import (
 from phalanx.report.exits import WorkerExit
 from phalanx.report.oom import OomProbe
 from phalanx.status import StatusService
-from phalanx.supervisor.group import Outcome, RoundResult, Supervisor
+from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor
 from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
 
@@ -81,12 +81,7 @@ class Rounds(Between):
     def run(self) -> int:
         while True:
             joined = self._next_round()
-            if self._restart is not None:
-                log.warning(
-                    "restarting the worker group (restart %d of %d)",
-                    self._restart, self.config.max_restarts,
-                )  # fmt: skip
-                self._restart = None
+            self._say_restart()
             plan = build_plan(self.config, joined, self.run_dir, self.base_env)
             mark = ProgressMark.take(plan)
             self.attempts += 1
@@ -102,10 +97,7 @@ class Rounds(Between):
             self.status.begin(plan, joined, self.rdzv.status_exchange())
             tick = self.status.watch(attempt.watch(watch.tick))
             preempt = self._preempt_watch(joined)
-            try:
-                result = self.supervisor.run(plan, self.signals, self._poll(watch), tick, preempt)
-            except StartFailed as exc:  # a limit reached: no round without every worker
-                self._cut_short(exc, str(exc))
+            result = self._supervise(plan, watch, tick, preempt)
             attempt.ended(result.exits)
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
             if result.preemption is not None and _ended_by_preemption(result):
@@ -142,6 +134,23 @@ class Rounds(Between):
                 continue
             crash_loop = step is Step.CRASH_LOOP
             self._fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
+
+    def _say_restart(self) -> None:
+        """Say the restart claimed after the last round, now that its round has formed."""
+        if self._restart is not None:
+            log.warning(
+                "restarting the worker group (restart %d of %d)",
+                self._restart, self.config.max_restarts,
+            )  # fmt: skip
+            self._restart = None
+
+    def _supervise(
+        self, plan: RoundPlan, watch: RoundWatch, tick: OnTick, preempt: PreemptWatch
+    ) -> RoundResult:
+        try:
+            return self.supervisor.run(plan, self.signals, self._poll(watch), tick, preempt)
+        except StartFailed as exc:  # a limit reached: no round without every worker
+            self._cut_short(exc, str(exc))
 
     def _next_round(self) -> RendezvousResult:
         """Join the next round; a signal meanwhile ends the wait at once, and the other nodes
