@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -31,9 +31,12 @@ def launched(
     cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
     command: Sequence[str] = PHALANX,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Iterator[subprocess.Popen[str]]:
     """phalanx (``command``) running in the background (its output piped, as text) for the
-    ``with`` block; its whole session is killed afterwards if it is still running."""
+    ``with`` block; its whole session is killed afterwards if it is still running.
+    ``preexec_fn``: run in the child before phalanx starts (a resource limit, a cgroup to
+    join)."""
     launcher = subprocess.Popen(
         [*command, *args],
         stdout=subprocess.PIPE,
@@ -42,6 +45,7 @@ def launched(
         cwd=cwd,
         env=env,
         start_new_session=True,
+        preexec_fn=preexec_fn,
     )
     try:
         yield launcher
@@ -58,9 +62,10 @@ def run_phalanx(
     cwd: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
     command: Sequence[str] = PHALANX,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run phalanx to completion; on timeout kill its whole session so nothing leaks."""
-    with launched(args, cwd=cwd, env=env, command=command) as proc:
+    with launched(args, cwd=cwd, env=env, command=command, preexec_fn=preexec_fn) as proc:
         out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 

@@ -16,6 +16,7 @@ from phalanx.errors import Interrupted, PhalanxError, Preempted
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
+from phalanx.limits import raise_descriptor_limit
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rundir import make_run_dir
 from phalanx.status import StatusService
@@ -71,6 +72,7 @@ class Agent:
     def run(self) -> int:
         """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
         config = self._config
+        raise_descriptor_limit()  # each worker takes several (pipes, a pidfd): soft limits are low
         # Bound first: a port in use stops the launch before anything is made or started.
         metrics = None
         if config.metrics_port is not None:

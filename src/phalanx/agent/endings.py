@@ -12,14 +12,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from phalanx.agent import preempted
 from phalanx.agent.describe import describe_event
 from phalanx.agent.runfiles import write_bounded
 from phalanx.agent.stopped import stop_report
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, JobFailed, Preempted, RendezvousError
+from phalanx.errors import Interrupted, JobFailed, PhalanxError, Preempted, RendezvousError
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.hang.analysis import HangAnalysis
@@ -40,6 +40,9 @@ from phalanx.report.recovery import summary_lines
 from phalanx.supervisor.preempt import Preemption, from_notice
 from phalanx.supervisor.signals import SignalWatcher
 
+if TYPE_CHECKING:
+    from phalanx.agent.sofar import SoFar
+
 log = logging.getLogger("phalanx")
 
 
@@ -56,6 +59,15 @@ class Endings:
     recovery: RecoveryTracker | None
     attempts: int
     restart_count: int  # the current attempt's, as its directory is named: attempt_<n>
+    failure: SoFar | None  # the last failed round: its report if the job ends before the next
+
+    def _tell_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
+        """Tell the other nodes this node is done; best effort: with the store gone (its host
+        lost) there is nobody to tell, and the report must still be written."""
+        try:
+            self.rdzv.report_done(ok, signum=signum, preempted=preempted)
+        except (PhalanxError, OSError) as exc:
+            log.warning("could not tell the other nodes this node is done: %s", exc)
 
     def _succeeded(self, joined: RendezvousResult, plan: RoundPlan, exits: list[WorkerExit]) -> int:
         """This node's workers all finished: wait for the others (the exit barrier). Read
@@ -205,13 +217,18 @@ class Endings:
         verdict: RoundVerdict | None,
         *,
         crash_loop: bool,
+        records: list[dict[str, object]] | None = None,
+        ended: str = "",
     ) -> NoReturn:
-        """Print and save the job-wide report, then raise with the root cause's exit code."""
-        self.rdzv.report_done(False)
+        """Print and save the job-wide report, then raise with the root cause's exit code.
+        ``records``: the other nodes' failure records, read before (None: read them now);
+        ``ended``: why the job ended, when not because of this round."""
+        self._tell_done(False)
         if event is not None and event.kind is EventKind.STORE_LOST:
             known = self.rdzv.poll()  # what is known of the store by now (after a fence)
             event = known if known is not None and known.kind is EventKind.STORE_LOST else event
-        records = self._round_records(joined, waiting_for_hangs=hang is not None)
+        if records is None:
+            records = self._records_or_kept(joined, hang is not None)
         lost = None
         if event is not None and event.kind is EventKind.NODE_LOST:
             lost = jobreport.lost_node(event, joined, describe_event(event))
@@ -228,9 +245,10 @@ class Endings:
                 "recovery": figures,
                 "crash_loop": crash_loop,
                 "verdict": verdict.to_json() if verdict is not None else None,
+                "ended": ended or None,
             },
         )
-        text = report.text
+        text = report.text + (f"\nphalanx: the job ended: {ended}" if ended else "")
         if crash_loop and verdict is not None:
             text += (
                 f"\nphalanx: crash loop: the same failure twice in a row ({verdict.failure}) "
@@ -243,7 +261,7 @@ class Endings:
         write_bounded(self.run_dir / "report.json", json.dumps(report.data, indent=2))
         cause = report.cause
         if cause is None:
-            reason = describe_event(event) if event is not None else ""
+            reason = ended or (describe_event(event) if event is not None else "")
             raise RendezvousError(f"the job stopped: {reason or 'another node gave up'}")
         raise JobFailed(f"{cause.who} on {cause.host}: {cause.summary}", cause.exit_code)
 
@@ -254,6 +272,17 @@ class Endings:
             return [], None
         figures = self.recovery.result(self.events.now())
         return summary_lines(figures), figures.to_json() if figures.incidents else None
+
+    def _records_or_kept(
+        self, joined: RendezvousResult, waiting_for_hangs: bool
+    ) -> list[dict[str, object]]:
+        """The other nodes' records of this round; those kept from before when the store
+        cannot be read any more."""
+        try:
+            return self._round_records(joined, waiting_for_hangs=waiting_for_hangs)
+        except RendezvousError:
+            kept = self.failure
+            return kept.records if kept is not None and kept.joined.round == joined.round else []
 
     def _round_records(
         self, joined: RendezvousResult, *, waiting_for_hangs: bool

@@ -10,17 +10,18 @@ from pathlib import Path
 
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
-from phalanx.agent.endings import Endings
 from phalanx.agent.policy import Step, decide, judged
+from phalanx.agent.sofar import Between
 from phalanx.agent.stopped import asked_to_stop
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
-from phalanx.errors import Interrupted, MismatchError, Preempted
+from phalanx.errors import Interrupted, MismatchError, RendezvousError
 from phalanx.events.attempt import AttemptEvents, AttemptFailure
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.watch import RoundWatch
+from phalanx.limits import StartFailed
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import (
     EventKind,
@@ -32,14 +33,14 @@ from phalanx.rendezvous.api import (
 from phalanx.report.exits import WorkerExit
 from phalanx.report.oom import OomProbe
 from phalanx.status import StatusService
-from phalanx.supervisor.group import Outcome, RoundResult, Supervisor
+from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor
 from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
 
 log = logging.getLogger("phalanx")
 
 
-class Rounds(Endings):
+class Rounds(Between):
     """The restart loop of one agent run, and the job-wide failure report at its end.
 
     Budget policy (see ``rendezvous.api``): a worker failure here or on a peer, and a lost
@@ -75,10 +76,13 @@ class Rounds(Endings):
         self.base_env = base_env
         self.attempts = 0
         self.restart_count = 0
+        self.failure = None
+        self._restart: int | None = None  # the restart claimed, said once its round forms
 
     def run(self) -> int:
         while True:
             joined = self._next_round()
+            self._say_restart()
             plan = build_plan(self.config, joined, self.run_dir, self.base_env)
             mark = ProgressMark.take(plan)
             self.attempts += 1
@@ -95,7 +99,7 @@ class Rounds(Endings):
             self.status.begin(plan, joined, self.rdzv.status_exchange())
             tick = self.status.watch(attempt.watch(watch.tick))
             preempt = self._preempt_watch(joined)
-            result = self.supervisor.run(plan, self.signals, self._poll(watch), tick, preempt)
+            result = self._supervise(plan, watch, tick, preempt)
             attempt.ended(result.exits)
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
             if result.preemption is not None and _ended_by_preemption(result):
@@ -108,6 +112,7 @@ class Rounds(Endings):
             exits, cause = self._record_failure(exits, result.event, watch, probe)
             event = result.event.kind if result.event is not None else None
             if cause is not None or event is not EventKind.NODE_WAITING:  # a scale-up is no failure
+                self._keep_failure(joined, exits, result.event, watch.hang or watch.peer_hang)
                 attempt.failed(
                     self._failure_events(cause, result.event, watch),
                     stop_began=self.supervisor.stop_began,
@@ -120,11 +125,8 @@ class Rounds(Endings):
                 self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
                 continue  # a scale-up: re-form the round, no restart spent
             hang = watch.hang or watch.peer_hang
-            if step is Step.RESTART and self.rdzv.claim_restart(self.config.max_restarts):
-                log.warning(
-                    "restarting the worker group (restart %d of %d)",
-                    self.attempts, self.config.max_restarts,
-                )  # fmt: skip
+            if step is Step.RESTART and self._claim_restart():
+                self._restart = self.attempts  # said once the round forms: it may not
                 self.events.emit(
                     "restart",
                     restart=self.attempts,
@@ -135,6 +137,23 @@ class Rounds(Endings):
             crash_loop = step is Step.CRASH_LOOP
             self._fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
 
+    def _say_restart(self) -> None:
+        """Say the restart claimed after the last round, now that its round has formed."""
+        if self._restart is not None:
+            log.warning(
+                "restarting the worker group (restart %d of %d)",
+                self._restart, self.config.max_restarts,
+            )  # fmt: skip
+            self._restart = None
+
+    def _supervise(
+        self, plan: RoundPlan, watch: RoundWatch, tick: OnTick, preempt: PreemptWatch
+    ) -> RoundResult:
+        try:
+            return self.supervisor.run(plan, self.signals, self._poll(watch), tick, preempt)
+        except StartFailed as exc:  # a limit reached: no round without every worker
+            self._cut_short(exc, str(exc))
+
     def _next_round(self) -> RendezvousResult:
         """Join the next round; a signal meanwhile ends the wait at once, and the other nodes
         are told this node left (the job stops: it cannot form without it)."""
@@ -144,11 +163,9 @@ class Rounds(Endings):
             with self.signals.raising():
                 joined = self.rdzv.next_round(self.config.nproc_per_node)
         except Interrupted as exc:  # a signal here, or (``where``) the job stopped by one elsewhere
-            preempted = isinstance(exc, Preempted)
-            self.rdzv.report_done(False, signum=exc.signum, preempted=preempted)
-            where = exc.where or "this node, in the rendezvous"
-            self._stop_report([], exc.signum, self.events.node, where)
-            raise
+            self._stopped_waiting(exc, "this node, in the rendezvous")
+        except RendezvousError as exc:  # a node or the store lost, a timeout: no round
+            self._cut_short(exc, self._no_round(exc))
         self.events.node = joined.node_rank
         self.events.emit(
             "rdzv_done",
@@ -237,8 +254,21 @@ class Rounds(Endings):
             with self.signals.raising():
                 return self.rdzv.judge_round(progressed, failure_signature)
         except Interrupted as exc:
-            self.rdzv.report_done(False, signum=exc.signum, preempted=isinstance(exc, Preempted))
-            raise
+            self._stopped_waiting(exc, "this node, waiting for the other nodes' verdict")
+        except RendezvousError as exc:
+            self._cut_short(exc, self._no_round(exc))
+
+    def _claim_restart(self) -> bool:
+        try:
+            return self.rdzv.claim_restart(self.config.max_restarts)
+        except RendezvousError as exc:
+            self._cut_short(exc, self._no_round(exc))
+
+    def _no_round(self, exc: RendezvousError) -> str:
+        """Why the job ended when the next round could not form."""
+        if self.failure is None:
+            return str(exc)
+        return f"the restart round could not form: {exc}"
 
     def _preempt_watch(self, joined: RendezvousResult) -> PreemptWatch:
         return PreemptWatch(
@@ -279,4 +309,3 @@ def _ended_by_preemption(result: RoundResult) -> bool:
     return result.outcome is Outcome.REMOTE and (
         event is None or event.kind is not EventKind.PEER_FAILED
     )
-

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import BinaryIO
 
+from phalanx.limits import start_failed
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.fencing import KILL_BOUND, Fence
@@ -125,7 +126,7 @@ class Supervisor:
         self._preempt = preempt
         try:
             for worker in plan.workers:
-                slots.append(self._start(worker, plan, selector, streams))
+                self._start(worker, plan, selector, streams, slots)
             next_poll = time.monotonic() + self._monitor_interval
             while True:
                 timeout = max(0.0, next_poll - time.monotonic())
@@ -186,7 +187,9 @@ class Supervisor:
             return self._result(Outcome.PREEMPTED if preempted else Outcome.SUCCEEDED, slots)
         if preempt is not None and preempt.due():
             left = sum(1 for s in slots if s.exit is None)
-            log.warning("preemption: the deadline is near; stopping %d worker(s) still running", left)
+            log.warning(
+                "preemption: the deadline is near; stopping %d worker(s) still running", left
+            )
             return self._preempt_stop(slots, streams, selector)
         return None
 
@@ -244,7 +247,26 @@ class Supervisor:
         plan: RoundPlan,
         selector: selectors.BaseSelector,
         streams: dict[int, LogStream],
-    ) -> _Slot:
+        slots: list[_Slot],
+    ) -> None:
+        """Start ``worker`` into ``slots``; a limit reached on the way (descriptors,
+        processes, threads) raises ``StartFailed``, which ends the round."""
+        try:
+            self._start_one(worker, plan, selector, streams, slots)
+        except (OSError, RuntimeError) as exc:
+            failed = start_failed(worker.global_rank, exc)
+            if failed is None:
+                raise
+            raise failed from None
+
+    def _start_one(
+        self,
+        worker: WorkerPlan,
+        plan: RoundPlan,
+        selector: selectors.BaseSelector,
+        streams: dict[int, LogStream],
+        slots: list[_Slot],
+    ) -> None:
         with contextlib.suppress(OSError):  # a full disk: its LogFile says so, the job goes on
             make_dirs(worker.log_dir)  # a symlink planted on the way is refused, not followed
         proc = self._launch(worker)
@@ -252,6 +274,7 @@ class Supervisor:
         if self._fence is not None:
             self._fence.guard(proc.pid)  # killed at once if the node has fenced already
         slot = _Slot(worker, proc, [])
+        slots.append(slot)  # from here on, stopped with the others whatever fails below
         selector.register(proc.exit_fd, selectors.EVENT_READ, slot)
         prefix = worker.console_prefix.encode()
         for index, (name, fd, path) in enumerate(
@@ -274,7 +297,6 @@ class Supervisor:
             streams[fd] = LogStream(fd, handle, prefix, console, duplicate)
             selector.register(fd, selectors.EVENT_READ, streams[fd])
             slot.streams.append(streams[fd])
-        return slot
 
     def _handle_events(
         self,

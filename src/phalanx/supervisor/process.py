@@ -96,4 +96,13 @@ def exec_worker(worker: WorkerPlan, cwd: str | None = None) -> ExecWorker:
         preexec_fn=die_with_parent(os.getpid()),
         close_fds=True,
     )
-    return ExecWorker(popen, os.pidfd_open(popen.pid))
+    try:
+        exit_fd = os.pidfd_open(popen.pid)
+    except OSError:  # no descriptor left: nothing could watch the worker, so it must not run
+        popen.kill()
+        popen.wait()
+        for stream in (popen.stdout, popen.stderr):
+            if stream is not None:
+                stream.close()
+        raise
+    return ExecWorker(popen, exit_fd)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.limits import LIMIT_ERRNOS
 from phalanx.plan import WorkerPlan
 from phalanx.plan.env import node_env
 from phalanx.supervisor.process import RunningWorker, exec_worker
@@ -142,7 +143,12 @@ class Template:
             return exec_worker(worker)
         try:
             return self._fork(request)
-        except (OSError, ProtocolError) as exc:
+        except OSError as exc:
+            if exc.errno in LIMIT_ERRNOS:  # a cold start would hit the same limit
+                raise
+            self._give_up(f"forking rank {worker.global_rank} failed: {exc}")
+            return exec_worker(worker)
+        except ProtocolError as exc:
             self._give_up(f"forking rank {worker.global_rank} failed: {exc}")
             return exec_worker(worker)
 
@@ -180,6 +186,8 @@ class Template:
         if "error" in reply or len(fds) != 1:
             for fd in (out_r, err_r, *fds):
                 os.close(fd)
+            if reply.get("errno") in LIMIT_ERRNOS:  # the template's fork hit a limit
+                raise OSError(int(reply["errno"]), str(reply["error"]))
             raise ProtocolError(str(reply.get("error", "no pidfd in the reply")))
         return WarmWorker(self, int(reply["pid"]), fds[0], out_r, err_r)
 

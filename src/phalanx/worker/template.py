@@ -152,7 +152,8 @@ class Server:
         except (ProtocolError, KeyError, TypeError, AttributeError, OSError) as exc:
             for fd in fds:
                 os.close(fd)
-            send(self._sock, {"error": f"{type(exc).__name__}: {exc}"})
+            code = exc.errno if isinstance(exc, OSError) else None  # a limit is named by the agent
+            send(self._sock, {"error": f"{type(exc).__name__}: {exc}", "errno": code})
             return False
         if pid == 0:
             self._become(request, (fds[0], fds[1]))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import resource
 import socket
 
 log = logging.getLogger("phalanx")
@@ -60,14 +59,3 @@ def bind(host: str, port: int) -> socket.socket:
         listener.close()
         raise
     return listener
-
-
-def raise_descriptor_limit() -> None:
-    """Let this process hold as many sockets as the hard limit allows: a job of a thousand
-    nodes is a thousand connections, past the usual soft limit of 1,024 descriptors."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError) as exc:
-            log.debug("rendezvous store: cannot raise the descriptor limit: %s", exc)

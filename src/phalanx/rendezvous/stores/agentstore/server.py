@@ -29,9 +29,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from phalanx.limits import raise_descriptor_limit
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
-from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address, raise_descriptor_limit
+from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address
 from phalanx.rendezvous.stores.agentstore.table import Park, Table
 
 log = logging.getLogger("phalanx")
