@@ -1,9 +1,11 @@
-# usage: preempt_train.py OUT_DIR STEPS [HOLD_AT] -- deterministic training (a seeded linear
-# model, gradients all-reduced over Gloo) that calls phalanx.preempted() before every step.
+# usage: preempt_train.py OUT_DIR STEPS [HOLD_AT [SAVE_SECONDS]] -- deterministic training (a
+# seeded linear model, gradients all-reduced over Gloo) that calls phalanx.preempted() before
+# every step.
 # On True every rank writes OUT_DIR/saved_rank<R>.json with its step and rank 0 saves a
 # checkpoint (phalanx.checkpoint) of that step; then all exit 0. It resumes from the newest
 # checkpoint. With HOLD_AT it stops advancing at that step (asking preempted() each time)
 # until preempted, so the test knows the step; OUT_DIR/ready_rank<R> says it got there.
+# SAVE_SECONDS: the save takes that long (a big checkpoint) before the saved file is written.
 import json
 import os
 import sys
@@ -16,6 +18,7 @@ import phalanx
 
 out, steps = sys.argv[1], int(sys.argv[2])
 hold_at = int(sys.argv[3]) if len(sys.argv) > 3 else None
+save_seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 torch.manual_seed(0)
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -31,6 +34,7 @@ if state is not None:
     print(f"rank {rank} resumed at step {step}", flush=True)
 while step < steps:
     if phalanx.preempted():
+        time.sleep(save_seconds)  # the save's own duration, not a synchronisation
         with open(os.path.join(out, f"saved_rank{rank}.json"), "w") as handle:
             json.dump({"step": step}, handle)
         if rank == 0:

@@ -1,9 +1,10 @@
 """A preemption on this node: one deadline for the whole job, the notice, the forwarding.
 
-The deadline is ``--preempt-grace`` after the first node got the signal: that node's wall
-clock travels in the notice (``report_preemption``), and a node hearing of it later keeps
-what is left, never more than the whole grace (a peer's clock ahead of ours cannot lengthen
-it). At ``stop_at`` -- the deadline less a kill margin -- the supervisor stops whatever is
+The deadline is ``--preempt-grace`` after this node heard of the preemption (its own signal,
+or a peer's notice through the store, a fraction of a second later), timed on this host's
+monotonic clock. The first node's wall clock travels in the notice (``report_preemption``)
+for the report only: comparing it with this host's wall clock would let a skewed clock take
+the grace away (a node 60 s ahead stopped its ranks at once) or lengthen it. At ``stop_at`` -- the deadline less a kill margin -- the supervisor stops whatever is
 still running (SIGTERM, half the margin, SIGKILL), so the node is empty by the deadline.
 
 Each worker is told twice: ``PREEMPT_NOTICE_FILE`` in its rank directory first (what
@@ -62,7 +63,7 @@ def kill_margin(grace: float) -> float:
 @dataclass(frozen=True)
 class Preemption:
     signal: str  # the signal's name, as the first node got it
-    time: float  # when the first node got it (that node's wall clock)
+    time: float  # when the first node got it (that node's wall clock: for the report only)
     node: int | None  # which node (None: this one, before any round formed)
     grace: float
     deadline: float  # this host's time.monotonic()
@@ -76,18 +77,18 @@ class Preemption:
 
 
 def from_notice(notice: dict[str, object], grace: float) -> Preemption:
-    """The job's preemption as this node sees it: the notice's time plus ``grace`` (this
-    node's own ``--preempt-grace``, which every node is given alike), clamped to the grace."""
+    """The job's preemption as this node sees it: ``grace`` (this node's own
+    ``--preempt-grace``, which every node is given alike) from now, on this host's monotonic
+    clock. Never from the notice's wall-clock time: that is another host's clock."""
     sent = notice.get("time")
     sent = float(sent) if isinstance(sent, (int, float)) else time.time()
-    left = min(grace, max(0.0, grace - max(0.0, time.time() - sent)))
     node = notice.get("node")
     return Preemption(
         signal=str(notice.get("signal", "")),
         time=sent,
         node=node if isinstance(node, int) else None,
         grace=grace,
-        deadline=time.monotonic() + left,
+        deadline=time.monotonic() + grace,
     )
 
 
