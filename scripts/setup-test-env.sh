@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up what the test suite needs on a fresh Debian machine (run as root or with sudo):
 # etcd (the real server for the etcd rendezvous tests), openssl (their TLS certificates),
-# iproute2 (network-namespace hosts), fuse3 (a log filesystem that can stop answering, for
+# iproute2 (network-namespace hosts), iptables (a lossy link inside one), gcc (a shim that
+# skews a host's wall clock), fuse3 (a log filesystem that can stop answering, for
 # the chaos tests), strace (a system call made to fail, for the checkpoint tests),
 # openssh-server (a real sshd per host for the --hosts/--hostfile tests), chromium (a real
 # headless browser opens the timeline page and screenshots it),
@@ -22,6 +23,8 @@ need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v openssl >/dev/null || need+=(openssl)
 command -v ip >/dev/null || need+=(iproute2)
+command -v iptables >/dev/null || need+=(iptables)
+command -v cc >/dev/null || need+=(gcc)
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v strace >/dev/null || need+=(strace)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
