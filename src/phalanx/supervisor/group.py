@@ -29,6 +29,7 @@ from phalanx.rendezvous.fencing import KILL_BOUND, Fence
 from phalanx.report.exits import WorkerExit, read_error_file
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogFile, LogStream, finish_all
+from phalanx.supervisor.pipes import PipeSelector
 from phalanx.supervisor.preempt import Preemption, PreemptWatch, kill_margin, tell_stopping
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.supervisor.signals import SignalWatcher
@@ -117,7 +118,7 @@ class Supervisor:
         own checks; True stops the workers and returns ``STOPPED``), then ``poll``. With
         ``preempt``, a preemption signal here or a peer's ``PREEMPTED`` lets the workers
         run on until they end or the job's deadline (``phalanx.supervisor.preempt``)."""
-        selector = selectors.DefaultSelector()
+        selector = PipeSelector()
         selector.register(signals.fd, selectors.EVENT_READ, None)
         self.stop_began = 0.0
         slots: list[_Slot] = []
@@ -159,7 +160,7 @@ class Supervisor:
         self,
         slots: list[_Slot],
         streams: dict[int, LogStream],
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         signals: SignalWatcher,
         fenced: str | None,
     ) -> RoundResult | None:
@@ -191,7 +192,7 @@ class Supervisor:
         return None
 
     def _preempt_stop(
-        self, slots: list[_Slot], streams: dict[int, LogStream], selector: selectors.BaseSelector
+        self, slots: list[_Slot], streams: dict[int, LogStream], selector: PipeSelector
     ) -> RoundResult:
         """End a preempted round now: SIGTERM, half the kill margin, SIGKILL."""
         assert self._preempt is not None and self._preempt.preemption is not None
@@ -213,7 +214,7 @@ class Supervisor:
         self,
         slots: list[_Slot],
         streams: dict[int, LogStream],
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         poll: Callable[[], JobEvent | None],
         on_tick: OnTick,
     ) -> RoundResult | None:
@@ -242,7 +243,7 @@ class Supervisor:
         self,
         worker: WorkerPlan,
         plan: RoundPlan,
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         streams: dict[int, LogStream],
     ) -> _Slot:
         with contextlib.suppress(OSError):  # a full disk: its LogFile says so, the job goes on
@@ -260,14 +261,14 @@ class Supervisor:
                 ("stderr", proc.stderr_fd, worker.stderr_path),
             )
         ):
-            handle = LogFile(path)
+            handle = LogFile(path, selector.wake)
             slot.files.append(handle)
             console = (
                 self._console[index] if self._console and name in worker.console_streams else None
             )
             duplicate = None
             if self._duplicate_filters[index]:
-                dup = LogFile(plan.attempt_dir / f"filtered_{name}.log")
+                dup = LogFile(plan.attempt_dir / f"filtered_{name}.log", selector.wake)
                 slot.files.append(dup)
                 duplicate = (dup, self._duplicate_filters[index])
             os.set_blocking(fd, False)
@@ -281,7 +282,7 @@ class Supervisor:
         events: list[tuple[selectors.SelectorKey, int]],
         slots: list[_Slot],
         streams: dict[int, LogStream],
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         stopping: bool,
     ) -> None:
         for key, _ in events:
@@ -319,7 +320,7 @@ class Supervisor:
         self,
         slots: list[_Slot],
         streams: dict[int, LogStream],
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         first_signal: int,
         grace: float | None = None,
     ) -> None:
@@ -363,7 +364,7 @@ class Supervisor:
         self,
         slots: list[_Slot],
         streams: dict[int, LogStream],
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
     ) -> None:
         """The fence SIGKILLed the workers: reap them. One still there ``KILL_BOUND`` after
         the kill breaks the fencing argument (the others may start its rank again while it
@@ -382,8 +383,10 @@ class Supervisor:
                 )  # fmt: skip
         self._stop(slots, streams, selector, signal.SIGKILL)
 
-    def _drain(self, streams: dict[int, LogStream], selector: selectors.BaseSelector) -> None:
-        """Copy what is left in the pipes, bounded: a stray grandchild may hold one open."""
+    def _drain(self, streams: dict[int, LogStream], selector: PipeSelector) -> None:
+        """Copy what is left in the pipes, bounded: a stray grandchild may hold one open.
+        What a pipe held when its workers ended is read even while its file is behind."""
+        selector.draining()
         deadline = time.monotonic() + _DRAIN_WAIT
         while streams and time.monotonic() < deadline:
             for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
