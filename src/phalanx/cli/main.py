@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from phalanx.errors import Interrupted, PhalanxError, Preempted, UsageError
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.plan import describe
+from phalanx.supervisor.console import settle
 
 log = logging.getLogger("phalanx")
 
@@ -55,7 +57,13 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
-    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    finally:
+        settle(sys.stdout, sys.stderr)  # a closed terminal must not change the exit code
+
+
+def _main(args: list[str]) -> int:
     try:
         # A subcommand, unless a training script is called that (torchrun's flags stay as is).
         command = SUBCOMMANDS.get(args[0]) if args else None
@@ -64,20 +72,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args, os.environ)
     except UsageError as exc:
         for problem in exc.problems:
-            print(f"phalanx: error: {problem}", file=sys.stderr)
+            _say(f"phalanx: error: {problem}")
         return exc.exit_code
     except Preempted as exc:
-        print(f"phalanx: {exc}; exit {exc.exit_code} (run the job again)", file=sys.stderr)
+        _say(f"phalanx: {exc}; exit {exc.exit_code} (run the job again)")
         return exc.exit_code
     except Interrupted as exc:
-        print(f"phalanx: stopped by {exc}", file=sys.stderr)
+        _say(f"phalanx: stopped by {exc}")
         return exc.exit_code
     except PhalanxError as exc:
-        print(f"phalanx: {exc}", file=sys.stderr)
+        _say(f"phalanx: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
 
+
+def _say(line: str) -> None:
+    """The last line on stderr; one that cannot be written (its terminal closed: the
+    SIGHUP that ended the job) is let go, the exit code is what matters then."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())

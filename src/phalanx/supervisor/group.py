@@ -27,6 +27,7 @@ from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.fencing import KILL_BOUND, Fence
 from phalanx.report.exits import WorkerExit, read_error_file
+from phalanx.supervisor.console import Console, OnLost
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogFile, LogStream, finish_all
 from phalanx.supervisor.pipes import PipeSelector
@@ -85,19 +86,21 @@ class Supervisor:
         monitor_interval: float,
         launch: Launch = exec_worker,
         console: tuple[BinaryIO, BinaryIO] | None = None,
+        on_console_lost: OnLost = lambda names, why: None,
         duplicate_filters: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ()),
         host: str | None = None,
         wall_clock: Callable[[], float] = time.time,
         fence: Fence | None = None,
     ) -> None:
         """``wall_clock``: the time stamped on each exit, for display (``supervisor.clock``).
-        ``fence``: guards every worker group (``phalanx.rendezvous.fencing``)."""
+        ``fence``: guards every worker group (``phalanx.rendezvous.fencing``).
+        ``on_console_lost``: told once when the console goes away (``supervisor.console``)."""
         self._guardian = guardian
         self._fence = fence
         self._shutdown_timeout = shutdown_timeout
         self._monitor_interval = monitor_interval
         self._launch = launch
-        self._console = console
+        self._console = Console(console, on_console_lost) if console is not None else None
         self._duplicate_filters = duplicate_filters
         self._host = host or socket.gethostname()
         self._wall_clock = wall_clock
@@ -264,7 +267,9 @@ class Supervisor:
             handle = LogFile(path, selector.wake)
             slot.files.append(handle)
             console = (
-                self._console[index] if self._console and name in worker.console_streams else None
+                (self._console, index)
+                if self._console is not None and name in worker.console_streams
+                else None
             )
             duplicate = None
             if self._duplicate_filters[index]:

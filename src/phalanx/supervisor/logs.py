@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from phalanx.supervisor.console import Console
 from phalanx.worker.nofollow import append_to
 
 log = logging.getLogger("phalanx")
@@ -174,7 +175,7 @@ class LogStream:
     fd: int
     file: LogFile | None
     prefix: bytes
-    console: BinaryIO | None
+    console: tuple[Console, int] | None  # the console and which of its streams
     duplicate: tuple[LogFile, tuple[bytes, ...]] | None = None
     _partial: bytes = field(default=b"", repr=False)
     _recent: bytearray = field(default_factory=bytearray, repr=False)
@@ -234,12 +235,9 @@ class LogStream:
                 self.duplicate = None
         if self.console is None:
             return
-        try:
-            self.console.write(b"".join(self._prefixed(line) + b"\n" for line in lines))
-            self.console.flush()
-        except (BrokenPipeError, ValueError):
-            # The launcher's own stdout went away (e.g. piped into `head`): keep the files.
-            self.console = None
+        console, index = self.console
+        if not console.write(index, b"".join(self._prefixed(line) + b"\n" for line in lines)):
+            self.console = None  # it went away (a closed terminal, `| head`): keep the files
 
 
 def _write_all(target: BinaryIO, data: bytes) -> None:
