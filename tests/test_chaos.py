@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +22,9 @@ import pytest
 from phalanx.net import free_port
 from phalanx.supervisor.cgroup import hierarchies
 from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
-from support.tools import tiny_tmpfs
+from support.tools import hang_filesystem, tiny_tmpfs
 
 HANG = 60.0  # bounds that only catch a hang
-HANGFS = Path(__file__).parent / "support" / "hangfs.py"
 
 
 
@@ -336,32 +334,6 @@ def test_a_worker_stuck_in_the_kernel_is_named_and_does_not_hold_up_the_launcher
     (run_dir,) = (tmp_path / "logs").iterdir()
     for leftover in _job_cgroup(run_dir):  # not removable while the frozen worker was in it
         leftover.rmdir()
-
-
-@contextlib.contextmanager
-def hang_filesystem(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """A FUSE mount (``support/hangfs.py``) that stops answering writes while
-    ``<backing>/.frozen`` exists, as a hung NFS mount does: yields (mountpoint, switch).
-    Thawed, unmounted and its daemon ended after, whatever happened."""
-    backing, mountpoint = tmp_path / "backing", tmp_path / "mnt"
-    backing.mkdir()
-    mountpoint.mkdir()
-    daemon = subprocess.Popen(
-        [sys.executable, str(HANGFS), str(backing), str(mountpoint)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    switch = backing / ".frozen"
-    try:
-        wait_for(lambda: os.path.ismount(mountpoint), HANG, "the FUSE mount")
-        yield mountpoint, switch
-    finally:
-        switch.unlink(missing_ok=True)
-        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], timeout=30, check=False)
-        try:
-            daemon.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.wait(10)
 
 
 @pytest.mark.parametrize("status", [0, 3])

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,12 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from support.launch import wait_for
+
 ETCD = shutil.which("etcd")  # Debian's etcd-server puts it in /usr/bin
 PY_SPY = shutil.which("py-spy")  # the test extras install it
 STRACE = shutil.which("strace")  # makes one syscall fail for real (scripts/setup-test-env.sh)
 # torchrun as its module under this interpreter, not the ``torchrun`` on PATH: torch is a
 # dependency, so it is always there, and a version-manager shim (pyenv) in front of a PATH
 # entry would add variables of its own to the workers' environment.
+HANGFS = Path(__file__).parent / "hangfs.py"  # a FUSE filesystem that can stop answering
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="etcd is not on PATH (Debian: etcd-server)")
@@ -81,3 +85,29 @@ def fill(directory: Path) -> None:
                 return
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def hang_filesystem(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A FUSE mount (``support/hangfs.py``) that stops answering writes while
+    ``<backing>/.frozen`` exists, as a hung NFS mount does: yields (mountpoint, switch).
+    Thawed, unmounted and its daemon ended after, whatever happened."""
+    backing, mountpoint = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mountpoint.mkdir()
+    daemon = subprocess.Popen(
+        [sys.executable, str(HANGFS), str(backing), str(mountpoint)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    switch = backing / ".frozen"
+    try:
+        wait_for(lambda: os.path.ismount(mountpoint), 60.0, "the FUSE mount")
+        yield mountpoint, switch
+    finally:
+        switch.unlink(missing_ok=True)
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], timeout=30, check=False)
+        try:
+            daemon.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait(10)

@@ -162,6 +162,9 @@ class Agent:
                     monitor_interval=config.monitor_interval,
                     launch=template.launch if template is not None else exec_worker,
                     console=self._console,
+                    on_console_lost=lambda names, why: events.emit(
+                        "console_lost", streams=names, reason=why
+                    ),
                     duplicate_filters=filters,
                     wall_clock=wall_clock.now,
                     fence=rendezvous.fence(),

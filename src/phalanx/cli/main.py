@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -20,6 +21,7 @@ from phalanx.errors import Interrupted, JobFailed, PhalanxError, UsageError, sto
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.plan import describe
+from phalanx.supervisor.console import settle
 
 log = logging.getLogger("phalanx")
 
@@ -92,7 +94,13 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
-    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    finally:
+        settle(sys.stdout, sys.stderr)  # a closed terminal must not change the exit code
+
+
+def _main(args: list[str]) -> int:
     try:
         # A subcommand, unless a training script is called that (torchrun's flags stay as is).
         command = SUBCOMMANDS.get(args[0]) if args else None
@@ -103,19 +111,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args, os.environ)
     except UsageError as exc:
         for problem in exc.problems:
-            print(f"phalanx: error: {problem}", file=sys.stderr)
+            _say(f"phalanx: error: {problem}")
         return exc.exit_code
     except Interrupted as exc:  # Preempted too
-        print(f"phalanx: {stopped_line(exc)}", file=sys.stderr)
+        _say(f"phalanx: {stopped_line(exc)}")
         return exc.exit_code
     except JobFailed as exc:  # the framed report just printed names the cause: not twice
         return exc.exit_code
     except PhalanxError as exc:
-        print(f"phalanx: {exc}", file=sys.stderr)
+        _say(f"phalanx: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
 
+
+def _say(line: str) -> None:
+    """The last line on stderr; one that cannot be written (its terminal closed: the
+    SIGHUP that ended the job) is let go, the exit code is what matters then."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -34,7 +34,7 @@ examples:
 exit status: 0 success; the root-cause worker's exit code (128+N for signal N) on failure,
 1 for a hang or a lost node;
 2 usage error, or the nodes run different code or versions (see --allow-mismatch);
-130/143 when interrupted by SIGINT/SIGTERM;
+129/130/143 when interrupted by SIGHUP/SIGINT/SIGTERM;
 75 when preempted (--preempt-signals; see the README's "Preemption")."""
 
 

@@ -58,6 +58,9 @@ KINDS: dict[str, tuple[str, ...]] = {
     "reform": ("round", "reason"),
     # The scheduler said the job will be stopped (a preemption signal).
     "preempt": ("signal", "deadline"),
+    # The launcher's console went away (a closed terminal: ``reason`` says why); the job goes
+    # on, its output in the log files only (``streams``: stdout, stderr or both).
+    "console_lost": ("streams", "reason"),
     # The agent run ended: ``outcome`` is succeeded, failed, interrupted or preempted.
     "job_end": ("outcome", "exit_code"),
 }

@@ -28,8 +28,10 @@ from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.fencing import KILL_BOUND, Fence
 from phalanx.report.exits import WorkerExit, read_error_file
+from phalanx.supervisor.console import Console, OnLost
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogFile, LogStream, finish_all
+from phalanx.supervisor.pipes import PipeSelector
 from phalanx.supervisor.preempt import Preemption, PreemptWatch, kill_margin, tell_stopping
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.supervisor.signals import SignalWatcher
@@ -85,19 +87,21 @@ class Supervisor:
         monitor_interval: float,
         launch: Launch = exec_worker,
         console: tuple[BinaryIO, BinaryIO] | None = None,
+        on_console_lost: OnLost = lambda names, why: None,
         duplicate_filters: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ()),
         host: str | None = None,
         wall_clock: Callable[[], float] = time.time,
         fence: Fence | None = None,
     ) -> None:
         """``wall_clock``: the time stamped on each exit, for display (``supervisor.clock``).
-        ``fence``: guards every worker group (``phalanx.rendezvous.fencing``)."""
+        ``fence``: guards every worker group (``phalanx.rendezvous.fencing``).
+        ``on_console_lost``: told once when the console goes away (``supervisor.console``)."""
         self._guardian = guardian
         self._fence = fence
         self._shutdown_timeout = shutdown_timeout
         self._monitor_interval = monitor_interval
         self._launch = launch
-        self._console = console
+        self._console = Console(console, on_console_lost) if console is not None else None
         self._duplicate_filters = duplicate_filters
         self._host = host or socket.gethostname()
         self._wall_clock = wall_clock
@@ -118,7 +122,7 @@ class Supervisor:
         own checks; True stops the workers and returns ``STOPPED``), then ``poll``. With
         ``preempt``, a preemption signal here or a peer's ``PREEMPTED`` lets the workers
         run on until they end or the job's deadline (``phalanx.supervisor.preempt``)."""
-        selector = selectors.DefaultSelector()
+        selector = PipeSelector()
         selector.register(signals.fd, selectors.EVENT_READ, None)
         self.stop_began = 0.0
         slots: list[_Slot] = []
@@ -160,7 +164,7 @@ class Supervisor:
         self,
         slots: list[_Slot],
         streams: dict[int, LogStream],
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         signals: SignalWatcher,
         fenced: str | None,
     ) -> RoundResult | None:
@@ -194,7 +198,7 @@ class Supervisor:
         return None
 
     def _preempt_stop(
-        self, slots: list[_Slot], streams: dict[int, LogStream], selector: selectors.BaseSelector
+        self, slots: list[_Slot], streams: dict[int, LogStream], selector: PipeSelector
     ) -> RoundResult:
         """End a preempted round now: SIGTERM, half the kill margin, SIGKILL."""
         assert self._preempt is not None and self._preempt.preemption is not None
@@ -216,7 +220,7 @@ class Supervisor:
         self,
         slots: list[_Slot],
         streams: dict[int, LogStream],
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         poll: Callable[[], JobEvent | None],
         on_tick: OnTick,
     ) -> RoundResult | None:
@@ -245,7 +249,7 @@ class Supervisor:
         self,
         worker: WorkerPlan,
         plan: RoundPlan,
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         streams: dict[int, LogStream],
         slots: list[_Slot],
     ) -> None:
@@ -263,7 +267,7 @@ class Supervisor:
         self,
         worker: WorkerPlan,
         plan: RoundPlan,
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         streams: dict[int, LogStream],
         slots: list[_Slot],
     ) -> None:
@@ -283,14 +287,16 @@ class Supervisor:
                 ("stderr", proc.stderr_fd, worker.stderr_path),
             )
         ):
-            handle = LogFile(path)
+            handle = LogFile(path, selector.wake)
             slot.files.append(handle)
             console = (
-                self._console[index] if self._console and name in worker.console_streams else None
+                (self._console, index)
+                if self._console is not None and name in worker.console_streams
+                else None
             )
             duplicate = None
             if self._duplicate_filters[index]:
-                dup = LogFile(plan.attempt_dir / f"filtered_{name}.log")
+                dup = LogFile(plan.attempt_dir / f"filtered_{name}.log", selector.wake)
                 slot.files.append(dup)
                 duplicate = (dup, self._duplicate_filters[index])
             os.set_blocking(fd, False)
@@ -303,7 +309,7 @@ class Supervisor:
         events: list[tuple[selectors.SelectorKey, int]],
         slots: list[_Slot],
         streams: dict[int, LogStream],
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         stopping: bool,
     ) -> None:
         for key, _ in events:
@@ -341,7 +347,7 @@ class Supervisor:
         self,
         slots: list[_Slot],
         streams: dict[int, LogStream],
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
         first_signal: int,
         grace: float | None = None,
     ) -> None:
@@ -385,7 +391,7 @@ class Supervisor:
         self,
         slots: list[_Slot],
         streams: dict[int, LogStream],
-        selector: selectors.BaseSelector,
+        selector: PipeSelector,
     ) -> None:
         """The fence SIGKILLed the workers: reap them. One still there ``KILL_BOUND`` after
         the kill breaks the fencing argument (the others may start its rank again while it
@@ -404,8 +410,10 @@ class Supervisor:
                 )  # fmt: skip
         self._stop(slots, streams, selector, signal.SIGKILL)
 
-    def _drain(self, streams: dict[int, LogStream], selector: selectors.BaseSelector) -> None:
-        """Copy what is left in the pipes, bounded: a stray grandchild may hold one open."""
+    def _drain(self, streams: dict[int, LogStream], selector: PipeSelector) -> None:
+        """Copy what is left in the pipes, bounded: a stray grandchild may hold one open.
+        What a pipe held when its workers ended is read even while its file is behind."""
+        selector.draining()
         deadline = time.monotonic() + _DRAIN_WAIT
         while streams and time.monotonic() < deadline:
             for key, _ in selector.select(max(0.0, deadline - time.monotonic())):

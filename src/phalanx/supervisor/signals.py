@@ -5,7 +5,8 @@ can stop the workers in order, from ordinary code, with its ``finally`` blocks i
 ``--signals-to-handle`` stop the job (``pending``). ``--preempt-signals`` start a preemption
 instead (``take_preempt``), even when also listed to stop: a preemption signal is not an
 interrupt. ``STACK_SIGNAL`` (``phalanx stacks``), unless it is one of those, asks for every
-rank's stack instead (``take_stack_request``).
+rank's stack instead (``take_stack_request``). A SIGHUP ignored when the watcher starts
+(``nohup``) stays ignored.
 
 Where phalanx only waits on others -- opening the rendezvous, forming a round -- there is
 no loop of ours to notice a recorded signal, so inside ``raising()`` the handler raises
@@ -68,6 +69,8 @@ class SignalWatcher:
                 self._writer.fileno(), warn_on_full_buffer=False
             )
             for sig in self._signals:
+                if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue  # started under nohup: a closed terminal must not stop the job
                 self._previous[sig] = signal.signal(sig, self._handle)
             for sig in self._preempt:
                 self._previous[sig] = signal.signal(sig, self._handle_preempt)
