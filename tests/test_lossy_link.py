@@ -9,10 +9,16 @@ TCP's retransmission backoff used to hold the one heartbeat thread past the fenc
 deadline; now the beat has connections of its own and goes out beside a slow one. The job
 must finish on both nodes with every step's sum right, with no node fenced and no restart
 spent: the loss may slow the job, never end it. Timeouts only catch hangs.
+
+The store's host paused (SIGSTOP of node 0's agent, then SIGCONT) for less than the fence's
+``fence_after``: node 1's bounded calls time out meanwhile, which is no store error; the job
+rides through.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,6 +33,7 @@ from support.launch import wait_for, worker
 from support.netns import NetNamespaces
 
 LOSS_S = 60.0  # how long the link stays lossy (the fault's length, not a wait for anything)
+PAUSE_S = 5.0  # how long the store's host stays stopped: under fence_after (8 s)
 HANG = 120.0
 CONF = "last_call_timeout=1,join_timeout=60,exit_barrier_timeout=60"
 
@@ -114,6 +121,31 @@ def test_a_lossy_link_to_the_store_slows_the_job_but_does_not_end_it(
     print(f"steps during and before the loss: {steps(out, 0)}")
     finish(nodes, out)
     for node in nodes:  # one round, one start of the workers: no restart, no re-form
+        kinds = attempts(node)
+        assert kinds.count("workers_started") == 1, kinds
+        assert "failure" not in kinds and "reform" not in kinds, kinds
+
+
+@pytest.mark.slow
+def test_a_store_host_paused_for_less_than_the_fence_is_ridden_through(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
+) -> None:
+    spaces = netns(2)
+    out = start_pair(spaces, nodes, tmp_path, "paused-host")
+    host = nodes[0].proc.pid  # (ip netns exec runs the agent in its own process)
+    os.kill(host, signal.SIGSTOP)
+    resume_at = time.monotonic() + PAUSE_S
+    try:
+
+        def pause_over() -> bool:
+            assert nodes[1].proc.poll() is None, nodes[1].stderr
+            return time.monotonic() >= resume_at
+
+        wait_for(pause_over, PAUSE_S + HANG, f"{PAUSE_S:g} s of the store's host stopped")
+    finally:
+        os.kill(host, signal.SIGCONT)
+    finish(nodes, out)
+    for node in nodes:
         kinds = attempts(node)
         assert kinds.count("workers_started") == 1, kinds
         assert "failure" not in kinds and "reform" not in kinds, kinds

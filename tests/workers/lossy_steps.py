@@ -22,7 +22,9 @@ while True:
     dist.all_reduce(value)
     assert value[0].item() == expected, value
     steps += 1
-    progress.write_text(str(steps))
+    partial = progress.with_suffix(".partial")
+    partial.write_text(str(steps))
+    partial.replace(progress)  # whole: the test reads it while this writes
     if value[1].item() > 0:
         break
 dist.barrier()
