@@ -258,6 +258,7 @@ class Liveness:
                 with self._lock:
                     self._failing_since = None
             if self.store_problem() is not None:
+                self._beater.stop(0.0)
                 return  # STORE_LOST is final: stop knocking on a dead store
             self._stop.wait(pause)
 
@@ -266,6 +267,8 @@ class Liveness:
             self._last_ok = self._clock()
 
     def _failed(self, exc: StoreUnavailable) -> None:
+        if self._stop.is_set():
+            return  # a beat that met its handle closed by ``stop``: nothing to tell
         with self._lock:
             self._last_error = str(exc)
             if self._failing_since is None and not isinstance(exc, StoreTimedOut):
