@@ -7,7 +7,8 @@ It does every periodic store operation, so ``poll()`` never touches the network:
   within a fraction of a second. It reads ahead only while the agent has consumed what
   was read (an agent restarts on the first event), so even when every node fails at once
   each reads O(1) entries, not O(n);
-- every ``heartbeat_interval`` it shows this node is alive and judges the next node in the
+- every ``heartbeat_interval`` (from a thread of its own, ``beat``: the heartbeat never
+  waits behind these reads) it shows this node is alive; and it judges the next node in the
   ring (rank + 1 mod n), by heartbeat counters or, on a store with leases (etcd), by the
   node's leased key (see ``pulse``). A node judged lost is recorded as such and
   ``NODE_LOST`` is posted. While the next node looks quiet or lost the watcher also judges
@@ -24,11 +25,19 @@ them), and switches to the new round on ``follow``. It starts before the first r
 and beats while the node joins, so the heartbeats that prove the node alive (to its
 ``Fence``, ``phalanx.rendezvous.fencing``) run on without a gap from before the round
 closes, when the others may start watching it, until the node leaves.
+
+On a store that can open a second handle on itself (``TwinnedStore``: the agent store)
+both threads use handles of their own whose calls are bounded by ``call_bound`` rather
+than ``read_timeout``: a call caught in TCP's retransmission backoff on a lossy link is
+given up and the next goes out on a fresh connection. Such a timeout is no error: the
+store counts as lost only when nothing it was asked (a beat included) got an answer for
+``heartbeat_timeout``, or calls failed with errors for two heartbeats in a row.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -36,12 +45,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.rendezvous.dynamic.beat import Beater
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
-from phalanx.rendezvous.dynamic.pulse import Verdict, pulse_for
+from phalanx.rendezvous.dynamic.pulse import Counters, Verdict, pulse_for
 from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.rendezvous.stores.base import Malformed, StoreUnavailable
+from phalanx.rendezvous.stores.base import (
+    KVStore,
+    Malformed,
+    StoreTimedOut,
+    StoreUnavailable,
+    TwinnedStore,
+)
 
 log = logging.getLogger("phalanx")
 
@@ -50,6 +66,14 @@ log = logging.getLogger("phalanx")
 class _View:
     membership: Membership
     rank: int
+
+
+def call_bound(settings: RendezvousSettings) -> float:
+    """Seconds one call of the heartbeat or watch thread may take: a quarter of
+    ``heartbeat_timeout`` (at least a heartbeat interval, at most ``read_timeout``), so a
+    stuck call is given up several times over before the store would count as silent."""
+    bound = max(settings.heartbeat_interval, settings.heartbeat_timeout / 4)
+    return min(settings.read_timeout, bound)
 
 
 class Liveness:
@@ -63,10 +87,17 @@ class Liveness:
         """``clock`` times heartbeats and holes (a fake one drives the thread's ``tick`` by
         hand in tests). ``fence`` hears of every heartbeat written (counters; a leased store
         tells it of renewals itself), and once it fired the store counts as lost."""
-        self._b = board
         self._s = settings
         self._clock = clock
         self._fence = fence
+        bound = call_bound(settings)
+        self._twins: list[KVStore] = []
+        beat_store: KVStore | None = None
+        if isinstance(board.store, TwinnedStore):
+            watch_store, beat_store = board.store.twin(bound), board.store.twin(bound)
+            self._twins = [watch_store, beat_store]
+            board = Board(watch_store, board.keys, board.node_id)
+        self._b = board
         self._lock = threading.Lock()
         self._view: _View | None = None
         self._events: deque[JobEvent] = deque()
@@ -76,9 +107,16 @@ class Liveness:
         self._stack_requests = 0  # the newest stacks request of the round seen so far
         self._status_requests = 0  # the same for status requests
         proved = fence.proved_alive if fence is not None else (lambda start: None)
-        self._pulse = pulse_for(board, settings, clock, proved)
+        self._pulse = pulse_for(board, settings, clock, proved, beat_store)
+        # Counters: while a beat waits for its answer the next goes out beside it, so that
+        # within a bound several are in flight; a lease is only read, one read at a time.
+        hedge = math.ceil(bound / settings.heartbeat_interval) + 1
+        self._beater = Beater(
+            self._pulse, settings.heartbeat_interval, bound,
+            hedge if isinstance(self._pulse, Counters) else 1,
+            answered=self._answered, failed=self._failed, expelled=self._expel,
+        )  # fmt: skip
         self._declared: set[str] = set()
-        self._beating = True
         self._next_beat = 0.0
         self._expelled: str | None = None  # why this node no longer counts as a member
         self._last_ok = self._clock()
@@ -109,6 +147,7 @@ class Liveness:
                 target=self._run, name=f"phalanx-rdzv-{self._b.node_id[:8]}", daemon=True
             )
             self._thread.start()
+            self._beater.start(f"phalanx-beat-{self._b.node_id[:8]}")
 
     def announce(self) -> None:
         """Show this node as alive before it joins a round (a leased key, on etcd)."""
@@ -116,9 +155,9 @@ class Liveness:
 
     def stop_beating(self) -> None:
         """This node left on purpose: no more heartbeats (peers read ``LEFT`` instead), so
-        no more proofs either: the fence stands down (no peer waits for this node now)."""
-        with self._lock:
-            self._beating = False
+        no more proofs either: the fence stands down (no peer waits for this node now).
+        Returns once the beats in flight ended (within ``call_bound``)."""
+        self._beater.stop_beating()
         if self._fence is not None:
             self._fence.stand_down()
 
@@ -192,8 +231,11 @@ class Liveness:
         self._stop.set()
         if self._fence is not None:
             self._fence.stand_down()
+        self._beater.stop(self._s.heartbeat_interval)
         if self._thread is not None:
             self._thread.join(timeout=self._s.heartbeat_interval)
+        for twin in self._twins:  # (a call still in flight closes its connection after)
+            twin.close()
 
     # -- the thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -205,19 +247,37 @@ class Liveness:
                 log.error("rendezvous: %s", exc)
                 with self._lock:
                     self._expelled = str(exc)  # final: the same read would find the same junk
+            except StoreTimedOut as exc:
+                with self._lock:  # no error: the next call goes out on a fresh connection
+                    self._last_error = str(exc)
             except StoreUnavailable as exc:
                 pause = self._s.heartbeat_interval  # retry gently: each failure may log
-                with self._lock:
-                    self._last_error = str(exc)
-                    if self._failing_since is None:
-                        self._failing_since = self._clock()
+                self._failed(exc)
             else:
+                self._answered()
                 with self._lock:
-                    self._last_ok = self._clock()
                     self._failing_since = None
             if self.store_problem() is not None:
+                self._beater.stop(0.0)
                 return  # STORE_LOST is final: stop knocking on a dead store
             self._stop.wait(pause)
+
+    def _answered(self) -> None:
+        with self._lock:
+            self._last_ok = self._clock()
+
+    def _failed(self, exc: StoreUnavailable) -> None:
+        if self._stop.is_set():
+            return  # a beat that met its handle closed by ``stop``: nothing to tell
+        with self._lock:
+            self._last_error = str(exc)
+            if self._failing_since is None and not isinstance(exc, StoreTimedOut):
+                self._failing_since = self._clock()
+
+    def _expel(self, why: str) -> None:
+        with self._lock:
+            if self._expelled is None:
+                self._expelled = why
 
     def tick(self) -> None:
         """One pass of the thread's work (events, and once per heartbeat interval the rest).
@@ -232,14 +292,6 @@ class Liveness:
         self._next_beat = now + self._s.heartbeat_interval
         if view is not None:
             self._skip_hole(view)
-        with self._lock:
-            beating = self._beating
-        expelled = self._pulse.beat(beating)
-        if expelled is not None:
-            log.error("rendezvous: %s", expelled)
-            with self._lock:
-                self._expelled = expelled
-            return
         if view is None:
             return  # joining: nobody to judge yet
         requests = self._b.stack_requests(view.membership.round)

@@ -21,6 +21,7 @@ on as a member nobody waits for.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Protocol
 
 from phalanx.rendezvous.dynamic.board import LEFT, Board
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.rendezvous.stores.base import LeasedStore
+from phalanx.rendezvous.stores.base import KVStore, LeasedStore
 
 ALIVE = b"alive"  # the value of a leased liveness key (its presence is what counts)
 
@@ -61,11 +62,13 @@ def pulse_for(
     settings: RendezvousSettings,
     clock: Callable[[], float] = time.monotonic,
     proved: Callable[[float], None] = lambda start: None,
+    beat_store: KVStore | None = None,
 ) -> Pulse:
-    """Leases where the store has them, counters otherwise (``proved``: see ``Counters``)."""
+    """Leases where the store has them, counters otherwise (``proved``, ``beat_store``: see
+    ``Counters``)."""
     if isinstance(board.store, LeasedStore):
         return Leases(board, board.store)
-    return Counters(board, settings, clock, proved)
+    return Counters(board, settings, clock, proved, beat_store)
 
 
 @dataclass
@@ -81,10 +84,16 @@ class Counters:
         settings: RendezvousSettings,
         clock: Callable[[], float] = time.monotonic,
         proved: Callable[[float], None] = lambda start: None,
+        beat_store: KVStore | None = None,
     ) -> None:
         """``proved(start)`` is called after each heartbeat written, with the ``clock`` time
-        at which the write began."""
+        at which the write began. ``beat_store``: the handle heartbeats are written with
+        (connections of their own; default the board's). ``beat`` may run in several
+        threads at once (``beat.Beater``): each writes a value of its own, so a proof never
+        counts from before the write of the value a watcher reads."""
         self._b = board
+        self._beat_store = beat_store or board.store
+        self._count_lock = threading.Lock()
         self._s = settings
         self._clock = clock
         self._proved = proved
@@ -100,12 +109,14 @@ class Counters:
 
     def beat(self, beating: bool) -> str | None:
         if beating:
-            self._beats += 1
+            with self._count_lock:
+                self._beats += 1
+                value = str(self._beats).encode()
             start = self._clock()
-            self._b.store.set(self._key, str(self._beats).encode())
+            self._beat_store.set(self._key, value)
             self._proved(start)
         else:
-            self._b.store.set(self._key, LEFT)
+            self._beat_store.set(self._key, LEFT)
         return None
 
     def judge(self, node_id: str, now: float) -> tuple[Verdict, str]:

@@ -28,6 +28,10 @@ class StoreUnavailable(Exception):
     """The store could not be reached or did not answer within its timeout."""
 
 
+class StoreTimedOut(StoreUnavailable):
+    """The store did not answer in time (no error: a lossy link may deliver the next call)."""
+
+
 class Malformed(StoreUnavailable):
     """The store answered, with something phalanx cannot use: final, unlike an unreachable
     store (asking again would get the same junk), so the rendezvous stops at once."""
@@ -125,3 +129,12 @@ class DurableStore(KVStore, Protocol):
         """Delete every key of this run (this handle's and every other's, receipts and leased
         keys included) except ``keep``, at once. Call it only when no node uses the run any
         more."""
+
+
+@runtime_checkable
+class TwinnedStore(KVStore, Protocol):
+    """A store that can open a second handle on itself: its own connections, its own read
+    timeout (the heartbeat thread's calls are bounded far tighter than the agent's)."""
+
+    def twin(self, read_timeout: float) -> KVStore:
+        """A new handle on the same store (closing it closes only its own connections)."""

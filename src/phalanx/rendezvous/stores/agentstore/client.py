@@ -27,6 +27,7 @@ from phalanx.rendezvous.stores.base import (
     Malformed,
     MalformedReply,
     MalformedValue,
+    StoreTimedOut,
     StoreUnavailable,
 )
 from phalanx.rendezvous.stores.reach import wait_reachable
@@ -59,6 +60,7 @@ class AgentKVStore:
         ``server``: the store this handle hosts, stopped by ``close`` once the other nodes
         have closed their connections, or after ``linger`` seconds."""
         self._address = (host, port)
+        self._token = token
         self._key = token.key
         self._read_timeout = read_timeout
         self.where = where or f"the rendezvous store at {_hostport(host, port)}"
@@ -106,6 +108,16 @@ class AgentKVStore:
     @property
     def port(self) -> int:
         return self._address[1]
+
+    def twin(self, read_timeout: float) -> AgentKVStore:
+        """A handle on the same store with a pool of its own and ``read_timeout`` (the
+        heartbeat thread's: a call stuck in TCP's retransmission backoff on a lossy link is
+        given up quickly and the next one goes out on a fresh connection). Closing it
+        closes its connections only, never the server."""
+        return AgentKVStore(
+            self._address[0], self._address[1], self._token, read_timeout=read_timeout,
+            where=self.where,
+        )  # fmt: skip
 
     def get(self, key: str) -> bytes | None:
         reply = self._call([wire.GET, _key(key)], f"get {key!r}")
@@ -161,6 +173,10 @@ class AgentKVStore:
         """A new connection that has passed the handshake."""
         try:
             sock = socket.create_connection(self._address, timeout=self._read_timeout)
+        except TimeoutError:
+            raise StoreTimedOut(
+                f"{self.where}: cannot connect (no answer within {self._read_timeout:g} s)"
+            ) from None
         except OSError as exc:
             raise StoreUnavailable(f"{self.where}: cannot connect ({_why(exc)})") from None
         try:
@@ -232,7 +248,7 @@ class AgentKVStore:
         try:
             sock.sendall(wire.encode(fields))
         except TimeoutError:
-            raise StoreUnavailable(f"{self.where} did not take {request} in time") from None
+            raise StoreTimedOut(f"{self.where} did not take {request} in time") from None
         except OSError as exc:
             raise StoreUnavailable(f"{self.where}: {request}: {_why(exc)}") from None
 
@@ -249,7 +265,7 @@ class AgentKVStore:
                 hint = (
                     " (a phalanx store speaks first: the process on that port is not one, or hangs)"
                 )
-            raise StoreUnavailable(
+            raise StoreTimedOut(
                 f"{self.where} did not answer {request} within {sock.gettimeout():g} s{hint}"
             ) from None
         except OSError as exc:

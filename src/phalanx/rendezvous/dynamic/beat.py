@@ -1,0 +1,110 @@
+"""The heartbeat's own thread: the writes that prove this node alive (to its peers and its
+``Fence``) never wait behind another store call, nor behind one another.
+
+On a lossy link one request can sit in TCP's retransmission backoff for many seconds
+(0.2, 0.4, 0.8, 1.6, 3.2 s... between tries) although the next request, on a connection
+of its own, would get through at once. So the beat goes out on connections of its own
+(``TwinnedStore.twin``: a pool only the heartbeat uses, each call bounded by ``bound``),
+and while one beat is still unanswered when the next is due, the next goes out beside it
+on another connection: up to ``hedge`` beats in flight. With heartbeat counters each beat
+writes a value of its own, so the proof a beat gives counts from that beat's own start
+(``pulse.Counters``); a slow beat landing late only makes the counter change again.
+
+When the node leaves on purpose (``stop_beating``), the thread first lets the beats in
+flight end (each within ``bound``), then writes ``LEFT``: no older beat lands after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from phalanx.rendezvous.dynamic.pulse import Pulse
+from phalanx.rendezvous.stores.base import Malformed, StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+
+class Beater:
+    def __init__(
+        self,
+        pulse: Pulse,
+        interval: float,
+        bound: float,
+        hedge: int,
+        *,
+        answered: Callable[[], None],
+        failed: Callable[[StoreUnavailable], None],
+        expelled: Callable[[str], None],
+    ) -> None:
+        """``answered``: a beat got its answer; ``failed``: one did not (it raised);
+        ``expelled``: this node can no longer count as a member (final)."""
+        self._pulse = pulse
+        self._interval = interval
+        self._bound = bound
+        self._hedge = max(1, hedge)
+        self._answered, self._failed, self._expelled = answered, failed, expelled
+        self._lock = threading.Lock()
+        self._beating = True
+        self._flight: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, name: str) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+
+    def stop_beating(self) -> None:
+        """No more beats; returns once the beats in flight ended (each within ``bound``), so
+        a ``LEFT`` written after this is not overwritten by an older beat landing late."""
+        with self._lock:
+            self._beating = False
+            flight = list(self._flight)
+        for beat in flight:
+            beat.join(timeout=self._bound)
+
+    def stop(self, wait: float) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=wait)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                beating = self._beating
+                self._flight = [beat for beat in self._flight if beat.is_alive()]
+                if beating and len(self._flight) < self._hedge:
+                    beat = threading.Thread(target=self._beat, name="phalanx-beat", daemon=True)
+                    beat.start()
+                    self._flight.append(beat)
+                flight = [] if beating else list(self._flight)
+            if not beating:
+                for beat in flight:
+                    beat.join(timeout=self._bound)
+                self._write_left()
+            self._stop.wait(self._interval)
+
+    def _beat(self) -> None:
+        try:
+            why = self._pulse.beat(True)
+        except Malformed as exc:
+            log.error("rendezvous: %s", exc)
+            self._expelled(str(exc))  # final: the same write would meet the same junk
+            return
+        except StoreUnavailable as exc:
+            self._failed(exc)
+            return
+        self._answered()
+        if why is not None:
+            log.error("rendezvous: %s", why)
+            self._expelled(why)
+
+    def _write_left(self) -> None:
+        try:
+            self._pulse.beat(False)
+        except StoreUnavailable as exc:
+            self._failed(exc)
+        else:
+            self._answered()

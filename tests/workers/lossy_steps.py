@@ -1,0 +1,32 @@
+# usage: lossy_steps.py DIR -- Gloo all-reduce steps until DIR/stop exists (rank 0 looks, and
+# the stop rides in the all-reduce, so every rank stops at the same step). Each step checks
+# the sum (rank r gives r + 1) and writes its count to DIR/r<rank>-<restart>.steps; at the
+# end: "ok world=W steps=S restart=R".
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+out = Path(sys.argv[1])
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+progress = out / f"r{rank}-{restart}.steps"
+expected = world * (world + 1) / 2
+steps = 0
+while True:
+    stop = 1.0 if rank == 0 and (out / "stop").exists() else 0.0
+    value = torch.tensor([float(rank + 1), stop])
+    dist.all_reduce(value)
+    assert value[0].item() == expected, value
+    steps += 1
+    partial = progress.with_suffix(".partial")
+    partial.write_text(str(steps))
+    partial.replace(progress)  # whole: the test reads it while this writes
+    if value[1].item() > 0:
+        break
+dist.barrier()
+print(f"ok world={world} steps={steps} restart={restart}", flush=True)
+dist.destroy_process_group()
