@@ -22,7 +22,7 @@ from support.launch import wait_for, worker
 
 HANG = 90.0
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=30"
-FAILED = "exit code 3 (attempt 1)"
+FAILED = "exit code 3 (attempt 0)"  # numbered as its directory, attempt_0
 
 
 def _start(nodes: list[Node], tmp_path: Path, stubborn: int, shutdown: int) -> tuple[Node, Node]:

@@ -21,6 +21,7 @@ Imported by the template before torch, so it stays stdlib-only and small.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -110,6 +111,10 @@ def receive(sock: socket.socket, max_fds: int = 2) -> tuple[dict[str, Any], list
     if not data and not fds:
         return None
     try:
+        if flags & socket.MSG_CTRUNC and not flags & socket.MSG_TRUNC:
+            # The kernel drops the fds it cannot install in this process (the buffer has
+            # room for every fd a message may carry): a descriptor limit, not a broken peer.
+            raise OSError(errno.EMFILE, "the fds sent with a message could not be received")
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             raise ProtocolError("message truncated")
         message = _decode(data)
