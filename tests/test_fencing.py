@@ -277,14 +277,17 @@ def wait_for_a_round_of_two(nodes: list[Node], stamps: Path) -> None:
     wait_for(both_in_a_round_of_two, HANG, "a round of two nodes with both workers stamping")
 
 
-def cut_off_node_1(spaces: NetNamespaces, nodes: list[Node], stamps: Path, how: str) -> float:
-    """Take node 1 off the network (``how``: ``link-down`` or ``drop``); it must exit 1 with
-    nothing left in its namespace, and node 0 must start a worker in a round of its own.
+def cut_off_node_1(
+    spaces: NetNamespaces, nodes: list[Node], stamps: Path, how: str, code: int = 1
+) -> float:
+    """Take node 1 off the network (``how``: ``link-down`` or ``drop``); it must exit ``code``
+    (1; the root cause's code where a worker had failed before) with nothing left in its
+    namespace, and node 0 must start a worker in a round of its own.
     Then node 0's workers are let finish. Returns the monotonic time of the cut."""
     cut = time.monotonic()
     spaces.cut(1) if how == "link-down" else spaces.drop(1)
     try:
-        assert nodes[1].finish(HANG) == 1, nodes[1].stderr
+        assert nodes[1].finish(HANG) == code, nodes[1].stderr
         wait_for(lambda: namespace_pids(spaces, 1) == [], 30, "node 1's namespace to be empty")
 
         def node_0_started_again() -> bool:
@@ -402,7 +405,8 @@ def test_a_node_cut_off_during_its_workers_grace_is_fenced_all_the_same(
         return any("sigterm" in p.read_text() for p in stamps.glob("n1-*.stamps"))
 
     wait_for(node_1_in_its_grace, HANG, "node 1's worker to get SIGTERM")
-    cut = cut_off_node_1(spaces, nodes, stamps, "link-down")  # (its grace would be 600 s)
+    # (its grace would be 600 s); node 0's worker failed with exit 3 first: the job's code
+    cut = cut_off_node_1(spaces, nodes, stamps, "link-down", code=3)
     last_old = max(last for _, last, _ in stamp_files(stamps, "n1") if last is not None)
     first_new = min(start for start, _, _ in stamp_files(stamps, "n0") if start > cut)
     assert cut < last_old < first_new, (cut, last_old, first_new)  # stamped in its grace

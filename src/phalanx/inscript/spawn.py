@@ -158,14 +158,19 @@ def spawn(
                 "phalanx.spawn: the agents meet at %s:%d (rdzv_port); the workers' store is "
                 "%s:%d (master_port)", master_addr, agents_port, master_addr, worker_port,
             )  # fmt: skip
-        # The workers run phalanx's entry point; the code that differs would be the program's.
-        # Its nodes' command lines differ by design (--node_rank): the arguments are not compared.
-        target = Target("script", sys.argv[0], tuple(sys.argv[1:]), per_node_args=True)
-        launch = prepare(config, target)
-        try:
-            Agent(config, launch.open_rendezvous, launch.run_id, env).run()
-        except Interrupted as exc:
-            # The CLI's one line; the exception (a SystemExit too) then ends an uncaught
-            # program with its code, 143 or 130, and no traceback.
-            print(f"phalanx: {stopped_line(exc)}", file=sys.stderr, flush=True)
-            raise
+        _run(config, env)
+
+
+def _run(config: LaunchConfig, env: dict[str, str]) -> None:
+    """The agent for ``config``, as this program's: its code is compared, not its arguments."""
+    # The workers run phalanx's entry point; the code that differs would be the program's.
+    # Its nodes' command lines differ by design (--node_rank): the arguments are not compared.
+    target = Target("script", sys.argv[0], tuple(sys.argv[1:]), per_node_args=True)
+    launch = prepare(config, target)
+    try:
+        Agent(config, launch.open_rendezvous, launch.run_id, env).run()
+    except Interrupted as exc:
+        # The CLI's one line; the exception (a SystemExit too) then ends an uncaught
+        # program with its code, 143 or 130, and no traceback.
+        print(f"phalanx: {stopped_line(exc)}", file=sys.stderr, flush=True)
+        raise
