@@ -98,12 +98,15 @@ def test_a_symlinked_or_non_directory_default_base_is_refused(tmpdir_env: Path) 
         make_run_dir(None, "r")
 
 
-def test_a_tmpdir_others_may_write_needs_the_sticky_bit(tmpdir_env: Path) -> None:
-    os.chmod(tmpdir_env, 0o777)
-    with pytest.raises(UsageError, match=r"has no sticky bit \(mode 0777\)"):
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o720], ids=["others", "group", "group-only"])
+def test_a_tmpdir_others_may_write_needs_the_sticky_bit(tmpdir_env: Path, mode: int) -> None:
+    """A group member may rename the default base away just as anyone could: a TMPDIR the
+    group may write (a shared project's 0770 directory) needs the sticky bit too."""
+    os.chmod(tmpdir_env, mode)
+    with pytest.raises(UsageError, match=rf"has no sticky bit \(mode {mode:04o}\)"):
         make_run_dir(None, "r")
     assert not default_log_base().exists()
-    os.chmod(tmpdir_env, 0o1777)  # /tmp's mode: only a file's owner may rename or remove it
+    os.chmod(tmpdir_env, 0o1000 | mode)  # /tmp's way: only a file's owner may rename it
     assert make_run_dir(None, "r").parent == default_log_base()
 
 
@@ -178,6 +181,21 @@ def test_another_users_default_directory_fails_the_run_in_one_line(tmpdir_env: P
     assert len(lines) == 1, done.stderr
     assert str(base) in lines[0] and "owned by uid" in lines[0] and "--log-dir" in lines[0]
     assert "Traceback" not in done.stderr and os.listdir(base) == []
+
+
+def test_a_group_writable_tmpdir_without_the_sticky_bit_fails_the_run_in_one_line(
+    tmpdir_env: Path,
+) -> None:
+    """TMPDIR (set for the CLI by the fixture) is a real 0770 directory: the run is refused
+    before anything is made in it, in one line naming it, exit 2."""
+    os.chmod(tmpdir_env, 0o770)
+    done = _cli([worker("chatty.py"), "1"])
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert str(tmpdir_env) in lines[0] and "no sticky bit (mode 0770)" in lines[0], lines[0]
+    assert "group or others" in lines[0] and "TMPDIR" in lines[0], lines[0]
+    assert os.listdir(tmpdir_env) == []  # no phalanx-<uid> was made there
 
 
 def test_a_world_writable_default_directory_fails_the_run_in_one_line(tmpdir_env: Path) -> None:

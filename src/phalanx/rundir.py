@@ -6,7 +6,7 @@ tmpfs that logind empties when the user's last session ends (a batch job's logs 
 with its ssh session) and it is unset under most schedulers and containers. Because the name
 is predictable, a directory found there is checked before use -- a real directory, not a
 symlink, owned by us, writable by nobody else -- and refused otherwise, as is a ``TMPDIR``
-that others may write to without the sticky bit (they could rename ours away).
+that group or others may write to without the sticky bit (they could rename ours away).
 
 An explicit ``--log-dir`` is the user's choice: the part of its path that exists is followed
 as given (a symlink there is theirs), except that a directory anyone may write to without
@@ -80,7 +80,7 @@ def _private_base(base: Path) -> Path:
         os.close(parent_fd)
         raise _unsafe(
             where,
-            f"{parent} may be written by others and has no sticky bit (mode "
+            f"{parent} may be written by group or others and has no sticky bit (mode "
             f"{stat.S_IMODE(above.st_mode):04o}), so anyone could replace it",
             "set TMPDIR or --log-dir",
         )
