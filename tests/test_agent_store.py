@@ -29,6 +29,7 @@ from phalanx.rendezvous.stores.agentstore import (
 )
 from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
 from phalanx.rendezvous.stores.base import MalformedReply, StoreUnavailable
+from support.impostor import Impostor
 
 TOKEN = Token(b"the job's secret", "the test")
 HANG = 30.0
@@ -94,6 +95,25 @@ def test_a_server_that_cannot_prove_the_token_is_not_trusted() -> None:
             _client(impostor.port)
     finally:
         impostor.close()
+
+
+def test_an_impostor_that_answers_the_handshake_itself_gets_no_request(tmp_path: Path) -> None:
+    """A raw server greets as the store does and answers the client's proof with "ok" and
+    random bytes where the server's HMAC proof belongs. The client checks that proof: it is
+    refused in one line before the first request, so the impostor never learns what this
+    node would write (the master's address, here)."""
+    record = tmp_path / "after-handshake"
+    impostor = Impostor(record)
+    try:
+        with pytest.raises(TokenRefused) as refused:
+            store = _client(impostor.port)
+            store.set("master", b"10.0.0.1:1234")  # what an agent writes first
+    finally:
+        impostor.close()
+    said = str(refused.value)
+    assert "did not prove the job's rendezvous token" in said and "\n" not in said, said
+    assert f"127.0.0.1:{impostor.port}" in said
+    assert not record.exists(), record.read_bytes()  # not one byte after the handshake
 
 
 @pytest.mark.parametrize(

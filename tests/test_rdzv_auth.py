@@ -201,6 +201,37 @@ def test_a_port_held_by_another_process_is_not_joined(tmp_path: Path, holder: st
         squatter.wait(10)
 
 
+def test_an_agent_does_not_trust_a_port_holder_that_fakes_the_servers_proof(
+    tmp_path: Path,
+) -> None:
+    """The port is held by a process (``support/impostor.py``) that plays the store's side of
+    the handshake and answers the agent's proof with "ok" and random bytes. The agent checks
+    the server's proof: it stops with one line naming the store, exit 1, and the holder
+    receives not one byte after the handshake (no ``set`` of this node's keys)."""
+    port, record = free_port(), tmp_path / "after-handshake"
+    impostor = Path(__file__).parent / "support" / "impostor.py"
+    squatter = subprocess.Popen([sys.executable, str(impostor), str(port), str(record)],
+                                start_new_session=True)  # fmt: skip
+    try:
+        wait_for(lambda: _reachable(port), HANG, "the impostor")
+        done = run_phalanx(
+            ["--log-dir", str(tmp_path / "logs"), "--nnodes", "2", "--nproc-per-node", "1",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", RUN_ID,
+             "--rdzv-conf", "read_timeout=3", worker("chatty.py"), "1"],
+            env=_environment(PHALANX_RDZV_TOKEN="secret"), timeout=HANG,
+        )  # fmt: skip
+    finally:
+        os.killpg(squatter.pid, signal.SIGKILL)
+        squatter.wait(10)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"phalanx: --rdzv-backend c10d: the rendezvous store at 127.0.0.1:{port}"
+    )
+    assert "did not prove the job's rendezvous token" in last and "Traceback" not in done.stderr
+    assert not record.exists(), record.read_bytes()
+
+
 def test_the_token_is_never_on_the_command_line_nor_echoed(tmp_path: Path) -> None:
     secret = f"s3cr3t-{uuid.uuid4().hex}"
     done = run_phalanx(
