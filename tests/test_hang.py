@@ -141,6 +141,24 @@ def test_a_busy_loop_without_progress_is_a_hang(tmp_path: Path) -> None:
     assert re.search(r'progress_steps.py", line (19|20) in <module>', stack)  # the busy loop
 
 
+def test_cpu_time_after_the_first_beat_does_not_count_as_progress(tmp_path: Path) -> None:
+    """One rank, no peer waiting anywhere: it beats three times, then spins on the CPU (for
+    60 s, then it would exit 0). Only its beats count once it has beaten, so the spin is a
+    stall: found within --stall-timeout, the round fails as a hang (exit 1), and the worker
+    never reaches the end of its spin."""
+    result = run_phalanx(
+        ["--nproc-per-node", "1", "--stall-timeout", "3", "--log-dir", str(tmp_path),
+         worker("beat_then_spin.py"), "60"],
+        timeout=120,  # the spin ends by itself after 60 s: this only catches a hang
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "stepped" in result.stdout and "spun to the end" not in result.stdout, result.stdout
+    assert "Root cause: rank 0 (local rank 0)" in result.stderr, result.stderr
+    assert "[hang]" in result.stderr and "hang: no progress" in result.stderr, result.stderr
+    data = json.loads((run_dir_of(tmp_path) / "report.json").read_text())
+    assert (data["kind"], data["root_cause"]["rank"]) == ("hang", 0), data
+
+
 def test_the_slow_peer_is_the_suspect_not_the_rank_waiting_for_it(tmp_path: Path) -> None:
     """Before a rank's first beat only its main-thread CPU counts as progress, and rank 0
     waits for rank 1 inside init_process_group: the report names rank 1, the peer that has
