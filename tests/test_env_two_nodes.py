@@ -1,5 +1,6 @@
 """The worker environment of a 2-node c10d job (1 worker per node), compared with torchrun's on
-the same job: every rank's variables, by tests/test_env.py's rules."""
+the same job: every rank's variables, by tests/test_env.py's rules; and the ranks of a job
+whose nodes run different numbers of workers (2 + 1)."""
 
 from __future__ import annotations
 
@@ -108,3 +109,37 @@ def test_two_node_c10d_environment_matches_torchrun(
     for env in (ours, theirs):
         assert len({env[r]["MASTER_PORT"] for r in (0, 1)}) == 1
         assert [env[r]["GROUP_RANK"] for r in (0, 1)] == ["0", "1"]
+
+
+def test_nodes_with_different_worker_counts_get_one_rank_each(
+    hosts: Any, nodes: list[Node], tmp_path: Path
+) -> None:
+    """Node 0 runs 2 workers, node 1 runs 1 (``--nproc-per-node`` differs per node): the
+    world is 3, and each node's ranks start where the nodes before it (by node rank, which
+    follows arrival) end -- not at node rank x this node's own count, which would give two
+    workers one rank or a rank past the world."""
+    net: Hosts = hosts(2)
+    out, port = tmp_path / "env", free_port()
+    out.mkdir()
+    for i, nproc in ((0, "2"), (1, "1")):
+        args = job_args(net, port, out)
+        args[args.index("--nproc-per-node") + 1] = nproc
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    assert [n.finish() for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+    envs = {int(p.stem.removeprefix("env_")): json.loads(p.read_text()) for p in out.iterdir()}
+    assert sorted(envs) == [0, 1, 2], sorted(envs)
+    by_node: dict[str, list[dict[str, str]]] = {}
+    for rank in sorted(envs):
+        env = envs[rank]
+        assert (env["RANK"], env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == (str(rank), "3", "2")
+        by_node.setdefault(env["GROUP_RANK"], []).append(env)
+    assert sorted(by_node) == ["0", "1"]
+    offset = 0
+    for group_rank in ("0", "1"):  # node rank order: each node's ranks follow the last's
+        mine = by_node[group_rank]
+        count = len(mine)
+        assert [e["LOCAL_RANK"] for e in mine] == [str(r) for r in range(count)], mine
+        assert [int(e["RANK"]) for e in mine] == list(range(offset, offset + count))
+        assert {e["LOCAL_WORLD_SIZE"] for e in mine} == {str(count)}
+        offset += count
+    assert sorted(len(v) for v in by_node.values()) == [1, 2]
