@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +36,7 @@ from phalanx.rendezvous.fencing import (
     timing_problem,
 )
 from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
 from phalanx.rendezvous.stores.etcd.conf import EtcdOptions
 from phalanx.rendezvous.stores.etcd.store import EtcdStore
 from support.etcd_server import EtcdCluster
@@ -42,6 +44,7 @@ from support.hosts import NamespaceHosts, Node
 from support.launch import run_phalanx, wait_for, worker
 from support.memory_store import MemoryServer, MemoryStore
 from support.netns import NetNamespaces
+from support.slow_replies import SlowReplies
 from support.tools import needs_etcd
 
 HANG = 90.0
@@ -215,6 +218,55 @@ def test_a_proof_that_comes_after_the_deadline_fires_the_fence(
     fence.proved_alive(101.0)
     assert proc.wait(HANG) == -signal.SIGKILL
     assert fence.reason is not None
+
+
+def test_a_slow_proof_in_time_counts_from_when_its_write_began(
+    sleepers: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    """A real agent store; the node's heartbeats go through a proxy whose answers can be
+    slowed (``support/slow_replies.py``), a watcher reads the store directly. heartbeat_timeout
+    6 s, so fence_after 4 s. The first beat answers at once; the second reaches the store at
+    once but its answer takes 3 s: in time, so it counts -- from when it began, as the
+    watcher's silence counts from about then too. Then no beat follows. The fence must kill
+    the guarded group at least the kill bound before the watcher counts the node lost
+    (counted from the answer instead, it would fire 3 s late, after the watcher)."""
+    settings = RendezvousSettings(heartbeat_interval=1.0, heartbeat_timeout=6.0)
+    timing = counters_timing(settings.heartbeat_interval, settings.heartbeat_timeout)
+    token, keys = Token(b"fence"), Keys("fence")
+    host = AgentKVStore.host("127.0.0.1", 0, token=token, read_timeout=30, linger=0)
+    proxy = SlowReplies(host.port)
+    node = AgentKVStore.connect(
+        "127.0.0.1", proxy.port, token=token, connect_timeout=10, read_timeout=30
+    )
+    fence = Fence(timing)
+    proc = sleepers()
+    fence.guard(proc.pid)
+    beats = Counters(Board(node, keys, "node-b"), settings, proved=fence.proved_alive)
+    watcher = Counters(Board(host, keys, "node-a"), settings)
+    lost: list[float] = []
+
+    def watched_lost() -> bool:
+        now = time.monotonic()
+        if watcher.judge("node-b", now)[0] is Verdict.LOST:
+            lost.append(now)
+        return bool(lost)
+
+    try:
+        watched_lost()
+        beats.beat(True)  # answered at once: the fence is armed
+        proxy.delay = 3.0  # < fence_after: the next proof is slow but in time
+        slow = threading.Thread(target=beats.beat, args=(True,), daemon=True)
+        slow.start()
+        wait_for(watched_lost, HANG, "the watcher to count node-b lost")
+        slow.join(HANG)
+        assert proc.wait(HANG) == -signal.SIGKILL
+    finally:
+        proxy.close()
+        node.close()
+        host.close()
+    fired_at = fence.fired_at
+    assert fired_at is not None and fence.reason is not None
+    assert fired_at + KILL_BOUND <= lost[0], (fired_at, lost[0])
 
 
 @needs_etcd
