@@ -40,8 +40,8 @@ from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
 from phalanx.rendezvous.stores.etcd.conf import EtcdOptions
 from phalanx.rendezvous.stores.etcd.store import EtcdStore
 from support.etcd_server import EtcdCluster
-from support.hosts import NamespaceHosts, Node
-from support.launch import run_phalanx, wait_for, worker
+from support.hosts import Loopback, NamespaceHosts, Node
+from support.launch import alive, run_phalanx, wait_for, worker
 from support.memory_store import MemoryServer, MemoryStore
 from support.netns import NetNamespaces
 from support.slow_replies import SlowReplies
@@ -465,6 +465,46 @@ def test_a_node_cut_off_during_its_workers_grace_is_fenced_all_the_same(
     err = nodes[1].stderr
     assert "phalanx: rendezvous: fenced: no store write confirmed this node alive" in err, err
     assert "fenced: " in err.strip().splitlines()[-1] and "Traceback" not in err, err
+
+
+def test_every_worker_is_guarded_by_the_fence_while_the_agent_waits_out_a_grace(
+    nodes: list[Node], tmp_path: Path
+) -> None:
+    """Two agents on loopback (static: node 0 hosts the store). Rank 0 (node 0) exits 3;
+    node 1 stops rank 1 with SIGTERM and 600 s of grace, which rank 1 ignores -- the agent
+    then waits in its grace and looks at nothing else. Node 0, the store's host, is held
+    (SIGSTOP) while it waits for node 1's verdict: node 1's heartbeats go unanswered, and
+    only the fence's own thread can end rank 1, by the process group the supervisor gave it
+    when it started the worker. It does, within the bound, and says it killed one group."""
+    shared, port = tmp_path / "shared", free_port()
+    shared.mkdir()
+    for i in (0, 1):
+        args = ["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(port),
+                "--max-restarts", "1", "--shutdown-timeout", "600" if i == 1 else "1",
+                "--rdzv-conf", f"{FAST},heartbeat_timeout=4,read_timeout=30",
+                worker("stubborn_then_fail.py"), str(shared), "1"]  # fmt: skip
+        nodes.append(Node(Loopback(), i, args, tmp_path, f"n{i}"))
+
+    def in_grace() -> bool:
+        for node in nodes:
+            assert node.proc.poll() is None, node.stderr
+        return (shared / "sigterm").exists()
+
+    wait_for(in_grace, HANG, "rank 1 to get SIGTERM (its grace: 600 s)")
+    stubborn = int((shared / "stubborn.pid").read_text())
+    os.kill(nodes[0].proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: not alive(stubborn), HANG, "the fence to SIGKILL rank 1 in its grace")
+        code = nodes[1].finish(HANG)
+    finally:
+        os.kill(nodes[0].proc.pid, signal.SIGCONT)
+        nodes[0].kill()
+    err = nodes[1].stderr
+    assert code == 3, err  # the job's root cause (rank 0's exit 3), as after any fence
+    assert "phalanx: rendezvous: fenced: no store write confirmed this node alive" in err, err
+    assert "(1 worker group(s) killed)" in err and "Traceback" not in err, err
+    assert "stopped by phalanx (killed by SIGKILL)" in err, err
 
 
 @pytest.mark.slow
