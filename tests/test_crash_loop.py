@@ -70,6 +70,36 @@ def test_progress_on_one_node_keeps_the_others_failure_restarting(
     _spent_every_restart(nodes)
 
 
+def test_the_node_without_progress_proposing_first_still_counts_the_others_progress(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """The verdict is written by the node that proposes first, which is the node that judges
+    the round last. Here that is the node with no progress: rank 1 fails next to rank 0,
+    which steps; the other node's rank 3 ignores SIGTERM, so that node ends its round only
+    after its 3 s grace, judges last and proposes at once. Its proposal must still count
+    rank 0's steps (the job's evidence, not its own): both nodes spend every restart."""
+    net = hosts(2)  # type: ignore[operator]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    rdzv = c10d_args(net, free_port(), "2")
+    rdzv[rdzv.index("--nproc-per-node") + 1] = "2"
+    for i in (0, 1):
+        args = [*rdzv, "--max-restarts", "2", "--shutdown-timeout", "3",
+                worker("progress_then_slow_stop.py"), str(shared)]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    codes = [n.finish(timeout=240) for n in nodes]
+    errs = nodes[0].stderr + nodes[1].stderr
+    assert codes == [3, 3], errs
+    for node in nodes:
+        assert node.stderr.count("restarting the worker group") == 2, node.stderr
+        assert "crash loop" not in node.stderr, node.stderr
+        report = _report(node.logs)
+        assert (report["crash_loop"], report["attempts"]) == (False, 3), report
+    # the arrangement held: the node of ranks 2 and 3 waited out rank 3's grace each time
+    slow = [n for n in nodes if list(n.logs.glob("*/attempt_0/rank_3"))]
+    assert len(slow) == 1 and "killed by SIGKILL" in slow[0].stderr, errs
+
+
 @needs_etcd
 def test_progress_on_one_node_counts_for_the_job_on_etcd(nodes: list[Node], tmp_path: Path) -> None:
     """The same agreement through a real etcd server (two agents on loopback)."""
