@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -15,11 +16,15 @@ import pytest
 
 from phalanx.errors import UsageError
 from phalanx.net import free_port
+from phalanx.rendezvous.dynamic.board import Board
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.stores.agentstore import NO_TOKEN, AgentKVStore
 from phalanx.report.classify import classify
 from phalanx.report.exits import WorkerExit, causal_order, format_report, report_json
 from phalanx.supervisor.clock import OFFSET_ENV, WallClock
-from support.hosts import Node
+from support.hosts import Loopback, Node
 from support.launch import PHALANX, wait_for, worker
+from support.slow_replies import SlowReplies
 
 GLOO_RESET = (
     "Traceback (most recent call last):",
@@ -195,3 +200,72 @@ def test_a_host_whose_clock_is_behind_does_not_make_its_collateral_error_the_roo
     assert exits[1]["peer_error"] is True and exits[1]["kind"] == "exception", exits[1]
     assert exits[1]["time"] < exits[0]["time"], (exits[0]["time"], exits[1]["time"])
     assert exits[0]["seq"] < exits[1]["seq"], (exits[0]["seq"], exits[1]["seq"])
+
+
+def test_each_node_orders_its_own_failure_by_the_stores_number(
+    nodes: list[Node], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two failures of their own (no peer error). Node A reaches the store (hosted by node
+    B) through a proxy whose answers are slowed to 3 s once both workers run
+    (``support/slow_replies.py``), and its wall clock is 5 s ahead. A's worker fails first:
+    A posts it, the store numbers it 1 and holds it at once, and A hears so later. Meanwhile B's
+    worker fails and B posts it as number 2, so A's report, read after, holds both. Each
+    node must order its own failure by the number the store gave it: both reports name A's
+    worker, exit 7 -- though by the wall clocks B's record reads as the earlier, and a node
+    that left its own failure unnumbered would put it after every numbered one (A would
+    name B's worker)."""
+    port, shared = free_port(), tmp_path / "shared"
+    shared.mkdir()
+    proxy = SlowReplies(port)
+    try:
+        for name, endpoint, host, role in (
+            ("b", port, "true", "second"),
+            ("a", proxy.port, "false", "first"),
+        ):
+            args = [
+                "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{endpoint}", "--rdzv-id", "order",
+                "--rdzv-conf", f"{CONF},is_host={host},read_timeout=30",
+                "--allow-per-node-args", worker("two_failures.py"), str(shared), role,
+            ]  # fmt: skip
+            if name == "a":  # B's store is up: the proxy connects to it as A does
+                wait_for(lambda: _listening(port), 60, "node B's store")
+                monkeypatch.setenv(OFFSET_ENV, "5")  # Node copies the environment as it starts
+            nodes.append(Node(Loopback(), 0, args, tmp_path, name))
+        monkeypatch.delenv(OFFSET_ENV)
+        a, b = nodes[1], nodes[0]
+        wait_for(lambda: len(list(shared.glob("ready.*"))) == 2, 90, "both workers to start")
+        first = int((shared / "ready.first").read_text().split()[1])
+        proxy.delay = 3.0
+        (shared / "go.first").touch()
+        store = AgentKVStore.connect(
+            "127.0.0.1", port, token=NO_TOKEN, connect_timeout=10, read_timeout=10
+        )
+        try:
+            board = Board(store, Keys("order"), "the test")
+            # numbered and written (a number, then the record under it), its answer not yet
+            wait_for(lambda: len(board.failures()) == 1, 60, "A's failure record")
+        finally:
+            store.close()
+        (shared / "go.second").touch()
+        codes = [node.finish(120) for node in nodes]
+    finally:
+        proxy.close()
+    errs = a.stderr + b.stderr
+    assert codes == [7, 7], errs
+    for node in (a, b):
+        data = report(node)
+        cause = data["root_cause"]
+        assert isinstance(cause, dict), node.stderr
+        assert (cause["rank"], cause["exit_code"]) == (first, 7), node.stderr
+        assert f"Root cause: rank {first} (local rank 0)" in node.stderr, node.stderr
+    exits = {e["exit_code"]: e for e in report(a)["exits"]}  # type: ignore[attr-defined]
+    assert sorted(exits) == [5, 7] and exits[5]["peer_error"] is False, exits
+    assert exits[7]["seq"] < exits[5]["seq"], (exits[7]["seq"], exits[5]["seq"])
+    assert exits[5]["time"] < exits[7]["time"], (exits[7]["time"], exits[5]["time"])
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
