@@ -16,8 +16,9 @@ import pytest
 from phalanx.errors import UsageError
 from phalanx.net import free_port
 from phalanx.report.classify import classify
-from phalanx.report.exits import WorkerExit, causal_order, format_report, report_json
+from phalanx.report.exits import causal_order, format_report, report_json
 from phalanx.supervisor.clock import OFFSET_ENV, WallClock
+from phalanx.supervisor.exits import WorkerExit
 from support.hosts import Node
 from support.launch import PHALANX, wait_for, worker
 

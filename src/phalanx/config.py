@@ -6,7 +6,19 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from phalanx.hosts.hostfile import HostSlots
+
+@dataclass(frozen=True)
+class HostSlots:
+    """One host of a host list (``hosts.hostfile`` reads them) and its worker count."""
+
+    host: str  # the ssh destination, as written
+    slots: int  # workers on that host
+
+    @property
+    def name(self) -> str:
+        """The host without the user: what console lines and reports are labelled with."""
+        return self.host.rpartition("@")[2]
+
 
 DEFAULT_RDZV_ID = "none"  # torchrun's default --rdzv-id
 

@@ -1,8 +1,8 @@
-"""What both faces (the CLI and ``phalanx.spawn``) do between a config and the agent.
+"""The one call both faces (the CLI and ``phalanx.spawn``) make: ``prepare(config).run(env)``.
 
 ``prepare(config)`` validates the rendezvous part and returns a ``Launch``: the run id, how
 to open this node's rendezvous (not opened yet: the agent does that, after its guardian and
-template are up), and the plan ``--dry-run`` prints. ``rendezvous_problems(config)`` is the
+template are up), the plan ``--dry-run`` prints, and ``run``: this node's agent. ``rendezvous_problems(config)`` is the
 check alone, for the CLI to report with its own problems in one batch.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from phalanx.agent import Agent
 from phalanx.config import LaunchConfig
 from phalanx.consistency.fingerprint import Target, node_fingerprint, target_of
 from phalanx.errors import UsageError
@@ -36,6 +37,13 @@ class Launch:
     config: LaunchConfig
     run_id: str
     open_rendezvous: Callable[[], RendezvousHandler]
+
+    def run(self, environ: Mapping[str, str], *, contain: bool = False) -> int:
+        """This node's part of the job, to its end: the exit code (``contain``: the job in a
+        cgroup of its own where one can be made -- the CLI's, not ``phalanx.spawn``'s agent,
+        which is the user's own process)."""
+        agent = Agent(self.config, self.open_rendezvous, self.run_id, environ, contain=contain)
+        return agent.run()
 
     def dry_run_plan(self, environ: Mapping[str, str]) -> RoundPlan:
         """This node's plan without meeting anyone: every node is assumed to have this

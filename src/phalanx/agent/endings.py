@@ -34,9 +34,10 @@ from phalanx.rendezvous.api import (
     RoundVerdict,
 )
 from phalanx.report import job as jobreport
-from phalanx.report.exits import WorkerExit, root_cause
+from phalanx.report.exits import root_cause
 from phalanx.report.oom import OomProbe
 from phalanx.report.recovery import summary_lines
+from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.preempt import Preemption, from_notice
 from phalanx.supervisor.signals import SignalWatcher
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from phalanx.errors import REQUEUE_EXIT_CODE
 from phalanx.plan import RoundPlan
-from phalanx.report.exits import WorkerExit
+from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.preempt import Preemption
 from phalanx.worker import progress
 

@@ -18,10 +18,10 @@ from phalanx.cli.nproc import resolve_nproc
 from phalanx.cli.problems import Problems
 from phalanx.cli.rdzv_flags import rendezvous_flags
 from phalanx.cli.scheduler import NO_DERIVATION, Derivation
-from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.config import HostSlots, LaunchConfig, LaunchMode
 from phalanx.errors import UsageError
 from phalanx.events import metrics
-from phalanx.hosts.hostfile import HostSlots, parse_hosts, read_hostfile
+from phalanx.hosts.hostfile import parse_hosts, read_hostfile
 from phalanx.hosts.remote_env import forwarded_env, read_env_file
 from phalanx.launch import rendezvous_problems
 

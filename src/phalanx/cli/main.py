@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from phalanx.agent import Agent, configure_logging
+from phalanx.agent import configure_logging
 from phalanx.cli import abbrev, clean, logs, ls, preempt, stacks, status, stop, timeline
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
@@ -89,7 +89,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return 0
     for line in config.derived:
         log.info("%s", line)
-    return Agent(config, launch.open_rendezvous, launch.run_id, environ, contain=True).run()
+    return launch.run(environ, contain=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

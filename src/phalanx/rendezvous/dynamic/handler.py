@@ -24,7 +24,6 @@ the run but ``stopped``, the tombstone that refuses a reused run id.
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import time
 import uuid
@@ -65,6 +64,7 @@ from phalanx.rendezvous.stores.base import (
     RenewingStore,
     StoreUnavailable,
 )
+from phalanx.signals import signal_name
 
 log = logging.getLogger("phalanx")
 
@@ -363,7 +363,7 @@ class DynamicRendezvous:
             return
         try:
             signum = self._stopped_by
-            how = f"was stopped by {_signal_name(signum)}" if signum is not None else "gave up"
+            how = f"was stopped by {signal_name(signum)}" if signum is not None else "gave up"
             stop = self._board.stop(
                 f"node {rank} ({self._hostname}) {how}",
                 rank,
@@ -517,9 +517,3 @@ def _fence_for(store: KVStore, settings: RendezvousSettings) -> Fence | None:
         store.on_renewed(fence.proved_alive, timing.beat)
     return fence
 
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
