@@ -104,8 +104,7 @@ class DynamicRendezvous:
         (``phalanx.consistency``); each round's result carries every member's.
         ``admit_mismatch``: join a running job even when its fingerprint differs (else this
         node is refused before the job hears of it: ``admission``)."""
-        if not 1 <= min_nodes <= max_nodes:
-            raise UsageError(f"--nnodes {min_nodes}:{max_nodes}: expected 1 <= MIN <= MAX")
+        # The node range was checked with the spec (registry.check), once.
         if fixed_rank is not None and min_nodes != max_nodes:
             raise UsageError("static rendezvous needs a fixed --nnodes N, not MIN:MAX")
         self._settings = settings or RendezvousSettings()
