@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("plan",),
     ("rendezvous",),
     ("consistency", "events", "limits", "rundir"),
-    ("config", "errors", "credentials", "net", "parsing", "schedulers", "worker"),
+    ("config", "errors", "credentials", "net", "parsing", "environments", "worker"),
     ("signals", "version"),
 ]
 TIER = {package: tier for tier, row in enumerate(LAYERS) for package in row}

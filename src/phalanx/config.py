@@ -112,7 +112,7 @@ class LaunchConfig:
     # torchrun flags accepted (so a torchrun command line keeps working) but not applied:
     # one line each, logged when the job starts.
     not_applied: tuple[str, ...] = ()
-    # What the scheduler that started phalanx said (phalanx.schedulers, cli.scheduler): one
+    # What the scheduler that started phalanx said (phalanx.environments, cli.scheduler): one
     # line per fact used, naming its variable; printed at start and by --dry-run.
     derived: tuple[str, ...] = ()
 
