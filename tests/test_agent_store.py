@@ -30,6 +30,7 @@ from phalanx.rendezvous.stores.agentstore import (
 from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
 from phalanx.rendezvous.stores.base import MalformedReply, StoreUnavailable
 from support.impostor import Impostor
+from support.launch import wait_for
 
 TOKEN = Token(b"the job's secret", "the test")
 HANG = 30.0
@@ -343,11 +344,11 @@ def test_the_host_leaves_last_its_peers_still_read_while_it_closes() -> None:
 
 
 def wait_for_refusal(port: int) -> None:
-    deadline = time.monotonic() + HANG
-    while time.monotonic() < deadline:
+    def refused() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
         except (ConnectionRefusedError, ConnectionResetError):  # reset: in the backlog as it closed
-            return
-        time.sleep(0.02)
-    raise AssertionError("the draining store still accepts connections")
+            return True
+        return False
+
+    wait_for(refused, HANG, "the draining store to refuse connections", every=0.02)

@@ -20,8 +20,9 @@ from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.stores.agentstore import NO_TOKEN, AgentKVStore
 from phalanx.report.classify import classify
-from phalanx.report.exits import WorkerExit, causal_order, format_report, report_json
+from phalanx.report.exits import causal_order, format_report, report_json
 from phalanx.supervisor.clock import OFFSET_ENV, WallClock
+from phalanx.supervisor.exits import WorkerExit
 from support.hosts import Loopback, Node
 from support.launch import PHALANX, wait_for, worker
 from support.slow_replies import SlowReplies

@@ -23,6 +23,7 @@ import torch
 from phalanx import checkpoint
 from phalanx.inscript.checkpoint import Checkpoint
 from phalanx.worker.contract import CHECKPOINT_LOG_ENV
+from support.launch import wait_for
 from support.tools import STRACE, needs_strace, tiny_tmpfs
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -194,7 +195,6 @@ def test_a_filesystem_without_flock_saves_unlocked_with_a_warning(tmp_path: Path
 # --- a full disk ------------------------------------------------------------------------------
 
 
-
 def test_a_full_disk_mid_write_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
     """4 MiB into a 256 KiB tmpfs: save fails with ENOSPC (torch.save wraps it in its own
     RuntimeError), removes its temporary file, and the previous checkpoint still loads."""
@@ -282,11 +282,14 @@ def _start(script: str, *args: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 120
-    while not condition():
+    """``condition``, failing at once if the writer exited before it (fine-grained: a write
+    in progress lasts milliseconds)."""
+
+    def met() -> bool:
         assert proc.poll() is None, f"writer exited ({proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
+        return condition()
+
+    wait_for(met, 120, what, every=0.002)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -12,8 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 
 from phalanx import checkpoint
 from support.checkpoint_writers import SCENARIOS, identify, state
+from support.launch import wait_for
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 WRITERS = Path(__file__).parent / "support" / "checkpoint_writers.py"
@@ -76,13 +76,6 @@ def writers() -> Iterator[Writers]:
         yield template
     finally:
         template.close()
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + HANG
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def _events(path: Path) -> list[str]:
@@ -174,10 +167,13 @@ def test_a_second_writer_waits_for_the_first_then_both_checkpoints_are_whole(
     a = writers.start("writer", who="A", dir=str(folder), steps=[1], keep=None, events=str(events),
                       stall_on=1, flag=str(flag), release=str(release))  # fmt: skip
     try:
-        _wait_for(flag.exists, "writer A to be in the middle of its save")
+        wait_for(flag.exists, HANG, "writer A to be in the middle of its save", every=0.005)
         b = writers.start("writer", who="B", dir=str(folder), steps=[2], keep=None, events=str(events))  # fmt: skip
-        _wait_for(
-            lambda: any(e.startswith("B ") for e in _events(events)), "writer B to wait or save"
+        wait_for(
+            lambda: any(e.startswith("B ") for e in _events(events)),
+            HANG,
+            "writer B to wait or save",
+            every=0.005,
         )
         said = f"B log checkpoint directory {folder} is locked by pid {a} on "
         assert _events(events)[0].startswith(said), _events(events)
@@ -198,7 +194,7 @@ def test_a_writer_held_past_the_lock_timeout_is_named_in_one_error(
     a = writers.start("writer", who="A", dir=str(folder), steps=[1], keep=None, events=str(events),
                       stall_on=1, flag=str(flag), release=str(release))  # fmt: skip
     try:
-        _wait_for(flag.exists, "writer A to be in the middle of its save")
+        wait_for(flag.exists, HANG, "writer A to be in the middle of its save", every=0.005)
         b = writers.start("writer", who="B", dir=str(folder), steps=[2], keep=None,
                           events=str(events), lock_timeout=0.2)  # fmt: skip
         assert writers.wait(b) == {"exit": 1}

@@ -12,9 +12,10 @@ from phalanx.hang.stacks import Frame, fatal_frame, main_thread, parse_dump
 from phalanx.hang.stall import StallDetector
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo, RendezvousResult
 from phalanx.report.classify import classify, exception_from
-from phalanx.report.exits import WorkerExit, format_report, root_cause
+from phalanx.report.exits import format_report, root_cause
 from phalanx.report.job import blame_hang, lost_node
 from phalanx.report.oom import memory_cgroup_counter, oom_kills
+from phalanx.supervisor.exits import WorkerExit
 
 TRACEBACK = [
     "Traceback (most recent call last):",

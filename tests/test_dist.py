@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import torch
 
+from phalanx.environments.nodelist import first_host
 from phalanx.errors import UsageError
 from phalanx.inscript import dist
-from phalanx.inscript.envs import LaunchEnv, first_host, read_launch_env
+from phalanx.inscript.envs import LaunchEnv, read_launch_env
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU-only choice")
 

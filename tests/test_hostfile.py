@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.hosts.hostfile import HostSlots, parse_hostfile_text, parse_hosts
+from phalanx.config import HostSlots
+from phalanx.hosts.hostfile import parse_hostfile_text, parse_hosts
 from phalanx.hosts.plan import split_argv
 from phalanx.hosts.remote_env import forwarded_env, read_env_file
 from support.launch import run_phalanx, worker

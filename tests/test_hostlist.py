@@ -1,4 +1,4 @@
-"""Slurm nodelists, expanded by python-hostlist (phalanx.schedulers.nodelist): the table, the
+"""Slurm nodelists, expanded by python-hostlist (phalanx.environments.nodelist): the table, the
 malformed lists, and a malformed list met by the command line (one line, exit 2)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.schedulers.nodelist import expand, first_host
+from phalanx.environments.nodelist import expand, first_host
 from support.launch import PHALANX, worker
 from support.schedulers import scheduler_env
 

@@ -12,6 +12,7 @@ import pytest
 
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import EventKind
+from support.launch import wait_for
 from support.memcluster import (
     FAST,
     WAIT,
@@ -21,7 +22,6 @@ from support.memcluster import (
     crash,
     form,
     wait_event,
-    wait_until,
 )
 from support.memory_store import MemoryStore
 
@@ -44,7 +44,12 @@ def test_between_min_and_max_waits_the_last_call(cluster: Cluster) -> None:
     window = replace(FAST, last_call_timeout=8)
     a, b, c = (cluster.node(n, nnodes=(2, 4), settings=window) for n in "abc")
     first = [Join(a), Join(b)]
-    wait_until(lambda: cluster.server.data.get("phalanx/rdzv/job/r0/joined") == b"2")
+    wait_for(
+        lambda: cluster.server.data.get("phalanx/rdzv/job/r0/joined") == b"2",
+        WAIT,
+        "two nodes joined",
+        every=0.02,
+    )
     late = Join(c)  # inside the window: it makes the round, which still closes below MAX
     results = [j.result() for j in [*first, late]]
     agreed(results)

@@ -11,11 +11,12 @@ from collections.abc import Iterator
 import pytest
 
 from phalanx.errors import RendezvousError
-from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
+from phalanx.rendezvous.api import EventKind, RendezvousHandler, RendezvousResult
 from phalanx.rendezvous.registry import create_handler, spec_problems
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.status.exchange import ANSWER_LIMIT, encode_answer
 from support.etcd_server import EtcdCluster, revoke_all_leases
+from support.memcluster import wait_event
 from support.tools import needs_etcd
 
 HANG = 60.0
@@ -52,14 +53,6 @@ def form(handlers: list[RendezvousHandler]) -> list[RendezvousResult]:
         t.join(HANG)
     assert len(results) == len(handlers), "next_round hung or failed"
     return [results[i] for i in range(len(handlers))]
-
-
-def wait_event(handler: RendezvousHandler, kind: EventKind) -> JobEvent:
-    deadline = time.monotonic() + HANG
-    while (event := handler.poll()) is None or event.kind is not kind:
-        assert time.monotonic() < deadline, f"no {kind} within {HANG} s"
-        time.sleep(0.05)
-    return event
 
 
 @pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
@@ -132,7 +125,6 @@ def test_stacks_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> N
             h.shutdown()
 
 
-
 def test_status_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> None:
     """A node's answer to ``phalanx status`` (at most ``ANSWER_LIMIT``) fits one etcd put;
     the asker reads it back, then deletes it."""
@@ -157,6 +149,7 @@ def test_status_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> N
     finally:
         for h in handlers:
             h.shutdown()
+
 
 def test_etcd_options_checked_with_the_settings(etcd: EtcdCluster) -> None:
     bad = RendezvousSpec("etcd", "x", 1, 2, etcd.endpoint_arg, {"protocl": "https", "timeout": "5"})

@@ -20,7 +20,8 @@ from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.pulse import ALIVE
 from phalanx.rendezvous.stores.base import LeasedStore
-from support.memcluster import FAST, WAIT, Join, agreed, crash, form, wait_event, wait_until
+from support.launch import wait_for
+from support.memcluster import FAST, WAIT, Join, agreed, crash, form, wait_event
 from support.memory_store import LeasedMemoryStore, MemoryServer, MemoryStore
 
 LEASE_TTL = 1.0
@@ -70,7 +71,12 @@ def test_only_stores_with_leases_get_leased_keys(cluster: LeasedCluster) -> None
     for name, handler in (("a", a), ("b", b)):
         key = cluster.liveness_key(handler)
         # written once, bound to the node's own lease; no counter is bumped on top of it
-        wait_until(lambda key=key: cluster.server.data.get(key) == ALIVE)
+        wait_for(
+            lambda key=key: cluster.server.data.get(key) == ALIVE,
+            WAIT,
+            "the node's alive key",
+            every=0.02,
+        )
         assert cluster.server.leased[key] == cluster.stores[name].lease
 
 
@@ -115,7 +121,12 @@ def test_leaving_on_purpose_outlives_the_lease(cluster: LeasedCluster) -> None:
     assert "left the job" in event.detail
     key = cluster.liveness_key(c)
     # LEFT was a plain write: the lease no longer owns the key, so its expiry keeps it
-    wait_until(lambda: cluster.stores["c"].lease not in cluster.server.leases_alive)
+    wait_for(
+        lambda: cluster.stores["c"].lease not in cluster.server.leases_alive,
+        WAIT,
+        "c's lease to expire",
+        every=0.02,
+    )
     assert cluster.server.data[key] == LEFT
     for h in (a, b):
         assert h.claim_restart(1)

@@ -13,7 +13,8 @@ from phalanx.rendezvous.api import EventKind, RendezvousResult
 from phalanx.rendezvous.dynamic.board import cap_stacks
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.local import LocalRendezvous
-from support.memcluster import WAIT, Cluster, form, wait_event, wait_until
+from support.launch import wait_for
+from support.memcluster import WAIT, Cluster, form, wait_event
 
 
 def by_rank(
@@ -32,7 +33,12 @@ def test_a_request_reaches_every_node_and_the_answers_come_back(cluster: Cluster
     assert [h.stack_requests() for h in (a, b, c)] == [0, 0, 0]
     assert b.request_stacks() == 1
     assert b.stack_requests() == 1  # its own request counts at once, not a heartbeat later
-    wait_until(lambda: a.stack_requests() == 1 and c.stack_requests() == 1)
+    wait_for(
+        lambda: a.stack_requests() == 1 and c.stack_requests() == 1,
+        WAIT,
+        "a and c to be asked for stacks",
+        every=0.02,
+    )
     a.post_stacks(1, "stacks of node 0")
     c.post_stacks(1, "stacks of node 2")
     assert b.gather_stacks(rb.round, 1, [0, 2], WAIT) == {
@@ -41,7 +47,7 @@ def test_a_request_reaches_every_node_and_the_answers_come_back(cluster: Cluster
     }
     assert stacks_keys(cluster) == []  # read once, then removed from the store
     assert a.request_stacks() == 2  # numbered per round, whoever asks
-    wait_until(lambda: c.stack_requests() == 2)
+    wait_for(lambda: c.stack_requests() == 2, WAIT, "c to be asked twice", every=0.02)
     assert a.poll() is None and c.poll() is None  # a stacks request is no job event
 
 
@@ -49,7 +55,7 @@ def test_nodes_that_do_not_answer_are_left_out(cluster: Cluster) -> None:
     handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
     (a, ra), (b, _), _ = by_rank(handlers, form(*handlers))
     request = a.request_stacks()
-    wait_until(lambda: b.stack_requests() == request)
+    wait_for(lambda: b.stack_requests() == request, WAIT, "b to be asked", every=0.02)
     b.post_stacks(request, "only node 1")
     assert a.gather_stacks(ra.round, request, [1, 2], 0.5) == {1: "only node 1"}
 
@@ -58,7 +64,7 @@ def test_a_new_round_starts_counting_again(cluster: Cluster) -> None:
     a, b = cluster.node("a"), cluster.node("b")
     form(a, b)
     a.request_stacks()
-    wait_until(lambda: b.stack_requests() == 1)
+    wait_for(lambda: b.stack_requests() == 1, WAIT, "b to be asked", every=0.02)
     a.report_failure({"rank": 0, "exit_code": 1})
     wait_event(b, EventKind.PEER_FAILED)
     assert a.claim_restart(1) and b.claim_restart(1)
@@ -104,7 +110,7 @@ def test_every_node_answers_once_and_the_asker_writes_one_file(
             tick(i)
         return any(dirs[1].glob("stacks_*.txt"))
 
-    wait_until(written)
+    wait_for(written, WAIT, "the stacks written", every=0.02)
     assert answered == [[1], [1]]  # once each, and node 1's own request is answered too
     (path,) = dirs[1].glob("stacks_*.txt")
     text = path.read_text()
@@ -113,7 +119,9 @@ def test_every_node_answers_once_and_the_asker_writes_one_file(
     assert text.startswith(f"stacks of 2 of 3 node(s), requested on {name[1]} (node 1) at ")
     assert f"no answer within 2 s from: node 2 ({name[2]})" in text
     # This node first, then the others by node rank.
-    assert text.index(f"##### node 1 ({name[1]}) #####") < text.index(f"##### node 0 ({name[0]}) #####")
+    assert text.index(f"##### node 1 ({name[1]}) #####") < text.index(
+        f"##### node 0 ({name[0]}) #####"
+    )
     assert "=== rank 0 ===" in text and "=== rank 1 ===" in text
     assert f"node 2 ({name[2]}) ###" not in text
     assert not any(dirs[0].glob("stacks_*.txt")) and not any(dirs[2].glob("stacks_*.txt"))

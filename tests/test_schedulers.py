@@ -1,4 +1,4 @@
-"""phalanx under a scheduler without multi-node flags (phalanx.schedulers, cli.scheduler).
+"""phalanx under a scheduler without multi-node flags (phalanx.environments, cli.scheduler).
 
 Pure tables first: each environment written out as its scheduler sets it. Then real runs:
 two agents, each with its node's exact variables, form one Gloo world of 4 with no
@@ -18,9 +18,9 @@ from types import MappingProxyType
 import pytest
 
 from phalanx.cli.main import parse_config
+from phalanx.environments import detect
 from phalanx.errors import UsageError
 from phalanx.net import free_port
-from phalanx.schedulers import detect
 from support.launch import PHALANX, launched, worker
 from support.schedulers import scheduler_env, slurm_job_id_with_free_port
 

@@ -21,7 +21,8 @@ from phalanx.status.exchange import (
 from phalanx.status.node import NodeStatus
 from phalanx.status.service import EventTail
 from phalanx.status.view import RunView, render
-from support.memcluster import WAIT, Cluster, form, wait_until
+from support.launch import wait_for
+from support.memcluster import WAIT, Cluster, form
 
 
 def _line(kind: str, seq: int, size: int = 0) -> bytes:
@@ -115,7 +116,12 @@ def test_a_status_request_reaches_every_node_and_the_answers_come_back(cluster: 
     pairs = sorted(zip(handlers, form(*handlers), strict=True), key=lambda p: p[1].node_rank)
     (a, _), (b, rb), (c, _) = pairs
     assert b.request_status() == 1 and b.status_requests() == 1
-    wait_until(lambda: a.status_requests() == 1 and c.status_requests() == 1)
+    wait_for(
+        lambda: a.status_requests() == 1 and c.status_requests() == 1,
+        WAIT,
+        "a and c to be asked for status",
+        every=0.02,
+    )
     assert a.stack_requests() == 0  # a status request is no stacks request
     a.post_status(1, b"node 0")
     c.post_status(1, b"node 2")
@@ -148,11 +154,13 @@ def test_the_asker_writes_who_answered_and_names_who_did_not(
         agents["b"].check_files()
         return b.status_requests() == 1
 
-    wait_until(asked)
-    wait_until(lambda: a.status_requests() == 1)
+    wait_for(asked, WAIT, "the request to be asked", every=0.02)
+    wait_for(lambda: a.status_requests() == 1, WAIT, "a to be asked for status", every=0.02)
     agents["a"].check_peers()
     answer = files.answer_path(tmp_path / "b", nonce)
-    wait_until(lambda: answer.exists())  # after GATHER_WAIT: c never answers
+    wait_for(
+        lambda: answer.exists(), WAIT, "the answer file", every=0.02
+    )  # after GATHER_WAIT: c never answers
     reply = json.loads(answer.read_text())
     assert reply["answered"] == [ra.node_rank] and reply["self"]["node"] == rb.node_rank
     assert reply["missing"] == [{"node": rc.node_rank, "host": rc.this_node.hostname}]

@@ -20,6 +20,7 @@ from phalanx.errors import (
     RendezvousError,
     UsageError,
 )
+from phalanx.version import __version__ as __version__
 
 if TYPE_CHECKING:
     from phalanx.inscript import checkpoint, dist
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from phalanx.inscript.spawn import spawn
     from phalanx.worker.progress import heartbeat, step
 
-__version__ = "0.1.0"
 
 _MODULES = {"checkpoint": "phalanx.inscript.checkpoint", "dist": "phalanx.inscript.dist"}
 

@@ -6,7 +6,19 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from phalanx.hosts.hostfile import HostSlots
+
+@dataclass(frozen=True)
+class HostSlots:
+    """One host of a host list (``hosts.hostfile`` reads them) and its worker count."""
+
+    host: str  # the ssh destination, as written
+    slots: int  # workers on that host
+
+    @property
+    def name(self) -> str:
+        """The host without the user: what console lines and reports are labelled with."""
+        return self.host.rpartition("@")[2]
+
 
 DEFAULT_RDZV_ID = "none"  # torchrun's default --rdzv-id
 
@@ -100,7 +112,7 @@ class LaunchConfig:
     # torchrun flags accepted (so a torchrun command line keeps working) but not applied:
     # one line each, logged when the job starts.
     not_applied: tuple[str, ...] = ()
-    # What the scheduler that started phalanx said (phalanx.schedulers, cli.scheduler): one
+    # What the scheduler that started phalanx said (phalanx.environments, cli.scheduler): one
     # line per fact used, naming its variable; printed at start and by --dry-run.
     derived: tuple[str, ...] = ()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import signal
+from phalanx.signals import signal_name
 
 # The job was preempted (asked to stop by its scheduler), not failed: sysexits' EX_TEMPFAIL,
 # "try again later", what a requeue wrapper or a scheduler's policy can key on.
@@ -58,7 +58,7 @@ class Interrupted(PhalanxError, SystemExit):
 
     def __init__(self, signum: int, where: str = "") -> None:
         """``where``: the node whose signal stopped the job, when not this one."""
-        super().__init__(_signal_name(signum) + (f" on {where}" if where else ""))
+        super().__init__(signal_name(signum) + (f" on {where}" if where else ""))
         self.signum = signum
         self.where = where
         self.exit_code = self.code = 128 + signum
@@ -81,9 +81,3 @@ def stopped_line(exc: Interrupted) -> str:
         return f"{exc}; exit {exc.exit_code} (run the job again)"
     return f"stopped by {exc}"
 
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"

@@ -1,18 +1,21 @@
-"""What both faces (the CLI and ``phalanx.spawn``) do between a config and the agent.
+"""The one call both faces (the CLI and ``phalanx.spawn``) make: ``prepare(config).run(env)``.
 
 ``prepare(config)`` validates the rendezvous part and returns a ``Launch``: the run id, how
 to open this node's rendezvous (not opened yet: the agent does that, after its guardian and
-template are up), and the plan ``--dry-run`` prints. ``rendezvous_problems(config)`` is the
-check alone, for the CLI to report with its own problems in one batch.
+template are up), the plan ``--dry-run`` prints, and ``run``: this node's agent.
+``check_launch(config)`` is the same, returning the problems instead, for the CLI to report
+with its own in one batch. Either checks the rendezvous once: what it parsed (endpoint,
+token, settings) is what the backend opens with.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+from phalanx.agent import Agent
 from phalanx.config import LaunchConfig
 from phalanx.consistency.fingerprint import Target, node_fingerprint, target_of
 from phalanx.errors import UsageError
@@ -20,12 +23,7 @@ from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import NodeInfo, RendezvousHandler, RendezvousResult
 from phalanx.rendezvous.dynamic.keys import check_run_id
 from phalanx.rendezvous.local import LocalRendezvous
-from phalanx.rendezvous.registry import (
-    backend_problem,
-    conf_keys,
-    create_handler,
-    spec_problems,
-)
+from phalanx.rendezvous.registry import backend_problem, check, conf_keys, open_handler
 from phalanx.rendezvous.settings import settings_problems
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
@@ -36,6 +34,13 @@ class Launch:
     config: LaunchConfig
     run_id: str
     open_rendezvous: Callable[[], RendezvousHandler]
+
+    def run(self, environ: Mapping[str, str], *, contain: bool = False) -> int:
+        """This node's part of the job, to its end: the exit code (``contain``: the job in a
+        cgroup of its own where one can be made -- the CLI's, not ``phalanx.spawn``'s agent,
+        which is the user's own process)."""
+        agent = Agent(self.config, self.open_rendezvous, self.run_id, environ, contain=contain)
+        return agent.run()
 
     def dry_run_plan(self, environ: Mapping[str, str]) -> RoundPlan:
         """This node's plan without meeting anyone: every node is assumed to have this
@@ -71,39 +76,52 @@ def rendezvous_spec(config: LaunchConfig) -> RendezvousSpec:
     )
 
 
-def rendezvous_problems(config: LaunchConfig) -> list[str]:
-    """Every usage problem of the rendezvous part (nothing is contacted). One node needs no
-    store, so only the backend's name, the run id and the rendezvous settings are checked
-    there (a bad value or an unknown key is refused wherever the job runs)."""
+def check_launch(
+    config: LaunchConfig, checked: Target | None = None
+) -> tuple[Launch | None, list[str]]:
+    """The launch, or every usage problem of its rendezvous part (nothing is contacted):
+    the one check per launch, whose parsed options the launch opens the rendezvous with.
+    One node needs no store, so only the backend's name, the run id and the rendezvous
+    settings are checked there (a bad value or an unknown key is refused wherever the job
+    runs). ``checked``: as ``prepare``'s."""
     if not config.is_multi_node:
-        if (problem := backend_problem(config.rdzv_backend)) is not None:
-            return [problem]
-        conf = config.rdzv_conf_dict
-        keys = conf_keys(config.rdzv_backend)
-        problems = settings_problems(conf, config.rdzv_backend, keys)[1]
-        if config.rdzv_id != "none" and (problem := check_run_id(config.rdzv_id)) is not None:
-            problems.append(problem)
-        token_from_conf(conf, {}, problems)  # no store here, but token= is refused everywhere
-        return problems
-    return spec_problems(rendezvous_spec(config))[1]
+        problems = _one_node_problems(config)
+        return (None if problems else _one_node(config)), problems
+    rendezvous = check(rendezvous_spec(config))
+    if rendezvous.problems:
+        return None, rendezvous.problems
+    target = checked or target_of(config)
+
+    def open_multi_node() -> RendezvousHandler:
+        # Hashed when the agent opens the rendezvous (never for --dry-run).
+        return open_handler(rendezvous, node_fingerprint(target))
+
+    return Launch(config, config.rdzv_id, open_multi_node), []
 
 
 def prepare(config: LaunchConfig, checked: Target | None = None) -> Launch:
     """Raises ``UsageError`` listing every rendezvous problem. ``checked``: the program
     whose content the nodes compare (default: the config's own; ``phalanx.spawn`` names the
     user's script, since its workers run phalanx's entry point)."""
-    problems = rendezvous_problems(config)
-    if problems:
+    launch, problems = check_launch(config, checked)
+    if launch is None:
         raise UsageError(problems)
-    if config.is_multi_node:
-        spec = rendezvous_spec(config)
-        target = checked or target_of(config)
+    return launch
 
-        def open_multi_node() -> RendezvousHandler:
-            # Hashed when the agent opens the rendezvous (never for --dry-run).
-            return create_handler(replace(spec, fingerprint=node_fingerprint(target)))
 
-        return Launch(config, config.rdzv_id, open_multi_node)
+def _one_node_problems(config: LaunchConfig) -> list[str]:
+    if (problem := backend_problem(config.rdzv_backend)) is not None:
+        return [problem]
+    conf = config.rdzv_conf_dict
+    keys = conf_keys(config.rdzv_backend)
+    problems = settings_problems(conf, config.rdzv_backend, keys)[1]
+    if config.rdzv_id != "none" and (problem := check_run_id(config.rdzv_id)) is not None:
+        problems.append(problem)
+    token_from_conf(conf, {}, problems)  # no store here, but token= is refused everywhere
+    return problems
+
+
+def _one_node(config: LaunchConfig) -> Launch:
     # One node: no store, no peers; LocalRendezvous picks a fresh port per round.
     own_id = config.standalone or config.rdzv_id == "none"
     run_id = str(uuid.uuid4()) if own_id else config.rdzv_id

@@ -52,9 +52,20 @@ def parse_nnodes(text: str) -> tuple[int, int]:
         raise ValueError(
             f"--nnodes: expected N or MIN:MAX with positive integers, got {text!r}"
         ) from None
-    if low > high:
-        raise ValueError(f"--nnodes: MIN must not exceed MAX, got {text!r}")
+    if (problem := node_range_problem(low, high)) is not None:
+        raise ValueError(problem)
     return low, high
+
+
+def node_range_problem(min_nodes: int, max_nodes: int) -> str | None:
+    """The one check of a node range (the CLI's ``--nnodes`` and a spec's, ``phalanx.spawn``'s
+    included): None when ``1 <= MIN <= MAX``."""
+    if 1 <= min_nodes <= max_nodes:
+        return None
+    return (
+        f"--nnodes: MIN must not exceed MAX, got {min_nodes}:{max_nodes} "
+        "(expected 1 <= MIN <= MAX)"
+    )
 
 
 @dataclass(frozen=True)

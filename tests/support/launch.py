@@ -81,12 +81,15 @@ def remove_job_cgroups(log_dir: Path) -> None:
                 (root / f"phalanx-{run_dir.name}").rmdir()
 
 
-def wait_for(predicate: object, timeout: float, what: str) -> None:
+def wait_for(predicate: object, timeout: float, what: str, *, every: float = 0.05) -> None:
+    """Poll ``predicate`` every ``every`` seconds until it is true; fail after ``timeout``
+    (a bound that only catches a hang, never a timing assertion). The tests' one wait: a
+    predicate that must give up early (its process exited) raises from inside."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():  # type: ignore[operator]
             return
-        time.sleep(0.05)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -8,12 +8,11 @@ node is one whose store handle is closed: it can neither heartbeat nor answer.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
-from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import RendezvousSettings
+from support.launch import wait_for
 from support.memory_store import MemoryServer, MemoryStore
 
 WAIT = 60.0
@@ -94,21 +93,18 @@ def form(*handlers: DynamicRendezvous) -> list[RendezvousResult]:
     return [j.result() for j in joins]
 
 
-def wait_event(handler: DynamicRendezvous, kind: EventKind) -> JobEvent:
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
+def wait_event(handler: RendezvousHandler, kind: EventKind, timeout: float = WAIT) -> JobEvent:
+    """The next event of ``kind`` that ``handler`` polls (others before it are dropped)."""
+    seen: list[JobEvent] = []
+
+    def polled() -> bool:
         event = handler.poll()
         if event is not None and event.kind is kind:
-            return event
-        time.sleep(0.02)
-    raise AssertionError(f"no {kind} within {WAIT} s")
+            seen.append(event)
+        return bool(seen)
 
-
-def wait_until(check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
+    wait_for(polled, timeout, f"a {kind} event", every=0.02)
+    return seen[0]
 
 
 def crash(handler: DynamicRendezvous) -> None:

@@ -1,4 +1,4 @@
-"""Environments as schedulers set them, for tests of phalanx.schedulers and the CLI."""
+"""Environments as schedulers set them, for tests of phalanx.environments and the CLI."""
 
 from __future__ import annotations
 

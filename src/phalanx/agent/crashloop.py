@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.plan import RoundPlan
-from phalanx.report.exits import WorkerExit, root_cause
+from phalanx.report.exits import root_cause
+from phalanx.supervisor.exits import WorkerExit
 from phalanx.worker import progress
 from phalanx.worker.contract import CHECKPOINT_LOG_FILE
 from phalanx.worker.nofollow import open_file

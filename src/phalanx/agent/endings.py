@@ -19,6 +19,7 @@ from phalanx.agent.describe import describe_event
 from phalanx.agent.runfiles import write_bounded
 from phalanx.agent.stopped import stop_report
 from phalanx.config import LaunchConfig
+from phalanx.environments import slurm
 from phalanx.errors import Interrupted, JobFailed, PhalanxError, Preempted, RendezvousError
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
@@ -34,9 +35,10 @@ from phalanx.rendezvous.api import (
     RoundVerdict,
 )
 from phalanx.report import job as jobreport
-from phalanx.report.exits import WorkerExit, root_cause
+from phalanx.report.exits import root_cause
 from phalanx.report.oom import OomProbe
 from phalanx.report.recovery import summary_lines
+from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.preempt import Preemption, from_notice
 from phalanx.supervisor.signals import SignalWatcher
 
@@ -169,7 +171,7 @@ class Endings:
             data["recovery"] = figures
         write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
         if self.config.requeue and joined.node_rank == 0:
-            preempted.requeue(self.base_env)
+            slurm.requeue(self.base_env)
         raise Preempted(signal.Signals[preemption.signal], f"preempted by {preemption.signal}")
 
     def _record_failure(

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.policy import Step, decide, judged
@@ -16,7 +17,6 @@ from phalanx.agent.stopped import asked_to_stop
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
 from phalanx.errors import Interrupted, MismatchError, RendezvousError
-from phalanx.events.attempt import AttemptEvents, AttemptFailure
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.hang.jobstacks import JobStacks
@@ -30,9 +30,9 @@ from phalanx.rendezvous.api import (
     RendezvousResult,
     RoundVerdict,
 )
-from phalanx.report.exits import WorkerExit
 from phalanx.report.oom import OomProbe
 from phalanx.status import StatusService
+from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor
 from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher

@@ -1,4 +1,5 @@
-"""The end of a preempted job on one node: its report, and the requeue under SLURM.
+"""The end of a preempted job on one node: its report (the requeue under SLURM is
+``environments.slurm.requeue``).
 
 A preemption is not a failure: no restart is spent, the report says "preempted" (when the
 first node got which signal, the last step this node's ranks reached, which ranks ended on
@@ -8,14 +9,12 @@ their own and which were stopped at the deadline) and the agent exits ``REQUEUE_
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from phalanx.errors import REQUEUE_EXIT_CODE
 from phalanx.plan import RoundPlan
-from phalanx.report.exits import WorkerExit
+from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.preempt import Preemption
 from phalanx.worker import progress
 
@@ -66,32 +65,3 @@ def report(
 
 def _ranks(ranks: Sequence[int]) -> str:
     return ", ".join(str(r) for r in ranks) if ranks else "none"
-
-
-def requeue(environ: Mapping[str, str]) -> None:
-    """``scontrol requeue $SLURM_JOB_ID`` (``scontrol`` from PATH); any trouble is one
-    warning: the job's own exit code (75) still tells a wrapper what happened."""
-    job_id = environ.get("SLURM_JOB_ID", "").strip()
-    if not job_id:
-        log.warning("--requeue: not under SLURM (no SLURM_JOB_ID); nothing requeued")
-        return
-    scontrol = shutil.which("scontrol", path=environ.get("PATH"))
-    if scontrol is None:
-        log.warning("--requeue: scontrol is not on PATH; job %s not requeued", job_id)
-        return
-    try:
-        done = subprocess.run(
-            [scontrol, "requeue", job_id],
-            capture_output=True,
-            text=True,
-            timeout=_SCONTROL_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("--requeue: scontrol requeue %s failed: %s", job_id, exc)
-        return
-    if done.returncode != 0:
-        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        log.warning("--requeue: scontrol requeue %s exited %d: %s", job_id, done.returncode, said)
-        return
-    log.info("requeued SLURM job %s (scontrol requeue)", job_id)

@@ -14,7 +14,8 @@ from phalanx.agent.runfiles import write_bounded
 from phalanx.errors import Interrupted, PhalanxError, Preempted, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
-from phalanx.report.exits import WorkerExit, report_json
+from phalanx.report.exits import report_json
+from phalanx.supervisor.exits import WorkerExit
 
 log = logging.getLogger("phalanx")
 

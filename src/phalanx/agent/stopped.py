@@ -3,10 +3,10 @@ node or on another: how the agent tells, and the report it writes (pure function
 
 from __future__ import annotations
 
-import signal
-
 from phalanx.rendezvous.api import EventKind, JobEvent
-from phalanx.report.exits import WorkerExit, report_json
+from phalanx.report.exits import report_json
+from phalanx.signals import signal_name
+from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.group import Outcome, RoundResult
 
 
@@ -25,12 +25,6 @@ def asked_to_stop(result: RoundResult) -> tuple[int, JobEvent | None] | None:
     return None
 
 
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
 
 def stop_report(
     exits: list[WorkerExit],
@@ -42,7 +36,7 @@ def stop_report(
 ) -> dict[str, object]:
     """``report.json`` of a job stopped by ``signum`` on ``where`` (node ``node``): no root
     cause, every exit, the recovery figures so far."""
-    name = _signal_name(signum)
+    name = signal_name(signum)
     return report_json(
         exits,
         attempts,

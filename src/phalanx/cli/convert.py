@@ -18,12 +18,12 @@ from phalanx.cli.nproc import resolve_nproc
 from phalanx.cli.problems import Problems
 from phalanx.cli.rdzv_flags import rendezvous_flags
 from phalanx.cli.scheduler import NO_DERIVATION, Derivation
-from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.config import HostSlots, LaunchConfig, LaunchMode
 from phalanx.errors import UsageError
 from phalanx.events import metrics
-from phalanx.hosts.hostfile import HostSlots, parse_hosts, read_hostfile
+from phalanx.hosts.hostfile import parse_hosts, read_hostfile
 from phalanx.hosts.remote_env import forwarded_env, read_env_file
-from phalanx.launch import rendezvous_problems
+from phalanx.launch import Launch, check_launch
 
 # The facts a spawn-owner process is told, with TRELLIS.2's flag names by default.
 SPAWN_OWNER_FACTS: tuple[tuple[str, str], ...] = tuple(
@@ -162,15 +162,15 @@ def _streams(ns: argparse.Namespace, p: _Problems, nproc: int) -> dict[str, Any]
     }
 
 
-def to_config(
+def to_launch(
     ns: argparse.Namespace,
     environ: Mapping[str, str],
     cuda_device_count: Callable[[], int] = _cuda_device_count,
     derivation: Derivation = NO_DERIVATION,
-) -> LaunchConfig:
-    """The config, or ``UsageError`` with every problem of the command line in one batch
-    (the rendezvous part's and the scheduler's included: ``launch.rendezvous_problems``,
-    ``cli.scheduler.derive``, whose facts ``ns`` already holds)."""
+) -> Launch:
+    """The launch (its config checked, its rendezvous checked once: ``launch.check_launch``),
+    or ``UsageError`` with every problem of the command line in one batch (the scheduler's
+    included: ``cli.scheduler.derive``, whose facts ``ns`` already holds)."""
     p = _Problems()
     for problem in derivation.problems:
         p.add(problem)
@@ -219,11 +219,12 @@ def to_config(
         derived=derivation.lines,
         **hosts,
     )
-    for problem in rendezvous_problems(config):
+    launch, problems = check_launch(config)
+    for problem in problems:
         p.add(problem)
-    if p.found:
+    if p.found or launch is None:
         raise UsageError(p.found)
-    return config
+    return launch
 
 
 def _hosts(
@@ -306,3 +307,13 @@ def _not_applied(ns: argparse.Namespace) -> tuple[str, ...]:
             "their GPU's NUMA node; wrap the program with numactl to bind it"
         )
     return tuple(notes)
+
+
+def to_config(
+    ns: argparse.Namespace,
+    environ: Mapping[str, str],
+    cuda_device_count: Callable[[], int] = _cuda_device_count,
+    derivation: Derivation = NO_DERIVATION,
+) -> LaunchConfig:
+    """``to_launch``'s config (the flags' tests read only the config)."""
+    return to_launch(ns, environ, cuda_device_count, derivation).config

@@ -10,16 +10,16 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from phalanx.agent import Agent, configure_logging
+from phalanx.agent import configure_logging
 from phalanx.cli import abbrev, clean, logs, ls, preempt, stacks, status, stop, timeline
-from phalanx.cli.convert import to_config
+from phalanx.cli.convert import to_launch
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import derive
 from phalanx.cli.usage import SUBCOMMAND_NAMES, did_you_mean
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, JobFailed, PhalanxError, UsageError, stopped_line
 from phalanx.hosts.run import run_hosts
-from phalanx.launch import prepare
+from phalanx.launch import Launch
 from phalanx.plan import describe
 from phalanx.supervisor.console import settle
 
@@ -38,11 +38,16 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
-def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig:
-    """``argv`` (torchrun's abbreviations spelled out already: ``expanded``) as a config."""
+def parse_launch(argv: Sequence[str], environ: Mapping[str, str]) -> Launch:
+    """``argv`` (torchrun's abbreviations spelled out already: ``expanded``) as a launch."""
     ns = build_parser(environ).parse_args(list(argv))
     ns, derivation = derive(ns, argv, environ)
-    return to_config(ns, environ, derivation=derivation)
+    return to_launch(ns, environ, derivation=derivation)
+
+
+def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig:
+    """``argv`` as a config (``parse_launch``'s)."""
+    return parse_launch(argv, environ).config
 
 
 def expanded(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
@@ -78,10 +83,10 @@ def _near_subcommand(word: str, environ: Mapping[str, str]) -> str | None:
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     argv = expanded(argv, environ)
-    config = parse_config(argv, environ)
+    launch = parse_launch(argv, environ)
+    config = launch.config
     if config.hosts:
         return run_hosts(config, argv)
-    launch = prepare(config)
     if config.dry_run:
         settings = preempt.describe(config.preempt_signals, config.preempt_grace, config.requeue)
         plan = describe(launch.dry_run_plan(environ), environ)
@@ -89,7 +94,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return 0
     for line in config.derived:
         log.info("%s", line)
-    return Agent(config, launch.open_rendezvous, launch.run_id, environ, contain=True).run()
+    return launch.run(environ, contain=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

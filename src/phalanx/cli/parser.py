@@ -7,9 +7,9 @@ import argparse
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from phalanx import __version__
 from phalanx.cli.usage import USAGE, HelpFormatter
 from phalanx.errors import UsageError
+from phalanx.version import __version__
 
 DESCRIPTION = """\
 phalanx: launch and supervise distributed PyTorch training. A drop-in for torchrun:

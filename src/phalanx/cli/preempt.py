@@ -1,6 +1,6 @@
 """``--preempt-signals``, ``--preempt-grace``, ``--requeue``: read and checked at the boundary.
 
-The default signals come from the scheduler that started the agent (``phalanx.schedulers``,
+The default signals come from the scheduler that started the agent (``phalanx.environments``,
 as ``--scheduler`` chooses it): under SLURM SIGUSR1 (``--signal=USR1@90``, ``scancel
 --signal=USR1``) and SIGTERM (the end of a time limit, a preemption with GraceTime); under
 Kubernetes SIGTERM (a pod's deletion, with its ``terminationGracePeriodSeconds``; any pod,
@@ -14,25 +14,15 @@ import signal
 from collections.abc import Mapping
 
 from phalanx import parsing
-from phalanx.schedulers import detect_as
+from phalanx.environments import preempt_signals
 
 DEFAULT_GRACE = 25.0  # within Kubernetes' default 30 s grace, with room for the kill margin
 
 
 def default_signals(environ: Mapping[str, str], scheduler: str = "auto") -> tuple[str, ...]:
     """The preemption signals of a job started in ``environ`` under ``--scheduler``
-    ``scheduler`` (pure: reads only the mapping)."""
-    try:
-        found = detect_as(scheduler, environ)
-    except ValueError:  # --scheduler NAME not matching: its own check reports it
-        found = None
-    name = found.scheduler if found is not None else ""
-    if name == "slurm":
-        return ("SIGUSR1", "SIGTERM")
-    pod = scheduler == "auto" and bool(environ.get("KUBERNETES_SERVICE_HOST", "").strip())
-    if name.startswith("kubeflow") or (found is None and pod):
-        return ("SIGTERM",)
-    return ()
+    ``scheduler`` (pure: reads only the mapping; ``environments.preempt_signals``)."""
+    return preempt_signals(scheduler, environ)
 
 
 def parse_signals(

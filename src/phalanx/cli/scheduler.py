@@ -1,7 +1,7 @@
 """The flags a scheduler stands for, filled in before the command line is converted.
 
 Precedence, for every flag: given on the command line, then ``PET_<FLAG>`` (torchrun's
-variables, read by the parser), then what the scheduler says (``phalanx.schedulers``), then
+variables, read by the parser), then what the scheduler says (``phalanx.environments``), then
 the built-in default. What was derived is one line per fact, naming its variable, printed
 at start and by ``--dry-run``. ``--hosts``/``--hostfile`` (the host list says it all) and
 ``--standalone`` (one node by definition) read no scheduler.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from phalanx import parsing
 from phalanx.cli.parser import build_parser
-from phalanx.schedulers import Detected, Fact, detect_as
+from phalanx.environments import Detected, Fact, detect_as
 
 # The flags a scheduler may stand for; the last three mean something only to static.
 FACT_DESTS = (

@@ -10,12 +10,24 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from phalanx.consistency.fingerprint import MISSING, VERSION_FIELDS
-from phalanx.rendezvous.api import NodeInfo
 
 MAX_ROWS = 16  # past this many nodes the table shows only those that differ
 UNKNOWN = "unknown"
+
+
+class NodePlace(Protocol):
+    """Where a node is, as the table names it (the rendezvous's ``NodeInfo`` is one): the
+    comparison sits below the rendezvous, which runs it on admission."""
+
+    @property
+    def node_rank(self) -> int: ...
+    @property
+    def hostname(self) -> str: ...
+    @property
+    def addr(self) -> str: ...
 
 
 def differing_fields(prints: Sequence[Mapping[str, str]]) -> list[str]:
@@ -28,7 +40,7 @@ def differing_fields(prints: Sequence[Mapping[str, str]]) -> list[str]:
 
 
 def mismatch_table(
-    nodes: Sequence[NodeInfo], prints: Sequence[Mapping[str, str]], hint: str
+    nodes: Sequence[NodePlace], prints: Sequence[Mapping[str, str]], hint: str
 ) -> str | None:
     """None when every node runs the same code; otherwise the message naming the nodes
     (rank, host, address) that differ and in what. ``prints[i]`` is ``nodes[i]``'s fingerprint; a

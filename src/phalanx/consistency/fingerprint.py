@@ -39,8 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx import __version__
 from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.version import __version__
 
 MAX_HASHED = 64 * 1024 * 1024  # bytes; larger files are compared by size
 HASH_DIGITS = 16

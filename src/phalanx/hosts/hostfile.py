@@ -5,23 +5,13 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+from phalanx.config import HostSlots
 
 # [user@]name: what ssh takes as a destination. A leading '-' would read as an ssh option.
 _HOST = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _SLOTS = re.compile(r"^slots=(\d+)$")
-
-
-@dataclass(frozen=True)
-class HostSlots:
-    host: str  # the ssh destination, as written
-    slots: int  # workers on that host
-
-    @property
-    def name(self) -> str:
-        """The host without the user: what console lines and reports are labelled with."""
-        return self.host.rpartition("@")[2]
 
 
 def _host(text: str, where: str) -> str:

@@ -20,8 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from phalanx import parsing
-from phalanx.config import LaunchConfig
-from phalanx.hosts.hostfile import HostSlots
+from phalanx.config import HostSlots, LaunchConfig
 from phalanx.hosts.remote_env import TOKEN_VAR, shown
 from phalanx.hosts.ssh import remote_command, resolve_address, ssh_argv
 

@@ -14,7 +14,7 @@ import socket
 import sys
 from typing import Any
 
-import phalanx
+from phalanx.version import __version__
 
 
 def _version(dist: str) -> str | None:
@@ -68,7 +68,7 @@ def port_free(addr: str, port: int) -> bool:
 def facts(script: str | None, addr: str | None, port: int | None) -> dict[str, Any]:
     return {
         "python": ".".join(map(str, sys.version_info[:3])),
-        "phalanx": phalanx.__version__,
+        "phalanx": __version__,
         "torch": _version("torch"),
         "cwd": os.getcwd(),
         "script_sha256": script_hash(script) if script is not None else None,

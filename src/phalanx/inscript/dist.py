@@ -29,8 +29,9 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from phalanx.environments import LAUNCHERS
 from phalanx.errors import UsageError
-from phalanx.inscript.envs import LAUNCHERS, check_count, check_index, read_launch_env
+from phalanx.inscript.envs import check_count, check_index, read_launch_env
 
 log = logging.getLogger(__name__)
 

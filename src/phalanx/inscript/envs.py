@@ -1,8 +1,9 @@
 """What a launcher tells its workers, read as plain data from an environment mapping.
 
 ``read_launch_env(env)`` is pure (no ``os.environ``, no torch). Launchers only rename the
-same few facts, so they are rows of one table, tried in order; the first whose marker
-variable is set wins, so a torchrun started inside ``srun`` counts as torchrun:
+same few facts, so they are rows of one table (``phalanx.environments.LAUNCHERS``, a row in
+each environment's module), tried in order; the first whose marker variable is set wins, so
+a torchrun started inside ``srun`` counts as torchrun:
 
 ========  ===============================================  =================================
 launcher  rank / local rank / world size                   MASTER_ADDR / MASTER_PORT
@@ -26,12 +27,12 @@ pmi       PMI_RANK / MPI_LOCALRANKID / PMI_SIZE (MPICH,    as openmpi (``MPI_LOC
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from phalanx.environments import LAUNCHERS
+from phalanx.environments.facts import Derive
 from phalanx.errors import UsageError
-from phalanx.schedulers.facts import slurm_port
-from phalanx.schedulers.nodelist import first_host
 
 BACKEND_ENV = "PHALANX_BACKEND"
 
@@ -62,76 +63,6 @@ class LaunchEnv:
     master_port: int
     notes: tuple[str, ...] = ()  # defaults that were derived, for the caller to log
     backend: str = "auto"  # PHALANX_BACKEND: the backend phalanx.spawn resolved for the job
-
-
-Derive = Callable[[Mapping[str, str]], "str | None"]
-
-
-@dataclass(frozen=True)
-class LauncherVars:
-    """The variable names one launcher exports. A table, because launchers only rename."""
-
-    name: str
-    marker: str  # set only in processes this launcher started
-    rank: str
-    local_rank: str
-    world_size: str
-    default_addr: Derive  # None when no default can be derived
-    default_port: Derive
-    hint: str  # how to pass MASTER_ADDR/MASTER_PORT under this launcher
-
-
-def _no_default(env: Mapping[str, str]) -> str | None:
-    return None
-
-
-def _slurm_addr(env: Mapping[str, str]) -> str | None:
-    for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
-        if env.get(var):
-            try:
-                return first_host(env[var], var)
-            except ValueError:
-                return None  # reported as "cannot be derived", with the hint
-    return None
-
-
-def _slurm_port(env: Mapping[str, str]) -> str | None:
-    # Every task of the job derives the same port (the CLI's static store uses the same one).
-    port = slurm_port(env.get("SLURM_JOB_ID", ""))
-    return None if port is None else str(port)
-
-
-def _localhost_if_one_node(local_size: str, size: str) -> Derive:
-    def derive(env: Mapping[str, str]) -> str | None:
-        one_node = local_size in env and env.get(local_size) == env.get(size)
-        return "localhost" if one_node else None
-
-    return derive
-
-
-_MPI_HINT = "pass them with mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<free port>"
-
-LAUNCHERS: tuple[LauncherVars, ...] = (
-    LauncherVars(
-        "env", "RANK", "RANK", "LOCAL_RANK", "WORLD_SIZE", _no_default, _no_default,
-        "phalanx, torchrun and phalanx.spawn always set them",
-    ),
-    LauncherVars(
-        "slurm", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS",
-        _slurm_addr, _slurm_port, "export MASTER_ADDR and MASTER_PORT before srun",
-    ),
-    LauncherVars(
-        "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
-        _localhost_if_one_node("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"),
-        _no_default, _MPI_HINT,
-    ),
-    LauncherVars(
-        "pmi", "PMI_RANK", "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE",
-        _localhost_if_one_node("MPI_LOCALNRANKS", "PMI_SIZE"), _no_default,
-        "pass them with mpiexec -genv MASTER_ADDR <host of rank 0> -genv MASTER_PORT <port>",
-    ),
-)  # fmt: skip
 
 
 def read_launch_env(env: Mapping[str, str]) -> LaunchEnv | None:

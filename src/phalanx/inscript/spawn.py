@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from phalanx.agent import Agent, configure_logging
+from phalanx.agent import configure_logging
 from phalanx.config import LaunchConfig, LaunchMode
 from phalanx.consistency.fingerprint import Target
 from phalanx.errors import Interrupted, UsageError, stopped_line
@@ -168,7 +168,7 @@ def _run(config: LaunchConfig, env: dict[str, str]) -> None:
     target = Target("script", sys.argv[0], tuple(sys.argv[1:]), per_node_args=True)
     launch = prepare(config, target)
     try:
-        Agent(config, launch.open_rendezvous, launch.run_id, env).run()
+        launch.run(env)
     except Interrupted as exc:
         # The CLI's one line; the exception (a SystemExit too) then ends an uncaught
         # program with its code, 143 or 130, and no traceback.

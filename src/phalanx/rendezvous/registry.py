@@ -12,10 +12,13 @@ first use, so the launcher never imports etcd's client unless the job uses it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from importlib import import_module
 from typing import Any
 
 from phalanx.errors import RendezvousError, UsageError
+from phalanx.parsing import node_range_problem
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.dynamic.keys import check_run_id
 from phalanx.rendezvous.fencing import timing_problem
@@ -49,40 +52,62 @@ def backend_problem(name: str) -> str | None:
     return f"--rdzv-backend: unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}"
 
 
-def spec_problems(spec: RendezvousSpec) -> tuple[RendezvousSettings, list[str]]:
-    """Every usage problem with ``spec`` (nothing is contacted), and the parsed settings."""
-    settings, _, problems = _checked(spec)
-    return settings, problems
+@dataclass(frozen=True)
+class CheckedRendezvous:
+    """A rendezvous spec checked once: the parsed settings and the backend's own options
+    (its endpoint parsed, its token read) travel from the check to ``open_handler``, so
+    nothing is parsed or read twice. ``problems`` empty: it can be opened."""
+
+    spec: RendezvousSpec
+    settings: RendezvousSettings
+    options: Any  # the backend's Options (what its ``open`` gets); None when problems
+    problems: list[str]
 
 
-def _checked(spec: RendezvousSpec) -> tuple[RendezvousSettings, Any, list[str]]:
-    """The settings, the backend's own options (what its ``open`` gets) and every problem."""
+def check(spec: RendezvousSpec) -> CheckedRendezvous:
+    """Every usage problem with ``spec`` (nothing is contacted), with what was parsed."""
     if (unknown := backend_problem(spec.backend)) is not None:
-        return RendezvousSettings(), None, [unknown]
+        return CheckedRendezvous(spec, RendezvousSettings(), None, [unknown])
     others = frozenset(spec.conf) - SETTINGS_KEYS  # the backend's to judge
     settings, problems = settings_problems(spec.conf, spec.backend, others)
     if (problem := check_run_id(spec.run_id)) is not None:
         problems.append(problem)
-    if not 1 <= spec.min_nodes <= spec.max_nodes:
-        problems.append(f"--nnodes {spec.min_nodes}:{spec.max_nodes}: expected 1 <= MIN <= MAX")
+    if (problem := node_range_problem(spec.min_nodes, spec.max_nodes)) is not None:
+        problems.append(problem)
     try:
         backend = load_backend(spec.backend)
     except ImportError as exc:
-        return settings, None, [*problems, f"--rdzv-backend {spec.backend} is not available: {exc}"]
+        problems.append(f"--rdzv-backend {spec.backend} is not available: {exc}")
+        return CheckedRendezvous(spec, settings, None, problems)
     options, own = backend.check(spec)
     if not own and (fencing := timing_problem(backend.fencing(settings, options))) is not None:
         own = [fencing]
-    return settings, options, [*problems, *own]
+    return CheckedRendezvous(spec, settings, options, [*problems, *own])
+
+
+def spec_problems(spec: RendezvousSpec) -> tuple[RendezvousSettings, list[str]]:
+    """Every usage problem with ``spec`` (nothing is contacted), and the parsed settings."""
+    checked = check(spec)
+    return checked.settings, checked.problems
+
+
+def open_handler(
+    checked: CheckedRendezvous, fingerprint: Mapping[str, str] | None = None
+) -> RendezvousHandler:
+    """Connect to or host the store of a checked spec (``UsageError`` listing its problems if
+    it has any; ``RendezvousError`` if the store cannot be reached within ``join_timeout``).
+    ``fingerprint``: what this node announces of its code (hashed only now, when it joins)."""
+    if checked.problems:
+        raise UsageError(checked.problems)
+    spec = checked.spec if fingerprint is None else replace(checked.spec, fingerprint=fingerprint)
+    backend = load_backend(spec.backend)
+    try:
+        return backend.open(spec, checked.settings, checked.options)
+    except StoreUnavailable as exc:
+        raise RendezvousError(f"--rdzv-backend {spec.backend}: {exc}") from None
 
 
 def create_handler(spec: RendezvousSpec) -> RendezvousHandler:
-    """Validate ``spec`` (``UsageError`` listing every problem), then connect to or host the
-    store (``RendezvousError`` if it cannot be reached within ``join_timeout``)."""
-    settings, options, problems = _checked(spec)
-    if problems:
-        raise UsageError(problems)
-    backend = load_backend(spec.backend)
-    try:
-        return backend.open(spec, settings, options)
-    except StoreUnavailable as exc:
-        raise RendezvousError(f"--rdzv-backend {spec.backend}: {exc}") from None
+    """``open_handler(check(spec))``: validate ``spec`` (``UsageError`` listing every
+    problem), then connect to or host the store."""
+    return open_handler(check(spec))

@@ -31,7 +31,8 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from phalanx.report.exits import WorkerExit
+from phalanx.signals import signal_name
+from phalanx.supervisor.exits import WorkerExit
 
 KINDS = ("exception", "exit_code", "signal", "killed", "oom", "hang", "node_lost")
 
@@ -76,12 +77,6 @@ def exception_from(tail: Sequence[str]) -> str | None:
     return None
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
 
 Rule = Callable[[WorkerExit, str, str], tuple[str, str] | None]
 
@@ -115,7 +110,7 @@ def _by_signal(e: WorkerExit, oom: str, fatal: str) -> tuple[str, str] | None:
     if e.returncode >= 0:
         return None
     where = f"; Python was at {fatal}" if fatal else ""
-    return "signal", f"killed by {_signal_name(-e.returncode)}{where}"
+    return "signal", f"killed by {signal_name(-e.returncode)}{where}"
 
 
 # First match wins.

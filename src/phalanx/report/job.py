@@ -21,8 +21,9 @@ from phalanx.hang.analysis import HangAnalysis, RankState, merge
 from phalanx.hang.stacks import fatal_frame
 from phalanx.rendezvous.api import JobEvent, RendezvousResult
 from phalanx.report.classify import classify
-from phalanx.report.exits import WorkerExit, format_report, report_json, root_cause
+from phalanx.report.exits import format_report, report_json, root_cause
 from phalanx.report.oom import OomProbe
+from phalanx.supervisor.exits import WorkerExit
 from phalanx.worker.contract import STACKS_FILE
 
 

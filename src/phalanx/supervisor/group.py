@@ -27,8 +27,8 @@ from phalanx.limits import start_failed
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.fencing import KILL_BOUND, Fence
-from phalanx.report.exits import WorkerExit, read_error_file
 from phalanx.supervisor.console import Console, OnLost
+from phalanx.supervisor.exits import WorkerExit, read_error_file
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogFile, LogStream, finish_all
 from phalanx.supervisor.pipes import PipeSelector

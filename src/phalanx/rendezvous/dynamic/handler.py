@@ -24,7 +24,6 @@ the run but ``stopped``, the tombstone that refuses a reused run id.
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import time
 import uuid
@@ -65,6 +64,7 @@ from phalanx.rendezvous.stores.base import (
     RenewingStore,
     StoreUnavailable,
 )
+from phalanx.signals import signal_name
 
 log = logging.getLogger("phalanx")
 
@@ -104,8 +104,7 @@ class DynamicRendezvous:
         (``phalanx.consistency``); each round's result carries every member's.
         ``admit_mismatch``: join a running job even when its fingerprint differs (else this
         node is refused before the job hears of it: ``admission``)."""
-        if not 1 <= min_nodes <= max_nodes:
-            raise UsageError(f"--nnodes {min_nodes}:{max_nodes}: expected 1 <= MIN <= MAX")
+        # The node range was checked with the spec (registry.check), once.
         if fixed_rank is not None and min_nodes != max_nodes:
             raise UsageError("static rendezvous needs a fixed --nnodes N, not MIN:MAX")
         self._settings = settings or RendezvousSettings()
@@ -363,7 +362,7 @@ class DynamicRendezvous:
             return
         try:
             signum = self._stopped_by
-            how = f"was stopped by {_signal_name(signum)}" if signum is not None else "gave up"
+            how = f"was stopped by {signal_name(signum)}" if signum is not None else "gave up"
             stop = self._board.stop(
                 f"node {rank} ({self._hostname}) {how}",
                 rank,
@@ -517,9 +516,3 @@ def _fence_for(store: KVStore, settings: RendezvousSettings) -> Fence | None:
         store.on_renewed(fence.proved_alive, timing.beat)
     return fence
 
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"

@@ -23,8 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from phalanx.schedulers.facts import Detected, Fact, Problem
+from phalanx.environments.facts import Detected, Fact, Problem
 
+# A pod's deletion sends SIGTERM, then SIGKILL after terminationGracePeriodSeconds; in any
+# pod, not only Kubeflow's (KUBERNETES_SERVICE_HOST is in every one).
+POD_MARKER = "KUBERNETES_SERVICE_HOST"
+PREEMPT_SIGNALS = ("SIGTERM",)
 PYTORCHJOB_MARKERS = ("KUBERNETES_SERVICE_HOST", "MASTER_ADDR", "WORLD_SIZE", "RANK")
 TRAINER_MARKERS = ("KUBERNETES_SERVICE_HOST", "JOB_COMPLETION_INDEX", "PET_MASTER_ADDR")
 

@@ -1,4 +1,6 @@
-"""Slurm: ``srun phalanx train.py`` (one task per node) and ``phalanx`` in the batch script.
+"""Slurm: ``srun phalanx train.py`` (one task per node) and ``phalanx`` in the batch script;
+the ranks of an ``srun`` step (``phalanx.init()`` under ``srun python train.py``); its
+preemption signals and ``scontrol requeue``.
 
 In an ``srun`` step (``SLURM_STEP_ID`` a number) each task is one node of the job: the node
 count is the step's, the node rank ``SLURM_NODEID``, the static store is hosted by the first
@@ -12,17 +14,26 @@ what is meant.
 
 from __future__ import annotations
 
+import logging
 import re
+import shutil
+import subprocess
 from collections.abc import Mapping
 
-from phalanx.schedulers.facts import Detected, Fact, Problem, slurm_port
-from phalanx.schedulers.nodelist import first_host
+from phalanx.environments.facts import Detected, Fact, LauncherVars, Problem, slurm_port
+from phalanx.environments.nodelist import first_host
+
+log = logging.getLogger("phalanx")
 
 MARKERS = ("SLURM_JOB_ID",)
 NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 STEP_NODE_COUNTS = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
 JOB_NODE_COUNTS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 ONE_TASK_HINT = "srun --ntasks-per-node=1 phalanx ..."
+# SIGUSR1: sbatch --signal=USR1@90, scancel --signal=USR1; SIGTERM: the end of a time limit,
+# a preemption with GraceTime.
+PREEMPT_SIGNALS = ("SIGUSR1", "SIGTERM")
+_SCONTROL_TIMEOUT = 30.0
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
@@ -127,3 +138,56 @@ def _static_facts(env: Mapping[str, str], job: str, problems: list[Problem]) -> 
     else:
         facts.append(Fact("master_port", str(port), "15000 + SLURM_JOB_ID % 10000"))
     return facts
+
+
+def _step_addr(env: Mapping[str, str]) -> str | None:
+    for var in NODELISTS:
+        if env.get(var):
+            try:
+                return first_host(env[var], var)
+            except ValueError:
+                return None  # reported as "cannot be derived", with the hint
+    return None
+
+
+def _step_port(env: Mapping[str, str]) -> str | None:
+    # Every task of the job derives the same port (the CLI's static store uses the same one).
+    port = slurm_port(env.get("SLURM_JOB_ID", ""))
+    return None if port is None else str(port)
+
+
+# Only inside an ``srun`` step (SLURM_STEP_ID set): the batch script itself also has
+# SLURM_PROCID=0 but is not a worker.
+LAUNCHER = LauncherVars(
+    "slurm", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS",
+    _step_addr, _step_port, "export MASTER_ADDR and MASTER_PORT before srun",
+)  # fmt: skip
+
+
+def requeue(environ: Mapping[str, str]) -> None:
+    """``scontrol requeue $SLURM_JOB_ID`` (``scontrol`` from PATH); any trouble is one
+    warning: the job's own exit code (75) still tells a wrapper what happened."""
+    job_id = environ.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        log.warning("--requeue: not under SLURM (no SLURM_JOB_ID); nothing requeued")
+        return
+    scontrol = shutil.which("scontrol", path=environ.get("PATH"))
+    if scontrol is None:
+        log.warning("--requeue: scontrol is not on PATH; job %s not requeued", job_id)
+        return
+    try:
+        done = subprocess.run(
+            [scontrol, "requeue", job_id],
+            capture_output=True,
+            text=True,
+            timeout=_SCONTROL_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("--requeue: scontrol requeue %s failed: %s", job_id, exc)
+        return
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        log.warning("--requeue: scontrol requeue %s exited %d: %s", job_id, done.returncode, said)
+        return
+    log.info("requeued SLURM job %s (scontrol requeue)", job_id)

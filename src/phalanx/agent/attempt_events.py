@@ -8,7 +8,6 @@ worker's exit and one last progress sample, so the last step before a failure is
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from phalanx.events.log import EventLog
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import JobEvent
-from phalanx.report.exits import WorkerExit
+from phalanx.supervisor.exits import WorkerExit
 from phalanx.worker import progress
 
 PROGRESS_EVERY = 2.0  # seconds between samples of one rank (a timeline's resolution)
@@ -62,7 +61,7 @@ class AttemptEvents:
                 local_rank=e.local_rank,
                 pid=e.pid,
                 returncode=e.returncode,
-                signal=_signal_name(e.returncode),
+                signal=e.signal_name,
                 failed=e.failed,
                 stopped_by_phalanx=e.stopped_by_launcher,
                 exited_at=e.time,
@@ -128,14 +127,6 @@ class AttemptEvents:
                 beats=beats,
             )
 
-
-def _signal_name(returncode: int) -> str | None:
-    if returncode >= 0:
-        return None
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -48,3 +49,25 @@ def slurm_port(job_id: str) -> int | None:
     (jobs sharing a node rarely collide). Both faces use it: the CLI for its static store,
     ``phalanx.init()`` for the workers' ``MASTER_PORT``. None when ``job_id`` is no number."""
     return 15000 + int(job_id) % 10000 if job_id.isascii() and job_id.isdigit() else None
+
+
+Derive = Callable[[Mapping[str, str]], "str | None"]
+
+
+def no_default(env: Mapping[str, str]) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class LauncherVars:
+    """What a launcher tells each worker it starts, by the variable names it exports (the
+    rank facts; ``Detected`` holds the node facts). A table, because launchers only rename."""
+
+    name: str
+    marker: str  # set only in processes this launcher started
+    rank: str
+    local_rank: str
+    world_size: str
+    default_addr: Derive  # None when no default can be derived
+    default_port: Derive
+    hint: str  # how to pass MASTER_ADDR/MASTER_PORT under this launcher

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from phalanx.schedulers import kubeflow, mpi, slurm
-from phalanx.schedulers.facts import Detected
+from phalanx.environments import kubeflow, mpi, slurm, torchrun
+from phalanx.environments.facts import Detected, LauncherVars
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,10 @@ SCHEDULERS: tuple[Scheduler, ...] = (
     Scheduler("kubeflow-trainer", kubeflow.TRAINER_MARKERS, kubeflow.read_trainer),
 )
 CHOICES = ("auto", "none", *(s.name for s in SCHEDULERS))  # --scheduler
+
+# What a worker's launcher told it (``inscript.envs.read_launch_env``), tried in order; the
+# first whose marker is set wins, so a torchrun started inside ``srun`` counts as torchrun.
+LAUNCHERS: tuple[LauncherVars, ...] = (torchrun.LAUNCHER, slurm.LAUNCHER, *mpi.LAUNCHERS)
 
 
 def detect(env: Mapping[str, str]) -> Detected | None:
@@ -69,3 +73,19 @@ def detect_as(choice: str, env: Mapping[str, str]) -> Detected | None:
         missing = ", ".join(var for var in chosen.markers if not env.get(var, "").strip())
         raise ValueError(f"--scheduler {choice}: not under {choice} ({missing} not set)")
     return chosen.read(env)
+
+
+def preempt_signals(choice: str, env: Mapping[str, str]) -> tuple[str, ...]:
+    """The preemption signals of a job started in ``env`` under ``--scheduler choice`` (pure):
+    Slurm's, Kubernetes' (any pod when detecting), or none."""
+    try:
+        found = detect_as(choice, env)
+    except ValueError:  # --scheduler NAME not matching: its own check reports it
+        found = None
+    name = found.scheduler if found is not None else ""
+    if name == "slurm":
+        return slurm.PREEMPT_SIGNALS
+    pod = choice == "auto" and bool(env.get(kubeflow.POD_MARKER, "").strip())
+    if name.startswith("kubeflow") or (found is None and pod):
+        return kubeflow.PREEMPT_SIGNALS
+    return ()

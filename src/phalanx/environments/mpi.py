@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from phalanx.schedulers.facts import Detected, Fact, Problem
+from phalanx.environments.facts import Derive, Detected, Fact, LauncherVars, Problem, no_default
 
 
 @dataclass(frozen=True)
@@ -20,16 +20,18 @@ class MpiVars:
     size: str
     rank: str
     local_size: str
+    local_rank: str  # a worker's rank on its node (when the ranks are workers: phalanx.init)
     pass_env: str  # how this launcher passes a variable to every rank
 
 
 MPI_VARS = {
     "openmpi": MpiVars(
         "openmpi", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_LOCAL_SIZE", "mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<port>",
+        "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+        "mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<port>",
     ),
     "pmi": MpiVars(
-        "pmi", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS",
+        "pmi", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID",
         "mpiexec -genv MASTER_ADDR <host of rank 0> -genv MASTER_PORT <port>",
     ),
 }  # fmt: skip
@@ -77,3 +79,23 @@ def read(name: str, env: Mapping[str, str]) -> Detected:
                     (dest, "rdzv_endpoint"),
                 ))  # fmt: skip
     return Detected(name, tuple(facts), tuple(problems))
+
+
+def _localhost_if_one_node(mv: MpiVars) -> Derive:
+    def derive(env: Mapping[str, str]) -> str | None:
+        one_node = mv.local_size in env and env.get(mv.local_size) == env.get(mv.size)
+        return "localhost" if one_node else None
+
+    return derive
+
+
+def _launcher(mv: MpiVars) -> LauncherVars:
+    """The ranks ``mpirun``/``mpiexec`` start as workers: each rank is one worker."""
+    hint = "pass them with " + mv.pass_env.replace("MASTER_PORT=<port>", "MASTER_PORT=<free port>")
+    return LauncherVars(
+        mv.name, mv.rank, mv.rank, mv.local_rank, mv.size,
+        _localhost_if_one_node(mv), no_default, hint,
+    )  # fmt: skip
+
+
+LAUNCHERS = tuple(_launcher(mv) for mv in MPI_VARS.values())
