@@ -120,6 +120,8 @@ class Rounds(Between):
                 )
             if result.preemption is not None:  # a failure during the grace: no restart
                 self._fail(joined, exits, result.event, watch.hang, None, crash_loop=False)
+            if event is EventKind.STORE_LOST and cause is None and self._rejoined(joined):
+                continue  # back as a new member: the others spent the restart for it
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
                 self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
@@ -257,6 +259,33 @@ class Rounds(Between):
             self._stopped_waiting(exc, "this node, waiting for the other nodes' verdict")
         except RendezvousError as exc:
             self._cut_short(exc, self._no_round(exc))
+
+    def _rejoined(self, joined: RendezvousResult) -> bool:
+        """This node lost the store (or fenced itself): with restarts left, wait for the
+        store and come back as a new member of the next round (the others count this node
+        lost and spend the restart); False when it cannot, and the job ends here as before."""
+        left = self.config.max_restarts - joined.restart_count
+        if left <= 0:
+            return False
+        log.warning(
+            "lost the rendezvous store; rejoining the job when it answers again (%d of %d "
+            "restarts left)", left, self.config.max_restarts,
+        )  # fmt: skip
+        try:
+            with self.signals.raising():
+                back = self.rdzv.rejoin()
+        except Interrupted as exc:
+            self._stopped_waiting(exc, "this node, waiting for the rendezvous store")
+        # Back, the node claims the restart as any node of a failed round does (the first
+        # claim decides for all): the budget counts it however many nodes lost the store.
+        if not back or not self._claim_restart():
+            return False
+        self._restart = self.attempts  # said once the round forms
+        self.events.emit(
+            "restart", restart=self.attempts, max_restarts=self.config.max_restarts,
+            round=joined.round,
+        )  # fmt: skip
+        return True
 
     def _claim_restart(self) -> bool:
         try:

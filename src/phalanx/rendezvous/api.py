@@ -239,6 +239,12 @@ class RendezvousHandler(Protocol):
         store read: for after the round, where workers that saw ``phalanx.preempted()``
         through their collective may have ended before this node heard the event."""
 
+    def rejoin(self) -> bool:
+        """After this node lost the store or fenced itself (``STORE_LOST``): once the store
+        answers again (within ``join_timeout``), come back as a new member for the next
+        round; False when it cannot (no store, one that stayed out of reach, or an expired
+        etcd lease). Blocks; a signal to the launcher interrupts it (the caller's)."""
+
     def fence(self) -> Fence | None:
         """What SIGKILLs this node's workers once it may have lost the store for longer than
         the others wait (``phalanx.rendezvous.fencing``): the supervisor guards every worker

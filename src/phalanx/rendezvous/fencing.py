@@ -142,6 +142,22 @@ class Fence:
             self._standing_down = True
         self._changed.set()
 
+    def rearm(self) -> None:
+        """For a node that fenced itself and then rejoined as a new member: no reason, no
+        deadline, no guarded group, until its new heartbeats prove it alive again (the
+        supervisor keeps this object, so the next round's workers are guarded by it)."""
+        thread = self._thread
+        with self._lock:
+            self._reason = self._fired_at = self._deadline = None
+            self._groups.clear()
+            self._standing_down = True  # the old thread, if still waiting, returns
+        self._changed.set()
+        if thread is not None:
+            thread.join(timeout=1.0)
+        with self._lock:
+            self._standing_down = False
+            self._thread = None
+
     # -- the supervisor's side -------------------------------------------------------------
     def guard(self, pgid: int) -> None:
         """Kill process group ``pgid`` when the fence fires (at once if it has)."""

@@ -108,6 +108,9 @@ class LocalRendezvous:
     def shutdown(self) -> None:
         pass
 
+    def rejoin(self) -> bool:
+        return False  # no store to lose
+
     def fence(self) -> None:
         return None  # no other node can count this one lost
 

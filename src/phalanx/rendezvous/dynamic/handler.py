@@ -108,27 +108,33 @@ class DynamicRendezvous:
         if fixed_rank is not None and min_nodes != max_nodes:
             raise UsageError("static rendezvous needs a fixed --nnodes N, not MIN:MAX")
         self._settings = settings or RendezvousSettings()
-        self._node_id = node_id or uuid.uuid4().hex
         self._store = store
-        self._board = Board(store, Keys(run_id), self._node_id)
-        self._former = RoundFormer(
-            self._board, self._settings, min_nodes, max_nodes, worker_port=worker_port,
-            where=where, admit_mismatch=admit_mismatch,
-        )  # fmt: skip
+        self._shape = (min_nodes, max_nodes, worker_port, where, admit_mismatch)
         self._fence = _fence_for(store, self._settings)
-        self._liveness = Liveness(self._board, self._settings, fence=self._fence)
         self._addr = addr
         self._hostname = hostname or socket.gethostname()
         self._fixed_rank = fixed_rank
         self._fingerprint = dict(fingerprint or {})
+        self._stopped_by: int | None = None  # the signal that stopped this node (report_done)
+        self._preempted = False  # and whether it was a preemption
+        self._closed = False
+        self._wire(run_id, node_id or uuid.uuid4().hex)
+
+    def _wire(self, run_id: str, node_id: str) -> None:
+        """This node as member ``node_id`` of run ``run_id``: its board, round former,
+        heartbeats, departure and exchanges, and no round yet."""
+        min_nodes, max_nodes, worker_port, where, admit_mismatch = self._shape
+        self._node_id = node_id
+        self._board = board = Board(self._store, Keys(run_id), node_id)
+        self._former = RoundFormer(
+            board, self._settings, min_nodes, max_nodes, worker_port=worker_port,
+            where=where, admit_mismatch=admit_mismatch,
+        )  # fmt: skip
+        self._liveness = liveness = Liveness(board, self._settings, fence=self._fence)
         self._membership: Membership | None = None
         self._rank: int | None = None
         self._done: bool | None = None  # what report_done said
-        self._stopped_by: int | None = None  # the signal that stopped this node (report_done)
-        self._preempted = False  # and whether it was a preemption
         self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
-        self._closed = False
-        board, liveness = self._board, self._liveness
         stacks = Channel[str]("stacks", board.request_stacks, board.post_stacks,
                               board.collect_stacks, liveness.stack_requests,
                               liveness.saw_stack_request)  # fmt: skip
@@ -136,10 +142,41 @@ class DynamicRendezvous:
                                 board.collect_status, liveness.status_requests,
                                 liveness.saw_status_request)  # fmt: skip
         self._departure = Departure(
-            board, store, liveness, self._settings, self._hostname, self._node_id, run_id
+            board, self._store, liveness, self._settings, self._hostname, node_id, run_id
         )
         self._stacks = RoundExchange(stacks, liveness.store_problem, self._current, run_id)
         self._status = RoundExchange(status, liveness.store_problem, self._current, run_id)
+
+    def rejoin(self) -> bool:
+        """After this node lost the store or fenced itself: wait until the store answers
+        again (at most ``join_timeout``, as long as the others wait for a round), then be a
+        new member of the run -- a fresh node id, heartbeats and fence -- for the next round
+        (the others counted the old one lost). False when the store stayed out of reach, and
+        on etcd, where the node's lease expired with it (its keys with the lease)."""
+        if self._closed or isinstance(self._store, RenewingStore):
+            return False
+        if self._liveness.store_problem() is None:
+            return False  # not lost: nothing to come back from
+        self._liveness.stop()
+        until = time.monotonic() + self._settings.join_timeout
+        while True:
+            try:
+                self._board.latest_round()  # one bounded call: the store answers again
+                break
+            except StoreUnavailable:
+                if time.monotonic() >= until:
+                    return False
+                time.sleep(self._settings.heartbeat_interval)
+        if self._fence is not None:
+            self._fence.rearm()
+        prior = self._membership, self._rank
+        self._wire(self._board.keys.run_id, uuid.uuid4().hex)
+        # As a member of the last round coming back: it opens the next round and joins it
+        # (settling its old place as rejoined, unless a peer counted it lost first), so the
+        # job re-forms even when every member lost the store at once (its host paused).
+        self._membership, self._rank = prior
+        log.info("rendezvous %r: the store answers again; rejoining as a new member", self.run_id)
+        return True
 
     @classmethod
     def for_spec(
