@@ -24,6 +24,7 @@ from phalanx.events import metrics
 from phalanx.hosts.hostfile import HostSlots, parse_hosts, read_hostfile
 from phalanx.hosts.remote_env import forwarded_env, read_env_file
 from phalanx.launch import rendezvous_problems
+from phalanx.nodecheck.settings import Action, CheckSettings, Thresholds
 
 # The facts a spawn-owner process is told, with TRELLIS.2's flag names by default.
 SPAWN_OWNER_FACTS: tuple[tuple[str, str], ...] = tuple(
@@ -216,6 +217,7 @@ def to_config(
         allow_per_node_args=bool(ns.allow_per_node_args),
         not_applied=(*rdzv_notes, *_not_applied(ns)),
         **_metrics(ns, p),
+        node_check=_node_check(ns, p),
         derived=derivation.lines,
         **hosts,
     )
@@ -284,6 +286,13 @@ def _metrics(ns: argparse.Namespace, p: _Problems) -> dict[str, Any]:
     if not metrics.available():
         p.add(f"--metrics-port needs the prometheus-client library: {metrics.METRICS_EXTRA}")
     return {"metrics_port": port, "metrics_addr": addr}
+
+
+def _node_check(ns: argparse.Namespace, p: _Problems) -> CheckSettings:
+    """--node-check, --node-check-thresholds, --checkpoint-dir."""
+    thresholds = p.parse(lambda: Thresholds.parse(ns.node_check_thresholds or ""), Thresholds())
+    checkpoints = Path(ns.checkpoint_dir) if ns.checkpoint_dir else None
+    return CheckSettings(Action(ns.node_check), thresholds, checkpoints)
 
 
 def _logs_specs_names() -> set[str]:

@@ -1,0 +1,52 @@
+"""The node check before a round, as the agent runs it (``phalanx.nodecheck``): its verdict
+said in the log and the event log; under ``--node-check exclude`` a named node leaves."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from phalanx.config import LaunchConfig
+from phalanx.errors import NodeExcluded
+from phalanx.events.log import EventLog
+from phalanx.nodecheck import Action, Verdict, check_round
+from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult
+
+log = logging.getLogger("phalanx")
+
+
+def node_check(
+    config: LaunchConfig,
+    rdzv: RendezvousHandler,
+    joined: RendezvousResult,
+    run_dir: Path,
+    events: EventLog,
+) -> Verdict | None:
+    """Check the round's nodes (None: off, or a single node). Every node gets the same
+    verdict and says the same lines; a node named under ``exclude`` raises ``NodeExcluded``."""
+    settings = config.node_check
+    exchange = rdzv.node_check()
+    if settings.action is Action.OFF or exchange is None or joined.num_nodes < 2:
+        return None
+    began = time.monotonic()
+    verdict = check_round(exchange, joined, settings, run_dir, config.nproc_per_node)
+    seconds = round(time.monotonic() - began, 3)
+    events.emit(
+        "node_check",
+        round=joined.round,
+        seconds=seconds,
+        named=[n.to_json() for n in verdict.named],
+        medians=verdict.medians,
+    )
+    for named in verdict.named:
+        log.warning("%s", named.line)
+    if not verdict.named:
+        log.info("round %d: node check passed on %d nodes (%.2f s)", joined.round, joined.num_nodes, seconds)  # fmt: skip
+    if settings.action is Action.EXCLUDE and joined.node_rank in verdict.named_ranks():
+        raise NodeExcluded(
+            f"node check: this node (node {joined.node_rank}, {joined.this_node.hostname}) "
+            "is excluded (--node-check exclude): it leaves the job; the other nodes see it "
+            f"as lost (exit {NodeExcluded.exit_code})"
+        )
+    return verdict
