@@ -36,8 +36,10 @@ TOKEN = {"PHALANX_RDZV_TOKEN": "node-check-test-token"}
 NAMED = re.compile(r"^(?:phalanx: )?node check: node \d+ \([^,]*, ([^)]+)\)", re.M)
 
 
-def rdzv(spaces: NetNamespaces, i: int, port: int, run_id: str, nnodes: str = str(N)) -> list[str]:
-    conf = f"join_timeout=120,last_call_timeout=1,is_host={str(i == 0).lower()}"
+def rdzv(
+    spaces: NetNamespaces, i: int, port: int, run_id: str, nnodes: str = str(N), last_call: int = 1
+) -> list[str]:
+    conf = f"join_timeout=120,last_call_timeout={last_call},is_host={str(i == 0).lower()}"
     return ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"{spaces.addr(0)}:{port}", "--rdzv-id", run_id, "--rdzv-conf", conf]  # fmt: skip
 
@@ -163,3 +165,30 @@ def test_a_job_checks_its_nodes_before_the_round(
             capture_output=True, text=True, timeout=HANG,
         )  # fmt: skip
         assert named(status.stdout) == {spaces.addr(2)}, status.stdout
+
+
+@pytest.mark.slow
+def test_exclude_makes_the_slow_node_leave_and_the_job_goes_on_without_it(
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    quota: Callable[[float], cpuquota.CpuQuota],
+) -> None:
+    """``--node-check exclude`` in an elastic job (3:4 nodes): the node under the quota
+    exits 69 with one line saying so; the others form a round of 3 and finish. (A last call
+    of 20 s lets the slow node, which starts slowly under its quota, into the first round.)"""
+    spaces = netns(N)
+    slow = quota(0.05)
+    net = NamespaceHosts(spaces)
+    port = free_port()
+    for i in range(N):
+        args = [*rdzv(spaces, i, port, "exclude", f"3:{N}", 20), "--nproc-per-node", "1",
+                "--cold-start", "--node-check", "exclude", worker("echo_args.py")]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}", env=TOKEN, wrap=slow.wrap if i == 2 else None))  # fmt: skip
+    codes = [n.finish(HANG) for n in nodes]
+    assert codes == [0, 0, 69, 0], "".join(n.stderr for n in nodes)
+    last = nodes[2].stderr.strip().splitlines()[-1]
+    assert last.startswith("phalanx: node check: this node") and "is excluded" in last, last
+    for i in (0, 1, 3):
+        assert "world size 3" in nodes[i].stderr, nodes[i].stderr
+        assert '"rank"' in nodes[i].stdout, nodes[i].stdout

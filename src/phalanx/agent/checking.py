@@ -46,7 +46,18 @@ def node_check(
     if settings.action is Action.EXCLUDE and joined.node_rank in verdict.named_ranks():
         raise NodeExcluded(
             f"node check: this node (node {joined.node_rank}, {joined.this_node.hostname}) "
-            "is excluded (--node-check exclude): it leaves the job; the other nodes see it "
-            f"as lost (exit {NodeExcluded.exit_code})"
+            "is excluded (--node-check exclude): it leaves the job, which goes on without "
+            f"it where --nnodes MIN:MAX allows (exit {NodeExcluded.exit_code})"
+        )
+    if excludes_others(config, verdict):
+        log.warning(
+            "node check: node(s) %s leave the job (--node-check exclude); forming the next "
+            "round without them (no restart spent)",
+            ", ".join(str(rank) for rank in sorted(verdict.named_ranks())),
         )
     return verdict
+
+
+def excludes_others(config: LaunchConfig, verdict: Verdict) -> bool:
+    """Whether other nodes leave by this verdict (then the round re-forms without them)."""
+    return config.node_check.action is Action.EXCLUDE and bool(verdict.named)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from phalanx.agent.checking import node_check
+from phalanx.agent.checking import excludes_others, node_check
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.policy import Step, decide, judged
@@ -183,6 +183,9 @@ class Rounds(Between):
         verdict = node_check(self.config, self.rdzv, joined, self.run_dir, self.events)
         if verdict is not None:
             self.checked = [n.line for n in verdict.named]  # the report's, the newest round's
+            if excludes_others(self.config, verdict):  # they leave: form a round without them
+                self.events.emit("reform", round=joined.round, reason="the node check excluded a node")  # fmt: skip
+                return self._next_round()
         if joined.num_nodes > 1 or self.attempts == 0:
             # A spawn owner is one process per node that starts the node's ranks itself.
             owner = (
