@@ -38,6 +38,7 @@ def node_check(
         seconds=seconds,
         named=[n.to_json() for n in verdict.named],
         medians=verdict.medians,
+        nodes=verdict.to_json()["nodes"],
     )
     for named in verdict.named:
         log.warning("%s", named.line)

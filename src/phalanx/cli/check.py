@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +32,7 @@ EXIT_BARRIER = 30
 HELP = """\
 usage: phalanx check [--hosts H1:N,H2:N | --hostfile FILE | the job's rendezvous flags]
                      [--nproc-per-node N] [--checkpoint-dir DIR]
-                     [--node-check-thresholds compute=3,throughput=5,latency=10,...]
+                     [--node-check-thresholds compute=3,throughput=10,latency=10,...]
 
 Check the nodes of a multi-node job before it starts: the same check every multi-node
 job runs before each round (a fixed matmul on the workers' device, a TCP test of each
@@ -74,10 +75,15 @@ def _check(config: LaunchConfig) -> int:
         exchange = rdzv.node_check()
         assert exchange is not None  # a multi-node rendezvous always has one
         with tempfile.TemporaryDirectory(dir=_log_base(config)) as scratch:
+            began = time.monotonic()
             verdict = check_round(
                 exchange, joined, config.node_check, Path(scratch), config.nproc_per_node
             )
-        print(f"node check, round {joined.round}, {joined.num_nodes} nodes (this is node {joined.node_rank}):")  # fmt: skip
+            seconds = time.monotonic() - began
+        print(
+            f"node check, round {joined.round}, {joined.num_nodes} nodes (this is node "
+            f"{joined.node_rank}), {seconds:.2f} s:"
+        )
         print("\n".join(table(verdict)), flush=True)
         rdzv.report_done(True)
     except BaseException:

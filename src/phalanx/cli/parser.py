@@ -36,7 +36,8 @@ exit status: 0 success; the root-cause worker's exit code (128+N for signal N) o
 1 for a hang or a lost node;
 2 usage error, or the nodes run different code or versions (see --allow-mismatch);
 129/130/143 when interrupted by SIGHUP/SIGINT/SIGTERM;
-75 when preempted (--preempt-signals; see the README's "Preemption")."""
+75 when preempted (--preempt-signals; see the README's "Preemption");
+69 when the node check excluded this node (--node-check exclude)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -292,7 +293,7 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "warn",
         "Multi-node: check every node before every round (single-node jobs skip it): a "
         "fixed matmul on the workers' device, a TCP test of each node's link to the next "
-        "(latency, 1 MiB each way), the run and checkpoint directories writable and not "
+        "(latency, 4 MiB each way), the run and checkpoint directories writable and not "
         "full, on GPUs the device count. A node far below the round's median is named in one "
         "line (log, events, phalanx status, report.json). warn (the default): name it and "
         "start; exclude: a named node leaves the job (exit 69); off: no check. Costs about "
@@ -303,7 +304,7 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "node-check-thresholds",
         "",
         "When the node check names a node, key=value[,...]: compute=3 (its matmul under "
-        "1/3 of the median), throughput=5 (its best link under 1/5 of the median), "
+        "1/3 of the median), throughput=10 (its best link under 1/10 of the median), "
         "latency=10,latency_ms=20 (its best link's round trip over 10x the median and 20 ms "
         "above it), min_free_mb=100 (free space in the run/checkpoint directory).",
     )

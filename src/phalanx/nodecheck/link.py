@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 PINGS = 10
-PAYLOAD = 1 << 20  # bytes each way
+PAYLOAD = 4 << 20  # bytes each way
 TRANSFERS = 3
 LINK_DEADLINE = 3.0  # seconds for one link, connect included
 _CHUNK = 64 * 1024

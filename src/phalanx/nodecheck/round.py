@@ -1,12 +1,13 @@
 """One node check: this node's probes, the records of every node through the round's store,
 the links tested in a ring, the same verdict on every node.
 
-Order, so that no probe disturbs another: the local checks and the compute probe; then the
-``hello`` record (this node's check port and token); once every node's hello is in, each
+Order, so that no probe disturbs another: once every node has said it is ``ready`` (so
+they all probe at the same time, alike in what they share), the compute probe and the
+local checks; then the ``hello`` record (this node's check port and token); once every node's hello is in, each
 node tests its link to the next node of the ring while answering the one before it; then
 the ``result`` record; once every result is in (or ``RESULT_TIMEOUT`` passed), the verdict.
 A node whose record is missing is named as not answering. Cost on an idle machine: the
-compute probe (about 0.15 s of one core), two store writes and two waits per node, one link
+compute probe (about 0.15 s of one core), three store writes and three waits per node, one link
 test (a few ms on a fast network; ``LINK_DEADLINE`` at most).
 """
 
@@ -42,6 +43,8 @@ def check_round(
     verdict (from the same records)."""
     ranks = [node.node_rank for node in joined.nodes]
     hosts = [(n.hostname, n.addr) for n in sorted(joined.nodes, key=lambda n: n.node_rank)]
+    exchange.post_check("ready", b"1")  # every node probes at once: alike, whatever is shared
+    exchange.gather_check("ready", ranks, HELLO_TIMEOUT)
     facts = compute_probe(nproc_per_node)
     limits = settings.thresholds
     for path, what in ((run_dir, "the run directory"), (settings.checkpoint_dir, "the checkpoint directory")):  # fmt: skip

@@ -26,7 +26,7 @@ class Action(Enum):
 @dataclass(frozen=True)
 class Thresholds:
     compute: float = 3.0
-    throughput: float = 5.0
+    throughput: float = 10.0
     latency: float = 10.0
     latency_ms: float = 20.0
     min_free_mb: float = 100.0

@@ -108,7 +108,7 @@ class Keys:
         return self.round(r, f"check/{phase}/{rank}")
 
     # The node check's phases (``phalanx.nodecheck``): one record per member each.
-    CHECK_PHASES = ("hello", "result")
+    CHECK_PHASES = ("ready", "hello", "result")
 
     # Every fixed name a round may hold (the numbered ones are listed by ``round_keys``).
     ROUND_NAMES = (
