@@ -27,7 +27,7 @@ from phalanx.events import read_events
 from phalanx.net import free_port
 from support import cpuquota
 from support.hosts import NamespaceHosts, Node
-from support.launch import worker
+from support.launch import wait_for, worker
 from support.linkfaults import lossy, rate_limit
 from support.netns import NetNamespaces
 
@@ -158,7 +158,7 @@ def test_a_job_checks_its_nodes_before_the_round(
         assert named(node.stderr) == {spaces.addr(2)}, node.stderr
         (run_dir,) = node.logs.iterdir()
         (event,) = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "node_check"]
-        assert [n["addr"] for n in event["named"]] == [spaces.addr(2)], event
+        assert {n["addr"] for n in event["named"]} == {spaces.addr(2)}, event
         report = json.loads((run_dir / "report.json").read_text())
         assert named("\n".join(report["node_check"])) == {spaces.addr(2)}, report
         status = subprocess.run(
@@ -176,16 +176,22 @@ def test_exclude_makes_the_slow_node_leave_and_the_job_goes_on_without_it(
     quota: Callable[[float], cpuquota.CpuQuota],
 ) -> None:
     """``--node-check exclude`` in an elastic job (3:4 nodes): the node under the quota
-    exits 69 with one line saying so; the others form a round of 3 and finish. (A last call
-    of 20 s lets the slow node, which starts slowly under its quota, into the first round.)"""
+    exits 69 with one line saying so; the others form a round of 3 and finish. (The slow
+    node, which starts slowly under its quota, joins before the others start.)"""
     spaces = netns(N)
     slow = quota(0.02)
     net = NamespaceHosts(spaces)
     port = free_port()
-    for i in range(N):
-        args = [*rdzv(spaces, i, port, "exclude", f"3:{N}", 20), "--nproc-per-node", "1",
+
+    def start(i: int) -> Node:
+        args = [*rdzv(spaces, i, port, "exclude", f"3:{N}", 10), "--nproc-per-node", "1",
                 "--cold-start", "--node-check", "exclude", worker("echo_args.py")]  # fmt: skip
-        nodes.append(Node(net, i, args, tmp_path, f"n{i}", env=TOKEN, wrap=slow.wrap if i == 2 else None))  # fmt: skip
+        return Node(net, i, args, tmp_path, f"n{i}", env=TOKEN, wrap=slow.wrap if i == 2 else None)  # fmt: skip
+
+    first = [start(0), start(2)]  # the slow node is in before the others come
+    nodes += first
+    wait_for(lambda: "2 of 3..4 present" in first[0].stderr, HANG, "the slow node to join")
+    nodes[:] = [first[0], start(1), first[1], start(3)]
     codes = [n.finish(HANG) for n in nodes]
     assert codes == [0, 0, 69, 0], "".join(n.stderr for n in nodes)
     last = nodes[2].stderr.strip().splitlines()[-1]

@@ -8,8 +8,12 @@ from typing import Any
 
 import pytest
 
+from phalanx.cli.main import expanded, parse_config
+from phalanx.errors import UsageError
 from phalanx.nodecheck import Thresholds, judge, table
-from support.launch import PHALANX
+from support.launch import PHALANX, worker
+
+SCRIPT = worker("echo_args.py")
 
 HOSTS = [(f"h{i}", f"10.0.0.{i + 1}") for i in range(4)]
 
@@ -123,3 +127,14 @@ def test_check_usage_errors_are_one_line_exit_2(args: list[str], says: str) -> N
     assert done.returncode == 2 and "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("phalanx: error: ") and says in line, line
+
+
+@pytest.mark.parametrize("prefix", ["--node", "--node-", "--node_", "--node-r"])
+def test_torchruns_node_abbreviation_still_means_node_rank(prefix: str) -> None:
+    """torchrun reads ``--node 1`` as ``--node-rank 1``; the node check's flags, which share
+    the prefix, must not make it ambiguous (a torchrun command line keeps working)."""
+    argv = expanded([prefix, "1", "--nnodes", "2", SCRIPT], {})
+    assert argv[:2] == ["--node-rank", "1"]
+    assert parse_config(argv, {}).node_rank == 1
+    with pytest.raises(UsageError, match="ambiguous option: --n could match"):
+        expanded(["--n", "1", SCRIPT], {})
