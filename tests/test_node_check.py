@@ -199,3 +199,21 @@ def test_exclude_makes_the_slow_node_leave_and_the_job_goes_on_without_it(
     for i in (0, 1, 3):
         assert "world size 3" in nodes[i].stderr, nodes[i].stderr
         assert '"rank"' in nodes[i].stdout, nodes[i].stdout
+
+
+@pytest.mark.slow
+def test_a_node_with_the_check_off_makes_the_others_skip_it(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
+) -> None:
+    """Node 1 runs with ``--node-check off``: it says so through the store, so node 0 skips
+    the check (one line) instead of waiting for records that never come; both finish."""
+    spaces = netns(2)
+    net = NamespaceHosts(spaces)
+    port = free_port()
+    for i in (0, 1):
+        off = ["--node-check", "off"] if i == 1 else []
+        args = [*rdzv(spaces, i, port, "off", "2"), *off, "--cold-start", worker("echo_args.py")]
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}", env=TOKEN))
+    assert [n.finish(HANG) for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+    assert "round 0: node check skipped: a node runs with --node-check off" in nodes[0].stderr
+    assert "node check" not in nodes[1].stderr, nodes[1].stderr

@@ -11,6 +11,7 @@ from phalanx.config import LaunchConfig
 from phalanx.errors import NodeExcluded
 from phalanx.events.log import EventLog
 from phalanx.nodecheck import Action, Verdict, check_round
+from phalanx.nodecheck.round import OFF
 from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult
 
 log = logging.getLogger("phalanx")
@@ -27,11 +28,21 @@ def node_check(
     verdict and says the same lines; a node named under ``exclude`` raises ``NodeExcluded``."""
     settings = config.node_check
     exchange = rdzv.node_check()
-    if settings.action is Action.OFF or exchange is None or joined.num_nodes < 2:
+    if exchange is None or joined.num_nodes < 2:
+        return None
+    if settings.action is Action.OFF:
+        exchange.post_check("ready", OFF)  # so nodes that check do not wait for this one
         return None
     began = time.monotonic()
-    verdict = check_round(exchange, joined, settings, run_dir, config.nproc_per_node)
+    try:
+        verdict = check_round(exchange, joined, settings, run_dir, config.nproc_per_node)
+    except OSError as exc:  # no port to listen on, say: the job must not end for the check
+        log.warning("node check: could not run on this node: %s", exc)
+        return None
     seconds = round(time.monotonic() - began, 3)
+    if verdict is None:
+        log.warning("round %d: node check skipped: a node runs with --node-check off", joined.round)  # fmt: skip
+        return None
     events.emit(
         "node_check",
         round=joined.round,

@@ -80,6 +80,8 @@ def _check(config: LaunchConfig) -> int:
                 exchange, joined, config.node_check, Path(scratch), config.nproc_per_node
             )
             seconds = time.monotonic() - began
+        if verdict is None:
+            raise UsageError("phalanx check: a node runs with --node-check off")
         print(
             f"node check, round {joined.round}, {joined.num_nodes} nodes (this is node "
             f"{joined.node_rank}), {seconds:.2f} s:"

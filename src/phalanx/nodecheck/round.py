@@ -30,6 +30,7 @@ log = logging.getLogger("phalanx")
 
 HELLO_TIMEOUT = 60.0  # a slow node's compute probe (a node at a tenth of a core: seconds)
 RESULT_TIMEOUT = 30.0  # after the hellos: one link test each, then one write
+READY, OFF = b"1", b"off"  # the ready record of a node that checks, and of one that does not
 
 
 def check_round(
@@ -38,13 +39,15 @@ def check_round(
     settings: CheckSettings,
     run_dir: Path,
     nproc_per_node: int,
-) -> Verdict:
+) -> Verdict | None:
     """Run the node check with the other nodes of ``joined``; every node gets the same
-    verdict (from the same records)."""
+    verdict (from the same records). None when a node runs with ``--node-check off`` (it
+    says so in its ready record): then no node checks."""
     ranks = [node.node_rank for node in joined.nodes]
     hosts = [(n.hostname, n.addr) for n in sorted(joined.nodes, key=lambda n: n.node_rank)]
-    exchange.post_check("ready", b"1")  # every node probes at once: alike, whatever is shared
-    exchange.gather_check("ready", ranks, HELLO_TIMEOUT)
+    exchange.post_check("ready", READY)  # every node probes at once: alike, whatever is shared
+    if OFF in exchange.gather_check("ready", ranks, HELLO_TIMEOUT).values():
+        return None  # a node that does not check would never answer: nobody checks
     facts = compute_probe(nproc_per_node)
     limits = settings.thresholds
     for path, what in ((run_dir, "the run directory"), (settings.checkpoint_dir, "the checkpoint directory")):  # fmt: skip
