@@ -8,6 +8,7 @@ Each node prints the same table; exit 0 when no node was named, 1 when one was.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -16,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from phalanx.config import LaunchConfig
-from phalanx.errors import UsageError
+from phalanx.errors import PhalanxError, UsageError
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.nodecheck import check_round, table
@@ -89,7 +90,8 @@ def _check(config: LaunchConfig) -> int:
         print("\n".join(table(verdict)), flush=True)
         rdzv.report_done(True)
     except BaseException:
-        rdzv.report_done(False)
+        with contextlib.suppress(PhalanxError, OSError):  # no round, or no store: nobody to tell
+            rdzv.report_done(False)
         raise
     finally:
         rdzv.shutdown()
