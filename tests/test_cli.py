@@ -152,6 +152,11 @@ BAD_INPUTS = [
     (["--ssh-config", "nope", "--hosts", "h1", SCRIPT], "--ssh-config: no such file: nope"),
     (["--env", "PHX_UNSET_XYZ", "--hosts", "h1", SCRIPT], "not set in this environment"),
     (["--env-file", "absent.env", "--hosts", "h1", SCRIPT], "--env-file absent.env: cannot"),
+    (["--node-check", "maybe", SCRIPT], "invalid choice: 'maybe' (choose from 'off', 'warn', 'exclude')"),
+    (
+        ["--node-check-thresholds", "speed=3", SCRIPT],
+        "--node-check-thresholds: 'speed=3': expected key=value with a key of",
+    ),
     (["--metrics-port", "x", SCRIPT], "--metrics-port: expected an integer, got 'x'"),
     (["--metrics-port", "0", SCRIPT], "--metrics-port: expected an integer >= 1, got 0"),
     (["--metrics-port", "70000", SCRIPT], "--metrics-port: expected 1..65535, got 70000"),
@@ -165,6 +170,7 @@ ANY_VALUE = {
     "--role": "a free-form name (ROLE_NAME), as in torchrun",
     "--duplicate-stdout-filters": "free-form words to look for in the output",
     "--duplicate-stderr-filters": "free-form words to look for in the output",
+    "--checkpoint-dir": "any path: the node check makes sure it is writable and not full",
 }
 
 

@@ -301,3 +301,27 @@ def test_a_preemption_signal_to_the_controller_preempts_every_host(
     assert saved == [{"step": 3}] * 4
     for name in ssh_hosts.names:
         wait_for(lambda n=name: ssh_hosts.job_pids(n) == [], 10, f"nothing left on {name}")
+
+
+def test_phalanx_check_over_ssh_prints_every_hosts_table(
+    ssh_hosts: SshHosts, tmp_path: Path
+) -> None:
+    """``phalanx check --hostfile``: the check starts itself on every host over ssh, as a job
+    would; every host prints the same table of two nodes, nobody named, exit 0."""
+    ssh_hosts.start()
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{name} slots=1\n" for name in ssh_hosts.names))
+    argv = [sys.executable, "-m", "phalanx", "check", "--hostfile", str(hostfile),
+            "--ssh-config", str(ssh_hosts.config), "--log-dir", str(tmp_path / "logs")]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.Popen(
+        ssh_hosts.spaces.command(0, argv), cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    code, out, err = finish(proc)
+    assert code == 0, f"{out}\n{err}"
+    for name in ssh_hosts.names:
+        said = [line for line in out.splitlines() if line.startswith(f"{name}:")]
+        assert any("node check, round 0, 2 nodes" in line for line in said), out
+        assert sum(line.split()[-1] == "ok" for line in said) == 2, out
+        assert ssh_hosts.job_pids(name) == []

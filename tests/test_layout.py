@@ -23,11 +23,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("agent",),
     ("status", "timeline"),
     ("report",),
-    ("supervisor", "hang"),
+    ("supervisor", "hang", "nodecheck"),
     ("plan",),
     ("rendezvous",),
     ("consistency", "events", "limits", "rundir"),
     ("config", "errors", "credentials", "net", "parsing", "environments", "worker"),
+    ("check_settings",),  # the node check's settings: plain data the config holds
     ("signals", "version"),
 ]
 TIER = {package: tier for tier, row in enumerate(LAYERS) for package in row}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,20 +29,13 @@ from phalanx.events import read_events
 from phalanx.net import free_port
 from support.hosts import NamespaceHosts, Node
 from support.launch import wait_for, worker
+from support.linkfaults import lossy
 from support.netns import NetNamespaces
 
 LOSS_S = 60.0  # how long the link stays lossy (the fault's length, not a wait for anything)
 PAUSE_S = 5.0  # how long the store's host stays stopped: under fence_after (8 s)
 HANG = 120.0
 CONF = "last_call_timeout=1,join_timeout=60,exit_barrier_timeout=60"
-
-
-def lossy(spaces: NetNamespaces, i: int, share: float, *, on: bool) -> None:
-    """Drop ``share`` of node i's packets at random, in and out of its eth0 (or stop)."""
-    rule = ["-m", "statistic", "--mode", "random", "--probability", f"{share}", "-j", "DROP"]
-    for chain, side in (("INPUT", "-i"), ("OUTPUT", "-o")):
-        argv = ["iptables", "-A" if on else "-D", chain, side, "eth0", *rule]
-        subprocess.run(spaces.command(i, argv), check=True, capture_output=True)
 
 
 def steps(out: Path, rank: int) -> int:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from phalanx.check_settings import CheckSettings
+
 
 @dataclass(frozen=True)
 class HostSlots:
@@ -109,6 +111,9 @@ class LaunchConfig:
     # asked; phalanx.events.metrics). None: not served.
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+    # --node-check, --node-check-thresholds, --checkpoint-dir: the check before every round
+    # of a multi-node job (phalanx.nodecheck); a single node skips it.
+    node_check: CheckSettings = field(default_factory=CheckSettings)
     # torchrun flags accepted (so a torchrun command line keeps working) but not applied:
     # one line each, logged when the job starts.
     not_applied: tuple[str, ...] = ()

@@ -40,6 +40,14 @@ class MismatchError(PhalanxError):
     exit_code = 2
 
 
+class NodeExcluded(PhalanxError):
+    """The node check named this node and ``--node-check exclude`` asks it to leave the job
+    (``phalanx.nodecheck``): exit code 69, sysexits' EX_UNAVAILABLE, "this node is not
+    available"; the other nodes see it leave as a lost node."""
+
+    exit_code = 69
+
+
 class JobFailed(PhalanxError):
     """A worker failed and the restart budget is spent; ``exit_code`` is the root cause's code."""
 

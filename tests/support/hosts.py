@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -62,9 +62,13 @@ class Node:
         *,
         cwd: Path | None = None,
         env: dict[str, str] | None = None,
+        subcommand: str = "",
+        wrap: Callable[[list[str]], list[str]] | None = None,
     ) -> None:
         """``cwd``: the agent's working directory (a checkout of its own); ``env``: variables
-        set on top of the test's environment."""
+        set on top of the test's environment; ``subcommand``: run ``phalanx SUBCOMMAND``
+        instead of a job (``check``); ``wrap``: what the host's command is run under (a
+        CPU quota: ``cpuquota.CpuQuota.wrap``)."""
         name = name or f"n{i}"
         self.out, self.err, self.logs = (
             tmp / f"{name}.out",
@@ -76,6 +80,7 @@ class Node:
             sys.executable,
             "-m",
             "phalanx",
+            *([subcommand] if subcommand else []),
             "--local-addr",
             hosts.addr(i),
             "--log-dir",
@@ -83,8 +88,9 @@ class Node:
             *args,
         ]
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            command = hosts.command(i, argv)
             self.proc = subprocess.Popen(
-                hosts.command(i, argv),
+                wrap(command) if wrap is not None else command,
                 stdout=out,
                 stderr=err,
                 env=env,

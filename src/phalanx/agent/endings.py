@@ -62,6 +62,7 @@ class Endings:
     attempts: int
     restart_count: int  # the current attempt's, as its directory is named: attempt_<n>
     failure: SoFar | None  # the last failed round: its report if the job ends before the next
+    checked: list[str]  # the nodes the last node check named (``agent.checking``), a line each
 
     def _tell_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
         """Tell the other nodes this node is done; best effort: with the store gone (its host
@@ -95,10 +96,10 @@ class Endings:
             lines, figures = self._recovery_figures()
             for line in lines:
                 log.info("%s", line)
-            if figures is not None:  # a job that recovered: its figures, in a report of its own
+            if figures is not None or self.checked:  # a report of its own: what to look at
                 data = {"attempts": self.attempts, "outcome": "succeeded", "root_cause": None}
                 data["recovery"] = figures
-                write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
+                self._write_report(data)
             return 0
         # The job failed elsewhere after these workers finished: it cannot restart (they
         # would not run again), so every node reports the failure and stops.
@@ -128,7 +129,7 @@ class Endings:
         """``report.json`` of a job stopped by ``signum`` on ``where`` (no root cause)."""
         _, figures = self._recovery_figures()
         data = stop_report(exits, self.attempts, signum, node, where, figures)
-        write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
+        self._write_report(data)
 
     def _preempted(
         self,
@@ -169,7 +170,7 @@ class Endings:
             log.info("%s", line)
         if figures is not None:
             data["recovery"] = figures
-        write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
+        self._write_report(data)
         if self.config.requeue and joined.node_rank == 0:
             slurm.requeue(self.base_env)
         raise Preempted(signal.Signals[preemption.signal], f"preempted by {preemption.signal}")
@@ -260,12 +261,18 @@ class Endings:
         for line in lines:  # before the report, so the report (the cause, once) ends the output
             log.info("%s", line)
         print(text, file=sys.stderr, flush=True)
-        write_bounded(self.run_dir / "report.json", json.dumps(report.data, indent=2))
+        self._write_report(report.data)
         cause = report.cause
         if cause is None:
             reason = ended or (describe_event(event) if event is not None else "")
             raise RendezvousError(f"the job stopped: {reason or 'another node gave up'}")
         raise JobFailed(f"{cause.who} on {cause.host}: {cause.summary}", cause.exit_code)
+
+    def _write_report(self, data: dict[str, object]) -> None:
+        """``report.json``, with the lines of the nodes the last node check named, if any."""
+        if self.checked:
+            data = {**data, "node_check": self.checked}
+        write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
 
     def _recovery_figures(self) -> tuple[list[str], dict[str, object] | None]:
         """The recovery figures of this node's run so far: the lines to say (one per

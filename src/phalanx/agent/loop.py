@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
+from phalanx.agent.checking import excludes_others, node_check
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.policy import Step, decide, judged
@@ -78,6 +79,7 @@ class Rounds(Between):
         self.restart_count = 0
         self.failure = None
         self._restart: int | None = None  # the restart claimed, said once its round forms
+        self.checked: list[str] = []  # the nodes the last node check named, one line each
 
     def run(self) -> int:
         while True:
@@ -180,6 +182,12 @@ class Rounds(Between):
             seconds=round(time.monotonic() - began, 3),
         )
         self._check_same_code(joined)
+        verdict = node_check(self.config, self.rdzv, joined, self.run_dir, self.events)
+        if verdict is not None:
+            self.checked = [n.line for n in verdict.named]  # the report's, the newest round's
+            if excludes_others(self.config, verdict):  # they leave: form a round without them
+                self.events.emit("reform", round=joined.round, reason="the node check excluded a node")  # fmt: skip
+                return self._next_round()
         if joined.num_nodes > 1 or self.attempts == 0:
             # A spawn owner is one process per node that starts the node's ranks itself.
             owner = (

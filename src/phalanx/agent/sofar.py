@@ -4,13 +4,11 @@ still ends with a report, and the root cause of the last failed round is not los
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import NoReturn
 
 from phalanx.agent.endings import Endings
-from phalanx.agent.runfiles import write_bounded
 from phalanx.errors import Interrupted, PhalanxError, Preempted, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
@@ -83,5 +81,5 @@ class Between(Endings):
         data = report_json(
             [], self.attempts, outcome="failed", reason=ended, ended=ended, recovery=figures
         )
-        write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
+        self._write_report(data)
         raise exc

@@ -15,6 +15,18 @@ from collections.abc import Sequence
 from phalanx.cli.usage import did_you_mean
 from phalanx.errors import UsageError
 
+# torchrun 2.13's long flags (dashed spelling). A prefix that is torchrun's abbreviation of
+# one of them keeps that meaning even where phalanx's own flags share the prefix since
+# (``--node 1`` is torchrun's ``--node-rank 1``, not ambiguous with ``--node-check``).
+TORCHRUN_FLAGS = frozenset({
+    "--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
+    "--rdzv-conf", "--standalone", "--max-restarts", "--monitor-interval", "--start-method",
+    "--event-log-handler", "--role", "--module", "--no-python", "--run-path", "--log-dir",
+    "--redirects", "--tee", "--local-ranks-filter", "--node-rank", "--master-addr",
+    "--master-port", "--local-addr", "--logs-specs", "--numa-binding", "--signals-to-handle",
+    "--duplicate-stdout-filters", "--duplicate-stderr-filters", "--virtual-local-rank",
+})  # fmt: skip
+
 
 def expand(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
     """``argv`` with the launcher's abbreviated long flags spelled out; words from the
@@ -48,8 +60,10 @@ def _full_name(name: str, actions: dict[str, argparse.Action]) -> str:
         return name
     matches = sorted({a.option_strings[0] for flag, a in actions.items()
                       if flag.startswith(name) and flag.startswith("--")})  # fmt: skip
-    if len(matches) == 1:
-        return matches[0]
+    # torchrun's flags are a subset of these: one of them alone is what torchrun reads.
+    torchruns = [m for m in matches if m in TORCHRUN_FLAGS]
+    if len(matches) == 1 or len(torchruns) == 1:
+        return matches[0] if len(matches) == 1 else torchruns[0]
     if matches:
         raise UsageError(f"ambiguous option: {name} could match {', '.join(matches)}")
     longs = [flag for flag in actions if flag.startswith("--")]

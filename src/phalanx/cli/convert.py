@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import parsing
+from phalanx.check_settings import Action, CheckSettings, Thresholds
 from phalanx.cli import preempt
 from phalanx.cli.nproc import cuda_device_count as _cuda_device_count
 from phalanx.cli.nproc import resolve_nproc
@@ -216,9 +217,15 @@ def to_launch(
         allow_per_node_args=bool(ns.allow_per_node_args),
         not_applied=(*rdzv_notes, *_not_applied(ns)),
         **_metrics(ns, p),
+        node_check=_node_check(ns, p),
         derived=derivation.lines,
         **hosts,
     )
+    return _launch(config, p)
+
+
+def _launch(config: LaunchConfig, p: _Problems) -> Launch:
+    """The launch of ``config``, or every problem found so far and the rendezvous's, at once."""
     launch, problems = check_launch(config)
     for problem in problems:
         p.add(problem)
@@ -285,6 +292,13 @@ def _metrics(ns: argparse.Namespace, p: _Problems) -> dict[str, Any]:
     if not metrics.available():
         p.add(f"--metrics-port needs the prometheus-client library: {metrics.METRICS_EXTRA}")
     return {"metrics_port": port, "metrics_addr": addr}
+
+
+def _node_check(ns: argparse.Namespace, p: _Problems) -> CheckSettings:
+    """--node-check, --node-check-thresholds, --checkpoint-dir."""
+    thresholds = p.parse(lambda: Thresholds.parse(ns.node_check_thresholds or ""), Thresholds())
+    checkpoints = Path(ns.checkpoint_dir) if ns.checkpoint_dir else None
+    return CheckSettings(Action(ns.node_check), thresholds, checkpoints)
 
 
 def _logs_specs_names() -> set[str]:

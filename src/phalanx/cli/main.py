@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import configure_logging
-from phalanx.cli import abbrev, clean, logs, ls, preempt, stacks, status, stop, timeline
+from phalanx.cli import abbrev, check, clean, logs, ls, preempt, stacks, status, stop, timeline
 from phalanx.cli.convert import to_launch
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import derive
@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "stop": stop.main,
     "ls": ls.main,
     "clean": clean.main,
+    "check": check.main,
     "help": lambda args: help_command(args),
 }
 

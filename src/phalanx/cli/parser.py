@@ -31,11 +31,13 @@ examples:
   phalanx logs RUN_DIR --rank 1 --follow    # one rank's logs (phalanx stop RUN_DIR: end it)
   phalanx timeline RUN_DIR -o run.html      # the run drawn, one lane per rank (phalanx ls)
   phalanx clean --older-than 7d   # remove old runs; RUN_DIR may be a name from phalanx ls, or last
+  phalanx check --hosts h1:8,h2:8   # check the nodes before a big job (compute, network, disks)
 exit status: 0 success; the root-cause worker's exit code (128+N for signal N) on failure,
 1 for a hang or a lost node;
 2 usage error, or the nodes run different code or versions (see --allow-mismatch);
 129/130/143 when interrupted by SIGHUP/SIGINT/SIGTERM;
-75 when preempted (--preempt-signals; see the README's "Preemption")."""
+75 when preempted (--preempt-signals; see the README's "Preemption");
+69 when the node check excluded this node (--node-check exclude)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -285,6 +287,32 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "127.0.0.1",
         "Address the metrics listen on (default 127.0.0.1, this host only: anyone who can "
         "reach the port reads them; give 0.0.0.0 for a Prometheus on another host).",
+    )
+    option(
+        "node-check",
+        "warn",
+        "Multi-node: check every node before every round (single-node jobs skip it): a "
+        "fixed matmul on the workers' device, a TCP test of each node's link to the next "
+        "(latency, 4 MiB each way), the run and checkpoint directories writable and not "
+        "full, on GPUs the device count. A node far below the round's median is named in one "
+        "line (log, events, phalanx status, report.json). warn (the default): name it and "
+        "start; exclude: a named node leaves the job (exit 69); off: no check. Costs about "
+        "0.2-0.5 s per round (see the README's \"Node check\").",
+        choices=["off", "warn", "exclude"],
+    )
+    option(
+        "node-check-thresholds",
+        "",
+        "When the node check names a node, key=value[,...]: compute=3 (its matmul under "
+        "1/3 of the median), throughput=10 (its best link under 1/10 of the median), "
+        "latency=10,latency_ms=20 (its best link's round trip over 10x the median and 20 ms "
+        "above it), min_free_mb=100 (free space in the run/checkpoint directory).",
+    )
+    option(
+        "checkpoint-dir",
+        None,
+        "The job's checkpoint directory: the node check also makes sure it is writable and "
+        "not full on every node (nothing else reads it).",
     )
     option(
         "hostfile",

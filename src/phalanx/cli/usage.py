@@ -10,7 +10,9 @@ from phalanx.parsing import did_you_mean
 __all__ = ["SUBCOMMAND_NAMES", "USAGE", "HelpFormatter", "did_you_mean"]
 
 # The subcommands (``cli.main`` maps each to its module); ``help`` prints this usage.
-SUBCOMMAND_NAMES = ("stacks", "status", "logs", "stop", "ls", "clean", "timeline", "help")
+SUBCOMMAND_NAMES = (
+    "stacks", "status", "logs", "stop", "ls", "clean", "timeline", "check", "help",
+)  # fmt: skip
 
 USAGE = f"""\
 phalanx [options] training_script [script args ...]

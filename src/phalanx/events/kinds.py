@@ -29,6 +29,11 @@ KINDS: dict[str, tuple[str, ...]] = {
     "rdzv_done": (
         "round", "attempt", "num_nodes", "world_size", "members", "restart_count", "seconds",
     ),
+    # The node check before the round (``phalanx.nodecheck``): how long it took, the nodes it
+    # named (``node``, ``host``, ``addr``, ``line``: one line with the figure and the median),
+    # the round's medians and every node's figures (compute in multiply-adds/s, latency_ms,
+    # throughput in MB/s).
+    "node_check": ("round", "seconds", "named", "medians", "nodes"),
     # This node's workers of one attempt were started (global ranks and pids).
     "workers_started": ("round", "attempt", "ranks", "pids"),
     # A worker's progress counters (``phalanx.worker.progress``), sampled by the agent.

@@ -258,6 +258,10 @@ class RendezvousHandler(Protocol):
         """How this node asks the others for their status and events and answers them; None
         when the job has no other node."""
 
+    def node_check(self) -> CheckExchange | None:
+        """How the nodes of a round share their node-check results (``phalanx.nodecheck``);
+        None when the job has no other node."""
+
 
 class StackExchange(Protocol):
     """Stacks on request between the nodes of a round (``phalanx stacks``; see above)."""
@@ -305,3 +309,18 @@ class StatusExchange(Protocol):
         """Block up to ``timeout`` until the nodes ``node_ranks`` of round ``round`` answered
         ``request``; return the answers there are, by node rank (each deleted from the store
         once read). For a helper thread; store trouble only logged."""
+
+
+class CheckExchange(Protocol):
+    """The node check's records of the current round (``phalanx.nodecheck``): one record per
+    node and phase, read by every node (kept until the round is swept)."""
+
+    def post_check(self, phase: str, data: bytes) -> None:
+        """This node's record for ``phase`` of the current round. One store write; store
+        trouble is only logged (the others then name this node as not answering)."""
+
+    def gather_check(
+        self, phase: str, node_ranks: Sequence[int], timeout: float
+    ) -> dict[int, bytes]:
+        """Block up to ``timeout`` until the nodes ``node_ranks`` posted ``phase`` in the
+        current round; return the records there are, by node rank. Store trouble only logged."""

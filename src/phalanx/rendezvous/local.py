@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from phalanx.net import free_port
 from phalanx.rendezvous.api import (
+    CheckExchange,
     JobEvent,
     NodeInfo,
     RendezvousResult,
@@ -119,3 +120,6 @@ class LocalRendezvous:
 
     def status_exchange(self) -> StatusExchange | None:
         return None  # no other node to ask
+
+    def node_check(self) -> CheckExchange | None:
+        return None  # nobody to compare with: a single node skips the node check

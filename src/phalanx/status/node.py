@@ -165,6 +165,10 @@ class NodeStatus:
             state="starting",
         )
 
+    def _node_check(self, e: dict[str, Any]) -> None:
+        named = e.get("named") or []
+        self._info["node_check"] = [n.get("line") for n in named if isinstance(n, dict)]
+
     def _workers_started(self, e: dict[str, Any]) -> None:
         self._info["state"] = "running"
         ranks, pids = e.get("ranks") or [], e.get("pids") or []
@@ -208,6 +212,7 @@ _HANDLERS: dict[str, Callable[[NodeStatus, dict[str, Any]], None]] = {
     "run_start": NodeStatus._run_start,
     "rdzv_start": NodeStatus._rdzv_start,
     "rdzv_done": NodeStatus._rdzv_done,
+    "node_check": NodeStatus._node_check,
     "workers_started": NodeStatus._workers_started,
     "progress": NodeStatus._progress,
     "worker_exit": NodeStatus._worker_exit,

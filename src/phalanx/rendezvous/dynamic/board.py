@@ -297,6 +297,25 @@ class Board:
         """As ``collect_stacks``, for status answers."""
         return self._collect({rank: self.keys.status(r, request, rank) for rank in ranks}, timeout)
 
+    # -- the node check -------------------------------------------------------------------
+    def post_check(self, r: int, phase: str, rank: int, data: bytes) -> None:
+        """Node ``rank``'s node-check record of ``phase`` in round ``r``."""
+        self.store.set(self.keys.check(r, phase, rank), data)
+
+    def read_check(
+        self, r: int, phase: str, ranks: Sequence[int], timeout: float
+    ) -> dict[int, bytes]:
+        """The records of ``phase`` there are within ``timeout``; kept (every node reads
+        them; the sweep deletes them with the round)."""
+        keys = {rank: self.keys.check(r, phase, rank) for rank in ranks}
+        self.store.wait(list(keys.values()), timeout)
+        found = {}
+        for rank, key in keys.items():
+            data = self.store.get(key)
+            if data is not None:
+                found[rank] = data
+        return found
+
     def _collect(self, keys: dict[int, str], timeout: float) -> dict[int, bytes]:
         self.store.wait(list(keys.values()), timeout)
         found = {}

@@ -1,5 +1,6 @@
 """Requests asked on one node and answered by every node of the round, through the store:
-``phalanx stacks`` and ``phalanx status`` (``StackExchange``, ``StatusExchange``).
+``phalanx stacks`` and ``phalanx status`` (``StackExchange``, ``StatusExchange``); and the
+node check's records, which every node posts and reads (``CheckRecords``).
 
 One pattern for both: the asker bumps the round's request counter; every node learns of it
 from its heartbeat thread (one plain read per beat, no write) and posts its answer under the
@@ -17,6 +18,7 @@ from typing import Generic, TypeVar
 
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.stores.base import StoreUnavailable
 
@@ -85,4 +87,39 @@ class RoundExchange(Generic[Answer]):
             log.warning(
                 "rendezvous: could not read the other nodes' %s: %s", self._channel.what, exc
             )
+            return {}
+
+
+class CheckRecords:
+    """``CheckExchange`` on the round's keys (``check/<phase>/<rank>``)."""
+
+    def __init__(
+        self,
+        board: Board,
+        store_problem: Callable[[], str | None],
+        current: Callable[[], tuple[Membership, int]],
+    ) -> None:
+        self._board = board
+        self._store_problem = store_problem
+        self._current = current
+
+    def post_check(self, phase: str, data: bytes) -> None:
+        membership, rank = self._current()
+        if self._store_problem() is not None:
+            return  # the others will name this node as not answering
+        try:
+            self._board.post_check(membership.round, phase, rank, data)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not post this node's check (%s): %s", phase, exc)
+
+    def gather_check(
+        self, phase: str, node_ranks: Sequence[int], timeout: float
+    ) -> dict[int, bytes]:
+        membership, _ = self._current()
+        if self._store_problem() is not None:
+            return {}
+        try:
+            return self._board.read_check(membership.round, phase, node_ranks, timeout)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not read the other nodes' checks (%s): %s", phase, exc)
             return {}

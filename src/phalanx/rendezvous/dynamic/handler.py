@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError, UsageError
 from phalanx.rendezvous.api import (
+    CheckExchange,
     EventKind,
     JobEvent,
     RendezvousResult,
@@ -42,7 +43,7 @@ from phalanx.rendezvous.api import (
 )
 from phalanx.rendezvous.dynamic.board import LEFT, Board
 from phalanx.rendezvous.dynamic.departure import Departure
-from phalanx.rendezvous.dynamic.exchange import Channel, RoundExchange
+from phalanx.rendezvous.dynamic.exchange import Channel, CheckRecords, RoundExchange
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.judge import judge
 from phalanx.rendezvous.dynamic.keys import Keys
@@ -146,6 +147,7 @@ class DynamicRendezvous:
         )
         self._stacks = RoundExchange(stacks, liveness.store_problem, self._current, run_id)
         self._status = RoundExchange(status, liveness.store_problem, self._current, run_id)
+        self._check = CheckRecords(board, liveness.store_problem, self._current)
 
     def rejoin(self) -> bool:
         """After this node lost the store or fenced itself: wait until the store answers
@@ -450,6 +452,9 @@ class DynamicRendezvous:
         self, round: int, request: int, node_ranks: Sequence[int], timeout: float
     ) -> dict[int, bytes]:
         return self._status.gather(round, request, node_ranks, timeout)
+
+    def node_check(self) -> CheckExchange:
+        return self._check
 
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
         _, event = self._exit_barrier(interrupted)

@@ -16,7 +16,8 @@ it, see ``judge``), ``ok``/``all_ok`` (members done successfully),
 ``departed``/``all_departed`` (members that saw ``all_ok`` and stopped using the store),
 ``preempted`` (the first preemption notice of the round), ``stack_requests`` (how many job-wide stacks requests were made) + ``stacks/<n>/<rank>``
 (node ``rank``'s answer to request ``n``; the requester deletes it once read), and the
-same for status requests: ``status_requests`` + ``status/<n>/<rank>``.
+same for status requests: ``status_requests`` + ``status/<n>/<rank>``; ``check/<phase>/<rank>``
+(node ``rank``'s node-check record of that phase, read by every node: ``phalanx.nodecheck``).
 
 Nothing is kept for ever: ``sweep`` deletes a round's keys two rounds later, and on a store
 that outlives the job (etcd) the last node to leave deletes all but ``stopped``, which stays
@@ -103,6 +104,12 @@ class Keys:
     def status(self, r: int, request: int, rank: int) -> str:
         return self.round(r, f"status/{request}/{rank}")
 
+    def check(self, r: int, phase: str, rank: int) -> str:
+        return self.round(r, f"check/{phase}/{rank}")
+
+    # The node check's phases (``phalanx.nodecheck``): one record per member each.
+    CHECK_PHASES = ("ready", "hello", "result")
+
     # Every fixed name a round may hold (the numbered ones are listed by ``round_keys``).
     ROUND_NAMES = (
         "open", "joined", "waiting", "closed", "members", "master", "settled", "gone", "lost",
@@ -129,6 +136,8 @@ class Keys:
             yield self.node(r, slot)
         for rank in range(members):
             yield self.fate(r, rank)
+            for phase in self.CHECK_PHASES:
+                yield self.check(r, phase, rank)
         for index in range(1, events + 1):
             yield self.event(r, index)
         for request in range(1, requests + 1):

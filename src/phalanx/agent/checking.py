@@ -1,0 +1,75 @@
+"""The node check before a round, as the agent runs it (``phalanx.nodecheck``): its verdict
+said in the log and the event log; under ``--node-check exclude`` a named node leaves."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from phalanx.config import LaunchConfig
+from phalanx.errors import NodeExcluded
+from phalanx.events.log import EventLog
+from phalanx.nodecheck import Action, Verdict, check_round
+from phalanx.nodecheck.round import OFF
+from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult
+
+log = logging.getLogger("phalanx")
+
+
+def node_check(
+    config: LaunchConfig,
+    rdzv: RendezvousHandler,
+    joined: RendezvousResult,
+    run_dir: Path,
+    events: EventLog,
+) -> Verdict | None:
+    """Check the round's nodes (None: off, or a single node). Every node gets the same
+    verdict and says the same lines; a node named under ``exclude`` raises ``NodeExcluded``."""
+    settings = config.node_check
+    exchange = rdzv.node_check()
+    if exchange is None or joined.num_nodes < 2:
+        return None
+    if settings.action is Action.OFF:
+        exchange.post_check("ready", OFF)  # so nodes that check do not wait for this one
+        return None
+    began = time.monotonic()
+    try:
+        verdict = check_round(exchange, joined, settings, run_dir, config.nproc_per_node)
+    except OSError as exc:  # no port to listen on, say: the job must not end for the check
+        log.warning("node check: could not run on this node: %s", exc)
+        return None
+    seconds = round(time.monotonic() - began, 3)
+    if verdict is None:
+        log.warning("round %d: node check skipped: a node runs with --node-check off", joined.round)  # fmt: skip
+        return None
+    events.emit(
+        "node_check",
+        round=joined.round,
+        seconds=seconds,
+        named=[n.to_json() for n in verdict.named],
+        medians=verdict.medians,
+        nodes=verdict.to_json()["nodes"],
+    )
+    for named in verdict.named:
+        log.warning("%s", named.line)
+    if not verdict.named:
+        log.info("round %d: node check passed on %d nodes (%.2f s)", joined.round, joined.num_nodes, seconds)  # fmt: skip
+    if settings.action is Action.EXCLUDE and joined.node_rank in verdict.named_ranks():
+        raise NodeExcluded(
+            f"node check: this node (node {joined.node_rank}, {joined.this_node.hostname}) "
+            "is excluded (--node-check exclude): it leaves the job, which goes on without "
+            f"it where --nnodes MIN:MAX allows (exit {NodeExcluded.exit_code})"
+        )
+    if excludes_others(config, verdict):
+        log.warning(
+            "node check: node(s) %s leave the job (--node-check exclude); forming the next "
+            "round without them (no restart spent)",
+            ", ".join(str(rank) for rank in sorted(verdict.named_ranks())),
+        )
+    return verdict
+
+
+def excludes_others(config: LaunchConfig, verdict: Verdict) -> bool:
+    """Whether other nodes leave by this verdict (then the round re-forms without them)."""
+    return config.node_check.action is Action.EXCLUDE and bool(verdict.named)

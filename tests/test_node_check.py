@@ -1,0 +1,219 @@
+"""The node check (README, "Node check"): ``phalanx check`` on 4 real hosts (network
+namespaces), each fault injected for real on one node, and the same check before a job's
+round.
+
+- a slow node: its agent (and what it starts) under a CPU quota of 2 % of a core (a cgroup
+  of the test's own: v1 ``cpu.cfs_quota_us`` here, v2 ``cpu.max`` elsewhere; so low since
+  on this shared 2-core machine a healthy "node" may get no more than a fifth of a core);
+- a lossy link: a fifth of node 1's packets dropped at random, in and out (iptables);
+- a slow link: node 3's sending rate limited to 4 Mbit/s (``tc tbf``).
+
+Each must be named by every node, in one line with its figure and the median, and no other
+node; healthy runs name nobody. Timeouts only catch hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from phalanx.events import read_events
+from phalanx.net import free_port
+from support import cpuquota
+from support.hosts import NamespaceHosts, Node
+from support.launch import wait_for, worker
+from support.linkfaults import lossy, rate_limit
+from support.netns import NetNamespaces
+
+HANG = 180.0
+N = 4
+TOKEN = {"PHALANX_RDZV_TOKEN": "node-check-test-token"}
+NAMED = re.compile(r"^(?:phalanx: )?node check: node \d+ \([^,]*, ([^)]+)\)", re.M)
+
+
+def rdzv(
+    spaces: NetNamespaces, i: int, port: int, run_id: str, nnodes: str = str(N), last_call: int = 1
+) -> list[str]:
+    conf = f"join_timeout=120,last_call_timeout={last_call},is_host={str(i == 0).lower()}"
+    return ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"{spaces.addr(0)}:{port}", "--rdzv-id", run_id, "--rdzv-conf", conf]  # fmt: skip
+
+
+def check(
+    spaces: NetNamespaces,
+    nodes: list[Node],
+    tmp: Path,
+    run_id: str,
+    wrap: dict[int, Callable[[list[str]], list[str]]] | None = None,
+) -> list[tuple[int, str]]:
+    """``phalanx check`` on every node; each node's exit code and output."""
+    net = NamespaceHosts(spaces)
+    port = free_port()
+    started = []
+    for i in range(N):
+        args = rdzv(spaces, i, port, run_id)
+        wrapped = (wrap or {}).get(i)
+        started.append(Node(net, i, args, tmp, f"{run_id}-n{i}", env=TOKEN, subcommand="check", wrap=wrapped))  # fmt: skip
+    nodes += started
+    return [(node.finish(HANG), node.stdout + node.stderr) for node in started]
+
+
+def named(output: str) -> set[str]:
+    """The addresses of the nodes named (node ranks follow the order of arrival)."""
+    return set(NAMED.findall(output))
+
+
+@pytest.fixture
+def quota() -> Iterator[Callable[[float], cpuquota.CpuQuota]]:
+    made: list[cpuquota.CpuQuota] = []
+
+    def make(fraction: float) -> cpuquota.CpuQuota:
+        reason = cpuquota.unavailable_reason()
+        if reason is not None:
+            pytest.skip(reason)
+        q = cpuquota.CpuQuota(fraction)
+        made.append(q)
+        q.create()
+        return q
+
+    try:
+        yield make
+    finally:
+        for q in made:
+            q.destroy()
+
+
+@pytest.mark.slow
+def test_healthy_nodes_are_named_by_nobody(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
+) -> None:
+    spaces = netns(N)
+    for run in range(3):  # repeated: no false positive on a shared, loaded machine
+        results = check(spaces, nodes, tmp_path, f"healthy{run}")
+        for code, output in results:
+            assert code == 0 and not named(output), output
+            assert "median" in output and output.count(" ok") >= N, output
+
+
+@pytest.mark.slow
+def test_a_node_under_a_cpu_quota_is_named_by_every_node(
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    quota: Callable[[float], cpuquota.CpuQuota],
+) -> None:
+    spaces = netns(N)
+    slow = quota(0.02)
+    results = check(spaces, nodes, tmp_path, "quota", {2: slow.wrap})
+    for code, output in results:
+        assert code == 1 and named(output) == {spaces.addr(2)}, output
+        line = next(x for x in output.splitlines() if spaces.addr(2) + ")" in x)
+        assert "computes slowly" in line and "Mop/s, median" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["lossy", "slow"])
+def test_a_bad_link_is_put_on_its_node(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, fault: str
+) -> None:
+    spaces = netns(N)
+    bad = 1 if fault == "lossy" else 3
+    if fault == "lossy":
+        lossy(spaces, bad, 0.2, on=True)
+    else:
+        rate_limit(spaces, bad, "4mbit")
+    results = check(spaces, nodes, tmp_path, fault)
+    for code, output in results:
+        assert code == 1 and named(output) == {spaces.addr(bad)}, output
+        line = next(x for x in output.splitlines() if spaces.addr(bad) + ")" in x)
+        assert "network" in line and "median" in line, line
+
+
+@pytest.mark.slow
+def test_a_job_checks_its_nodes_before_the_round(
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    quota: Callable[[float], cpuquota.CpuQuota],
+) -> None:
+    """A 4-node job (1 worker each, a script that prints a line) with node 2's agent and
+    worker under the quota: the check names it in the log, ``events.jsonl``,
+    ``report.json`` and ``phalanx status``; the job still runs (``--node-check warn``)."""
+    spaces = netns(N)
+    slow = quota(0.02)
+    net = NamespaceHosts(spaces)
+    port = free_port()
+    for i in range(N):
+        args = [*rdzv(spaces, i, port, "job"), "--nproc-per-node", "1", "--cold-start",
+                worker("echo_args.py")]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}", env=TOKEN, wrap=slow.wrap if i == 2 else None))  # fmt: skip
+    assert [n.finish(HANG) for n in nodes] == [0] * N, nodes[0].stderr + nodes[2].stderr
+    for node in nodes:
+        assert named(node.stderr) == {spaces.addr(2)}, node.stderr
+        (run_dir,) = node.logs.iterdir()
+        (event,) = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "node_check"]
+        assert {n["addr"] for n in event["named"]} == {spaces.addr(2)}, event
+        report = json.loads((run_dir / "report.json").read_text())
+        assert named("\n".join(report["node_check"])) == {spaces.addr(2)}, report
+        status = subprocess.run(
+            [sys.executable, "-m", "phalanx", "status", str(run_dir)],
+            capture_output=True, text=True, timeout=HANG,
+        )  # fmt: skip
+        assert named(status.stdout) == {spaces.addr(2)}, status.stdout
+
+
+@pytest.mark.slow
+def test_exclude_makes_the_slow_node_leave_and_the_job_goes_on_without_it(
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    quota: Callable[[float], cpuquota.CpuQuota],
+) -> None:
+    """``--node-check exclude`` in an elastic job (3:4 nodes): the node under the quota
+    exits 69 with one line saying so; the others form a round of 3 and finish. (The slow
+    node, which starts slowly under its quota, joins before the others start.)"""
+    spaces = netns(N)
+    slow = quota(0.02)
+    net = NamespaceHosts(spaces)
+    port = free_port()
+
+    def start(i: int) -> Node:
+        args = [*rdzv(spaces, i, port, "exclude", f"3:{N}", 10), "--nproc-per-node", "1",
+                "--cold-start", "--node-check", "exclude", worker("echo_args.py")]  # fmt: skip
+        return Node(net, i, args, tmp_path, f"n{i}", env=TOKEN, wrap=slow.wrap if i == 2 else None)  # fmt: skip
+
+    first = [start(0), start(2)]  # the slow node is in before the others come
+    nodes += first
+    wait_for(lambda: "2 of 3..4 present" in first[0].stderr, HANG, "the slow node to join")
+    nodes[:] = [first[0], start(1), first[1], start(3)]
+    codes = [n.finish(HANG) for n in nodes]
+    assert codes == [0, 0, 69, 0], "".join(n.stderr for n in nodes)
+    last = nodes[2].stderr.strip().splitlines()[-1]
+    assert last.startswith("phalanx: node check: this node") and "is excluded" in last, last
+    for i in (0, 1, 3):
+        assert "world size 3" in nodes[i].stderr, nodes[i].stderr
+        assert '"rank"' in nodes[i].stdout, nodes[i].stdout
+
+
+@pytest.mark.slow
+def test_a_node_with_the_check_off_makes_the_others_skip_it(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
+) -> None:
+    """Node 1 runs with ``--node-check off``: it says so through the store, so node 0 skips
+    the check (one line) instead of waiting for records that never come; both finish."""
+    spaces = netns(2)
+    net = NamespaceHosts(spaces)
+    port = free_port()
+    for i in (0, 1):
+        off = ["--node-check", "off"] if i == 1 else []
+        args = [*rdzv(spaces, i, port, "off", "2"), *off, "--cold-start", worker("echo_args.py")]
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}", env=TOKEN))
+    assert [n.finish(HANG) for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+    assert "round 0: node check skipped: a node runs with --node-check off" in nodes[0].stderr
+    assert "node check" not in nodes[1].stderr, nodes[1].stderr
