@@ -7,13 +7,11 @@ README promises phalanx does about it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -21,6 +19,7 @@ import pytest
 
 from phalanx.net import free_port
 from phalanx.supervisor.cgroup import hierarchies
+from support.freezer import frozen
 from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
 from support.tools import hang_filesystem, tiny_tmpfs
 
@@ -279,23 +278,6 @@ def test_a_process_that_left_its_session_does_not_outlive_the_job(
         launcher.wait(10)
         if escaped > 0 and alive(escaped):
             os.kill(escaped, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def frozen(pid: int, name: str) -> Iterator[None]:
-    """``pid`` frozen by the cgroup-v1 freezer: it sleeps in the kernel (state D) and even
-    SIGKILL waits until it is thawed, as with a hung NFS mount. Thawed and removed after."""
-    group = Path("/sys/fs/cgroup/freezer") / name
-    group.mkdir()
-    try:
-        (group / "cgroup.procs").write_text(str(pid))
-        (group / "freezer.state").write_text("FROZEN")
-        wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10, "frozen")
-        yield
-    finally:
-        (group / "freezer.state").write_text("THAWED")
-        wait_for(lambda: not alive(pid), 10, "the thawed process to die of its pending SIGKILL")
-        group.rmdir()
 
 
 @pytest.mark.parametrize("mode", ["warm", "cold"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -23,6 +24,12 @@ from pathlib import Path
 log = logging.getLogger("phalanx")
 
 EMPTY_WAIT = 2.0  # seconds to see every member gone after SIGKILL (a D-state one may stay)
+# A member SIGKILLed and still in uninterruptible sleep this long is stuck (a hung mount): the
+# rest of EMPTY_WAIT would not end it, so the launcher's exit does not wait for it.
+STUCK_AFTER = 0.2
+# What a job's cgroup is called: "phalanx-" + its run directory's name (run id, "_", 8 hex
+# digits). Only such names are swept: never a cgroup someone else named "phalanx-...".
+RUN_CGROUP = re.compile(r"phalanx-.+_[0-9a-f]{8}")
 
 
 def hierarchies() -> list[Path]:
@@ -56,15 +63,50 @@ def members(path: Path) -> list[int]:
 def kill_members(path: Path, keep: frozenset[int]) -> list[int]:
     """SIGKILL every process in the cgroup ``path`` but ``keep`` until none is left (at most
     ``EMPTY_WAIT``); returns the ones still there (a process stuck in the kernel)."""
-    deadline = time.monotonic() + EMPTY_WAIT
+    start = time.monotonic()
+    deadline = start + EMPTY_WAIT
+    awake = start  # the last time a member was seen in any state but D
     while True:
         left = [pid for pid in members(path) if pid not in keep]
-        if not left or time.monotonic() >= deadline:
+        now = time.monotonic()
+        if not all(_in_disk_sleep(pid) for pid in left):
+            awake = now
+        if not left or now >= deadline or now - awake >= STUCK_AFTER:
             return left
         for pid in left:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.01)
+
+
+def _in_disk_sleep(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"D"
+    except (OSError, IndexError):
+        return False
+
+
+def sweep(parent: Path) -> list[Path]:
+    """Remove the empty job cgroups (``phalanx-<run dir>``) under ``parent``; returns them.
+    They are left by a run whose worker was stuck in the kernel past the run's end, or whose
+    agent and guardian both died.
+    The kernel itself refuses to remove a cgroup that still has a process or a child cgroup,
+    so a live run's (its agent is in it) and one still holding a stuck process stay."""
+    removed: list[Path] = []
+    with contextlib.suppress(OSError):
+        for path in parent.glob("phalanx-*"):
+            if not RUN_CGROUP.fullmatch(path.name) or not (path / "cgroup.procs").exists():
+                continue
+            if not members(path):
+                try:
+                    path.rmdir()
+                except OSError:
+                    continue
+                removed.append(path)
+    if removed:
+        log.debug("removed empty cgroups left by earlier runs: %s", removed)
+    return removed
 
 
 @dataclass(frozen=True)
@@ -75,8 +117,12 @@ class JobCgroup:
     @classmethod
     def enter(cls, name: str) -> JobCgroup | None:
         """Make the cgroup ``name`` beside nothing else of ours, under this process's own,
-        and move this process into it; None (said at debug level) where that cannot be."""
-        for parent in hierarchies():
+        and move this process into it; None (said at debug level) where that cannot be.
+        First the empty ``phalanx-*`` cgroups earlier runs left are swept, in every hierarchy."""
+        parents = hierarchies()
+        for parent in parents:
+            sweep(parent)
+        for parent in parents:
             path = parent / name
             try:
                 path.mkdir()
@@ -84,7 +130,16 @@ class JobCgroup:
                 log.debug("no job cgroup under %s: %s", parent, exc)
                 continue
             try:
-                (path / "cgroup.procs").write_text(f"{os.getpid()}\n")
+                # Between mkdir and this write the cgroup is empty: another run's sweep may
+                # remove it (ENOENT); then it is made again, once.
+                for last in (False, True):
+                    try:
+                        (path / "cgroup.procs").write_text(f"{os.getpid()}\n")
+                        break
+                    except FileNotFoundError:
+                        if last:
+                            raise
+                        path.mkdir()
             except OSError as exc:
                 log.debug("cannot enter the job cgroup %s: %s", path, exc)
                 with contextlib.suppress(OSError):

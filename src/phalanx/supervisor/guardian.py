@@ -63,7 +63,7 @@ if len(sys.argv) > 2:
                 procs.write(str(me))
         except OSError:
             pass
-    deadline = time.monotonic() + (2.0 if leaving else 5.0)
+    deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
         try:
             with open(job + "/cgroup.procs") as procs:
@@ -75,8 +75,8 @@ if len(sys.argv) > 2:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        if leaving and not others:
-            break
+        if leaving:
+            break  # the agent empties and removes the cgroup itself, on a bounded wait
         if not leaving and not others:
             # Nobody else will remove the cgroup. A member SIGKILLed a moment ago can still
             # be listed (a thread of it still exiting): try again until the deadline.

@@ -65,6 +65,7 @@ class EtcdClient:
         self._current = 0  # index of the endpoint that answered last
         self._token: str | None = None
         self._sessions = Sessions(options)
+        self._answered_once = False  # some endpoint has answered this client
 
     @property
     def current_endpoint(self) -> str:
@@ -88,12 +89,24 @@ class EtcdClient:
         """
         deadline = time.monotonic() + (self.options.request_timeout if timeout is None else timeout)
         failures: dict[str, str] = {}
+        refused: set[str] = set()
         for endpoint in self._attempts(path, deadline, failures):
             try:
                 reply = self._post(endpoint, path, body, deadline, failures, stream=False)
                 with reply:
                     data = self._check(reply, endpoint, path, failures)
-            except _TryNext:
+            except _TryNext as exc:
+                if exc.refused:
+                    refused.add(endpoint)
+                else:
+                    refused.discard(endpoint)
+                if self._answered_once and len(refused) == len(self.endpoints):
+                    # Every endpoint refused the connection: no etcd process listens on any
+                    # of them (a member that is up but cannot serve answers with an error
+                    # instead). Retrying until request_timeout only delays the verdict, and
+                    # calls made one after another on a lost store added up (issue 26). Before
+                    # the first answer (agents started before etcd) it is waited for.
+                    raise self._unavailable(path, failures, None) from None
                 continue
             try:
                 decoded = decode(data)
@@ -155,15 +168,20 @@ class EtcdClient:
             time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
             pause = min(pause * 2, 0.5)
 
-    def _unavailable(self, path: str, failures: dict[str, str], budget: float) -> StoreUnavailable:
+    def _unavailable(
+        self, path: str, failures: dict[str, str], budget: float | None
+    ) -> StoreUnavailable:
+        """``budget`` None: every endpoint refused the connection (not waited on)."""
         why = "; ".join(f"{ep}: {err}" for ep, err in failures.items()) or "no time left"
+        when = "(every one refused the connection)" if budget is None else f"within {budget:.3g} s"
         return StoreUnavailable(
-            f"no etcd endpoint answered {path} within {budget:.3g} s "
+            f"no etcd endpoint answered {path} {when} "
             f"(endpoints: {', '.join(self.endpoints)}): {why}. "
             "Check --rdzv-endpoint, that etcd is running, and the TLS keys of --rdzv-conf."
         )
 
     def _answered(self, endpoint: str) -> None:
+        self._answered_once = True
         index = self.endpoints.index(endpoint)
         if index != self._current:
             log.info("etcd: now using %s", endpoint)
@@ -198,7 +216,7 @@ class EtcdClient:
             )
         except requests.RequestException as exc:
             failures[endpoint] = describe(exc)
-            raise _TryNext from exc
+            raise _TryNext(refused=_is_refused(exc)) from exc
 
     def _check(
         self, reply: requests.Response, endpoint: str, path: str, failures: dict[str, str]
@@ -270,4 +288,28 @@ class EtcdClient:
 
 
 class _TryNext(Exception):
-    """This endpoint cannot answer now; the reason is in the attempt's ``failures``."""
+    """This endpoint cannot answer now; the reason is in the attempt's ``failures``.
+    ``refused``: its host refused the connection (nothing listens on the port)."""
+
+    def __init__(self, *, refused: bool = False) -> None:
+        super().__init__()
+        self.refused = refused
+
+
+def _is_refused(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):  # requests -> urllib3 -> the socket's error, a few levels down
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__ or _reason(seen)
+    return False
+
+
+def _reason(exc: BaseException) -> BaseException | None:
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, BaseException):
+        return reason
+    args = getattr(exc, "args", ())
+    return next((a for a in args if isinstance(a, BaseException)), None)
