@@ -63,6 +63,10 @@ class LocalRendezvous:
             return self._worker_port
         return self._first_port if self._round == 0 and self._first_port else free_port()
 
+    @property
+    def quiet(self) -> bool:
+        return True  # no peers, no store: nothing to poll for
+
     def poll(self) -> JobEvent | None:
         return None
 

@@ -224,6 +224,10 @@ class DynamicRendezvous:
     def fence(self) -> Fence | None:
         return self._fence
 
+    @property
+    def quiet(self) -> bool:
+        return False  # peers' events and the store's loss arrive through ``poll``
+
     def poll(self) -> JobEvent | None:
         problem = self._liveness.store_problem()
         if problem is not None:
