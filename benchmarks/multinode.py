@@ -17,6 +17,8 @@ import contextlib
 import itertools
 import os
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -33,6 +35,8 @@ from phalanx.events.log import read_events
 
 PY = sys.executable
 PHASES = ("detect", "tell", "stop", "re-form", "fork", "first collective")
+JOB_TIMEOUT = 30.0  # a healthy run takes seconds
+GIVE_UP = 3  # failures in a row after which a launcher is not run again (each costs a timeout)
 _ports = itertools.count(29400)  # inside namespaces made for this run: nobody else's ports
 
 
@@ -78,7 +82,11 @@ class TwoNodes:
                 argv = _argv(launcher, self.hosts, i, port, run_id, scratch / f"logs{i}")
                 command = self.hosts.command(i, [*argv, scenarios.WORKER, "kill", str(out)])
                 procs.append(scenarios._start(command, scratch / f"node{i}.log", full_env))
-            codes = [scenarios._finish(proc)[0] for proc in procs]
+            codes = [scenarios._finish(proc, JOB_TIMEOUT)[0] for proc in procs]
+        except subprocess.TimeoutExpired:
+            raise scenarios.BenchError(
+                f"{launcher}: hung for {JOB_TIMEOUT:.0f} s (killed); see {scratch}"
+            ) from None
         finally:
             for proc in procs:  # a timeout above: nothing of this run is left behind
                 with contextlib.suppress(ProcessLookupError):
@@ -134,3 +142,70 @@ def breakdown(
         barrier,
     ]
     return {name: milestones[i + 1] - milestones[i] for i, name in enumerate(PHASES)}
+
+
+MULTINODE_TARGETS = {"p50": 0.3, "max": 0.6}  # seconds, phalanx (issue 29)
+
+
+def report(names: list[str], reps: int, env: dict[str, dict[str, str]]) -> str:
+    """Run ``reps`` two-node restarts per launcher (alternating) and say p50, max and, for
+    phalanx, the median of each phase and the phases of the slowest run."""
+    samples: dict[str, list[Sample]] = {name: [] for name in names}
+    failures: list[str] = []
+    try:
+        nodes = TwoNodes()
+    except (scenarios.BenchError, RuntimeError) as exc:
+        return f"restart on two nodes: not measured ({exc})"
+    try:
+        in_a_row = dict.fromkeys(names, 0)
+        for rep in range(reps):
+            for name in names if rep % 2 == 0 else names[::-1]:
+                if in_a_row[name] >= GIVE_UP:
+                    continue
+                try:
+                    samples[name].append(nodes.restart(name, env.get(name)))
+                    in_a_row[name] = 0
+                except (scenarios.BenchError, StopIteration) as exc:
+                    failures.append(f"{name}: {exc}")
+                    in_a_row[name] += 1
+                    if in_a_row[name] == GIVE_UP:
+                        failures.append(f"{name}: failed {GIVE_UP} times in a row, not run again")
+            print(f"two-node restart {rep + 1}/{reps} done", file=sys.stderr, flush=True)
+    finally:
+        nodes.close()
+    return _table(samples, reps, failures)
+
+
+def _table(samples: dict[str, list[Sample]], reps: int, failures: list[str]) -> str:
+    lines = [f"| restart on 2 netns nodes ({reps} repetitions) | p50 | max | runs that failed |",
+             "|---|---|---|---|"]  # fmt: skip
+    for name, got in samples.items():
+        seconds = [s.seconds for s in got]
+        failed = sum(1 for f in failures if f.startswith(f"{name}:") and "in a row" not in f)
+        tried = len(seconds) + failed
+        if not seconds:
+            lines.append(f"| {name} | failed | failed | {failed} of {tried} |")
+            continue
+        lines.append(f"| {name} | {statistics.median(seconds):.3f} s | {max(seconds):.3f} s "
+                     f"| {failed} of {tried} |")  # fmt: skip
+    for name, got in samples.items():
+        timed = [s for s in got if s.phases is not None]
+        if not timed:
+            continue
+        slowest = max(timed, key=lambda s: s.seconds)
+        assert slowest.phases is not None
+        medians = {p: statistics.median(s.phases[p] for s in timed if s.phases) for p in PHASES}
+        lines.append("")
+        lines.append(f"{name}, where the time went (seconds): "
+                     + ", ".join(f"{p} {medians[p]:.3f}" for p in PHASES) + " (medians); the "
+                     f"slowest run ({slowest.seconds:.3f} s): "
+                     + ", ".join(f"{p} {slowest.phases[p]:.3f}" for p in PHASES))  # fmt: skip
+        seconds = [s.seconds for s in got]
+        p50, worst = statistics.median(seconds), max(seconds)
+        met = p50 <= MULTINODE_TARGETS["p50"] and worst <= MULTINODE_TARGETS["max"]
+        lines.append(f"target restart on 2 nodes: {name} p50 <= {MULTINODE_TARGETS['p50']} s and "
+                     f"max <= {MULTINODE_TARGETS['max']} s: {p50:.3f} s, {worst:.3f} s, "
+                     f"{'met' if met else 'NOT met'}")  # fmt: skip
+    for failure in failures:
+        lines.append(f"failed two-node run: {failure}")
+    return "\n".join(lines)

@@ -79,6 +79,7 @@ class Rounds(Between):
         self.restart_count = 0
         self.failure = None
         self._restart: int | None = None  # the restart claimed, said once its round forms
+        rendezvous.on_event(supervisor.wake)  # a peer's event acted on at once, not at a tick
 
     def run(self) -> int:
         while True:

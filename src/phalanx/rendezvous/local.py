@@ -67,6 +67,9 @@ class LocalRendezvous:
     def quiet(self) -> bool:
         return True  # no peers, no store: nothing to poll for
 
+    def on_event(self, ring: Callable[[], None]) -> None:
+        pass  # nothing ever comes
+
     def poll(self) -> JobEvent | None:
         return None
 

@@ -109,6 +109,15 @@ class Supervisor:
         # Wall clock when the last round's stop began (its failure was acted on): for the
         # event log's recovery figures; 0.0 when the round ended without a stop.
         self.stop_began = 0.0
+        self._selector: PipeSelector | None = None  # the running round's
+
+    def wake(self) -> None:
+        """Tick now (``on_tick``, then ``poll``) rather than at the next tick: the
+        rendezvous has an event (called from its thread; between rounds, nothing)."""
+        selector = self._selector
+        if selector is not None:
+            with contextlib.suppress(OSError):  # closed as the round ended
+                selector.ring()
 
     def run(
         self,
@@ -126,7 +135,7 @@ class Supervisor:
         signal here or a peer's ``PREEMPTED`` lets the workers run on until they end or the
         job's deadline (``phalanx.supervisor.preempt``)."""
         every = self._monitor_interval if tick_every is None else tick_every
-        selector = PipeSelector()
+        selector = self._selector = PipeSelector()
         selector.register(signals.fd, selectors.EVENT_READ, None)
         self.stop_began = 0.0
         slots: list[_Slot] = []
@@ -146,6 +155,8 @@ class Supervisor:
                 if any(key.fd == signals.fd for key, _ in events):
                     signals.drain()  # or select would return at once forever
                     next_poll = 0.0  # a stacks request is answered now, not at the next tick
+                if selector.rang():
+                    next_poll = 0.0
                 ended = self._settle(slots, streams, selector, signals, fenced)
                 if ended is None and time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + every
@@ -161,6 +172,7 @@ class Supervisor:
                 self._guardian.forget(slot.proc.pid)
                 if self._fence is not None:
                     self._fence.release(slot.proc.pid)
+            self._selector = None
             selector.close()
             finish_all(handle for slot in slots for handle in slot.files)
             self._preempt = None

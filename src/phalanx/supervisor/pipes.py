@@ -40,11 +40,22 @@ class PipeSelector(selectors.DefaultSelector):
         # fd -> the stream's ``read`` up to which it is read even when its file is behind
         self._allowance: dict[int, int] = {}
         self._returned: list[int] = []  # the pipes the last ``select`` returned (read since)
+        self._rang = False
 
     def wake(self) -> None:
         """Look at the parked pipes again (called by a log file's writer thread)."""
         with contextlib.suppress(OSError):  # full: a wake-up is pending already
             self._writer.send(b"\0")
+
+    def ring(self) -> None:
+        """Have ``select`` return now and ``rang`` say so (called from another thread)."""
+        self._rang = True
+        self.wake()
+
+    def rang(self) -> bool:
+        """Whether ``ring`` was called since the last look (and forget it)."""
+        rang, self._rang = self._rang, False
+        return rang
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()

@@ -228,6 +228,9 @@ class DynamicRendezvous:
     def quiet(self) -> bool:
         return False  # peers' events and the store's loss arrive through ``poll``
 
+    def on_event(self, ring: Callable[[], None]) -> None:
+        self._liveness.on_event(ring)
+
     def poll(self) -> JobEvent | None:
         problem = self._liveness.store_problem()
         if problem is not None:

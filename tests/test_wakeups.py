@@ -1,8 +1,9 @@
-"""An idle job costs its launcher next to nothing: on one node the agent's loop wakes about
-once a second, not every monitor interval, and ``status.json`` is rewritten only when what it
-says changes (the passing of time is no change). Real agents, real idle workers; the
-mechanism is counted (the main thread's wake-ups from ``/proc``, the file's inode and mtime
-over a window), never timed."""
+"""The agent wakes when there is something to do, not on a timer: on one node its loop wakes
+about once a second, not every monitor interval, and ``status.json`` is rewritten only when
+what it says changes (the passing of time is no change); on several, a peer's event wakes it
+at once, whatever the monitor interval. Real agents, real workers; the mechanism is counted
+(the main thread's wake-ups from ``/proc``, the file's mtime over a window) or made the only
+way to finish within a hang-catching timeout, never timed."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import os
 import time
 from pathlib import Path
 
+from phalanx.net import free_port
 from phalanx.status.service import WRITE_EVERY
+from support.hosts import Node
 from support.launch import launched, wait_for, worker
+from test_multinode import c10d_args
 
 WINDOW = 3 * WRITE_EVERY + 1.0  # seconds watched: several of the old rewrites would fall in it
 
@@ -89,3 +93,21 @@ def test_an_idle_single_node_agent_wakes_about_once_a_second(tmp_path: Path) -> 
     # A count, not a timing: at ten a second this is over 10 x seconds; at one a second, a
     # few x seconds even with the scheduler's extra switches on a loaded machine.
     assert woke <= 4 * seconds, f"the agent's loop woke {woke} times in {seconds:.1f} s"
+
+
+def test_a_peers_failure_wakes_the_other_agent_at_once(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """A monitor interval of 10 minutes: the node whose worker did not fail would poll the
+    rendezvous only then; the peer's event, posted to the store, wakes its watch thread and
+    its loop, so it stops its worker and the job ends now (the wait below only catches a
+    hang)."""
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    for i in (0, 1):
+        args = [*c10d_args(net, port, "2"), "--monitor-interval", "600", "--max-restarts", "0",
+                worker("fail_rank.py"), "1", "3"]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    codes = [node.finish(timeout=120) for node in nodes]
+    assert codes == [3, 3], [node.stderr[-2000:] for node in nodes]
+    assert any("stopped local workers" in node.stderr for node in nodes)
