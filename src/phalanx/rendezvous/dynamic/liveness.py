@@ -3,9 +3,11 @@
 It does every periodic store operation, so ``poll()`` never touches the network:
 
 - it waits on the store for the next entry of the round's event log (a ``wait`` on its
-  key, at most ``event_interval``, a quarter heartbeat, at a time: the store wakes it when
-  the entry is written), so a peer's failure reaches ``poll()`` as soon as it is posted,
-  and ``on_event`` is rung so the agent polls at once rather than at its next tick. It
+  key, at most ``event_interval``, a quarter heartbeat, at a time: the agent store parks the
+  wait and wakes it when the entry is written; on etcd, where a wait costs a read and a
+  watch stream, it reads the entry every ``event_interval`` instead), so a peer's failure
+  reaches ``poll()`` as soon as it is posted, and ``on_event`` is rung so the agent polls at
+  once rather than at its next tick. It
   reads ahead only while the agent has consumed what was read (an agent restarts on the
   first event), so even when every node fails at once each reads O(1) entries, not O(n);
 - every ``heartbeat_interval`` (from a thread of its own, ``beat``: the heartbeat never
@@ -126,6 +128,9 @@ class Liveness:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ring: Callable[[], None] = lambda: None
+        # (view, index): the last wait found that entry absent; the next read of it is skipped
+        # (the next wait is woken by it instead), so a quiet round costs one call per pause.
+        self._absent: tuple[_View, int] | None = None
 
     def follow(self, membership: Membership, rank: int) -> None:
         """Watch ``membership`` from now on (events and holes of earlier rounds are dropped)."""
@@ -275,14 +280,19 @@ class Liveness:
         """Wait on the store for the followed round's next event (False: not now, the caller
         pauses instead). The wait ends early when the entry is written; an error is the next
         ``tick``'s to meet and count."""
+        if not self._twins:
+            return False  # etcd: a wait is a read and a watch stream; a plain read is cheaper
         with self._lock:
             view, queued, index = self._view, bool(self._events), self._next_event
         if view is None or queued:
             return False  # joining, or the agent has not taken what was read: no read ahead
         try:
-            self._b.store.wait([self._b.keys.event(view.membership.round, index)], seconds)
+            found = self._b.store.wait([self._b.keys.event(view.membership.round, index)], seconds)
         except (StoreUnavailable, Malformed):
             return False
+        if not found:
+            with self._lock:
+                self._absent = (view, index)
         return True
 
     def _answered(self) -> None:
@@ -306,8 +316,9 @@ class Liveness:
         """One pass of the thread's work (events, and once per heartbeat interval the rest).
         May raise ``StoreUnavailable``."""
         with self._lock:
-            view = self._view
-        if view is not None:
+            view, absent, self._absent = self._view, self._absent, None
+            waited = absent is not None and absent[0] is view and absent[1] == self._next_event
+        if view is not None and not waited:
             self._read_events(view)
         now = self._clock()
         if now < self._next_beat:
