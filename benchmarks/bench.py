@@ -9,6 +9,10 @@ Measures, for each launcher (alternating which goes first, ``--reps`` repetition
 - restart: a worker's SIGKILL -> every rank past its first collective after the restart
   (``--max-restarts 1``);
 - idle: the launcher's own CPU time, RSS and PSS over ``--idle-seconds`` of idle workers.
+- restart on two nodes (``--multinode-reps``, 20 by default; 0 leaves it out): two agents in
+  network namespaces, a worker's SIGKILL -> every rank on both nodes past its first
+  collective of the next round; p50 and max, and for phalanx where the time went
+  (``multinode.py``).
 
 Both launchers are started the same way (``python -m phalanx`` / ``python -m
 torch.distributed.run``, ``--standalone``, default monitor interval 0.1 s) with the same
@@ -28,7 +32,8 @@ import time
 from collections.abc import Callable
 from importlib.metadata import version
 
-import scenarios  # next to this file: python benchmarks/bench.py puts it on sys.path
+import multinode  # next to this file: python benchmarks/bench.py puts them on sys.path
+import scenarios
 
 PY = sys.executable
 LAUNCHERS: dict[str, scenarios.Command] = {
@@ -60,6 +65,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sizes", default="1,2,4,8", help="N for the launch rows")
     parser.add_argument("--nproc", type=int, default=2, help="N for teardown, restart, idle")
     parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--multinode-reps", type=int, default=20, help="two-node restarts")
     parser.add_argument(
         "--launchers",
         default="phalanx,torchrun",
@@ -122,6 +128,9 @@ def main(argv: list[str]) -> int:
         f"{time.monotonic() - started:.0f} s in all."
     )
     print(targets(samples, names))
+    if args.multinode_reps:
+        print()
+        print(multinode.report(names, args.multinode_reps, RESTART_ENV))
     for failure in failures:
         print(f"failed run (left out of the medians): {failure}")
     return 0

@@ -1,7 +1,7 @@
 """usage: bench_worker.py SCENARIO OUT_DIR [IDLE_SECONDS] -- the worker every benchmark runs.
 
-Each rank joins a Gloo group, passes a barrier and writes ``OUT_DIR/barrier.<restart>.<rank>``
-(``time.time()`` and its pid). Then, by scenario: ``launch`` exits; ``kill`` (first attempt
+Each rank writes ``OUT_DIR/start.<restart>.<rank>``, joins a Gloo group, passes a barrier and writes ``OUT_DIR/barrier.<restart>.<rank>``
+(``time.time()``, its pid and ``time.monotonic()``: the clock the agents' events carry). Then, by scenario: ``launch`` exits; ``kill`` (first attempt
 only) has rank 1 write ``kill.0.1`` and SIGKILL itself while the others wait to be stopped;
 ``idle`` sleeps IDLE_SECONDS.
 """
@@ -19,7 +19,7 @@ import torch.distributed as dist
 def mark(out_dir: str, event: str, restart: int, rank: int) -> None:
     path = os.path.join(out_dir, f"{event}.{restart}.{rank}")
     with open(path + ".tmp", "w") as handle:
-        handle.write(f"{time.time()!r} {os.getpid()}")
+        handle.write(f"{time.time()!r} {os.getpid()} {time.monotonic()!r}")
     os.replace(path + ".tmp", path)  # readers never see a half-written file
 
 
@@ -27,6 +27,7 @@ def main() -> None:
     scenario, out_dir = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    mark(out_dir, "start", restart, rank)
     dist.init_process_group("gloo")
     dist.barrier()
     mark(out_dir, "barrier", restart, rank)

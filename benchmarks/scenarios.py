@@ -75,7 +75,7 @@ def _stamps(out_dir: Path, event: str, restart: int) -> dict[int, tuple[float, i
     stamps = {}
     for path in out_dir.glob(f"{event}.{restart}.*"):
         if path.suffix != ".tmp":
-            when, pid = path.read_text().split()
+            when, pid, *_ = path.read_text().split()
             stamps[int(path.name.rsplit(".", 1)[1])] = (float(when), int(pid))
     return stamps
 

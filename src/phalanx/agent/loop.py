@@ -39,6 +39,7 @@ from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
 
 log = logging.getLogger("phalanx")
+QUIET_TICK = 1.0  # seconds between ticks with nothing to poll and no stall timeout
 
 
 class Rounds(Between):
@@ -80,6 +81,7 @@ class Rounds(Between):
         self.failure = None
         self._restart: int | None = None  # the restart claimed, said once its round forms
         self.checked: list[str] = []  # the nodes the last node check named, one line each
+        rendezvous.on_event(supervisor.wake)  # a peer's event acted on at once, not at a tick
 
     def run(self) -> int:
         while True:
@@ -154,7 +156,9 @@ class Rounds(Between):
         self, plan: RoundPlan, watch: RoundWatch, tick: OnTick, preempt: PreemptWatch
     ) -> RoundResult:
         try:
-            return self.supervisor.run(plan, self.signals, self._poll(watch), tick, preempt)
+            return self.supervisor.run(
+                plan, self.signals, self._poll(watch), tick, preempt, self._tick_every()
+            )
         except StartFailed as exc:  # a limit reached: no round without every worker
             self._cut_short(exc, str(exc))
 
@@ -327,6 +331,17 @@ class Rounds(Between):
 
     def _poll(self, watch: RoundWatch) -> Callable[[], JobEvent | None]:
         return lambda: watch.hear(self.rdzv.poll())
+
+    def _tick_every(self) -> float | None:
+        """The supervisor's tick when the rendezvous has nothing to poll (one node): as
+        often as progress is read for the stall timeout, else once a second (the status
+        file, request files and progress samples need no more); None: every monitor
+        interval, for the peers' events."""
+        if not self.rdzv.quiet:
+            return None
+        if self.config.stall_timeout:
+            return self._check_every()
+        return max(self.config.monitor_interval, QUIET_TICK)
 
     def _check_every(self) -> float:
         """How often progress is read: often enough to notice a stall within a tenth of the

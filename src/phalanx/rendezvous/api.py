@@ -161,6 +161,15 @@ class RendezvousHandler(Protocol):
         job-wide, the same on every node.
         """
 
+    @property
+    def quiet(self) -> bool:
+        """Whether ``poll`` never has anything to say (one node, no store): the supervisor
+        then ticks only as often as the agent's own checks need, not every monitor interval."""
+
+    def on_event(self, ring: Callable[[], None]) -> None:
+        """Have ``ring`` called (from another thread) when ``poll`` has something new, so the
+        agent acts on a peer's event at once rather than at its next tick."""
+
     def poll(self) -> JobEvent | None:
         """Non-blocking check for a job-wide event of the current round (one per call).
 

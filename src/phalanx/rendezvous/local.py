@@ -64,6 +64,13 @@ class LocalRendezvous:
             return self._worker_port
         return self._first_port if self._round == 0 and self._first_port else free_port()
 
+    @property
+    def quiet(self) -> bool:
+        return True  # no peers, no store: nothing to poll for
+
+    def on_event(self, ring: Callable[[], None]) -> None:
+        pass  # nothing ever comes
+
     def poll(self) -> JobEvent | None:
         return None
 

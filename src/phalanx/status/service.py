@@ -1,6 +1,8 @@
 """The agent's side of ``phalanx status``: this node's status kept current, written to
-``<run dir>/status.json`` about every ``WRITE_EVERY`` seconds (and at once when a worker
-starts or ends, a failure or restart happens, or the job ends), and requests answered.
+``<run dir>/status.json`` when it changed (looked at every ``WRITE_EVERY`` seconds; at once
+when a worker starts or ends, a failure or restart happens, or the job ends), and requests
+answered. What only the clock moves (``updated_at``, a rank's ``since_beat``) is no change:
+an idle job's file is not rewritten, and says as of when it is true.
 
 Everything runs on the supervisor's tick, and nothing there waits: the file is written by a
 thread of its own (``LatestWriter``), request files are found with one ``scandir`` a
@@ -70,6 +72,7 @@ class StatusService:
         self._requests = StatusRequests(run_dir, self._answer, self.node.snapshot)
         self._next_write = 0.0
         self._next_scan = 0.0
+        self._written: dict[str, Any] | None = None  # the last content offered, clock aside
         events.listen(self._hear)
 
     def begin(
@@ -93,7 +96,7 @@ class StatusService:
         now = self._mono()
         if now >= self._next_write:
             self.node.sample()
-            self._write()
+            self._write(changed_only=True)
         if now >= self._next_scan:
             self._next_scan = now + SCAN_EVERY
             self._requests.check_files()
@@ -111,10 +114,21 @@ class StatusService:
         if record.get("kind") in _WRITE_NOW:
             self._write()
 
-    def _write(self) -> None:
+    def _write(self, changed_only: bool = False) -> None:
         self._next_write = self._mono() + WRITE_EVERY
-        self._writer.offer(json.dumps(self.node.snapshot(), indent=1).encode() + b"\n")
+        snapshot = self.node.snapshot()
+        content = _without_clock(snapshot)
+        if changed_only and content == self._written:
+            return
+        self._written = content
+        self._writer.offer(json.dumps(snapshot, indent=1).encode() + b"\n")
 
     def _answer(self) -> bytes:
         self.node.sample()
         return encode_answer(self.node.snapshot(), self._tail.lines, self._tail.dropped)
+
+
+def _without_clock(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot less what only the passing of time changes."""
+    ranks = [{k: v for k, v in r.items() if k != "since_beat"} for r in snapshot["ranks"]]
+    return {**{k: v for k, v in snapshot.items() if k != "updated_at"}, "ranks": ranks}

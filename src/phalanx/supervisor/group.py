@@ -109,6 +109,15 @@ class Supervisor:
         # Wall clock when the last round's stop began (its failure was acted on): for the
         # event log's recovery figures; 0.0 when the round ended without a stop.
         self.stop_began = 0.0
+        self._selector: PipeSelector | None = None  # the running round's
+
+    def wake(self) -> None:
+        """Tick now (``on_tick``, then ``poll``) rather than at the next tick: the
+        rendezvous has an event (called from its thread; between rounds, nothing)."""
+        selector = self._selector
+        if selector is not None:
+            with contextlib.suppress(OSError):  # closed as the round ended
+                selector.ring()
 
     def run(
         self,
@@ -117,12 +126,16 @@ class Supervisor:
         poll: Callable[[], JobEvent | None] = lambda: None,
         on_tick: OnTick = lambda running: False,
         preempt: PreemptWatch | None = None,
+        tick_every: float | None = None,
     ) -> RoundResult:
-        """Run one round to its end. Every ``monitor_interval``: ``on_tick`` (the caller's
-        own checks; True stops the workers and returns ``STOPPED``), then ``poll``. With
-        ``preempt``, a preemption signal here or a peer's ``PREEMPTED`` lets the workers
-        run on until they end or the job's deadline (``phalanx.supervisor.preempt``)."""
-        selector = PipeSelector()
+        """Run one round to its end. Every ``monitor_interval`` (``tick_every`` when given:
+        a caller whose ``poll`` has nothing to deliver ticks only as often as its own checks
+        need) and at once after a signal: ``on_tick`` (the caller's own checks; True stops
+        the workers and returns ``STOPPED``), then ``poll``. With ``preempt``, a preemption
+        signal here or a peer's ``PREEMPTED`` lets the workers run on until they end or the
+        job's deadline (``phalanx.supervisor.preempt``)."""
+        every = self._monitor_interval if tick_every is None else tick_every
+        selector = self._selector = PipeSelector()
         selector.register(signals.fd, selectors.EVENT_READ, None)
         self.stop_began = 0.0
         slots: list[_Slot] = []
@@ -131,7 +144,7 @@ class Supervisor:
         try:
             for worker in plan.workers:
                 self._start(worker, plan, selector, streams, slots)
-            next_poll = time.monotonic() + self._monitor_interval
+            next_poll = time.monotonic() + every
             while True:
                 timeout = max(0.0, next_poll - time.monotonic())
                 bound = preempt.wait_bound() if preempt is not None else None
@@ -141,9 +154,12 @@ class Supervisor:
                 self._handle_events(events, slots, streams, selector, bool(fenced))
                 if any(key.fd == signals.fd for key, _ in events):
                     signals.drain()  # or select would return at once forever
+                    next_poll = 0.0  # a stacks request is answered now, not at the next tick
+                if selector.rang():
+                    next_poll = 0.0
                 ended = self._settle(slots, streams, selector, signals, fenced)
                 if ended is None and time.monotonic() >= next_poll:
-                    next_poll = time.monotonic() + self._monitor_interval
+                    next_poll = time.monotonic() + every
                     ended = self._tick(slots, streams, selector, poll, on_tick)
                 if ended is not None:
                     return ended
@@ -156,6 +172,7 @@ class Supervisor:
                 self._guardian.forget(slot.proc.pid)
                 if self._fence is not None:
                     self._fence.release(slot.proc.pid)
+            self._selector = None
             selector.close()
             finish_all(handle for slot in slots for handle in slot.files)
             self._preempt = None

@@ -8,6 +8,10 @@ seconds: it is then given up on and the stream goes on to the console. ``drainin
 each pipe be read to its end once its workers are gone: what the pipe holds (at most its
 capacity) may queue past the limit, so the last bytes of a worker that ended while its file
 was behind still reach the file.
+
+Only a pipe that was read can fall behind (its file's writer only catches up), and every read
+is of a pipe this selector returned: so each ``select`` looks at the parked pipes and at those
+it returned last time, not at every pipe (an idle launcher wakes for nothing else).
 """
 
 from __future__ import annotations
@@ -35,11 +39,23 @@ class PipeSelector(selectors.DefaultSelector):
         self._parked: dict[int, selectors.SelectorKey] = {}
         # fd -> the stream's ``read`` up to which it is read even when its file is behind
         self._allowance: dict[int, int] = {}
+        self._returned: list[int] = []  # the pipes the last ``select`` returned (read since)
+        self._rang = False
 
     def wake(self) -> None:
         """Look at the parked pipes again (called by a log file's writer thread)."""
         with contextlib.suppress(OSError):  # full: a wake-up is pending already
             self._writer.send(b"\0")
+
+    def ring(self) -> None:
+        """Have ``select`` return now and ``rang`` say so (called from another thread)."""
+        self._rang = True
+        self.wake()
+
+    def rang(self) -> bool:
+        """Whether ``ring`` was called since the last look (and forget it)."""
+        rang, self._rang = self._rang, False
+        return rang
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
@@ -61,6 +77,7 @@ class PipeSelector(selectors.DefaultSelector):
                         pass
             else:
                 ready.append((key, mask))
+        self._returned = [key.fd for key, _ in ready if isinstance(key.data, LogStream)]
         return ready
 
     def draining(self) -> None:
@@ -85,9 +102,11 @@ class PipeSelector(selectors.DefaultSelector):
             if not self._holds(key.data):
                 del self._parked[fd]
                 super().register(fd, key.events, key.data)
-        for key in list(self.get_map().values()):
-            if isinstance(key.data, LogStream) and self._holds(key.data):
-                self._parked[key.fd] = super().unregister(key.fd)
+        returned, self._returned = self._returned, []
+        for fd in returned:
+            found = self.get_map().get(fd)
+            if found is not None and isinstance(found.data, LogStream) and self._holds(found.data):
+                self._parked[fd] = super().unregister(fd)
 
     def _holds(self, stream: LogStream) -> bool:
         return stream.read >= self._allowance.get(stream.fd, 0) and stream.behind()

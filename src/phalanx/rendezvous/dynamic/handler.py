@@ -119,6 +119,7 @@ class DynamicRendezvous:
         self._stopped_by: int | None = None  # the signal that stopped this node (report_done)
         self._preempted = False  # and whether it was a preemption
         self._closed = False
+        self._ring: Callable[[], None] | None = None  # ``on_event``'s
         self._wire(run_id, node_id or uuid.uuid4().hex)
 
     def _wire(self, run_id: str, node_id: str) -> None:
@@ -132,6 +133,8 @@ class DynamicRendezvous:
             where=where, admit_mismatch=admit_mismatch,
         )  # fmt: skip
         self._liveness = liveness = Liveness(board, self._settings, fence=self._fence)
+        if self._ring is not None:
+            liveness.on_event(self._ring)
         self._membership: Membership | None = None
         self._rank: int | None = None
         self._done: bool | None = None  # what report_done said
@@ -261,6 +264,14 @@ class DynamicRendezvous:
 
     def fence(self) -> Fence | None:
         return self._fence
+
+    @property
+    def quiet(self) -> bool:
+        return False  # peers' events and the store's loss arrive through ``poll``
+
+    def on_event(self, ring: Callable[[], None]) -> None:
+        self._ring = ring  # kept: a rejoin wires new heartbeats, which ring it too
+        self._liveness.on_event(ring)
 
     def poll(self) -> JobEvent | None:
         problem = self._liveness.store_problem()

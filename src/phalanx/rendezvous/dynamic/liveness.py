@@ -2,11 +2,14 @@
 
 It does every periodic store operation, so ``poll()`` never touches the network:
 
-- every ``event_interval`` (a quarter heartbeat) it reads the next entry of the round's
-  event log: one ``get`` when nothing happened, so a peer's failure reaches ``poll()``
-  within a fraction of a second. It reads ahead only while the agent has consumed what
-  was read (an agent restarts on the first event), so even when every node fails at once
-  each reads O(1) entries, not O(n);
+- it waits on the store for the next entry of the round's event log (a ``wait`` on its
+  key, at most ``event_interval``, a quarter heartbeat, at a time: the agent store parks the
+  wait and wakes it when the entry is written; on etcd, where a wait costs a read and a
+  watch stream, it reads the entry every ``event_interval`` instead), so a peer's failure
+  reaches ``poll()`` as soon as it is posted, and ``on_event`` is rung so the agent polls at
+  once rather than at its next tick. It
+  reads ahead only while the agent has consumed what was read (an agent restarts on the
+  first event), so even when every node fails at once each reads O(1) entries, not O(n);
 - every ``heartbeat_interval`` (from a thread of its own, ``beat``: the heartbeat never
   waits behind these reads) it shows this node is alive; and it judges the next node in the
   ring (rank + 1 mod n), by heartbeat counters or, on a store with leases (etcd), by the
@@ -124,6 +127,10 @@ class Liveness:
         self._last_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ring: Callable[[], None] = lambda: None
+        # (view, index): the last wait found that entry absent; the next read of it is skipped
+        # (the next wait is woken by it instead), so a quiet round costs one call per pause.
+        self._absent: tuple[_View, int] | None = None
 
     def follow(self, membership: Membership, rank: int) -> None:
         """Watch ``membership`` from now on (events and holes of earlier rounds are dropped)."""
@@ -160,6 +167,11 @@ class Liveness:
         self._beater.stop_beating()
         if self._fence is not None:
             self._fence.stand_down()
+
+    def on_event(self, ring: Callable[[], None]) -> None:
+        """Call ``ring`` (from this thread) when ``next_event`` or ``store_problem`` has
+        something new: the agent polls then, not only on its tick."""
+        self._ring = ring
 
     def next_event(self) -> JobEvent | None:
         with self._lock:
@@ -259,8 +271,29 @@ class Liveness:
                     self._failing_since = None
             if self.store_problem() is not None:
                 self._beater.stop(0.0)
+                self._ring()
                 return  # STORE_LOST is final: stop knocking on a dead store
-            self._stop.wait(pause)
+            if pause > self._s.event_interval or not self._wait_for_event(pause):
+                self._stop.wait(pause)
+
+    def _wait_for_event(self, seconds: float) -> bool:
+        """Wait on the store for the followed round's next event (False: not now, the caller
+        pauses instead). The wait ends early when the entry is written; an error is the next
+        ``tick``'s to meet and count."""
+        if not self._twins:
+            return False  # etcd: a wait is a read and a watch stream; a plain read is cheaper
+        with self._lock:
+            view, queued, index = self._view, bool(self._events), self._next_event
+        if view is None or queued:
+            return False  # joining, or the agent has not taken what was read: no read ahead
+        try:
+            found = self._b.store.wait([self._b.keys.event(view.membership.round, index)], seconds)
+        except (StoreUnavailable, Malformed):
+            return False
+        if not found:
+            with self._lock:
+                self._absent = (view, index)
+        return True
 
     def _answered(self) -> None:
         with self._lock:
@@ -283,8 +316,9 @@ class Liveness:
         """One pass of the thread's work (events, and once per heartbeat interval the rest).
         May raise ``StoreUnavailable``."""
         with self._lock:
-            view = self._view
-        if view is not None:
+            view, absent, self._absent = self._view, self._absent, None
+            waited = absent is not None and absent[0] is view and absent[1] == self._next_event
+        if view is not None and not waited:
             self._read_events(view)
         now = self._clock()
         if now < self._next_beat:
@@ -315,8 +349,10 @@ class Liveness:
                     return  # switched to a new round meanwhile, or nothing new yet
                 self._hole = None
                 self._next_event = index + 1
-                if found[0] != self._b.node_id:  # a node is not told about itself
-                    self._events.append(found[1])
+                if found[0] == self._b.node_id:  # a node is not told about itself
+                    continue
+                self._events.append(found[1])
+            self._ring()
 
     def _skip_hole(self, view: _View) -> None:
         """Step over an entry whose writer died between taking its slot and writing it.
