@@ -2,8 +2,8 @@
 (README, "Fencing"): two real agents on loopback with the c10d store hosted by node 0's
 agent, whose process is paused (SIGSTOP) for 9 s -- longer than the 8 s after which a node
 fences itself with the default settings. Node 1 fences (its worker SIGKILLed), waits for the
-store, rejoins as a new member, and the job re-forms and finishes; with no restart left it
-ends with the fence's line instead, without waiting.
+store, rejoins as a new member, and the job re-forms and finishes (a node cut off, and no
+restart left: ``tests/test_fence_rejoin.py``).
 """
 
 from __future__ import annotations
@@ -63,17 +63,3 @@ def test_a_paused_store_host_re_forms_the_job_with_the_node_that_fenced(
     assert "rejoining as a new member" in err, err
     for node in nodes:  # both ranks finished in the re-formed job, after one restart
         assert "ok world=2" in node.stdout and "restart=0" not in node.stdout, node.stdout
-
-
-def test_with_no_restart_left_the_fenced_node_ends_at_once(
-    nodes: list[Node], tmp_path: Path
-) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    _start(nodes, tmp_path, shared, max_restarts=0)
-    _pause_the_store_host(nodes, shared)
-    code = nodes[1].finish(HANG)
-    err = nodes[1].stderr
-    assert code == 1, err
-    assert err.strip().splitlines()[-1].startswith("phalanx: the job stopped: fenced: "), err
-    assert "rejoining" not in err and "Traceback" not in err, err

@@ -78,6 +78,14 @@ class NetNamespaces:
         for half in ("0/25", "128/25"):
             self._ip(self.names[i], "route", "add", "blackhole", f"{self.subnet}.{half}")
 
+    def silence(self, i: int, *, on: bool) -> None:
+        """Drop every packet in and out of node i's eth0 with iptables (``on=False``: let
+        them through again). Unlike ``drop`` nothing fails locally either: every send is
+        accepted and gets no answer, so only the fence can end the node's workers."""
+        for chain, side in (("INPUT", "-i"), ("OUTPUT", "-o")):
+            argv = ["iptables", "-A" if on else "-D", chain, side, "eth0", "-j", "DROP"]
+            subprocess.run(self.command(i, argv), check=True, capture_output=True)
+
     def destroy(self) -> None:
         """Remove every namespace made (their links go with them). Idempotent."""
         while self._made:

@@ -250,7 +250,7 @@ class RendezvousHandler(Protocol):
 
     def rejoin(self) -> bool:
         """After this node lost the store or fenced itself (``STORE_LOST``): once the store
-        answers again (within ``join_timeout``), come back as a new member for the next
+        answers again (within ``close_timeout``), come back as a new member for the next
         round; False when it cannot (no store, one that stayed out of reach, or an expired
         etcd lease). Blocks; a signal to the launcher interrupts it (the caller's)."""
 

@@ -154,7 +154,7 @@ class DynamicRendezvous:
 
     def rejoin(self) -> bool:
         """After this node lost the store or fenced itself: wait until the store answers
-        again (at most ``join_timeout``, as long as the others wait for a round), then be a
+        again (at most ``close_timeout``: a store that is gone for good ends the job soon), then be a
         new member of the run -- a fresh node id, heartbeats and fence -- for the next round
         (the others counted the old one lost). False when the store stayed out of reach, and
         on etcd, where the node's lease expired with it (its keys with the lease)."""
@@ -163,7 +163,7 @@ class DynamicRendezvous:
         if self._liveness.store_problem() is None:
             return False  # not lost: nothing to come back from
         self._liveness.stop()
-        until = time.monotonic() + self._settings.join_timeout
+        until = time.monotonic() + self._settings.close_timeout
         while True:
             try:
                 self._board.latest_round()  # one bounded call: the store answers again
