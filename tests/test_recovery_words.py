@@ -58,9 +58,9 @@ def test_the_lines_name_the_failing_node_and_count_restarts_apart_from_re_forms(
         r"recovery: incident 1 \(round \d+\), rank 1 \S+ on node 1 \(as seen on \S+ \(node 0\)\)",
         first.stderr,
     ), first.stderr
-    assert re.search(r"recovery: incident 1 \(round \d+\), rank 1 \S+ on \S+ \(node 1\): ", second.stderr), (
-        second.stderr
-    )
+    assert re.search(
+        r"recovery: incident 1 \(round \d+\), rank 1 \S+ on \S+ \(node 1\): ", second.stderr
+    ), second.stderr
 
 
 def test_a_clock_step_changes_no_figure(tmp_path: Path) -> None:
