@@ -66,9 +66,9 @@ CASES: dict[str, tuple[list[dict[str, Any]], float | None, dict[str, Any], dict[
         started().progress(3.0, 0, None, 1).progress(5.0, 0, None, 7).fail(6.0, 0, 5.0, 5.5)
         .restart(6.0, 0.5, 1, 7.0).progress(8.0, 1, None, 3).progress(10.0, 1, None, 7)
         ("job_end", 10.0).events, None,
-        {"detect": 0.5, "stop": 0.5, "reform": 1.0, "back": 3.0, "downtime": 5.0,
-         "target": "beats 7"},
-        {"wall": 10.0, "startup": 3.0, "productive": 2.0, "ettr": 0.2},
+        {"detect": 0.5, "stop": 0.5, "reform": 1.0, "back": 1.0, "downtime": 3.0,
+         "target": None},  # beats count from 0 again: back at the new round's first beat
+        {"wall": 10.0, "startup": 3.0, "productive": 4.0, "ettr": 0.4},
     ),
     "never re-formed: down to the end of the run": (
         started().progress(2.0, 0, 1).fail(4.0, 0, 3.0, 3.5)
@@ -122,7 +122,8 @@ def test_no_progress_at_all_has_no_ettr() -> None:
     events = started().fail(3.0, 0, 3.0, 3.0)("job_end", 5.0).events
     figures = recovery(events)
     assert figures.ettr is None and figures.nodes[0].ettr is None
-    assert "no ETTR" in summary_lines(figures)[-1]
+    assert "no ETTR" in ettr_line(figures, figures.nodes[0])
+    assert summary_lines(figures) == []  # no restart: nothing was recovered from
 
 
 def test_no_incident_prints_nothing() -> None:
@@ -164,20 +165,45 @@ def test_the_tracker_fed_one_at_a_time_is_the_function() -> None:
 
 
 def test_the_lines_say_the_parts_in_words() -> None:
-    """A script with no step (its optimizer steps counted as beats) that never got back:
-    no "beats", no "re-form ?" -- what a user can read."""
+    """A script with no step (its optimizer steps counted as beats): back at its first beat
+    of the new attempt (beats count from 0 again), no "beats", no "re-form ?"."""
     events = (
         started().progress(2.0, 0, None, beats=7).fail(3.0, 0, 3.0, 3.0)
-        .restart(3.5, 0.5, 1, 4.0).progress(6.0, 1, None, beats=3)("job_end", 9.0).events
+        .restart(3.5, 0.5, 1, 4.0).progress(5.0, 1, None, beats=0)
+        .progress(6.0, 1, None, beats=3)("job_end", 9.0).events
     )  # fmt: skip
     first, _ = summary_lines(recovery(events))
     assert first == (
-        "recovery: incident 1 (round 0), rank 1 exit_code on hostA (node 0): never back at "
-        "7 optimizer steps; 6.00 s down (noticed in 0.00 s, workers stopped in 0.50 s, the "
-        "nodes regrouped in 0.50 s)"
+        "recovery: incident 1 (round 0), rank 1 exit_code on hostA (node 0): making progress "
+        "again after 3.00 s down (noticed in 0.00 s, workers stopped in 0.50 s, the nodes "
+        "regrouped in 0.50 s, progress again in 2.00 s)"
     )
-    unformed = started().progress(2.0, 0, 4).fail(3.0, 0, 3.0, 3.0)("job_end", 5.0).events
+    unformed = (
+        started().progress(2.0, 0, 4).fail(3.0, 0, 3.0, 3.0)
+        ("restart", 3.0, restart=1, max_restarts=3, round=0)("job_end", 5.0).events
+    )  # fmt: skip
     assert "the nodes never regrouped)" in summary_lines(recovery(unformed))[0]
+
+
+def test_a_peers_failure_names_the_failing_node_and_the_node_that_saw_it() -> None:
+    run = started().progress(2.0, 0, 1)
+    run("failure", 3.0, round=0, attempt=1, rank=1, failed_node=1, failure_kind="exit_code",
+        reason="exit 3", exit_code=None, local=False, failed_at=2900.0, detected_at=3.0)
+    run.restart(3.5, 0.5, 1, 4.0).progress(5.0, 1, 1)("job_end", 6.0)
+    figures = recovery(run.events)
+    (incident,) = figures.incidents
+    assert incident.detect is None  # the peer's ``failed_at`` is on the peer's clock
+    assert summary_lines(figures)[0].startswith(
+        "recovery: incident 1 (round 0), rank 1 exit_code on node 1 (as seen on hostA (node 0)): "
+    )
+
+
+def test_a_wall_clock_step_changes_no_figure() -> None:
+    """``t`` steps an hour back mid-run; ``mono`` runs on: the figures are ``mono``'s."""
+    steady = one_incident().events
+    stepped = [{**e, "t": e["t"] - 3600.0 if e["t"] > 7.0 else e["t"]} for e in steady]
+    assert recovery(stepped) == recovery(steady)
+    assert recovery(stepped).nodes[0].ettr == 0.575
 
 
 def test_a_stall_is_not_productive_and_a_slow_step_is() -> None:

@@ -1,7 +1,8 @@
 """A host whose wall clock is off by a fixed amount: an LD_PRELOAD shim, compiled here.
 
 It shifts ``clock_gettime(CLOCK_REALTIME[_COARSE])``, ``gettimeofday`` and ``time`` by
-``PHALANX_TEST_SKEW`` seconds and leaves every other clock alone: CLOCK_MONOTONIC (which
+``PHALANX_TEST_SKEW`` seconds (or those in the file ``PHALANX_TEST_SKEW_FILE``, read at
+every call: a clock that steps while the process runs) and leaves every other clock alone: CLOCK_MONOTONIC (which
 Python's timed waits and phalanx's deadlines use) runs true, as on a real host whose NTP is
 wrong. (libfaketime shifts the monotonic clock too, which breaks Python's timed waits.)
 """
@@ -17,11 +18,22 @@ import pytest
 _SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/time.h>
 #include <time.h>
 
 static long skew(void) {
+    const char *path = getenv("PHALANX_TEST_SKEW_FILE");
+    if (path) {  /* read at every call: a test steps the clock by rewriting the file */
+        long seconds = 0;
+        FILE *file = fopen(path, "r");
+        if (file) {
+            if (fscanf(file, "%ld", &seconds) != 1) seconds = 0;
+            fclose(file);
+        }
+        return seconds;
+    }
     const char *text = getenv("PHALANX_TEST_SKEW");
     return text ? atol(text) : 0;
 }
@@ -66,3 +78,13 @@ def skewed_env(directory: Path, seconds: int) -> dict[str, str]:
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     return {"LD_PRELOAD": str(library), "PHALANX_TEST_SKEW": str(seconds)}
+
+
+def stepping_env(directory: Path, skew_file: Path) -> dict[str, str]:
+    """As ``skewed_env``, by the seconds written in ``skew_file`` (read at every clock call):
+    rewriting the file steps the wall clock of the running process, as NTP or a person
+    setting the date does. The file starts at 0."""
+    skew_file.write_text("0\n")
+    env = skewed_env(directory, 0)
+    env["PHALANX_TEST_SKEW_FILE"] = str(skew_file)
+    return env

@@ -134,10 +134,12 @@ def unrecordable(run_dir: Path) -> str | None:
 
 def failure_signature(records: Sequence[Mapping[str, object]]) -> str:
     """The round's root cause among every node's failure records, as one line: rank, how
-    it exited, the last line of its stderr ("" when no worker failed on its own)."""
+    it exited, the last line of its stderr when it wrote one ("" when no worker failed on its
+    own)."""
     exits = [WorkerExit.from_json(r) for r in records if "returncode" in r and "rank" in r]
     cause = root_cause(exits)
     if cause is None:
         return ""
-    last = next((line for line in reversed(cause.stderr_tail) if line.strip()), "")
-    return f"rank {cause.rank}, {cause.describe_exit()}: {last.strip()}"
+    last = next((line for line in reversed(cause.stderr_tail) if line.strip()), "").strip()
+    head = f"rank {cause.rank}, {cause.describe_exit()}"
+    return f"{head}: {last}" if last else head  # no stderr: no empty detail

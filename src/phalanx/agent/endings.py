@@ -276,10 +276,11 @@ class Endings:
 
     def _recovery_figures(self) -> tuple[list[str], dict[str, object] | None]:
         """The recovery figures of this node's run so far: the lines to say (one per
-        incident, then the ETTR) and their JSON; none, and None, without an incident."""
+        incident, then the ETTR; none without a restart or re-form after an incident) and
+        their JSON (None without an incident). ``now`` on the events' monotonic clock."""
         if self.recovery is None:
             return [], None
-        figures = self.recovery.result(self.events.now())
+        figures = self.recovery.result(time.monotonic())
         return summary_lines(figures), figures.to_json() if figures.incidents else None
 
     def _records_or_kept(

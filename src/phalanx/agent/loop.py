@@ -78,15 +78,16 @@ class Rounds(Between):
         self.base_env = base_env
         self.attempts = 0
         self.restart_count = 0
+        self.reforms = 0  # rounds re-formed for a joining node (no restart spent)
         self.failure = None
-        self._restart: int | None = None  # the restart claimed, said once its round forms
+        self._restart = False  # a restart claimed: said once its round forms
         self.checked: list[str] = []  # the nodes the last node check named, one line each
         rendezvous.on_event(supervisor.wake)  # a peer's event acted on at once, not at a tick
 
     def run(self) -> int:
         while True:
             joined = self._next_round()
-            self._say_restart()
+            self._say_restart(joined)
             plan = build_plan(self.config, joined, self.run_dir, self.base_env)
             mark = ProgressMark.take(plan)
             self.attempts += 1
@@ -128,14 +129,15 @@ class Rounds(Between):
                 continue  # back as a new member: the others spent the restart for it
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is Step.REFORM:
+                self.reforms += 1
                 self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
                 continue  # a scale-up: re-form the round, no restart spent
             hang = watch.hang or watch.peer_hang
             if step is Step.RESTART and self._claim_restart():
-                self._restart = self.attempts  # said once the round forms: it may not
+                self._restart = True  # said once the round forms: it may not
                 self.events.emit(
                     "restart",
-                    restart=self.attempts,
+                    restart=joined.restart_count + 1,  # the job's count (re-forms are not)
                     max_restarts=self.config.max_restarts,
                     round=joined.round,
                 )
@@ -143,14 +145,16 @@ class Rounds(Between):
             crash_loop = step is Step.CRASH_LOOP
             self._fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
 
-    def _say_restart(self) -> None:
-        """Say the restart claimed after the last round, now that its round has formed."""
-        if self._restart is not None:
+    def _say_restart(self, joined: RendezvousResult) -> None:
+        """Say the restart claimed after the last round, now that its round has formed: the
+        job's count of restarts (the rendezvous's), and the re-forms for joining nodes apart."""
+        if self._restart:
+            reforms = f"; {self.reforms} re-form(s) for joining nodes" if self.reforms else ""
             log.warning(
-                "restarting the worker group (restart %d of %d)",
-                self._restart, self.config.max_restarts,
+                "restarting the worker group (restart %d of %d%s)",
+                joined.restart_count, self.config.max_restarts, reforms,
             )  # fmt: skip
-            self._restart = None
+            self._restart = False
 
     def _supervise(
         self, plan: RoundPlan, watch: RoundWatch, tick: OnTick, preempt: PreemptWatch
@@ -292,9 +296,9 @@ class Rounds(Between):
         # claim decides for all): the budget counts it however many nodes lost the store.
         if not back or not self._claim_restart():
             return False
-        self._restart = self.attempts  # said once the round forms
+        self._restart = True  # said once the round forms
         self.events.emit(
-            "restart", restart=self.attempts, max_restarts=self.config.max_restarts,
+            "restart", restart=joined.restart_count + 1, max_restarts=self.config.max_restarts,
             round=joined.round,
         )  # fmt: skip
         return True

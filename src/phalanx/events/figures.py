@@ -5,13 +5,14 @@ An **incident** is a ``failure`` event (a worker failure here, or the peer event
 stopped this node's workers: a peer's failure, a lost node, a node waiting to join). Its
 four parts, each from recorded values only:
 
-``detect``  ``detected_at - failed_at`` of the failure (None when ``failed_at`` is unknown)
+``detect``  ``detected_at - failed_at`` of the failure (None when ``failed_at`` is unknown
+            or a peer's: on another host's clock)
 ``stop``    the ``stopped`` event's ``seconds`` (every local worker gone, since detection)
 ``reform``  the next ``rdzv_done``'s ``t`` minus the ``stopped`` event's ``t``
 ``back``    from that ``rdzv_done`` to the first ``progress`` of the new round whose
-            ``step`` reaches the failed round's highest step (``beats`` when the failed
-            round reported no step; any progress when it reported none at all); None if
-            the new round never got there
+            ``step`` reaches the failed round's highest step (when the failed round
+            reported no step: the first progress of the new round, a beat or a step, as
+            beats count from 0 in every attempt); None if the new round never got there
 
 ``downtime`` is the sum of the parts there are (that is, from ``failed_at`` to back at the
 step). An incident the job never recovered from (no new round, the step never reached
@@ -50,13 +51,17 @@ from phalanx.events.recovery_data import Event, Incident, NodeFigures, Recovery
 __all__ = ["Incident", "NodeFigures", "Recovery", "RecoveryTracker", "recovery"]
 
 
-def recovery(events: Iterable[Event], now: float | None = None) -> Recovery:
+def recovery(
+    events: Iterable[Event], now: float | None = None, here: str | None = None
+) -> Recovery:
     """The figures of ``events`` (one node's, or several merged); ``now``: where a run that
-    has no ``job_end`` yet ends for now (default: its last event)."""
+    has no ``job_end`` yet ends for now (default: its last event), on the events' own clock
+    (``time.monotonic()`` for real events: their ``mono``). ``here``: the host ``now`` was
+    read on; the nodes of other hosts end at their last event (their clocks are not ours)."""
     tracker = RecoveryTracker()
     for event in events:
         tracker.add(event)
-    return tracker.result(now)
+    return tracker.result(now, here)
 
 
 class RecoveryTracker:
@@ -70,15 +75,17 @@ class RecoveryTracker:
     def add(self, event: Event) -> None:
         self._stream(event).add(event)
 
-    def result(self, now: float | None = None) -> Recovery:
+    def result(self, now: float | None = None, here: str | None = None) -> Recovery:
+        """The figures so far; ``now`` and ``here`` as in ``recovery``."""
         incidents: list[Incident] = []
         nodes = []
         for stream in self._nodes:
-            found, figures = stream.figures(now)
+            found, figures = stream.figures(now if here is None or stream.host == here else None)
             incidents += found
             nodes.append(figures)
         incidents.sort(key=lambda i: (i.failed_at, i.host, i.node if i.node is not None else -1))
-        return Recovery(tuple(incidents), tuple(nodes))
+        restarts = max((s.restarts for s in self._nodes), default=0)
+        return Recovery(tuple(incidents), tuple(nodes), restarts)
 
     def _stream(self, event: Event) -> NodeFold:
         """The node ``event`` belongs to: same host, and the ``seq`` chain it continues

@@ -1,5 +1,11 @@
 """The fold behind ``figures``: one node's events, in its order, to its incidents and its
-run's figures (the definitions are in ``figures``)."""
+run's figures (the definitions are in ``figures``).
+
+Every duration is taken on the node's monotonic clock (an event's ``mono``; ``t`` only for
+events that carry none): a wall clock that steps, or runs an hour ahead of another host's,
+changes no figure. A wall stamp inside an event (``failed_at``, ``detected_at``) is moved
+onto that clock by the event's own ``t - mono``; a peer's ``failed_at`` (another host's
+clock) is not used for a duration at all."""
 
 from __future__ import annotations
 
@@ -19,9 +25,11 @@ def _r(value: float) -> float:
 
 @dataclass
 class _Open:
-    """An incident being followed through its recovery (wall-clock stamps)."""
+    """An incident being followed through its recovery (stamps on the node's monotonic
+    clock, but ``failed_wall``: the failure's wall time, for people and ordering)."""
 
     failure: Event
+    failed_wall: float
     failed_at: float
     detected_at: float
     target: tuple[str, int] | None  # the failed round's peak: ("step" | "beats", value)
@@ -34,7 +42,8 @@ class _Open:
 
     def finish(self, node: int | None, host: str, end: float) -> Incident:
         f = self.failure
-        detect = None if _num(f.get("failed_at")) is None else self.detected_at - self.failed_at
+        mine = f.get("local") is True and _num(f.get("failed_at")) is not None
+        detect = self.detected_at - self.failed_at if mine else None
         reform = _span(self.stopped_t, self.formed_t)
         back = _span(self.formed_t, self.back_t)
         parts = [
@@ -53,8 +62,9 @@ class _Open:
             attempt=f.get("attempt"),
             failure_kind=f.get("failure_kind"),
             rank=f.get("rank"),
+            failed_node=f.get("failed_node"),
             local=f.get("local") is True,
-            failed_at=self.failed_at,
+            failed_at=self.failed_wall,
             detect=parts[0],
             stop=parts[1],
             reform=parts[2],
@@ -85,8 +95,11 @@ def _higher(reading: tuple[str, int], peak: tuple[str, int] | None) -> bool:
 
 
 def _reaches(event: Event, target: tuple[str, int] | None) -> bool:
+    """Whether a progress event of the new round is "back": at the failed round's step, or
+    (``target`` None) any progress made in the new round (a beat or a step)."""
     if target is None:
-        return True
+        beats = event.get("beats")
+        return isinstance(event.get("step"), int) or (isinstance(beats, int) and beats > 0)
     value = event.get(target[0])
     return isinstance(value, int) and value >= target[1]
 
@@ -106,6 +119,7 @@ class NodeFold:
         self.first_progress: float | None = None
         self.peaks: dict[object, tuple[str, int]] = {}  # round -> its highest reading
         self.incidents: list[_Open] = []
+        self.restarts = 0  # restarts and re-forms: rounds after a failure or a joining node
         self._on: dict[str, Callable[[Event, float], None]] = {
             "run_start": self._run_start,
             "failure": self._failure,
@@ -116,13 +130,16 @@ class NodeFold:
         }
 
     def add(self, event: Event) -> None:
-        seq, t = event.get("seq"), _num(event.get("t"))
+        seq, wall, mono = event.get("seq"), _num(event.get("t")), _num(event.get("mono"))
         if isinstance(seq, int):
             self.last_seq = seq
         if isinstance(event.get("node"), int):
             self.node = event["node"]
+        t = mono if mono is not None else wall
         if t is None:
             return
+        if event.get("kind") in ("restart", "reform"):
+            self.restarts += 1
         self.last_t = t
         if self.began is None:
             self.began = t
@@ -143,14 +160,22 @@ class NodeFold:
         self.outcome = event.get("outcome")
 
     def _failure(self, event: Event, t: float) -> None:
+        wall = _num(event.get("t"))
+        shift = 0.0 if wall is None else wall - t  # this node's wall stamps onto ``t``'s clock
         detected = _num(event.get("detected_at"))
-        detected = t if detected is None else detected
+        detected = t if detected is None else detected - shift
         failed = _num(event.get("failed_at"))
-        failed = detected if failed is None else min(failed, detected)
+        failed_wall = failed if failed is not None else detected + shift
+        if event.get("local") is not True or failed is None:
+            failed = detected  # a peer's stamp is on the peer's clock
+        else:
+            failed = min(failed - shift, detected)
         if (previous := self._open) is not None:
             previous.cut_at = max(failed, previous.failed_at)
         target = self.peaks.get(event.get("round"))
-        self.incidents.append(_Open(event, failed, detected, target))
+        if target is not None and target[0] == "beats":
+            target = None  # beats count from 0 in every attempt: back is any progress
+        self.incidents.append(_Open(event, failed_wall, failed, detected, target))
 
     def _stopped(self, event: Event, t: float) -> None:
         now = self._open
@@ -189,7 +214,7 @@ class NodeFold:
         productive = ettr = None
         stalled = 0.0
         if self.first_progress is not None:
-            first_failure = min((i.failed_at for i in incidents), default=self.first_progress)
+            first_failure = min((i.failed_at for i in self.incidents), default=self.first_progress)
             startup = max(0.0, min(self.first_progress, first_failure) - began)
             stalled = self._stalled(end)
             productive = max(0.0, wall - startup - down - stalled)

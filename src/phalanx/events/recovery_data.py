@@ -21,13 +21,14 @@ class Incident:
     attempt: int | None
     failure_kind: str | None
     rank: int | None
+    failed_node: int | None  # the failing rank's node (``node`` is the node that saw it)
     local: bool  # this node's own failure (else a peer's, or a lost node, as it heard)
-    failed_at: float
+    failed_at: float  # wall clock, for people (the figures are on the node's monotonic clock)
     detect: float | None
     stop: float | None
     reform: float | None
     back: float | None
-    target: str | None  # what "back" means: "step 41", "beats 9", or None (any progress)
+    target: str | None  # what "back" means: "step 41", or None (any progress in the new round)
     downtime: float
     recovered: bool
 
@@ -56,6 +57,12 @@ class NodeFigures:
 class Recovery:
     incidents: tuple[Incident, ...]
     nodes: tuple[NodeFigures, ...]
+    restarts: int = 0  # restarts and re-forms on the node that saw the most
+
+    @property
+    def recovering(self) -> bool:
+        """Whether there was something to recover from: an incident and a round after it."""
+        return bool(self.incidents) and self.restarts > 0
 
     @property
     def ettr(self) -> float | None:

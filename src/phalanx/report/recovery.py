@@ -13,18 +13,22 @@ def _s(value: float | None) -> str:
 
 
 def _goal(target: str | None) -> str:
-    """Where "back" is, in words: the failed attempt's highest step, or its count of
-    optimizer steps when it reported no step (``beats``); None: any progress."""
-    if target is None:
-        return ""
-    kind, _, value = target.partition(" ")
-    return f"{value} optimizer steps" if kind == "beats" else target
+    """Where "back" is, in words: the failed attempt's highest step; "" (None): any progress
+    in the new attempt (a script that reports no step: its beats count from 0 again)."""
+    return target or ""
+
+
+def _where(incident: Incident) -> str:
+    """The failing rank's node; the node that saw it, when that is another one."""
+    seen = f"{incident.host} (node {incident.node})" if incident.node is not None else incident.host
+    failed = incident.failed_node
+    if failed is None or failed == incident.node:
+        return seen
+    return f"node {failed} (as seen on {seen})"
 
 
 def incident_line(number: int, incident: Incident) -> str:
-    where = (
-        f"{incident.host} (node {incident.node})" if incident.node is not None else incident.host
-    )
+    where = _where(incident)
     what = incident.failure_kind or "failure"
     if incident.rank is not None:
         what = f"rank {incident.rank} {what}"
@@ -59,8 +63,9 @@ def ettr_line(recovery: Recovery, node: NodeFigures) -> str:
 
 
 def summary_lines(recovery: Recovery) -> list[str]:
-    """Nothing when there was no incident; else a line per incident and one per node's ETTR."""
-    if not recovery.incidents:
+    """Nothing when there was nothing to recover from (no incident, or no restart or re-form
+    after it: the job just failed); else a line per incident and one per node's ETTR."""
+    if not recovery.recovering:
         return []
     lines = [incident_line(n, i) for n, i in enumerate(recovery.incidents, 1)]
     return lines + [ettr_line(recovery, node) for node in recovery.nodes]

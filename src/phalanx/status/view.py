@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +98,9 @@ def gather(run_dir: Path, timeout: float, *, ask_agent: bool = True) -> RunView:
     missing = list(reply.get("missing") or []) if reply is not None else []
     view = RunView(run_dir, _state(own, alive, agent), alive, own, nodes, missing, note)
     view.report = files.read_json(run_dir / "report.json")
-    view.recovery = recovery(read_run_events(run_dir), time.time() if alive else None)
+    # ``now`` on this host's monotonic clock, for this host's nodes only (``recovery``).
+    now = time.monotonic() if alive else None
+    view.recovery = recovery(read_run_events(run_dir), now, socket.gethostname())
     return view
 
 
@@ -174,7 +177,7 @@ def render(view: RunView, now: float | None = None) -> str:
     figures = view.recovery
     if figures is not None:
         ettr = [ettr_line(figures, node) for node in figures.nodes if node.ettr is not None]
-        lines += summary_lines(figures) if figures.incidents else ettr
+        lines += summary_lines(figures) if figures.recovering else ettr
     return "\n".join(lines) + "\n"
 
 
