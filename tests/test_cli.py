@@ -85,6 +85,7 @@ BAD_INPUTS = [
     (["--nnodes", "3:2", SCRIPT], "--nnodes: MIN must not exceed MAX"),
     (["--nnodes", "x", SCRIPT], "--nnodes: expected N or MIN:MAX"),
     (["missing_script.py"], "training script not found: 'missing_script.py'"),
+    (["."], "training script '.' is a directory; give the script in it"),
     (
         ["--rdzv-backend", "zookeeper", SCRIPT],
         "unknown backend 'zookeeper'; known: c10d, etcd, etcd-v2, static",

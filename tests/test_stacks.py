@@ -4,6 +4,7 @@ node of a multi-node job; the job then finishes."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -18,6 +19,7 @@ import psutil
 import pytest
 
 from phalanx.hang.stacks import DumpTarget, request_dumps
+from phalanx.hang.watch import odd_state
 from phalanx.net import free_port
 from support.hosts import Node
 from support.launch import launched, run_phalanx, wait_for, worker
@@ -201,3 +203,64 @@ def test_dumps_of_ranks_stuck_in_the_kernel_share_one_deadline(
         last = (target.rank_dir / "py-spy.txt").read_text().splitlines()[-1]
         assert last == "--- py-spy gave no dump within 2 s; killed ---"
         assert texts[target.rank].splitlines()[-1] == last
+
+
+def _worker_pids(run_dir: Path) -> dict[int, int]:
+    """Rank -> pid, from the run's ``workers_started`` event (written by a thread: waited for)."""
+    found: list[dict[str, list[int]]] = []
+
+    def started() -> bool:
+        lines = (run_dir / "events.jsonl").read_text().splitlines()
+        found[:] = [e for e in map(json.loads, lines) if e["kind"] == "workers_started"]
+        return bool(found)
+
+    wait_for(started, 30, "the workers_started event")
+    return dict(zip(found[0]["ranks"], found[0]["pids"], strict=True))
+
+
+def test_stacks_say_why_a_stopped_or_frozen_rank_has_none(tmp_path: Path) -> None:
+    """Rank 1 stopped (SIGSTOP) and rank 2 frozen in the kernel (the cgroup-v1 freezer: state
+    D) cannot dump their stacks: each line says the process state instead of "no Python
+    stack"; rank 0 is in its wait loop. Then both go on and the job ends as usual."""
+    shared, logs = tmp_path / "shared", tmp_path / "logs"
+    shared.mkdir()
+    args = ["--nproc-per-node", "3", "--log-dir", str(logs), worker("stacks_wait.py"), str(shared)]
+    freezer = Path("/sys/fs/cgroup/freezer") / f"phalanx-test-{os.getpid()}-state"
+    with launched(args) as launcher:
+        wait_for(lambda: len(list(shared.glob("ready.*"))) == 3, 90, "the ranks to start")
+        (run_dir,) = logs.iterdir()
+        pids = _worker_pids(run_dir)
+        freezer.mkdir()
+        try:
+            os.kill(pids[1], signal.SIGSTOP)
+            (freezer / "cgroup.procs").write_text(str(pids[2]))
+            (freezer / "freezer.state").write_text("FROZEN")
+            wait_for(lambda: psutil.Process(pids[2]).status() == psutil.STATUS_DISK_SLEEP, 10,
+                     "rank 2 in state D")  # fmt: skip
+            result = run_phalanx(["stacks", str(run_dir)], timeout=90)
+        finally:
+            os.kill(pids[1], signal.SIGCONT)
+            (freezer / "freezer.state").write_text("THAWED")
+            (shared / "go").touch()
+        _, err = launcher.communicate(timeout=60)
+        wait_for(lambda: not (freezer / "tasks").read_text().strip(), 10, "the freezer empty")
+        freezer.rmdir()
+    assert launcher.returncode == 0, err
+    assert result.returncode == 0, result.stderr
+    lines = {int(m[1]): m[0] for m in re.finditer(r"^rank (\d+) \(node 0, pid .*$", result.stdout, re.M)}
+    assert "stopped (state T)" in lines[1], result.stdout
+    assert "in the kernel (state D, disk sleep)" in lines[2], result.stdout
+    assert "wait_for_go" in lines[0], result.stdout
+    assert "no Python stack" not in result.stdout, result.stdout
+
+
+def test_a_zombie_is_said_to_be_one() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        wait_for(lambda: psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
+        assert odd_state(pid) == "a zombie (state Z: exited, not yet reaped)"
+    finally:
+        os.waitpid(pid, 0)
+    assert odd_state(pid) == ""  # gone: nothing to say

@@ -135,7 +135,10 @@ def _program(
         p.add("-m/--module and --no-python cannot be used together")
     program = str(ns.training_script)
     if mode in (LaunchMode.SCRIPT, LaunchMode.RUN_PATH) and not Path(program).is_file():
-        p.add(f"training script not found: {program!r}")
+        if Path(program).is_dir():
+            p.add(f"training script {program!r} is a directory; give the script in it (a .py file)")
+        else:
+            p.add(f"training script not found: {program!r}")
     if mode is LaunchMode.NO_PYTHON and shutil.which(program, path=environ.get("PATH")) is None:
         p.add(f"--no-python: program {program!r} is not an executable file or on PATH")
     return mode, program

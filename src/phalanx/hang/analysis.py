@@ -47,6 +47,9 @@ class RankState:
     beats: int
     step: int  # NO_STEP when the script never called phalanx.step
     frames: tuple[Frame, ...] | None  # its main thread, innermost first; None: no dump
+    # Without a dump, why, when its process state says: "stopped (state T)", "in the kernel
+    # (state D, disk sleep)", "a zombie (state Z: exited, not yet reaped)"; "" otherwise.
+    state: str = ""
 
     @property
     def waiting(self) -> bool:
@@ -55,7 +58,9 @@ class RankState:
 
     @property
     def where(self) -> str:
-        return where(self.frames) if self.frames else "no Python stack"
+        if self.frames:
+            return where(self.frames)
+        return self.state or "no Python stack"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -115,7 +120,11 @@ def _no_stack(ranks: Sequence[RankState]) -> list[Suspect]:
     if not dumped or not all(r.waiting for r in dumped):
         return []
     why = "no Python stack while the others wait (stuck outside Python, or in the kernel)"
-    return [Suspect(r.rank, why) for r in ranks if not r.frames]
+    return [
+        Suspect(r.rank, f"{r.state} while the others wait" if r.state else why)
+        for r in ranks
+        if not r.frames
+    ]
 
 
 def _odd_place(ranks: Sequence[RankState]) -> list[Suspect]:
@@ -172,6 +181,8 @@ class HangAnalysis:
             state = (
                 ("waiting in torch" if r.waiting else "not in torch") if r.frames else "no stack"
             )
+            if not r.frames and r.state:
+                state = "no stack"  # ``where`` says why: the process state
             idle = f", idle {r.idle:.1f} s" if self.timeout else ""  # no stall watch: unknown
             lines.append(
                 f"rank {r.rank} (node {r.node_rank}, pid {r.pid}, {progress}{idle}): "

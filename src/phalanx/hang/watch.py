@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+import psutil
+
 from phalanx.hang.analysis import HangAnalysis, RankState, analyse
 from phalanx.hang.files import write_atomic, write_stacks_file
 from phalanx.hang.jobstacks import JobStacks
@@ -176,6 +178,7 @@ class RoundWatch:
                     beats=beats,
                     step=step,
                     frames=thread.frames if thread is not None and thread.frames else None,
+                    state=odd_state(pid) if thread is None or not thread.frames else "",
                 )
             )
         timeout = self._detector.timeout if self._detector is not None else 0.0
@@ -197,8 +200,27 @@ class RoundWatch:
         return base.with_suffix(".txt")
 
 
+# Process states in which no stack can come (``psutil``'s names), said in words.
+_ODD_STATES = {
+    psutil.STATUS_STOPPED: "stopped (state T)",
+    psutil.STATUS_TRACING_STOP: "stopped by a tracer (state t)",
+    psutil.STATUS_DISK_SLEEP: "in the kernel (state D, disk sleep)",
+    psutil.STATUS_ZOMBIE: "a zombie (state Z: exited, not yet reaped)",
+}
+
+
+def odd_state(pid: int) -> str:
+    """Why ``pid`` cannot answer a stack request, when its state says (else "")."""
+    try:
+        return _ODD_STATES.get(psutil.Process(pid).status(), "")
+    except psutil.Error:
+        return ""
+
+
 def _no_dump(pid: int) -> str:
     """Why a rank has no dump, and what would give one."""
+    if state := odd_state(pid):
+        return f"(no dump: the process is {state})"
     if catches(pid, STACK_SIGNAL):
         return "(no dump: the process did not answer in time)"
     if shutil.which("py-spy") is None:

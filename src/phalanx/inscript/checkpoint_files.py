@@ -7,6 +7,7 @@ so every one is followed by an fsync of the directory that holds it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Callable
@@ -52,10 +53,24 @@ def write_tmp(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if not isinstance(exc, OSError) and _disk_full(exc):
+            # torch.save wraps the write's ENOSPC in a RuntimeError of its own: say it as
+            # what it is, with the file it was for.
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
         raise
     return tmp
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` was caused, somewhere down its chain, by a full disk (ENOSPC)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def rename_into_place(tmp: Path, path: Path) -> None:
