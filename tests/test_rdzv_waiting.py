@@ -293,3 +293,41 @@ def test_a_check_reads_the_count_and_each_of_the_first_8_names_once() -> None:
     now[0] = 40.0
     line.check(0, 60.0)
     assert store.gets == 1 and screen.text.count("10 of 12") == 2
+
+
+def test_a_re_forming_round_says_it_waits_for_the_last_rounds_members(
+    nodes: list[Node], tmp_path: Path
+) -> None:
+    """Two real c10d agents run round 0 (``--nnodes 1:3``); node 1's agent is SIGKILLed and a
+    third node arrives: node 0 re-forms for it at once and waits for round 0's members to
+    settle -- node 1 neither rejoins nor is found lost until its heartbeats are
+    heartbeat_timeout old -- and the line says that, not "waiting for the others to join or
+    the last call to end" (``last_call_timeout`` is 1 s)."""
+    shared, port = tmp_path / "shared", free_port()
+    shared.mkdir()
+
+    def agent(i: int) -> Node:
+        args = ["--nnodes", "1:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "settling",
+                "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'},last_call_timeout=1",
+                worker("hold_until_go.py"), str(shared)]  # fmt: skip
+        return Node(Loopback(), i, args, tmp_path, f"n{i}")
+
+    nodes += [agent(0), agent(1)]
+    wait_for(lambda: len(list(shared.glob("ready*"))) == 2, HANG, "round 0's two workers")
+    nodes[1].kill()
+    nodes.append(agent(2))
+    said: list[str] = []
+
+    def line_said() -> bool:
+        assert nodes[0].proc.poll() is None, nodes[0].stderr
+        said[:] = [line for line in nodes[0].stderr.splitlines() if "waiting for nodes" in line]
+        return bool(said)
+
+    try:
+        wait_for(line_said, HANG, "node 0's waiting line")
+    finally:
+        (shared / "go").touch()
+    assert "waiting for round 0's members to rejoin or be found lost (1 of 2 settled" in said[0]
+    assert not any("the last call to end" in line for line in said), said
+    assert nodes[0].finish(HANG) == 0, nodes[0].stderr

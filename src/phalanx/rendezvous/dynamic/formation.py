@@ -181,7 +181,8 @@ class RoundFormer:
             return self._b.close(t, Decision(count=self._max))
         if t > 0:
             settled = self._keys.round(t - 1, "all_settled")
-            if (decided := self._wait_decided(t, deadline, settled, deadline)) is not None:
+            decided = self._wait_decided(t, deadline, settled, deadline, settling=True)
+            if decided is not None:
                 return decided
             if self._clock() >= deadline:
                 return self._b.close(
@@ -218,10 +219,17 @@ class RoundFormer:
         return self._b.close(t, Decision(failure=f"{why}; at least {self._min} needed"))
 
     def _wait_decided(
-        self, t: int, until: float, key: str | None = None, deadline: float | None = None
+        self,
+        t: int,
+        until: float,
+        key: str | None = None,
+        deadline: float | None = None,
+        *,
+        settling: bool = False,
     ) -> Decision | None:
         """Wait until round t is decided (-> the decision), ``key`` exists or ``until`` (-> None).
-        ``deadline``: the join timeout's, for the waiting line."""
+        ``deadline``: the join timeout's, for the waiting line; ``settling``: what is awaited
+        is round t-1's members each rejoining, leaving or being found lost (the line says so)."""
         closed = self._keys.round(t, "closed")
         while True:
             if (decision := self._b.decision(t)) is not None:
@@ -230,7 +238,7 @@ class RoundFormer:
             left = until - self._clock()
             if left <= 0:
                 return None
-            self._line.check(t, until if deadline is None else deadline)
+            self._line.check(t, until if deadline is None else deadline, settling=settling)
             if self._b.store.wait([key or closed], min(left, self._s.heartbeat_interval)) and key:
                 return self._b.decision(t)
 

@@ -43,6 +43,9 @@ class Waiting:
     present: int
     hosts: tuple[str, ...]
     queued: bool = False
+    # Waiting for the members of round ``round - 1`` to settle (rejoin, leave, or be found
+    # lost): how many of how many have.
+    settling: tuple[int, int] | None = None
 
 
 def waiting_text(w: Waiting, min_nodes: int, max_nodes: int, left: float, where: str = "") -> str:
@@ -61,9 +64,16 @@ def waiting_text(w: Waiting, min_nodes: int, max_nodes: int, left: float, where:
     if w.present > len(w.hosts):
         names += f", +{w.present - len(w.hosts)} more"
     needed = min_nodes - w.present
-    if needed > 0:
+    if w.settling is not None:  # a restart round: what holds it is the last round's members
+        settled, members = w.settling
+        status = (
+            f"waiting for round {w.round - 1}'s members to rejoin or be found lost "
+            f"({settled} of {members} settled; a member that died is found lost once its "
+            "heartbeats are heartbeat_timeout old)"
+        )
+    elif needed > 0:
         status = f"{needed} more needed"
-    else:  # MIN present, fewer than MAX: the last call, or the previous round's members
+    else:  # MIN present, fewer than MAX: the last call
         status = "enough to start; waiting for the others to join or the last call to end"
     hosts = f" ({names})" if names else ""
     return (
@@ -96,15 +106,21 @@ class WaitingLine:
         self._said_at = 0.0
         self._drawn = False  # a tty line is on screen, not yet ended
 
-    def check(self, round_: int, deadline: float, *, queued: bool = False) -> None:
-        """Say where round ``round_`` stands if it changed, or if it is time to say it again."""
+    def check(
+        self, round_: int, deadline: float, *, queued: bool = False, settling: bool = False
+    ) -> None:
+        """Say where round ``round_`` stands if it changed, or if it is time to say it again
+        (``settling``: the wait is for round ``round_ - 1``'s members to settle)."""
         now = self._clock()
         if self._began is None:
             self._began = now
         if now - self._began < QUIET:
             return
         present = self._b.counter(self._b.keys.round(round_, "joined"))
-        waiting = Waiting(round_, present, self._names(round_, present), queued)
+        waiting = Waiting(
+            round_, present, self._names(round_, present), queued,
+            self._settling(round_ - 1) if settling else None,
+        )  # fmt: skip
         out = self._out()
         tty = _isatty(out)
         changed = waiting != self._said
@@ -127,6 +143,13 @@ class WaitingLine:
             except (OSError, ValueError):
                 pass
         self._began, self._said, self._drawn = None, None, False
+
+    def _settling(self, previous: int) -> tuple[int, int] | None:
+        """(settled, members) of round ``previous``: two plain reads."""
+        decision = self._b.decision(previous)
+        if decision is None or decision.failed:
+            return None
+        return self._b.read_int(self._b.keys.round(previous, "settled")), decision.count
 
     def _names(self, round_: int, present: int) -> tuple[str, ...]:
         names = []
