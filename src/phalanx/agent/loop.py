@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from phalanx.agent import exclusion
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.policy import Step, decide, judged
@@ -78,6 +79,7 @@ class Rounds(Between):
         self.restart_count = 0
         self.failure = None
         self._restart: int | None = None  # the restart claimed, said once its round forms
+        self._streak = exclusion.Streak()  # this node's root causes in a row (--exclude-after)
 
     def run(self) -> int:
         while True:
@@ -121,6 +123,8 @@ class Rounds(Between):
             if result.preemption is not None:  # a failure during the grace: no restart
                 self._fail(joined, exits, result.event, watch.hang, None, crash_loop=False)
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
+            if step is not Step.REFORM:
+                self._exclude_if_due(joined, cause is not None, leave=step is Step.RESTART)
             if step is Step.REFORM:
                 self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
                 continue  # a scale-up: re-form the round, no restart spent
@@ -136,6 +140,28 @@ class Rounds(Between):
                 continue
             crash_loop = step is Step.CRASH_LOOP
             self._fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
+
+    def _exclude_if_due(self, joined: RendezvousResult, failed_here: bool, *, leave: bool) -> None:
+        """Count this node's root causes in a row (read after the round was judged, so every
+        node's record is in); at ``--exclude-after``, record its exclusion and, when the job
+        would restart, leave it (``NodeExcluded``: the others re-form without this node)."""
+        k = self.config.exclude_after
+        if k <= 0:
+            return
+        here = failed_here and exclusion.cause_is_here(
+            self.rdzv.failures(), joined.round, joined.node_rank
+        )
+        self._streak = self._streak.after(here)
+        if self._streak.count < k:
+            return
+        node = exclusion.this_node(self.config.local_addr)
+        reason = f"its worker was the job's root cause in {k} failed rounds in a row"
+        exclusion.record(self.config.exclude_file, self.run_dir, node, reason)
+        self.events.emit("excluded", node=str(node), reason=reason)
+        if leave:
+            raise exclusion.NodeExcluded(
+                f"this node ({node}) is excluded: {reason}; leaving the job"
+            )
 
     def _say_restart(self) -> None:
         """Say the restart claimed after the last round, now that its round has formed."""

@@ -212,6 +212,10 @@ def to_config(
         warm_start=not ns.cold_start,
         preload=preload,
         stall_timeout=stall or None,
+        exclude_after=p.parse(
+            lambda: parsing.parse_int(ns.exclude_after, "--exclude-after", minimum=0), 0
+        ),
+        exclude_file=Path(ns.exclude_file) if ns.exclude_file else None,
         allow_mismatch=bool(ns.allow_mismatch),
         allow_per_node_args=bool(ns.allow_per_node_args),
         not_applied=(*rdzv_notes, *_not_applied(ns)),

@@ -257,6 +257,20 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "is dumped to its log directory, a hang report names the suspect ranks, and the round "
         "fails (restarted within --max-restarts).",
     )
+    option(
+        "exclude-after",
+        "0",
+        "Exclude a node whose worker is the job's root cause K failed rounds in a row (0, the "
+        "default: never). Its agent leaves (exit 69) and is written to excluded.jsonl in the "
+        "run directory (and to --exclude-file); an elastic job (--nnodes MIN:MAX) re-forms "
+        "without it, at the cost of one restart and the heartbeat timeout.",
+    )
+    option(
+        "exclude-file",
+        None,
+        "A file of excluded nodes shared across runs: exclusions are added to it, and an "
+        "agent on a node it lists leaves at start (exit 69) before joining.",
+    )
     switch(
         "allow-mismatch",
         "Multi-node: start even when the nodes differ in Python, phalanx, torch, CUDA or "
