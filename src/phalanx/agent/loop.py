@@ -157,7 +157,7 @@ class Rounds(Between):
         node = exclusion.this_node(self.config.local_addr)
         reason = f"its worker was the job's root cause in {k} failed rounds in a row"
         exclusion.record(self.config.exclude_file, self.run_dir, node, reason)
-        self.events.emit("excluded", node=str(node), reason=reason)
+        self.events.emit("excluded", name=str(node), reason=reason)
         if leave:
             raise exclusion.NodeExcluded(
                 f"this node ({node}) is excluded: {reason}; leaving the job"
