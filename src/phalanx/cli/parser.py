@@ -95,7 +95,13 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
             help=help,
         )
 
-    option("nnodes", "1", "Number of nodes, or MIN:MAX for an elastic job.")
+    option(
+        "nnodes",
+        "1",
+        "Number of nodes, or MIN:MAX for an elastic job. Agents beyond MAX wait as hot "
+        "spares: a lost or excluded member's place goes to one in the next round (a restart "
+        "and the heartbeat timeout; a spare waits at most join_timeout).",
+    )
     option("nproc-per-node", "1", "Workers per node: an integer, auto, cpu, gpu or xpu.")
     option(
         "rdzv-backend",
