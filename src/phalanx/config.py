@@ -95,6 +95,11 @@ class LaunchConfig:
     # Seconds without progress after which the ranks are declared hung (stacks dumped, a
     # hang report written, the round failed); None (the default, --stall-timeout 0) is off.
     stall_timeout: float | None = None
+    # A node whose worker is the job's root cause this many failed rounds in a row is
+    # excluded (0: never); exclusions go to the run directory's file and to exclude_file,
+    # and a node listed in exclude_file is refused at start (phalanx.agent.exclusion).
+    exclude_after: int = 0
+    exclude_file: Path | None = None
     # Start even when the nodes' code or versions differ (a warning with the table instead
     # of stopping the job: phalanx.consistency).
     allow_mismatch: bool = False

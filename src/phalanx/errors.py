@@ -41,9 +41,11 @@ class MismatchError(PhalanxError):
 
 
 class NodeExcluded(PhalanxError):
-    """The node check named this node and ``--node-check exclude`` asks it to leave the job
-    (``phalanx.nodecheck``): exit code 69, sysexits' EX_UNAVAILABLE, "this node is not
-    available"; the other nodes see it leave as a lost node."""
+    """This node leaves the job, excluded: the node check named it under ``--node-check
+    exclude`` (``phalanx.nodecheck``), its worker was the root cause ``--exclude-after``
+    rounds in a row, or an exclusion file lists it (``agent.exclusion``). Exit code 69,
+    sysexits' EX_UNAVAILABLE, "this node is not available"; the other nodes re-form without
+    it where ``--nnodes MIN:MAX`` allows."""
 
     exit_code = 69
 

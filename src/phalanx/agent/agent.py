@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from phalanx.agent.exclusion import refuse_if_excluded, this_node
 from phalanx.agent.loop import Rounds
 from phalanx.agent.runfiles import write_launcher_file
 from phalanx.config import LaunchConfig
@@ -145,6 +146,7 @@ class Agent:
             stop_marker=stop_marker(run_dir),
         ) as signals:
             write_launcher_file(run_dir, signals)
+            refuse_if_excluded(config.exclude_file, run_dir, this_node(config.local_addr))
             # Entered before anything is started, so every process of the job is born in it.
             cgroup = JobCgroup.enter(f"phalanx-{run_dir.name}") if self._contain else None
             guardian = Guardian(cgroup)

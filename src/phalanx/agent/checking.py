@@ -7,6 +7,7 @@ import logging
 import time
 from pathlib import Path
 
+from phalanx.agent import exclusion
 from phalanx.config import LaunchConfig
 from phalanx.errors import NodeExcluded
 from phalanx.events.log import EventLog
@@ -56,6 +57,10 @@ def node_check(
     if not verdict.named:
         log.info("round %d: node check passed on %d nodes (%.2f s)", joined.round, joined.num_nodes, seconds)  # fmt: skip
     if settings.action is Action.EXCLUDE and joined.node_rank in verdict.named_ranks():
+        # Remembered as --exclude-after's are: the run directory's file and --exclude-file.
+        reason = next(n.line for n in verdict.named if n.node_rank == joined.node_rank)
+        node = exclusion.this_node(config.local_addr)
+        exclusion.record(config.exclude_file, run_dir, node, f"node check: {reason}")
         raise NodeExcluded(
             f"node check: this node (node {joined.node_rank}, {joined.this_node.hostname}) "
             "is excluded (--node-check exclude): it leaves the job, which goes on without "

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from phalanx.agent import exclusion
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
 from phalanx.agent.checking import excludes_others, node_check
 from phalanx.agent.crashloop import ProgressMark, failure_signature
@@ -17,7 +18,7 @@ from phalanx.agent.sofar import Between
 from phalanx.agent.stopped import asked_to_stop
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
-from phalanx.errors import Interrupted, MismatchError, RendezvousError
+from phalanx.errors import Interrupted, MismatchError, NodeExcluded, RendezvousError
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.hang.jobstacks import JobStacks
@@ -81,6 +82,7 @@ class Rounds(Between):
         self.reforms = 0  # rounds re-formed for a joining node (no restart spent)
         self.failure = None
         self._restart = False  # a restart claimed: said once its round forms
+        self._streak = exclusion.Streak()  # this node's root causes in a row (--exclude-after)
         self.checked: list[str] = []  # the nodes the last node check named, one line each
         rendezvous.on_event(supervisor.wake)  # a peer's event acted on at once, not at a tick
 
@@ -128,22 +130,53 @@ class Rounds(Between):
             if event is EventKind.STORE_LOST and cause is None and self._rejoined(joined):
                 continue  # back as a new member: the others spent the restart for it
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
+            if step is not Step.REFORM:
+                self._exclude_if_due(joined, cause is not None, leave=step is Step.RESTART)
             if step is Step.REFORM:
                 self.reforms += 1
                 self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
                 continue  # a scale-up: re-form the round, no restart spent
-            hang = watch.hang or watch.peer_hang
-            if step is Step.RESTART and self._claim_restart():
-                self._restart = True  # said once the round forms: it may not
-                self.events.emit(
-                    "restart",
-                    restart=joined.restart_count + 1,  # the job's count (re-forms are not)
-                    max_restarts=self.config.max_restarts,
-                    round=joined.round,
-                )
+            if step is Step.RESTART and self._restarted(joined):
                 continue
             crash_loop = step is Step.CRASH_LOOP
+            hang = watch.hang or watch.peer_hang
             self._fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
+
+    def _restarted(self, joined: RendezvousResult) -> bool:
+        """Claim a restart of the job's budget after ``joined``'s round (the first claim of
+        any node decides for all); said in the log once the next round forms."""
+        if not self._claim_restart():
+            return False
+        self._restart = True
+        self.events.emit(
+            "restart",
+            restart=joined.restart_count + 1,  # the job's count (re-forms are not)
+            max_restarts=self.config.max_restarts,
+            round=joined.round,
+        )
+        return True
+
+    def _exclude_if_due(self, joined: RendezvousResult, failed_here: bool, *, leave: bool) -> None:
+        """Count this node's root causes in a row (read after the round was judged, so every
+        node's record is in); at ``--exclude-after``, record its exclusion and, when the job
+        would restart, leave it (``NodeExcluded``: the others re-form without this node)."""
+        k = self.config.exclude_after
+        if k <= 0:
+            return
+        here = failed_here and exclusion.cause_is_here(
+            self.rdzv.failures(), joined.round, joined.node_rank
+        )
+        self._streak = self._streak.after(here)
+        if self._streak.count < k:
+            return
+        node = exclusion.this_node(self.config.local_addr)
+        reason = f"its worker was the job's root cause in {k} failed rounds in a row"
+        exclusion.record(self.config.exclude_file, self.run_dir, node, reason)
+        self.events.emit("excluded", name=str(node), reason=reason)
+        if leave:
+            raise NodeExcluded(
+                f"this node ({node}) is excluded: {reason}; leaving the job"
+            )
 
     def _say_restart(self, joined: RendezvousResult) -> None:
         """Say the restart claimed after the last round, now that its round has formed: the
@@ -294,14 +327,7 @@ class Rounds(Between):
             self._stopped_waiting(exc, "this node, waiting for the rendezvous store")
         # Back, the node claims the restart as any node of a failed round does (the first
         # claim decides for all): the budget counts it however many nodes lost the store.
-        if not back or not self._claim_restart():
-            return False
-        self._restart = True  # said once the round forms
-        self.events.emit(
-            "restart", restart=joined.restart_count + 1, max_restarts=self.config.max_restarts,
-            round=joined.round,
-        )  # fmt: skip
-        return True
+        return back and self._restarted(joined)
 
     def _claim_restart(self) -> bool:
         try:

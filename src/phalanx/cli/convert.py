@@ -83,6 +83,16 @@ def _seconds(
     return monitor, shutdown, stall
 
 
+def _exclude_file(ns: argparse.Namespace, p: _Problems) -> Path | None:
+    """--exclude-file: a file (made when the first exclusion is written), never a folder."""
+    if not ns.exclude_file:
+        return None
+    path = Path(ns.exclude_file)
+    if path.is_dir():
+        p.add(f"--exclude-file {path}: a directory, expected a file (e.g. {path}/excluded.jsonl)")
+    return path
+
+
 def _check_names(ns: argparse.Namespace, p: _Problems) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """--signals-to-handle and --preload, and the torchrun flags phalanx refuses."""
     signals = tuple(s.strip().upper() for s in str(ns.signals_to_handle).split(",") if s.strip())
@@ -216,6 +226,10 @@ def to_launch(
         warm_start=not ns.cold_start,
         preload=preload,
         stall_timeout=stall or None,
+        exclude_after=p.parse(
+            lambda: parsing.parse_int(ns.exclude_after, "--exclude-after", minimum=0), 0
+        ),
+        exclude_file=_exclude_file(ns, p),
         allow_mismatch=bool(ns.allow_mismatch),
         allow_per_node_args=bool(ns.allow_per_node_args),
         not_applied=(*rdzv_notes, *_not_applied(ns)),

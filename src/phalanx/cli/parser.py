@@ -97,7 +97,13 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
             help=help,
         )
 
-    option("nnodes", "1", "Number of nodes, or MIN:MAX for an elastic job.")
+    option(
+        "nnodes",
+        "1",
+        "Number of nodes, or MIN:MAX for an elastic job. Agents beyond MAX wait as hot "
+        "spares: a lost or excluded member's place goes to one in the next round (a restart "
+        "and the heartbeat timeout; a spare waits at most join_timeout).",
+    )
     option("nproc-per-node", "1", "Workers per node: an integer, auto, cpu, gpu or xpu.")
     option(
         "rdzv-backend",
@@ -258,6 +264,20 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "rank's first step the CPU time of its main thread. On a hang every rank's Python stack "
         "is dumped to its log directory, a hang report names the suspect ranks, and the round "
         "fails (restarted within --max-restarts).",
+    )
+    option(
+        "exclude-after",
+        "0",
+        "Exclude a node whose worker is the job's root cause K failed rounds in a row (0, the "
+        "default: never). Its agent leaves (exit 69) and is written to excluded.jsonl in the "
+        "run directory (and to --exclude-file); an elastic job (--nnodes MIN:MAX) re-forms "
+        "without it, at the cost of one restart and the heartbeat timeout.",
+    )
+    option(
+        "exclude-file",
+        None,
+        "A file of excluded nodes shared across runs: exclusions are added to it, and an "
+        "agent on a node it lists leaves at start (exit 69) before joining.",
     )
     switch(
         "allow-mismatch",

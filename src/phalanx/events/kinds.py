@@ -61,6 +61,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "restart": ("restart", "max_restarts", "round"),
     # The round re-forms without spending a restart (a node joins: elastic scale-up).
     "reform": ("round", "reason"),
+    # This node was excluded from the job (``--exclude-after``; ``agent.exclusion``).
+    "excluded": ("name", "reason"),
     # The scheduler said the job will be stopped (a preemption signal).
     "preempt": ("signal", "deadline"),
     # The launcher's console went away (a closed terminal: ``reason`` says why); the job goes

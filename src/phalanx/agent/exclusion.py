@@ -1,0 +1,154 @@
+"""Nodes kept out of a job (``--exclude-after``, ``--exclude-file``), remembered in a file.
+
+The file is JSON lines, one exclusion a line: ``{"node": hostname, "addr": address or
+null, "reason": ..., "time": ...}``. An entry written by a node that was given its address
+(``--local-addr``) matches that address: several agents on one machine (network
+namespaces, containers) share a hostname but not an address. An entry without one matches
+the hostname, the name a scheduler knows a node by.
+
+Writers append one line with ``O_APPEND`` (one ``write`` of a short line: nodes sharing the
+file on one filesystem do not interleave), so an exclusion is never lost to another's.
+A line that cannot be read (a torn write, a hand edit) is skipped, never fatal.
+
+The API the node check (issue 28 item 1) calls: ``exclude(path, node, reason)`` and
+``excluded(path)``; ``Streak`` counts a node's root causes in a row (a pure fold).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from phalanx.errors import NodeExcluded
+from phalanx.report.exits import root_cause
+from phalanx.supervisor.exits import WorkerExit
+
+log = logging.getLogger("phalanx")
+
+# sysexits' EX_UNAVAILABLE: this node is not available to the job (it was excluded).
+EXCLUDED_EXIT_CODE = NodeExcluded.exit_code
+FILE_NAME = "excluded.jsonl"
+
+
+@dataclass(frozen=True)
+class NodeName:
+    """How an exclusion names a node: its hostname, and its address when it was given one."""
+
+    host: str
+    addr: str | None = None
+
+    def __str__(self) -> str:
+        return self.host if self.addr is None else f"{self.host} ({self.addr})"
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    node: NodeName
+    reason: str
+    time: float
+
+    def matches(self, node: NodeName) -> bool:
+        if self.node.addr is not None:
+            return node.addr == self.node.addr
+        return node.host == self.node.host
+
+
+def exclude(path: Path, node: NodeName, reason: str) -> None:
+    """Append ``node``'s exclusion to ``path`` (its folder made if missing). OSError
+    propagates: a caller that must not fail on it says so."""
+    line = json.dumps({"node": node.host, "addr": node.addr, "reason": reason, "time": time.time()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def exclusions(path: Path) -> list[Exclusion]:
+    """Every readable exclusion in ``path`` (none when it does not exist)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+            data = json.loads(line)
+            addr = data.get("addr")
+            node = NodeName(str(data["node"]), None if addr is None else str(addr))
+            found.append(Exclusion(node, str(data.get("reason", "")), float(data.get("time", 0))))
+    return found
+
+
+def excluded(path: Path) -> set[str]:
+    """The names excluded in ``path``: each entry's address where it has one, else its
+    hostname (what ``Exclusion.matches`` compares)."""
+    return {e.node.addr or e.node.host for e in exclusions(path)}
+
+
+def exclusion_of(paths: list[Path], node: NodeName) -> Exclusion | None:
+    """The first exclusion of ``node`` in ``paths``, or None."""
+    for path in paths:
+        for entry in exclusions(path):
+            if entry.matches(node):
+                return entry
+    return None
+
+
+@dataclass(frozen=True)
+class Streak:
+    """How many failed rounds in a row this node's worker was the job's root cause. A round
+    whose root cause was elsewhere (or that did not fail) starts it again."""
+
+    count: int = 0
+
+    def after(self, cause_here: bool) -> Streak:
+        return Streak(self.count + 1 if cause_here else 0)
+
+
+def cause_is_here(records: list[dict[str, object]], round_: int, node_rank: int) -> bool:
+    """Whether the job-wide root cause of round ``round_`` (``report.exits.root_cause`` of
+    every node's failure records, in the store's order) is a worker of node ``node_rank``."""
+    # The records come oldest first, in the store's order: that is their sequence number.
+    exits = [
+        replace(WorkerExit.from_json(r), seq=r.get("seq") or index)  # type: ignore[arg-type]
+        for index, r in enumerate(records, 1)
+        if r.get("round") == round_ and "returncode" in r and "rank" in r
+    ]
+    cause = root_cause(exits)
+    return cause is not None and cause.node_rank == node_rank
+
+
+def this_node(local_addr: str | None) -> NodeName:
+    return NodeName(socket.gethostname(), local_addr or None)
+
+
+def refuse_if_excluded(exclude_file: Path | None, run_dir: Path, node: NodeName) -> None:
+    """At start, before this node joins: raise ``NodeExcluded`` when ``exclude_file`` (or
+    this run directory's own file, for a run started again in it) lists this node."""
+    paths = [p for p in (exclude_file, run_dir / FILE_NAME) if p is not None]
+    entry = exclusion_of(paths, node)
+    if entry is not None:
+        raise NodeExcluded(
+            f"this node ({node}) is excluded from the job ({entry.reason}); leaving before "
+            f"it joins. Remove its line from {exclude_file or run_dir / FILE_NAME} to let it in"
+        )
+
+
+def record(exclude_file: Path | None, run_dir: Path, node: NodeName, reason: str) -> None:
+    """Write ``node``'s exclusion to the run directory's file and to ``exclude_file``; a
+    file that cannot take it costs a warning, never the ending (the node leaves anyway)."""
+    for path in (run_dir / FILE_NAME, exclude_file):
+        if path is None:
+            continue
+        try:
+            exclude(path, node, reason)
+        except OSError as exc:
+            log.warning("could not record this node's exclusion in %s: %s", path, exc)

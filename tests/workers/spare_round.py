@@ -1,0 +1,22 @@
+# usage: spare_round.py DIR -- the first attempt says its rank is up (DIR/up.<rank>) and waits
+# to be stopped (a member is lost meanwhile); later attempts all-reduce over Gloo (rank r
+# gives r+1) and print the sum, and "spare" where the agent has SPARE set.
+import os
+import sys
+import time
+from pathlib import Path
+
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    (Path(sys.argv[1]) / f"up.{os.environ['RANK']}").touch()
+    time.sleep(300)
+    sys.exit(1)
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+who = " spare" if os.environ.get("SPARE") else ""
+print(f"sum={int(value.item())} world={dist.get_world_size()}{who}", flush=True)
+dist.destroy_process_group()
