@@ -1,4 +1,5 @@
-"""The node check before a round, as the agent runs it (``phalanx.nodecheck``): its verdict
+"""The checks of a round before its workers start, as the agent runs them: the same code on
+every node (``phalanx.consistency``), and the node check (``phalanx.nodecheck``): its verdict
 said in the log and the event log; under ``--node-check exclude`` a named node leaves."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from pathlib import Path
 
 from phalanx.agent import exclusion
 from phalanx.config import LaunchConfig
-from phalanx.errors import NodeExcluded
+from phalanx.consistency.compare import mismatch_table
+from phalanx.errors import MismatchError, NodeExcluded
 from phalanx.events.log import EventLog
 from phalanx.nodecheck import Action, Verdict, check_round
 from phalanx.nodecheck.round import OFF
@@ -78,3 +80,24 @@ def node_check(
 def excludes_others(config: LaunchConfig, verdict: Verdict) -> bool:
     """Whether other nodes leave by this verdict (then the round re-forms without them)."""
     return config.node_check.action is Action.EXCLUDE and bool(verdict.named)
+
+
+def check_same_code(config: LaunchConfig, rdzv: RendezvousHandler, joined: RendezvousResult) -> None:
+    """Stop the job before any worker starts when the members' code or versions differ
+    (every node computes the same table from the same records, so every node stops; the
+    others also see ``JOB_STOPPED``), or warn with the table under ``allow_mismatch``."""
+    hint = (
+        "starting anyway (--allow-mismatch)"
+        if config.allow_mismatch
+        else "run the same code, files and versions on every node, or pass "
+        "--allow-mismatch (phalanx.spawn: allow_mismatch=True) to start anyway (script "
+        "arguments that differ on purpose: --allow-per-node-args on every node)"
+    )
+    table = mismatch_table(joined.nodes, joined.fingerprints, hint)
+    if table is None:
+        return
+    if config.allow_mismatch:
+        log.warning("round %d: %s", joined.round, table)
+        return
+    rdzv.report_done(False)
+    raise MismatchError(f"round {joined.round}: {table}")

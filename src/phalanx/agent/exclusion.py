@@ -22,10 +22,14 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from phalanx.config import LaunchConfig
 from phalanx.errors import NodeExcluded
+from phalanx.events.log import EventLog
+from phalanx.rendezvous.api import RendezvousResult
 from phalanx.report.exits import root_cause
 from phalanx.supervisor.exits import WorkerExit
 
@@ -111,6 +115,38 @@ class Streak:
 
     def after(self, cause_here: bool) -> Streak:
         return Streak(self.count + 1 if cause_here else 0)
+
+
+class ExcludeAfter:
+    """``--exclude-after K``: this node's root causes in a row, counted after each failed round
+    is judged (so every node's record is in); at K the node's exclusion is recorded and, when
+    the job would restart, the node leaves (``NodeExcluded``: the others re-form without it)."""
+
+    def __init__(self, config: LaunchConfig, run_dir: Path, events: EventLog) -> None:
+        self._config, self._run_dir, self._events = config, run_dir, events
+        self._streak = Streak()
+
+    def after_round(
+        self,
+        failures: Callable[[], list[dict[str, object]]],
+        joined: RendezvousResult,
+        failed_here: bool,
+        *,
+        leave: bool,
+    ) -> None:
+        k = self._config.exclude_after
+        if k <= 0:
+            return
+        here = failed_here and cause_is_here(failures(), joined.round, joined.node_rank)
+        self._streak = self._streak.after(here)
+        if self._streak.count < k:
+            return
+        node = this_node(self._config.local_addr)
+        reason = f"its worker was the job's root cause in {k} failed rounds in a row"
+        record(self._config.exclude_file, self._run_dir, node, reason)
+        self._events.emit("excluded", name=str(node), reason=reason)
+        if leave:
+            raise NodeExcluded(f"this node ({node}) is excluded: {reason}; leaving the job")
 
 
 def cause_is_here(records: list[dict[str, object]], round_: int, node_rank: int) -> bool:

@@ -10,15 +10,14 @@ from pathlib import Path
 
 from phalanx.agent import exclusion
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
-from phalanx.agent.checking import excludes_others, node_check
+from phalanx.agent.checking import check_same_code, excludes_others, node_check
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.policy import Step, decide, judged
 from phalanx.agent.sofar import Between
 from phalanx.agent.stopped import asked_to_stop
 from phalanx.config import LaunchConfig
-from phalanx.consistency.compare import mismatch_table
-from phalanx.errors import Interrupted, MismatchError, NodeExcluded, RendezvousError
+from phalanx.errors import Interrupted, RendezvousError
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.hang.jobstacks import JobStacks
@@ -82,7 +81,7 @@ class Rounds(Between):
         self.reforms = 0  # rounds re-formed for a joining node (no restart spent)
         self.failure = None
         self._restart = False  # a restart claimed: said once its round forms
-        self._streak = exclusion.Streak()  # this node's root causes in a row (--exclude-after)
+        self._exclude = exclusion.ExcludeAfter(config, run_dir, events)  # --exclude-after
         self.checked: list[str] = []  # the nodes the last node check named, one line each
         rendezvous.on_event(supervisor.wake)  # a peer's event acted on at once, not at a tick
 
@@ -131,7 +130,9 @@ class Rounds(Between):
                 continue  # back as a new member: the others spent the restart for it
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
             if step is not Step.REFORM:
-                self._exclude_if_due(joined, cause is not None, leave=step is Step.RESTART)
+                self._exclude.after_round(
+                    self.rdzv.failures, joined, cause is not None, leave=step is Step.RESTART
+                )
             if step is Step.REFORM:
                 self.reforms += 1
                 self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
@@ -155,28 +156,6 @@ class Rounds(Between):
             round=joined.round,
         )
         return True
-
-    def _exclude_if_due(self, joined: RendezvousResult, failed_here: bool, *, leave: bool) -> None:
-        """Count this node's root causes in a row (read after the round was judged, so every
-        node's record is in); at ``--exclude-after``, record its exclusion and, when the job
-        would restart, leave it (``NodeExcluded``: the others re-form without this node)."""
-        k = self.config.exclude_after
-        if k <= 0:
-            return
-        here = failed_here and exclusion.cause_is_here(
-            self.rdzv.failures(), joined.round, joined.node_rank
-        )
-        self._streak = self._streak.after(here)
-        if self._streak.count < k:
-            return
-        node = exclusion.this_node(self.config.local_addr)
-        reason = f"its worker was the job's root cause in {k} failed rounds in a row"
-        exclusion.record(self.config.exclude_file, self.run_dir, node, reason)
-        self.events.emit("excluded", name=str(node), reason=reason)
-        if leave:
-            raise NodeExcluded(
-                f"this node ({node}) is excluded: {reason}; leaving the job"
-            )
 
     def _say_restart(self, joined: RendezvousResult) -> None:
         """Say the restart claimed after the last round, now that its round has formed: the
@@ -222,7 +201,7 @@ class Rounds(Between):
             restart_count=joined.restart_count,
             seconds=round(time.monotonic() - began, 3),
         )
-        self._check_same_code(joined)
+        check_same_code(self.config, self.rdzv, joined)
         verdict = node_check(self.config, self.rdzv, joined, self.run_dir, self.events)
         if verdict is not None:
             self.checked = [n.line for n in verdict.named]  # the report's, the newest round's
@@ -249,26 +228,6 @@ class Rounds(Between):
         if cause is not None:
             return AttemptFailure.of_cause(cause, watch.hang, watch.report_path)
         return AttemptFailure.of_event(event, describe_event(event) if event is not None else "")
-
-    def _check_same_code(self, joined: RendezvousResult) -> None:
-        """Stop the job before any worker starts when the members' code or versions differ
-        (every node computes the same table from the same records, so every node stops; the
-        others also see ``JOB_STOPPED``), or warn with the table under ``allow_mismatch``."""
-        hint = (
-            "starting anyway (--allow-mismatch)"
-            if self.config.allow_mismatch
-            else "run the same code, files and versions on every node, or pass "
-            "--allow-mismatch (phalanx.spawn: allow_mismatch=True) to start anyway (script "
-            "arguments that differ on purpose: --allow-per-node-args on every node)"
-        )
-        table = mismatch_table(joined.nodes, joined.fingerprints, hint)
-        if table is None:
-            return
-        if self.config.allow_mismatch:
-            log.warning("round %d: %s", joined.round, table)
-            return
-        self.rdzv.report_done(False)
-        raise MismatchError(f"round {joined.round}: {table}")
 
     def _next_step(
         self,
