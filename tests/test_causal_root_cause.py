@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from phalanx.errors import UsageError
+from phalanx.events import read_events
 from phalanx.net import free_port
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.keys import Keys
@@ -264,6 +265,11 @@ def test_each_node_orders_its_own_failure_by_the_stores_number(
     assert sorted(exits) == [5, 7] and exits[5]["peer_error"] is False, exits
     assert exits[7]["seq"] < exits[5]["seq"], (exits[7]["seq"], exits[5]["seq"])
     assert exits[5]["time"] < exits[7]["time"], (exits[7]["time"], exits[5]["time"])
+    # B's own failure came second: its failure event (and so its recovery line) names the
+    # job's root cause as known when it recorded it, A's rank on A's node, not its own rank.
+    (events_file,) = b.logs.glob("*/events.jsonl")
+    failures = [e for e in read_events(events_file) if e["kind"] == "failure"]
+    assert failures and failures[0]["rank"] == first and not failures[0]["local"], failures
 
 
 def _listening(port: int) -> bool:

@@ -31,6 +31,7 @@ from phalanx.rendezvous.api import (
     RendezvousResult,
     RoundVerdict,
 )
+from phalanx.report.exits import root_cause
 from phalanx.report.oom import OomProbe
 from phalanx.status import StatusService
 from phalanx.supervisor.exits import WorkerExit
@@ -225,6 +226,14 @@ class Rounds(Between):
     def _failure_events(
         self, cause: WorkerExit | None, event: JobEvent | None, watch: RoundWatch
     ) -> AttemptFailure:
+        """The failure to record: the job's root cause among this node's and the other nodes'
+        records of the round known now (``_keep_failure``), so a node whose ranks failed only
+        because a peer's did names the peer's rank and node; else the event that stopped it."""
+        records = self.failure.records if self.failure is not None else []
+        peers = [WorkerExit.from_json(r) for r in records if "returncode" in r and "rank" in r]
+        job = root_cause([*peers, *([cause] if cause is not None else [])])
+        if job is not None and job is not cause:
+            return replace(AttemptFailure.of_cause(job, None, None), local=False)
         if cause is not None:
             return AttemptFailure.of_cause(cause, watch.hang, watch.report_path)
         return AttemptFailure.of_event(event, describe_event(event) if event is not None else "")
