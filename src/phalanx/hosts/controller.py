@@ -29,6 +29,7 @@ from phalanx.hosts.console import Console
 from phalanx.hosts.lifeline import BEAT, PREEMPT_LINE
 from phalanx.hosts.plan import HostPlan, HostsPlan
 from phalanx.hosts.ssh import env_line
+from phalanx.signals import signal_name
 
 SSH_LOST = 255
 AFTER_FAILURE = 60.0
@@ -143,12 +144,12 @@ class Controller:
             self._wake.clear()
             if self._preempted is not None and not told:
                 told = True
-                name = signal.Signals(self._preempted).name
+                name = signal_name(self._preempted)
                 print(f"phalanx: preempted ({name}): passed to {sessions[0].host.name}'s agent, "
                       "which preempts every host (--preempt-grace)", file=sys.stderr, flush=True)  # fmt: skip
                 sessions[0].preempt(name)
             if self._signal is not None:
-                print(f"phalanx: stopping the job on every host ({signal.Signals(self._signal).name})",
+                print(f"phalanx: stopping the job on every host ({signal_name(self._signal)})",
                       file=sys.stderr, flush=True)  # fmt: skip
                 return 128 + self._signal
             ended = [s for s in sessions if s.ended_at is not None]

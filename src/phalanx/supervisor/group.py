@@ -27,6 +27,7 @@ from phalanx.limits import start_failed
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.fencing import KILL_BOUND, Fence
+from phalanx.signals import signal_name
 from phalanx.supervisor.console import Console, OnLost
 from phalanx.supervisor.exits import WorkerExit, read_error_file
 from phalanx.supervisor.guardian import Guardian
@@ -40,6 +41,7 @@ from phalanx.worker.nofollow import make_dirs
 # After SIGKILL a process normally vanishes at once; one stuck in an uninterruptible call
 # (a GPU driver call, a dead NFS mount) cannot be reaped, so the wait is bounded.
 log = logging.getLogger("phalanx")
+_FIRST_TICK = 0.1  # seconds to the first tick of a round (then doubling to its interval)
 _KILL_WAIT = 5.0
 _DRAIN_WAIT = 1.0
 
@@ -144,7 +146,11 @@ class Supervisor:
         try:
             for worker in plan.workers:
                 self._start(worker, plan, selector, streams, slots)
-            next_poll = time.monotonic() + every
+            # The first ticks come quickly (0.1 s, then doubling up to ``every``): the workers'
+            # start and first progress are recorded as they happen, then a quiet job ticks
+            # as seldom as ``every`` allows.
+            ramp = _FIRST_TICK
+            next_poll = time.monotonic() + min(every, ramp)
             while True:
                 timeout = max(0.0, next_poll - time.monotonic())
                 bound = preempt.wait_bound() if preempt is not None else None
@@ -159,7 +165,8 @@ class Supervisor:
                     next_poll = 0.0
                 ended = self._settle(slots, streams, selector, signals, fenced)
                 if ended is None and time.monotonic() >= next_poll:
-                    next_poll = time.monotonic() + every
+                    ramp *= 2
+                    next_poll = time.monotonic() + min(every, ramp)
                     ended = self._tick(slots, streams, selector, poll, on_tick)
                 if ended is not None:
                     return ended
@@ -197,7 +204,7 @@ class Supervisor:
             return self._result(Outcome.REMOTE, slots, event=lost)
         taken = signals.take_preempt()
         if taken is not None and preempt is not None and not preempt.begin(taken, _running(slots)):
-            log.warning("%s again during the grace: stopping the workers now", _name(taken))
+            log.warning("%s again during the grace: stopping the workers now", signal_name(taken))
             return self._preempt_stop(slots, streams, selector)
         if any(s.exit is not None and s.exit.failed for s in slots):
             self._stop(slots, streams, selector, signal.SIGTERM)
@@ -483,10 +490,6 @@ class Supervisor:
 
 def _running(slots: list[_Slot]) -> list[tuple[WorkerPlan, int]]:
     return [(s.plan, s.proc.pid) for s in slots if s.exit is None]
-
-
-def _name(signum: int) -> str:
-    return signal.Signals(signum).name
 
 
 def process_state(pid: int) -> str:

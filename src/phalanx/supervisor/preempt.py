@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from phalanx.plan import WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.signals import signal_name
 from phalanx.worker.contract import PREEMPT_NOTICE_FILE, PREEMPT_SIGNALS_ENV, STOP_NOTICE_FILE
 from phalanx.worker.nofollow import replace_file
 from phalanx.worker.preempt import NOTICE_WAIT
@@ -116,7 +117,7 @@ class PreemptWatch:
         a second signal during the grace stops the workers at once."""
         if self.preemption is not None:
             return False
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         log.warning(
             "preempted: %s; the workers have %g s to save and exit (--preempt-grace)",
             name, self._grace,
