@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.rendezvous.dynamic.pulse import ALIVE
 from phalanx.rendezvous.stores.base import MalformedReply, MalformedValue, StoreUnavailable
 from phalanx.rendezvous.stores.etcd.conf import run_prefix
 from phalanx.rendezvous.stores.etcd.store import EtcdOptions, EtcdStore
@@ -245,9 +246,26 @@ def test_threads_that_ended_leave_no_open_sessions(fake: FakeEtcd) -> None:
     assert client.open_sessions() == 0
 
 
+def _lease_held(request: JSON) -> Junk:
+    """kv/range as etcd answers it while this node's lease is held: its heartbeat key is
+    there, every other key absent. So the lease never looks expired, and the node, leaving
+    after the junk, is not kept from writing again by a store problem of its own."""
+    key = base64.b64decode(request.get("key", "")).decode(errors="replace")
+    if "/hb/" not in key:
+        return junk_json({"header": HEADER})
+    kv = {"key": request["key"], "value": base64.b64encode(ALIVE).decode(), "mod_revision": "5"}
+    return junk_json({"header": HEADER, "kvs": [kv], "count": "1"})
+
+
 CLI_ROWS = {
     "every reply {}": {"kv/range": junk_json({}), "kv/txn": junk_json({})},
     "the first transaction's reply {}": {"kv/txn": junk_json({})},
+    # The leave's write got the same junk and said so too (once, under load, before the
+    # lease check could keep it quiet): junk is final, so the leave does not write.
+    "every transaction's reply {}, the lease held": {
+        "kv/txn": junk_json({}),
+        "kv/range": _lease_held,
+    },
 }
 
 

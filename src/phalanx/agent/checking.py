@@ -11,7 +11,7 @@ from pathlib import Path
 from phalanx.agent import exclusion
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
-from phalanx.errors import MismatchError, NodeExcluded
+from phalanx.errors import MismatchError, NodeExcluded, RendezvousError
 from phalanx.events.log import EventLog
 from phalanx.nodecheck import Action, Verdict, check_round
 from phalanx.nodecheck.round import OFF
@@ -33,14 +33,17 @@ def node_check(
     exchange = rdzv.node_check()
     if exchange is None or joined.num_nodes < 2:
         return None
-    if settings.action is Action.OFF:
-        exchange.post_check("ready", OFF)  # so nodes that check do not wait for this one
-        return None
     began = time.monotonic()
     try:
+        if settings.action is Action.OFF:
+            exchange.post_check("ready", OFF)  # so nodes that check do not wait for this one
+            return None
         verdict = check_round(exchange, joined, settings, run_dir, config.nproc_per_node)
     except OSError as exc:  # no port to listen on, say: the job must not end for the check
         log.warning("node check: could not run on this node: %s", exc)
+        return None
+    except RendezvousError as exc:  # the round's watch hears it too, and acts on it at once
+        log.warning("round %d: node check stopped: %s", joined.round, exc)
         return None
     seconds = round(time.monotonic() - began, 3)
     if verdict is None:

@@ -325,11 +325,13 @@ class CheckExchange(Protocol):
     node and phase, read by every node (kept until the round is swept)."""
 
     def post_check(self, phase: str, data: bytes) -> None:
-        """This node's record for ``phase`` of the current round. One store write; store
-        trouble is only logged (the others then name this node as not answering)."""
+        """This node's record for ``phase`` of the current round. One store write; a failed
+        write is only logged (the others then name this node as not answering). Raises
+        ``RendezvousError`` once the store counts as lost (``poll``'s ``STORE_LOST``)."""
 
     def gather_check(
         self, phase: str, node_ranks: Sequence[int], timeout: float
     ) -> dict[int, bytes]:
         """Block up to ``timeout`` until the nodes ``node_ranks`` posted ``phase`` in the
-        current round; return the records there are, by node rank. Store trouble only logged."""
+        current round; return the records there are, by node rank. A failed read is only
+        logged; ``RendezvousError`` as soon as the store counts as lost, mid-wait too."""

@@ -12,6 +12,7 @@ gather returns nothing.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -25,6 +26,8 @@ from phalanx.rendezvous.stores.base import StoreUnavailable
 log = logging.getLogger("phalanx")
 
 Answer = TypeVar("Answer")
+
+LOST_CHECK = 1.0  # s: how often a node check's wait looks whether the store counts as lost
 
 
 @dataclass(frozen=True)
@@ -105,8 +108,7 @@ class CheckRecords:
 
     def post_check(self, phase: str, data: bytes) -> None:
         membership, rank = self._current()
-        if self._store_problem() is not None:
-            return  # the others will name this node as not answering
+        self._raise_if_lost()
         try:
             self._board.post_check(membership.round, phase, rank, data)
         except StoreUnavailable as exc:
@@ -116,10 +118,23 @@ class CheckRecords:
         self, phase: str, node_ranks: Sequence[int], timeout: float
     ) -> dict[int, bytes]:
         membership, _ = self._current()
-        if self._store_problem() is not None:
-            return {}
-        try:
-            return self._board.read_check(membership.round, phase, node_ranks, timeout)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not read the other nodes' checks (%s): %s", phase, exc)
-            return {}
+        deadline = time.monotonic() + timeout
+        while True:
+            # In slices: the heartbeat thread may find the store lost (or junk in it) while
+            # this waits for a node that will never post; the agent must hear it then.
+            self._raise_if_lost()
+            left = deadline - time.monotonic()
+            try:
+                found = self._board.read_check(
+                    membership.round, phase, node_ranks, max(0.0, min(left, LOST_CHECK))
+                )
+            except StoreUnavailable as exc:
+                log.warning("rendezvous: could not read the other nodes' checks (%s): %s", phase, exc)  # fmt: skip
+                return {}
+            if len(found) == len(node_ranks) or left <= LOST_CHECK:
+                return found
+
+    def _raise_if_lost(self) -> None:
+        problem = self._store_problem()
+        if problem is not None:
+            raise RendezvousError(problem)

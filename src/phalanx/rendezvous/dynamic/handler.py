@@ -62,6 +62,7 @@ from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.base import (
     KVStore,
     LeasedStore,
+    Malformed,
     RenewingStore,
     StoreUnavailable,
 )
@@ -138,6 +139,7 @@ class DynamicRendezvous:
         self._membership: Membership | None = None
         self._rank: int | None = None
         self._done: bool | None = None  # what report_done said
+        self._junk = False  # the join failed on a malformed reply: nothing more to tell it
         self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
         stacks = Channel[str]("stacks", board.request_stacks, board.post_stacks,
                               board.collect_stacks, liveness.stack_requests,
@@ -243,6 +245,8 @@ class DynamicRendezvous:
             if rank == 0:  # (after the master is published: the others need not wait)
                 sweep(self._board, membership)
         except StoreUnavailable as exc:
+            # A store that answered junk answers the leave's write with the same junk.
+            self._junk = isinstance(exc, Malformed)
             raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
         self._membership, self._rank = membership, rank
         self._liveness.follow(membership, rank)
@@ -393,7 +397,7 @@ class DynamicRendezvous:
     def _left_while_joining(self) -> None:
         """Gave up before any round formed (a signal while joining): no round can form as
         the others expect, so the job stops and every node waiting to join hears why."""
-        if self._liveness.store_problem() is not None:
+        if self._junk or self._liveness.store_problem() is not None:
             return
         try:
             self._board.stop(
