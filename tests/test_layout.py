@@ -1,4 +1,4 @@
-"""The layout's rules (README, "How the code is laid out"), read from the source with ``ast``."""
+"""The layout's rules (docs/explanation/design.md, "How the code is laid out"), read from the source with ``ast``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ SRC = ROOT / "src" / "phalanx"
 FLAG_TABLES = {"cli/parser.py:build_parser"}  # one add_argument call per flag: a table
 MAX_FUNCTION_LINES = 60  # code lines, the docstring not counted
 
-# The layers, top first (README, "How the code is laid out", lists them in this order): a
+# The layers, top first (docs/explanation/design.md, "How the code is laid out", lists them in this order): a
 # package imports only packages of the layers below its own. Records sit low (what a worker's
 # exit is, the event log), views on them high (report, status, timeline).
 LAYERS: list[tuple[str, ...]] = [
@@ -91,8 +91,8 @@ def test_imports_only_go_down_the_layers() -> None:
     assert upward == []
 
 
-def test_the_readme_lists_the_layers_in_their_order() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_list_the_layers_in_their_order() -> None:
+    text = (ROOT / "docs" / "explanation" / "design.md").read_text()
     block = text.split("## How the code is laid out", 1)[1].split("```", 2)[1]
     listed = [
         word.removesuffix("/").removesuffix(".py")

@@ -1,6 +1,6 @@
 """torchrun 2.13's defaults are phalanx's: its own parser and its own ``run()`` are the
 reference (tests only; phalanx never imports them), and the classic static command runs on
-two real hosts (``test_static_classic.py``). The deliberate differences are the README's table,
+two real hosts (``test_static_classic.py``). The deliberate differences are the docs' table,
 ``DIFFERENCES`` below, one test per row."""
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ def test_the_rendezvous_is_torchruns(argv: list[str], monkeypatch: pytest.Monkey
     assert ",".join(us.signals_to_handle) == them.signals_to_handle
 
 
-# The README's table of deliberate differences ("Where phalanx differs from torchrun on
-# purpose"): row -> the test that holds it.
+# The table of deliberate differences (docs/tutorials/from-torchrun.md, "Where phalanx
+# differs from torchrun on purpose"): row -> the test that holds it.
 DIFFERENCES = {
     "shutdown timeout": "test_shutdown_timeout_is_5_s_unless_torchrun_s_variable_says",
     "console prefix": "tests/test_torchrun_gaps.py::test_every_console_line_carries_its_rank_once",
@@ -128,7 +128,7 @@ DIFFERENCES = {
 
 
 def test_every_difference_row_has_its_test() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parent.parent / "docs" / "tutorials" / "from-torchrun.md").read_text()
     here = Path(__file__).parent
     for row, test in DIFFERENCES.items():
         assert f"`{test.rpartition('::')[2] if '::' in test else test}`" in readme, row

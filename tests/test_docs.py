@@ -1,0 +1,121 @@
+"""The documentation site (docs/, mkdocs.yml): it builds with warnings as errors, its
+generated pages match the code they come from, every error message in src/ is on the
+troubleshooting page, and every block of a tutorial marked ``<!-- runnable -->`` runs, in
+order, on this CPU with Gloo, as a reader would run it from a checkout.
+
+Markers (an HTML comment on the line before a fenced block, invisible on the site):
+``<!-- runnable -->`` before a ``bash`` block runs it (``exit=N``: the exit status it must
+end with, else 0); ``<!-- runnable file=NAME -->`` before a ``python`` block writes it to
+NAME for the blocks after it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(DOCS / "scripts"))
+
+import gen_api  # noqa: E402
+import gen_cli  # noqa: E402
+import messages  # noqa: E402
+
+TUTORIALS = sorted((DOCS / "tutorials").glob("*.md"))
+BLOCK = re.compile(r"<!-- runnable(?P<opts>[^>]*) -->\n```(?P<lang>\w+)\n(?P<code>.*?)\n```\n", re.S)
+
+
+def runnable_blocks(page: Path) -> list[tuple[dict[str, str], str, str]]:
+    """(options, language, code) of each marked block, in the page's order."""
+    return [
+        (dict(o.split("=", 1) for o in m["opts"].split()), m["lang"], m["code"])
+        for m in BLOCK.finditer(page.read_text())
+    ]
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    done = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "troubleshooting" / "index.html").is_file()
+    assert (tmp_path / "site" / "search" / "search_index.json").is_file()
+
+
+def test_the_cli_reference_is_the_parsers() -> None:
+    """Regenerate with: python docs/scripts/gen_cli.py > docs/reference/cli.md"""
+    assert (DOCS / "reference" / "cli.md").read_text() == gen_cli.render()
+
+
+def test_the_python_api_reference_is_the_docstrings() -> None:
+    """Regenerate with: python docs/scripts/gen_api.py > docs/reference/python-api.md"""
+    assert (DOCS / "reference" / "python-api.md").read_text() == gen_api.render()
+
+
+def test_every_error_message_is_on_the_troubleshooting_page() -> None:
+    found = messages.messages()
+    assert len(found) > 50  # the scan still finds the messages (a renamed error class...)
+    lacking = messages.missing((DOCS / "troubleshooting.md").read_text())
+    assert lacking == {}, "add to docs/troubleshooting.md:\n" + "\n".join(
+        f"{where}: {key}" for key, where in lacking.items()
+    )
+
+
+def test_every_tutorial_has_a_runnable_block() -> None:
+    assert len(TUTORIALS) == 4
+    for page in TUTORIALS:
+        assert any(lang == "bash" for _, lang, _ in runnable_blocks(page)), page.name
+
+
+def _reader_environment(tmp_path: Path) -> dict[str, str]:
+    """A shell with this suite's phalanx on PATH, its own temporary directory (so phalanx's
+    default run directory and 'last' are this test's), and no launcher's variables."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PHALANX_RDZV_TOKEN")}
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    (tmp_path / "tmp").mkdir()
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    return env
+
+
+@pytest.mark.parametrize("page", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+def test_the_tutorials_runnable_blocks_run(page: Path, tmp_path: Path) -> None:
+    work = tmp_path / "checkout"
+    work.mkdir()
+    (work / "examples").symlink_to(ROOT / "examples")  # as run from the repository's root
+    env = _reader_environment(tmp_path)
+    for options, lang, code in runnable_blocks(page):
+        if "file" in options:
+            (work / options["file"]).write_text(code + "\n")
+            continue
+        assert lang == "bash", f"{page.name}: a runnable {lang} block needs file=NAME"
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", code],
+            cwd=work, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        expected = int(options.get("exit", "0"))
+        assert done.returncode == expected, (code, done.stdout[-3000:], done.stderr[-3000:])
+        if page.stem == "failure-report" and expected:
+            _check_report_fields(Path(env["TMPDIR"]))
+
+
+def _check_report_fields(tmp: Path) -> None:
+    """Every field of a real failed run's report.json and status.json is on the page."""
+    (run,) = [p for p in tmp.glob("phalanx-*/*") if (p / "report.json").is_file()]
+    page = (DOCS / "reference" / "files.md").read_text()
+    report = json.loads((run / "report.json").read_text())
+    status = json.loads((run / "status.json").read_text())
+    keys = {*report, *report["root_cause"], *report["recovery"], *status, *status["ranks"][0]}
+    keys |= {*report["recovery"]["incidents"][0], *report["recovery"]["nodes"][0]}
+    keys |= set(status["last_failure"])
+    assert sorted(k for k in keys if f"`{k}`" not in page) == []
