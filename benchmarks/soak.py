@@ -43,7 +43,9 @@ HOLD = 10.0  # how long a cut, a freeze, a dead etcd member or a full disk lasts
 STALL = 8  # --stall-timeout
 
 
-def schedule(seed: int, minutes: float, every: float, kinds: tuple[str, ...]) -> list[tuple[float, str]]:
+def schedule(
+    seed: int, minutes: float, every: float, kinds: tuple[str, ...]
+) -> list[tuple[float, str]]:
     rng, order = random.Random(seed), list[str]()
     while len(order) < minutes * 60 // every:
         batch = list(kinds)
@@ -66,6 +68,7 @@ class Soak:
         self.job = self.out / "job"
         self.faults: list[dict[str, Any]] = []
         self.keys: list[int] = []
+        self.failed = ""
 
     # -- setup -------------------------------------------------------------------------
     def start(self) -> None:
@@ -79,7 +82,9 @@ class Soak:
         for i in range(3):
             disk = self.out / f"disk{i}"
             disk.mkdir()
-            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)], check=True)
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)], check=True
+            )
         if self.args.backend == "etcd":
             self.etcd = EtcdCluster(size=3, host=self.spaces.addr(3),
                                     prefix=tuple(self.spaces.command(3, [])))  # fmt: skip
@@ -120,8 +125,16 @@ class Soak:
     def keep_agents(self) -> None:
         """An agent that exited before the job was done is started again (it rejoins)."""
         for i, node in enumerate(self.nodes):
-            if node.proc.poll() is not None and not self.done():
+            if node.proc.poll() is not None and not self.done() and not self.over():
                 self.nodes[i] = self._agent(i)
+
+    def over(self) -> bool:
+        """The job ended for good (its run id is closed): no agent can rejoin it."""
+        for i, node in enumerate(self.nodes):
+            if node.proc.poll() is not None and b"the job stopped: round" in node.err.read_bytes():
+                self.failed = f"node {i}: " + node.err.read_text().strip().splitlines()[-1]
+                return True
+        return False
 
     def sample(self) -> dict[int, dict[str, int]]:
         got = {}
@@ -156,7 +169,12 @@ class Soak:
         workers = self.workers()
         eligible = sorted(n for n in workers if self.args.backend == "etcd" or n != 0)
         record: dict[str, Any] = {"kind": kind, "at": time.time()}
-        if kind.startswith("worker_") or kind in ("agent_kill", "node_cut", "node_freeze", "log_disk_full"):
+        if kind.startswith("worker_") or kind in (
+            "agent_kill",
+            "node_cut",
+            "node_freeze",
+            "log_disk_full",
+        ):
             if not eligible:
                 record["skipped"] = "no worker running"
                 return record
@@ -173,7 +191,9 @@ class Soak:
         elif kind == "node_cut":
             self.spaces.cut(n)
             self._hold()
-            subprocess.run(["ip", "-n", self.spaces.names[n], "link", "set", "eth0", "up"], check=True)
+            subprocess.run(
+                ["ip", "-n", self.spaces.names[n], "link", "set", "eth0", "up"], check=True
+            )
         elif kind == "node_freeze":
             tree = self._tree(self.nodes[n].proc.pid)
             for p in tree:
@@ -214,7 +234,10 @@ class Soak:
     # -- the run -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         plan = schedule(self.args.seed, self.args.minutes, self.args.every, self.kinds())
-        print(f"soak: seed {self.args.seed}, {len(plan)} faults: {', '.join(k for _, k in plan)}", flush=True)
+        print(
+            f"soak: seed {self.args.seed}, {len(plan)} faults: {', '.join(k for _, k in plan)}",
+            flush=True,
+        )
         t0 = time.time()
         self.start()
         while not self.workers() or len(self.workers()) < 2:
@@ -228,7 +251,7 @@ class Soak:
             while time.time() - first < at and not self.done():
                 self.keep_agents()
                 time.sleep(0.2)
-            if self.done():
+            if self.done() or self.over():
                 break
             record = self.inject(kind)
             print(f"soak: {record['at'] - first:7.1f} s {kind} {record.get('node', record.get('member', ''))} "
@@ -237,7 +260,7 @@ class Soak:
             self.keys.append(self.store_keys() or 0)
         end_sample = self.sample()
         deadline = time.time() + self.args.minutes * 60 * 3 + 120
-        while not self.done() and time.time() < deadline:
+        while not self.done() and not self.over() and time.time() < deadline:
             self.keep_agents()
             time.sleep(0.2)
         finished = time.time() if self.done() else None
@@ -251,7 +274,9 @@ class Soak:
                 "end_sample": end_sample}  # fmt: skip
 
     def kinds(self) -> tuple[str, ...]:
-        return KINDS if self.args.backend == "etcd" else tuple(k for k in KINDS if k != "etcd_member")
+        return (
+            KINDS if self.args.backend == "etcd" else tuple(k for k in KINDS if k != "etcd_member")
+        )
 
     def leftovers(self) -> dict[str, Any]:
         procs = {}
@@ -300,6 +325,8 @@ def main() -> int:
     parser.add_argument("--checkpoint-every", type=int, default=40, help="steps (40: 2 s)")
     parser.add_argument("--out", default="", help="where report.json and the rest go")
     args = parser.parse_args()
+    # SIGTERM (a test's timeout) unwinds like ^C, so the namespaces, mounts and etcd go
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(10**6)
     if not args.steps:
@@ -333,7 +360,7 @@ def main() -> int:
     leftovers_found = any(left["processes"].values()) or bool(left["cgroups"])
     report = {
         "seed": args.seed, "backend": args.backend, "minutes": args.minutes, "every": args.every,
-        "steps": args.steps, "faults": soak.faults, "kinds": sorted({f["kind"] for f in soak.faults}),
+        "steps": args.steps, "job_failed": soak.failed, "faults": soak.faults, "kinds": sorted({f["kind"] for f in soak.faults}),
         "finished": clock["finished"] is not None, "wall_s": wall, "ettr_harness": harness_ettr,
         "ettr_events": ettr, "figures": figures, "bit_identical": same, "checkpoints": count,
         "checkpoints_bad": bad, "leftovers": left, "store_keys": soak.keys,
@@ -345,10 +372,16 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "phalanx", "timeline", str(runs[0]), "-o",
                         str(out / "timeline.html")], capture_output=True)  # fmt: skip
     print(rep.table(soak.faults))
-    print(f"seed {args.seed}: {len(soak.faults)} faults of {len(report['kinds'])} kinds; "
-          f"finished {report['finished']} in {wall:.1f} s; ETTR events {ettr} harness {harness_ettr:.3f}")
-    print(f"final weights bit-identical: {same}; checkpoints {count} loadable, bad {bad}; "
-          f"leftovers {leftovers_found}; store keys {soak.keys}; agents grew {grew or 'no'}")
+    print(
+        f"seed {args.seed}: {len(soak.faults)} faults of {len(report['kinds'])} kinds; "
+        f"finished {report['finished']} in {wall:.1f} s; ETTR events {ettr} harness {harness_ettr:.3f}"
+    )
+    print(
+        f"final weights bit-identical: {same}; checkpoints {count} loadable, bad {bad}; "
+        f"leftovers {leftovers_found}; store keys {soak.keys}; agents grew {grew or 'no'}"
+    )
+    if soak.failed:
+        print(f"the job ended before its last step: {soak.failed}")
     print(f"report: {out / 'report.json'}")
     ok = same and not bad and not leftovers_found and not grew and report["finished"]
     return 0 if ok else 1

@@ -52,7 +52,9 @@ def event_figures(logs: list[Path]) -> dict[str, Any]:
             continue
         incidents += [i.to_json() for i in rec.incidents]
         if rec.ettr is not None:
-            ettrs.append({"run": run.name, "ettr": rec.ettr, "nodes": [n.to_json() for n in rec.nodes]})
+            ettrs.append(
+                {"run": run.name, "ettr": rec.ettr, "nodes": [n.to_json() for n in rec.nodes]}
+            )
     return {"runs": [str(r) for r in runs], "incidents": incidents, "ettr_by_run": ettrs}
 
 
