@@ -367,7 +367,9 @@ def main() -> int:
         "agents_start": clock["start_sample"], "agents_end": clock["end_sample"], "agents_grew": grew,
     }  # fmt: skip
     rep.write(out, report)
-    runs = [Path(r) for r in figures["runs"]]
+    # the page of the run that saw most (the longest-lived agent's)
+    runs = sorted((Path(r) for r in figures["runs"] if (Path(r) / "events.jsonl").exists()),
+                  key=lambda r: (r / "events.jsonl").stat().st_size, reverse=True)  # fmt: skip
     if runs:
         subprocess.run([sys.executable, "-m", "phalanx", "timeline", str(runs[0]), "-o",
                         str(out / "timeline.html")], capture_output=True)  # fmt: skip
