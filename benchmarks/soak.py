@@ -1,0 +1,393 @@
+"""A long run under random faults: ``python benchmarks/soak.py --minutes 10 --every 30 --seed N``.
+
+Three phalanx agents in network namespaces (``--nnodes 2:2``, one CPU worker each, so one
+agent is a hot spare), the rendezvous on a real 3-member etcd in a fourth namespace (or
+``--backend c10d``: the store on node 0, which then gets no node-level fault), the bundled
+trainer (``soak_trainer.py``), and one fault every ``--every`` seconds drawn from ``--seed``
+(each kind once before any repeats): worker SIGKILL, worker exception, worker hang (the stall
+timeout), agent SIGKILL, node cut off (link down, then up), node frozen (SIGSTOP of its
+agent and workers, then SIGCONT), an etcd member killed and restarted, a full log disk on one
+node (a filler file fills its tmpfs, then goes). An agent that exits while the job is not
+done is started again on its node (it rejoins as a spare). Writes ``report.json`` and
+``timeline.html`` to ``--out`` and prints a table; exit 1 when an invariant fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from support.etcd_server import EtcdCluster  # noqa: E402
+from support.hosts import NamespaceHosts, Node  # noqa: E402
+from support.launch import remove_job_cgroups  # noqa: E402
+from support.netns import NetNamespaces  # noqa: E402
+
+KINDS = ("worker_kill", "worker_exception", "worker_hang", "agent_kill", "node_cut",
+         "node_freeze", "etcd_member", "log_disk_full")  # fmt: skip
+CONF = ("lease_ttl=4,request_timeout=3,heartbeat_interval=0.5,heartbeat_timeout=6,"
+        "last_call_timeout=1,join_timeout=300,exit_barrier_timeout=30")  # fmt: skip
+HOLD = 10.0  # how long a cut, a freeze, a dead etcd member or a full disk lasts
+STALL = 8  # --stall-timeout
+
+
+def schedule(
+    seed: int, minutes: float, every: float, kinds: tuple[str, ...]
+) -> list[tuple[float, str]]:
+    rng, order = random.Random(seed), list[str]()
+    while len(order) < minutes * 60 // every:
+        batch = list(kinds)
+        rng.shuffle(batch)
+        order += batch
+    return [(every * (i + 1), kind) for i, kind in enumerate(order[: int(minutes * 60 // every)])]
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.out = args, Path(args.out)
+        self.rng = random.Random(args.seed + 1)
+        self.spaces = NetNamespaces(4)
+        self.hosts = NamespaceHosts(self.spaces)
+        self.etcd: EtcdCluster | None = None
+        self.nodes: list[Node] = []
+        self.gens = [0, 0, 0]
+        self.all_logs: list[Path] = []
+        self.pids = self.out / "pids"
+        self.job = self.out / "job"
+        self.faults: list[dict[str, Any]] = []
+        self.keys: list[int] = []
+        self.failed = ""
+
+    # -- setup -------------------------------------------------------------------------
+    def start(self) -> None:
+        for d in (self.pids, self.job):
+            d.mkdir(parents=True)
+        cfg = json.loads((HERE.parent / "examples/configs/tiny.json").read_text())
+        cfg.update(steps=self.args.steps, checkpoint_every=self.args.checkpoint_every,
+                   log_every=self.args.checkpoint_every, keep=2)  # fmt: skip
+        (self.out / "config.json").write_text(json.dumps(cfg))
+        self.spaces.create()
+        for i in range(3):
+            disk = self.out / f"disk{i}"
+            disk.mkdir()
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)], check=True
+            )
+        if self.args.backend == "etcd":
+            self.etcd = EtcdCluster(size=3, host=self.spaces.addr(3),
+                                    prefix=tuple(self.spaces.command(3, [])))  # fmt: skip
+            self.etcd.start()
+            endpoint = ",".join(u.split("//")[1] for u in self.etcd.endpoints)
+        else:
+            endpoint = f"{self.spaces.addr(0)}:29400"
+        self.rdzv = ["--rdzv-backend", self.args.backend, "--rdzv-endpoint", endpoint,
+                     "--rdzv-id", "soak", "--rdzv-conf", CONF]  # fmt: skip
+        for i in range(3):
+            self.nodes.append(self._agent(i))
+
+    def _agent(self, i: int) -> Node:
+        self.gens[i] += 1
+        name = f"n{i}g{self.gens[i]}"
+        args = [*self.rdzv, "--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "1000",
+                "--stall-timeout", str(STALL), str(HERE / "soak_trainer.py"), "--config",
+                str(self.out / "config.json"), "--output_dir", str(self.job)]  # fmt: skip
+        node = Node(self.hosts, i, args, self.out / f"disk{i}", name,
+                    env={"SOAK_PIDS": str(self.pids), "SOAK_NODE": str(i),
+                         "SOAK_STEP_DELAY": str(self.args.step_delay)})  # fmt: skip
+        self.all_logs.append(node.logs)
+        return node
+
+    # -- who is where --------------------------------------------------------------------
+    def workers(self) -> dict[int, int]:
+        """node -> pid of its live worker."""
+        found = {}
+        for f in self.pids.iterdir():
+            pid = int(f.read_text() or 0)
+            if pid and psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie":
+                found[int(f.name.split(".")[0])] = pid
+        return found
+
+    def done(self) -> bool:
+        return (self.job / "final.pt").exists()
+
+    def keep_agents(self) -> None:
+        """An agent that exited before the job was done is started again (it rejoins)."""
+        for i, node in enumerate(self.nodes):
+            if node.proc.poll() is not None and not self.done() and not self.over():
+                self.nodes[i] = self._agent(i)
+
+    def over(self) -> bool:
+        """The job ended for good (its run id is closed): no agent can rejoin it."""
+        for i, node in enumerate(self.nodes):
+            if node.proc.poll() is not None and b"the job stopped: round" in node.err.read_bytes():
+                self.failed = f"node {i}: " + node.err.read_text().strip().splitlines()[-1]
+                return True
+        return False
+
+    def sample(self) -> dict[int, dict[str, int]]:
+        got = {}
+        for i, node in enumerate(self.nodes):
+            if i not in self.workers():
+                continue  # a spare does less than an active agent: only active ones compare
+            try:
+                p = psutil.Process(node.proc.pid)
+                if p.status() == "zombie":
+                    continue
+                # the agent is the python under `ip netns exec` (which execs it in place)
+                got[i] = {"gen": self.gens[i], "rss": p.memory_info().rss, "threads": p.num_threads(),
+                          "fds": p.num_fds()}  # fmt: skip
+            except psutil.Error:
+                pass
+        return got
+
+    def store_keys(self) -> int | None:
+        if self.etcd is None:
+            return None
+        member = next(m for m in self.etcd.members if m.process is not None)
+        body = json.dumps({"key": "AA==", "range_end": "AA==", "count_only": True})
+        done = subprocess.run(self.spaces.command(3, ["curl", "-s", "-X", "POST", "-d", body,
+                              f"{member.client_url}/v3/kv/range"]), capture_output=True, text=True)  # fmt: skip
+        try:
+            return int(json.loads(done.stdout).get("count", 0))
+        except ValueError:
+            return None
+
+    # -- faults --------------------------------------------------------------------------
+    def inject(self, kind: str) -> dict[str, Any]:
+        workers = self.workers()
+        eligible = sorted(n for n in workers if self.args.backend == "etcd" or n != 0)
+        record: dict[str, Any] = {"kind": kind, "at": time.time()}
+        if kind.startswith("worker_") or kind in (
+            "agent_kill",
+            "node_cut",
+            "node_freeze",
+            "log_disk_full",
+        ):
+            if not eligible:
+                record["skipped"] = "no worker running"
+                return record
+            n = self.rng.choice(eligible if not kind.startswith("worker_") else sorted(workers))
+            record["node"] = n
+        if kind == "worker_kill":
+            os.kill(workers[n], signal.SIGKILL)
+        elif kind == "worker_exception":
+            os.kill(workers[n], signal.SIGUSR1)
+        elif kind == "worker_hang":
+            os.kill(workers[n], signal.SIGUSR2)
+        elif kind == "agent_kill":
+            os.kill(self.nodes[n].proc.pid, signal.SIGKILL)
+        elif kind == "node_cut":
+            self.spaces.cut(n)
+            self._hold()
+            subprocess.run(
+                ["ip", "-n", self.spaces.names[n], "link", "set", "eth0", "up"], check=True
+            )
+        elif kind == "node_freeze":
+            tree = self._tree(self.nodes[n].proc.pid)
+            for p in tree:
+                with _quiet():
+                    p.send_signal(signal.SIGSTOP)
+            self._hold()
+            for p in tree:
+                with _quiet():
+                    p.send_signal(signal.SIGCONT)
+        elif kind == "etcd_member" and self.etcd is not None:
+            k = self.rng.randrange(3)
+            record["member"] = k
+            self.etcd.stop_member(k)
+            self._hold()
+            cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.etcd.members)
+            self.etcd._spawn(self.etcd.members[k], cluster, "restart")  # data dir kept: rejoins
+        elif kind == "log_disk_full":
+            filler = self.out / f"disk{n}" / "filler"
+            subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M"], capture_output=True)
+            self._hold()
+            filler.unlink()
+        record["ended"] = time.time()
+        return record
+
+    def _hold(self) -> None:
+        end = time.time() + HOLD
+        while time.time() < end and not self.done():
+            time.sleep(0.2)
+
+    @staticmethod
+    def _tree(pid: int) -> list[psutil.Process]:
+        try:
+            p = psutil.Process(pid)
+            return [p, *p.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        plan = schedule(self.args.seed, self.args.minutes, self.args.every, self.kinds())
+        print(
+            f"soak: seed {self.args.seed}, {len(plan)} faults: {', '.join(k for _, k in plan)}",
+            flush=True,
+        )
+        t0 = time.time()
+        self.start()
+        while not self.workers() or len(self.workers()) < 2:
+            time.sleep(0.2)
+            if time.time() - t0 > 180:
+                raise RuntimeError("the job did not start")
+        first = time.time()
+        time.sleep(2)  # the round's first steps: the agents' threads and files all made
+        start_sample, self.keys = self.sample(), [self.store_keys() or 0]
+        for at, kind in plan:
+            while time.time() - first < at and not self.done():
+                self.keep_agents()
+                time.sleep(0.2)
+            if self.done() or self.over():
+                break
+            record = self.inject(kind)
+            print(f"soak: {record['at'] - first:7.1f} s {kind} {record.get('node', record.get('member', ''))} "
+                  f"{record.get('skipped', '')}", flush=True)  # fmt: skip
+            self.faults.append(record)
+            self.keys.append(self.store_keys() or 0)
+        end_sample = self.sample()
+        deadline = time.time() + self.args.minutes * 60 * 3 + 120
+        while not self.done() and not self.over() and time.time() < deadline:
+            self.keep_agents()
+            time.sleep(0.2)
+        finished = time.time() if self.done() else None
+        self.keys.append(self.store_keys() or 0)
+        for node in self.nodes:  # the spare leaves once the job is done
+            try:
+                node.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                node.kill()
+        return {"t0": t0, "first_step": first, "finished": finished, "start_sample": start_sample,
+                "end_sample": end_sample}  # fmt: skip
+
+    def kinds(self) -> tuple[str, ...]:
+        return (
+            KINDS if self.args.backend == "etcd" else tuple(k for k in KINDS if k != "etcd_member")
+        )
+
+    def leftovers(self) -> dict[str, Any]:
+        procs = {}
+        for name in self.spaces.names[:3]:
+            listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+            procs[name] = [int(p) for p in listed.stdout.split()]
+        from phalanx.supervisor.cgroup import hierarchies
+
+        cgroups = [str(root / f"phalanx-{run.name}") for logs in self.all_logs if logs.is_dir()
+                   for run in logs.iterdir() for root in hierarchies()
+                   if (root / f"phalanx-{run.name}").exists()]  # fmt: skip
+        return {"processes": procs, "cgroups": cgroups}
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.kill()
+        for logs in self.all_logs:
+            remove_job_cgroups(logs)
+        if self.etcd is not None:
+            self.etcd.stop()
+        for i in range(3):  # the logs leave the tmpfs for the report before it goes
+            disk = self.out / f"disk{i}"
+            shutil.copytree(disk, self.out / "logs" / disk.name, ignore=shutil.ignore_patterns("filler"),
+                            dirs_exist_ok=True)  # fmt: skip
+            subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+        self.all_logs = [self.out / "logs" / p.relative_to(self.out) for p in self.all_logs]
+        self.spaces.destroy()
+
+
+class _quiet:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return exc[0] is not None and issubclass(exc[0], psutil.Error)  # type: ignore[arg-type]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="how long faults come (10)")
+    parser.add_argument("--every", type=float, default=30.0, help="seconds between faults (30)")
+    parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (printed)")
+    parser.add_argument("--backend", choices=("etcd", "c10d"), default="etcd")
+    parser.add_argument("--step-delay", type=float, default=0.05, help="seconds a step sleeps")
+    parser.add_argument("--steps", type=int, default=0, help="default: --minutes at --step-delay")
+    parser.add_argument("--checkpoint-every", type=int, default=40, help="steps (40: 2 s)")
+    parser.add_argument("--out", default="", help="where report.json and the rest go")
+    args = parser.parse_args()
+    # SIGTERM (a test's timeout) unwinds like ^C, so the namespaces, mounts and etcd go
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(10**6)
+    if not args.steps:
+        args.steps = int(args.minutes * 60 / args.step_delay)
+    if not args.out:
+        args.out = f"/tmp/phalanx-soak-{os.getpid()}"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=False)
+    import soak_report as rep
+
+    soak = Soak(args)
+    try:
+        clock = soak.run()
+        left = soak.leftovers()
+    finally:
+        soak.stop()
+    figures = rep.event_figures(soak.all_logs)
+    rep.per_fault(soak.faults, figures["incidents"])
+    ref = rep.reference(out)
+    same = soak.done() and rep.same_weights(soak.job / "final.pt", ref)
+    count, bad = rep.checkpoints_loadable(soak.job / "checkpoints")
+    wall = (clock["finished"] or time.time()) - clock["first_step"]
+    harness_ettr = min(1.0, args.steps * args.step_delay / wall)
+    main_run = figures["ettr_by_run"]
+    ettr = min((r["ettr"] for r in main_run), default=None)
+    survivors = {i: s for i, s in clock["end_sample"].items()
+                 if clock["start_sample"].get(i, {}).get("gen") == s["gen"]}  # fmt: skip
+    grew = {i: s for i, s in survivors.items()
+            if s["rss"] > 1.5 * clock["start_sample"][i]["rss"] or s["fds"] > clock["start_sample"][i]["fds"] + 10
+            or s["threads"] > clock["start_sample"][i]["threads"] + 6}  # fmt: skip
+    leftovers_found = any(left["processes"].values()) or bool(left["cgroups"])
+    report = {
+        "seed": args.seed, "backend": args.backend, "minutes": args.minutes, "every": args.every,
+        "steps": args.steps, "job_failed": soak.failed, "faults": soak.faults, "kinds": sorted({f["kind"] for f in soak.faults}),
+        "finished": clock["finished"] is not None, "wall_s": wall, "ettr_harness": harness_ettr,
+        "ettr_events": ettr, "figures": figures, "bit_identical": same, "checkpoints": count,
+        "checkpoints_bad": bad, "leftovers": left, "store_keys": soak.keys,
+        "agents_start": clock["start_sample"], "agents_end": clock["end_sample"], "agents_grew": grew,
+    }  # fmt: skip
+    rep.write(out, report)
+    # the page of the run that saw most (the longest-lived agent's)
+    runs = sorted((Path(r) for r in figures["runs"] if (Path(r) / "events.jsonl").exists()),
+                  key=lambda r: (r / "events.jsonl").stat().st_size, reverse=True)  # fmt: skip
+    if runs:
+        subprocess.run([sys.executable, "-m", "phalanx", "timeline", str(runs[0]), "-o",
+                        str(out / "timeline.html")], capture_output=True)  # fmt: skip
+    print(rep.table(soak.faults))
+    print(
+        f"seed {args.seed}: {len(soak.faults)} faults of {len(report['kinds'])} kinds; "
+        f"finished {report['finished']} in {wall:.1f} s; ETTR events {ettr} harness {harness_ettr:.3f}"
+    )
+    print(
+        f"final weights bit-identical: {same}; checkpoints {count} loadable, bad {bad}; "
+        f"leftovers {leftovers_found}; store keys {soak.keys}; agents grew {grew or 'no'}"
+    )
+    if soak.failed:
+        print(f"the job ended before its last step: {soak.failed}")
+    print(f"report: {out / 'report.json'}")
+    ok = same and not bad and not leftovers_found and not grew and report["finished"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
