@@ -70,6 +70,16 @@ def test_every_error_message_is_on_the_troubleshooting_page() -> None:
     )
 
 
+def test_the_front_pages_two_commands_are_the_readmes() -> None:
+    """docs/index.md repeats the README's two commands for readers of the site; .ci/run and
+    test_readme.py run the README's, so the copies must not drift from them."""
+    marked = re.compile(r"<!-- (main-job|test-command) -->\n(.*?)<!-- /\1 -->", re.S)
+    readme = dict(marked.findall((ROOT / "README.md").read_text()))
+    front = dict(marked.findall((DOCS / "index.md").read_text()))
+    assert set(readme) == {"main-job", "test-command"}
+    assert front == readme
+
+
 def test_every_tutorial_has_a_runnable_block() -> None:
     assert len(TUTORIALS) == 4
     for page in TUTORIALS:
