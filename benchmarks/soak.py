@@ -15,6 +15,7 @@ done is started again on its node (it rejoins as a spare). Writes ``report.json`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -137,9 +138,9 @@ class Soak:
         return False
 
     def sample(self) -> dict[int, dict[str, int]]:
-        got = {}
+        got, active = {}, self.workers()
         for i, node in enumerate(self.nodes):
-            if i not in self.workers():
+            if i not in active:
                 continue  # a spare does less than an active agent: only active ones compare
             try:
                 p = psutil.Process(node.proc.pid)
@@ -191,25 +192,22 @@ class Soak:
         elif kind == "node_cut":
             self.spaces.cut(n)
             self._hold()
-            subprocess.run(
-                ["ip", "-n", self.spaces.names[n], "link", "set", "eth0", "up"], check=True
-            )
+            self.spaces.heal(n)
         elif kind == "node_freeze":
             tree = self._tree(self.nodes[n].proc.pid)
             for p in tree:
-                with _quiet():
+                with contextlib.suppress(psutil.Error):
                     p.send_signal(signal.SIGSTOP)
             self._hold()
             for p in tree:
-                with _quiet():
+                with contextlib.suppress(psutil.Error):
                     p.send_signal(signal.SIGCONT)
         elif kind == "etcd_member" and self.etcd is not None:
             k = self.rng.randrange(3)
             record["member"] = k
             self.etcd.stop_member(k)
             self._hold()
-            cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.etcd.members)
-            self.etcd._spawn(self.etcd.members[k], cluster, "restart")  # data dir kept: rejoins
+            self.etcd.restart_member(k)
         elif kind == "log_disk_full":
             filler = self.out / f"disk{n}" / "filler"
             subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M"], capture_output=True)
@@ -240,7 +238,7 @@ class Soak:
         )
         t0 = time.time()
         self.start()
-        while not self.workers() or len(self.workers()) < 2:
+        while len(self.workers()) < 2:
             time.sleep(0.2)
             if time.time() - t0 > 180:
                 raise RuntimeError("the job did not start")
@@ -304,14 +302,6 @@ class Soak:
             subprocess.run(["umount", "-l", str(disk)], capture_output=True)
         self.all_logs = [self.out / "logs" / p.relative_to(self.out) for p in self.all_logs]
         self.spaces.destroy()
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return exc[0] is not None and issubclass(exc[0], psutil.Error)  # type: ignore[arg-type]
 
 
 def main() -> int:

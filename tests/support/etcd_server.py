@@ -188,6 +188,14 @@ class EtcdCluster:
             return
         raise AssertionError(f"etcd member {member.name} (pid {process.pid}) is still alive")
 
+    def restart_member(self, index: int) -> None:
+        """Start a member stopped by ``stop_member`` again on its kept data directory, so it
+        rejoins the cluster it was in (not waited for: the caller watches what it does)."""
+        cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        self._spawn(
+            self.members[index], cluster, "restart"
+        )  # the token is only read on a new data dir
+
     def stop(self) -> None:
         """Stop every member and remove the data directories."""
         try:
@@ -269,7 +277,6 @@ class EtcdCluster:
                         f"{member.log_tail()}"
                     )
                 time.sleep(0.1)
-
 
     def _wait_healthy_inside(self, member: EtcdMember, deadline: float) -> None:
         """``_wait_healthy`` for a member behind ``prefix``: one probe process inside."""

@@ -71,6 +71,10 @@ class NetNamespaces:
         """Take node i off the network without a word: its peers get no reset, only silence."""
         self._ip(self.names[i], "link", "set", "eth0", "down")
 
+    def heal(self, i: int) -> None:
+        """Put node i back on the network after ``cut``."""
+        self._ip(self.names[i], "link", "set", "eth0", "up")
+
     def drop(self, i: int) -> None:
         """Drop every packet node i sends to the others, with its link still up: blackhole
         routes (iproute2, no firewall needed) more specific than the subnet's. Nothing fails
