@@ -1,4 +1,4 @@
-"""The user's files never stand in for the modules phalanx imports (README "Warm start").
+"""The user's files never stand in for the modules phalanx imports (docs/explanation/design.md, "Warm start").
 
 A worker's boot and the warm-start template start with the working directory off
 ``sys.path`` (``python -c``, not ``-m``), and the script's directory goes first on

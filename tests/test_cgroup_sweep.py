@@ -85,7 +85,7 @@ def test_a_cgroup_left_by_a_worker_stuck_in_the_kernel_is_swept_by_the_next_run(
             started = time.monotonic()
             (folder / "go").touch()
             _, stderr = launcher.communicate(timeout=HANG)
-            # The figure the README's fault table gives (not asserted: a loaded machine).
+            # The figure docs/explanation/faults.md gives (not asserted: a loaded machine).
             print(f"launcher exited {time.monotonic() - started:.1f} s after the failure")
             assert launcher.returncode == 3, stderr
             assert "still in state D (disk sleep) after SIGKILL" in stderr, stderr

@@ -1,8 +1,8 @@
-"""Faults from outside the job, injected for real (README, "Faults from outside the job").
+"""Faults from outside the job, injected for real (docs/explanation/faults.md).
 
 Each test makes the fault itself -- a full filesystem, a signal in the middle of the
 rendezvous, an endpoint that does not resolve or does not answer -- and checks what the
-README promises phalanx does about it.
+docs (docs/explanation/faults.md) promise phalanx does about it.
 """
 
 from __future__ import annotations

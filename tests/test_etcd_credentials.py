@@ -1,4 +1,4 @@
-"""etcd passwords from a file or the environment, never shown (README, "etcd backend").
+"""etcd passwords from a file or the environment, never shown (docs/how-to/etcd.md).
 
 Tier (a): the options and the workers' environment as data. Tier (c): the real CLI against a
 real etcd with auth enabled (``support.etcd_server.enable_auth``); while the job runs, every

@@ -4,7 +4,7 @@ now refuses the connection, so each store call ends at once instead of retrying 
 ``request_timeout``; the agents see the store lost after their errors for two heartbeat
 intervals, stop their workers and exit 1 naming the refused endpoint -- before the fence
 (8 s after the last lease renewal) would have ended them. The seconds from the kill to each
-agent's exit are printed (README: lost etcd; not asserted: a loaded machine)."""
+agent's exit are printed (docs/how-to/etcd.md: etcd lost; not asserted: a loaded machine)."""
 
 from __future__ import annotations
 

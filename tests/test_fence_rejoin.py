@@ -1,4 +1,4 @@
-"""A fenced node rejoins (README, "Fencing"): two real hosts (network namespaces), the c10d
+"""A fenced node rejoins (docs/explanation/design.md, "Fencing"): two real hosts (network namespaces), the c10d
 store hosted by node 0's agent, one Gloo worker per node doing checked all-reduce steps
 (``tests/workers/lossy_steps.py``), default heartbeat settings (a node fences 8 s after its
 last proof, the others count it lost after 10 s).

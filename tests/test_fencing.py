@@ -1,4 +1,4 @@
-"""Fencing (README, "Fencing"): a node cut off from the store SIGKILLs its workers before the
+"""Fencing (docs/explanation/design.md, "Fencing"): a node cut off from the store SIGKILLs its workers before the
 others can form the next round without it.
 
 Tier (a): the timing, as a table, and the settings refused for it (one line, exit 2).

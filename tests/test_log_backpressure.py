@@ -1,6 +1,6 @@
-"""Output faster than its log file reaches the file whole (README, "Faults from outside
-the job"): a worker that writes faster than its log file is written waits on its pipe, as
-on a slow terminal; the launcher's memory stays bounded; only a file that makes no progress
+"""Output faster than its log file reaches the file whole (docs/explanation/faults.md): a
+worker that writes faster than its log file is written waits on its pipe, as on a slow
+terminal; the launcher's memory stays bounded; only a file that makes no progress
 for ``STALL`` seconds is given up on, and the job goes on without it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A degraded link (README, fault table: "a lossy link to the store"): two real hosts
+"""A degraded link (docs/explanation/faults.md: "a lossy link"): two real hosts
 (network namespaces), the c10d store hosted by node 0's agent, one Gloo worker per node
 doing checked all-reduce steps (``tests/workers/lossy_steps.py``) with the default heartbeat
 settings (1 s beats, 10 s ``heartbeat_timeout``, so a node fences 8 s after its last proof).

@@ -166,7 +166,7 @@ def test_kill_9_of_node_1_agent_stops_node_0(
 def test_kill_9_of_the_store_host_ends_the_other_node_with_a_rendezvous_error(
     hosts: object, nodes: list[Node], tmp_path: Path
 ) -> None:
-    """README, "Store host lost": the c10d store lives in node 0's agent (on namespaces the
+    """docs/tutorials/first-multinode.md, "Store host lost": the c10d store lives in node 0's agent (on namespaces the
     endpoint names node 0's machine; is_host says so on loopback too, where both would).
     SIGKILL that agent: node 1 stops its workers and exits 1 naming the lost store."""
     net = hosts(2)  # type: ignore[operator]

@@ -1,4 +1,4 @@
-"""The node check (README, "Node check"): ``phalanx check`` on 4 real hosts (network
+"""The node check (docs/how-to/nodes.md, "Node check"): ``phalanx check`` on 4 real hosts (network
 namespaces), each fault injected for real on one node, and the same check before a job's
 round.
 

@@ -26,15 +26,15 @@ WARM_LINE = "warm start: workers fork from template pid"
 
 # What a phalanx worker shows that plain python does not, and why. Everything else is equal.
 DOCUMENTED = {
-    # The worker-side code (phalanx.worker.boot; README "What a worker can notice"):
-    # faulthandler is on, writing fatal-signal stacks and SIGUSR2 dumps to stacks.txt.
-    "faulthandler": "README: faulthandler.is_enabled() is True",
-    "kernel_signals": "faulthandler catches the fatal signals and SIGUSR2 (README)",
+    # The worker-side code (phalanx.worker.boot; docs/how-to/hangs.md, "What a worker can
+    # notice"): faulthandler is on, writing fatal-signal stacks and SIGUSR2 dumps to stacks.txt.
+    "faulthandler": "documented: faulthandler.is_enabled() is True",
+    "kernel_signals": "faulthandler catches the fatal signals and SIGUSR2 (documented)",
     "fds": "boot keeps stacks.txt (faulthandler's file) and the progress counters open",
-    # The warm template (README "Warm start"): gc.freeze() before each fork; OpenBLAS's idle
-    # pool thread (numpy, loaded by torch) stops in its pthread_atfork handler and starts again
-    # on first use (phalanx.worker.template's docstring).
-    "gc_frozen": "README: the template calls gc.freeze() before each fork",
+    # The warm template (docs/explanation/design.md, "Warm start"): gc.freeze() before each
+    # fork; OpenBLAS's idle pool thread (numpy, loaded by torch) stops in its pthread_atfork
+    # handler and starts again on first use (phalanx.worker.template's docstring).
+    "gc_frozen": "documented: the template calls gc.freeze() before each fork",
     "native_threads": "threads do not survive fork; OpenBLAS restarts its pool when used",
     # Values of one run: the run id and the rank's log directory are in these.
     "env": "compared by key; the reference is given the warm worker's own environment",
@@ -86,7 +86,7 @@ def test_a_worker_observes_what_python_u_gives_it(tmp_path: Path, mode: str) -> 
     ours = probe_output(result.stdout)
 
     # The reference: python -u in the same cwd, stdin from /dev/null, stdout and stderr pipes,
-    # its own process group (phalanx gives each worker one: README "Supervision"), and the
+    # its own process group (phalanx gives each worker one: docs/tutorials/failure-report.md, "Supervision"), and the
     # environment the worker had (RANK, MASTER_ADDR, ... as phalanx set them).
     done = subprocess.run(
         [sys.executable, "-u", script, *args], cwd=tmp_path, env=ours["env"],

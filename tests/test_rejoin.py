@@ -1,5 +1,5 @@
 """A node that lost the store, or fenced itself, comes back while the restart budget allows
-(README, "Fencing"): two real agents on loopback with the c10d store hosted by node 0's
+(docs/explanation/design.md, "Fencing"): two real agents on loopback with the c10d store hosted by node 0's
 agent, whose process is paused (SIGSTOP) for 9 s -- longer than the 8 s after which a node
 fences itself with the default settings. Node 1 fences (its worker SIGKILLed), waits for the
 store, rejoins as a new member, and the job re-forms and finishes (a node cut off, and no

@@ -1,4 +1,4 @@
-"""The run directory is the user's alone (README, "Logs and the run directory").
+"""The run directory is the user's alone (docs/tutorials/failure-report.md).
 
 Real directories, real ownership (``chown`` to a uid nobody has), real symlinks, and the real
 CLI for what a user sees. The suite runs as root, whom the kernel lets write anywhere, so each

@@ -1,4 +1,4 @@
-"""The files phalanx writes for itself are best effort (README, "Faults from outside the job"):
+"""The files phalanx writes for itself are best effort (docs/explanation/faults.md):
 a full, read-only or deleted run directory costs a line each, never the job, a checkpoint,
 a restart, or a stop. Each fault is made for real under a running job: a tiny tmpfs that
 fills, a read-only bind mount over the run directory, the directory removed."""

@@ -1,6 +1,6 @@
-"""A terminal that closes under a running job, on a real pty (README, "Faults from outside
-the job"): closing the master side hangs the terminal up, as closing a terminal window or
-losing an ssh session does.
+"""A terminal that closes under a running job, on a real pty (docs/explanation/faults.md):
+closing the master side hangs the terminal up, as closing a terminal window or losing an ssh
+session does.
 
 - The launcher in the foreground (the pty is its session's controlling terminal): the
   kernel sends it SIGHUP, and the job stops as interrupted, exit 129, with its report.

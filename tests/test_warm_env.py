@@ -1,5 +1,5 @@
 """A large environment (over 1 MiB, as big as the kernel will exec) starts warm, and every
-worker sees it byte for byte, warm and cold (README "Warm start")."""
+worker sees it byte for byte, warm and cold (docs/explanation/design.md, "Warm start")."""
 
 from __future__ import annotations
 

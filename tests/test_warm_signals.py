@@ -1,6 +1,6 @@
 """Signals around the warm-start fork: a stop that reaches a worker the moment the template
 forks it, before the worker has its own signal dispositions back, is delivered, not lost to
-the template's SIG_IGN (README "Warm start").
+the template's SIG_IGN (docs/explanation/design.md, "Warm start").
 
 The moment is made, not waited for: ``support/fork_stop.py`` runs the real launcher under
 ptrace, holds each forked worker at its first stop, SIGTERMs the launcher (as ``phalanx
