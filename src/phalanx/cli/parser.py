@@ -102,7 +102,7 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "1",
         "Number of nodes, or MIN:MAX for an elastic job. Agents beyond MAX wait as hot "
         "spares: a lost or excluded member's place goes to one in the next round (a restart "
-        "and the heartbeat timeout; a spare waits at most join_timeout).",
+        "and the heartbeat timeout; a spare waits as long as the job runs, then exits 0).",
     )
     option("nproc-per-node", "1", "Workers per node: an integer, auto, cpu, gpu or xpu.")
     option(
