@@ -5,6 +5,7 @@ in-memory store and an injected clock."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import select
@@ -24,7 +25,7 @@ from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.waiting import Waiting, WaitingLine, waiting_text
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, Node
-from support.launch import wait_for, worker
+from support.launch import run_phalanx, wait_for, worker
 from support.memory_store import MemoryServer, MemoryStore
 from support.tools import needs_etcd
 
@@ -117,6 +118,12 @@ def test_a_spare_waits_past_join_timeout_and_leaves_with_0_when_the_job_ends(
     wait_for(lambda: line in spare.stderr, HANG, "the spare's waiting line")
     time.sleep(6)  # twice join_timeout: a spare is not timed out while the job runs
     assert spare.proc.poll() is None, spare.stderr
+    # ``phalanx status`` on a member counts it (the heartbeat thread reads the queue).
+    run_dir = next(nodes[0].logs.iterdir())
+    wait_for(lambda: json.loads((run_dir / "status.json").read_text())["spares"] == 1, HANG,
+             "status.json: 1 spare")  # fmt: skip
+    shown = run_phalanx(["status", str(run_dir)], timeout=60)
+    assert "1 spare waiting (agents beyond --nnodes MAX" in shown.stdout, shown.stdout
     (gate / "go").touch()
     assert [n.finish(HANG) for n in nodes[:2]] == [0, 0], nodes[0].stderr
     assert spare.finish(HANG) == 0, spare.stderr  # not needed: said, not run, not a failure
