@@ -325,3 +325,48 @@ def test_phalanx_check_over_ssh_prints_every_hosts_table(
         assert any("node check, round 0, 2 nodes" in line for line in said), out
         assert sum(line.split()[-1] == "ok" for line in said) == 2, out
         assert ssh_hosts.job_pids(name) == []
+
+
+def test_an_excluded_host_is_skipped_the_next_host_runs_and_the_last_waits_as_a_spare(
+    netns: Callable[[int], NetNamespaces], tmp_path: Path
+) -> None:
+    """Four hosts, ``--nnodes 2``, an exclusion file naming host1 (by its address, as its
+    agent writes it): host1 is not started; of host2, host3 and host4 (host2 hosts the
+    rendezvous store in host1's place) the first two to join run the job, the third waits
+    as a spare past ``join_timeout`` and leaves with exit 0 when the job finishes without it."""
+    hosts = SshHosts(netns(5), tmp_path, [1, 2, 3, 4])
+    try:
+        hosts.start()
+        excluded = tmp_path / "excluded.jsonl"
+        excluded.write_text(json.dumps({"node": "n", "addr": hosts.addr("host1"),
+                                        "reason": "root cause twice"}) + "\n")  # fmt: skip
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("".join(f"{name} slots=1\n" for name in hosts.names))
+        argv = [sys.executable, "-m", "phalanx", "--hostfile", str(hostfile), "--nnodes", "2",
+                "--exclude-file", str(excluded), "--ssh-config", str(hosts.config),
+                "--env", "GLOO_SOCKET_IFNAME", "--log-dir", str(tmp_path / "logs"),
+                "--rdzv-conf", "join_timeout=4", worker("steps_slowly.py"), "50"]  # fmt: skip
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=str(REPO / "src"))
+        proc = subprocess.Popen(
+            hosts.spaces.command(0, argv), cwd=REPO, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        code, out, err = finish(proc)
+        assert code == 0, f"{out}\n{err}"
+        assert (
+            f"phalanx: host1 ({hosts.addr('host1')}) is not started: excluded in {excluded} "
+            "(root cause twice)" in err
+        ), err
+        assert "the last 1 host(s) started wait as spares" in err, err
+        assert not [line for line in err.splitlines() if line.startswith("host1:")], err
+        others = ("host2", "host3", "host4")
+        spare = [name for name in others
+                 if f"{name}: phalanx: the job finished while this node waited as a spare" in err]  # fmt: skip
+        assert len(spare) == 1, err
+        members = sorted(set(others) - set(spare))
+        assert sorted(line.split(":")[0] for line in out.splitlines() if "step 49" in line) == members, out
+        for name in hosts.names:
+            assert hosts.job_pids(name) == []
+    finally:
+        hosts.stop()
+        remove_job_cgroups(tmp_path / "logs")

@@ -277,7 +277,8 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "exclude-file",
         None,
         "A file of excluded nodes shared across runs: exclusions are added to it, and an "
-        "agent on a node it lists leaves at start (exit 69) before joining.",
+        "agent on a node it lists leaves at start (exit 69) before joining. With --hosts/"
+        "--hostfile a host it lists is not started; the next host takes its place.",
     )
     switch(
         "allow-mismatch",
@@ -339,7 +340,8 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         None,
         "Start the job on every host listed, over ssh: DeepSpeed's format, one 'host slots=N' "
         "per line, '#' comments (a host without slots gets --nproc-per-node). The first host "
-        "hosts the rendezvous; every host runs this Python in this directory.",
+        "hosts the rendezvous; every host runs this Python in this directory. With --nnodes, "
+        "hosts beyond MAX wait as spares.",
         pet=False,
     )
     option("hosts", None, "Like --hostfile, inline in Horovod's form: h1:8,h2:8.", pet=False)
