@@ -370,3 +370,49 @@ def test_an_excluded_host_is_skipped_the_next_host_runs_and_the_last_waits_as_a_
     finally:
         hosts.stop()
         remove_job_cgroups(tmp_path / "logs")
+
+
+def test_a_spare_host_takes_the_place_of_a_member_whose_agent_is_sigkilled(
+    netns: Callable[[int], NetNamespaces], tmp_path: Path
+) -> None:
+    """Three hosts, ``--nnodes 2``: the third waits as a spare. The agent of the member that
+    does not serve the store SIGKILLed (its ssh session ends): the controller goes on, the spare is in the next round, the
+    all-reduce of the two ranks sums to 3 and the controller exits 0."""
+    hosts = SshHosts(netns(4), tmp_path, [1, 2, 3])
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    try:
+        hosts.start()
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("".join(f"{name} slots=1\n" for name in hosts.names))
+        logs = tmp_path / "logs"
+        argv = [sys.executable, "-m", "phalanx", "--hostfile", str(hostfile), "--nnodes", "2",
+                "--max-restarts", "1", "--ssh-config", str(hosts.config),
+                "--env", "GLOO_SOCKET_IFNAME", "--log-dir", str(logs), "--rdzv-conf",
+                "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1",
+                worker("spare_round.py"), str(shared)]  # fmt: skip
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=str(REPO / "src"))
+        proc = subprocess.Popen(
+            hosts.spaces.command(0, argv), cwd=REPO, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        wait_for(lambda: (shared / "up.0").exists() and (shared / "up.1").exists(), 120, "round 0")
+
+        def members() -> list[int]:
+            found = [json.loads(path.read_text()) for path in logs.glob("*/status.json")]
+            return [s["pid"] for s in found if s.get("state") == "running" and s.get("pid")]
+
+        wait_for(lambda: len(members()) == 2, 60, "both members running")
+        # Not the first host's agent: it serves the rendezvous store, which no spare replaces.
+        (member,) = [pid for pid in members()
+                     if "is_host=true" not in " ".join(psutil.Process(pid).cmdline())]  # fmt: skip
+        os.kill(member, signal.SIGKILL)  # the member's agent; its worker goes with it
+        code, out, err = finish(proc, timeout=180)
+        assert code == 0, f"{out}\n{err}"
+        assert out.count("sum=3 world=2") == 2, out  # the survivor and the spare
+        assert "was lost; the job goes on without it (its agent stops itself" in err, err
+        for name in hosts.names:
+            wait_for(lambda n=name: hosts.job_pids(n) == [], 15, f"nothing left on {name}")
+    finally:
+        hosts.stop()
+        remove_job_cgroups(tmp_path / "logs")
