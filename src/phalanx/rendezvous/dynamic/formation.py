@@ -165,7 +165,7 @@ class RoundFormer:
         but this node's place) keeps waiting for the job's life; returns the join deadline
         for the rest of the round (the timeout again from now, for such a spare)."""
         key = self._keys.round(t, "open")
-        spare = False
+        spare = waited_past = False
         while not self._b.is_open(t):
             self._check_stopped(spare)
             spare = self._spare(t)
@@ -174,7 +174,7 @@ class RoundFormer:
             left = deadline - self._clock()
             if left <= 0 and spare:
                 deadline = self._clock() + self._s.join_timeout
-                left = self._s.join_timeout
+                left, waited_past = self._s.join_timeout, True
             if left <= 0:
                 raise RendezvousError(
                     f"rendezvous {shown_run_id(self._keys.run_id)}: no place for this node within "
@@ -183,7 +183,9 @@ class RoundFormer:
                 )
             self._line.check(t, deadline, queued=True, spare=spare)
             self._b.store.wait([key], min(left, self._s.heartbeat_interval))
-        return deadline
+        # A spare that waited past the timeout gets the whole timeout for the round it joins
+        # (not what was left of the last extension).
+        return self._clock() + self._s.join_timeout if waited_past else deadline
 
     def _spare(self, t: int) -> bool:
         """Round t-1 runs with MAX members: this node waits as a spare (one plain read)."""
