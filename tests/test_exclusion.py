@@ -15,6 +15,7 @@ from phalanx.agent.exclusion import (
     exclude,
     excluded,
     exclusion_of,
+    slurm_names,
 )
 from phalanx.net import free_port
 from support.hosts import Node
@@ -40,6 +41,19 @@ def test_file_api_matches_address_then_host(tmp_path: Path) -> None:
     found = exclusion_of([path], NodeName("other", "10.0.0.2"))
     assert found is not None and found.reason == "bad gpu"
     assert exclusion_of([path], NodeName("h2", "10.0.0.9")) is not None
+
+
+def test_under_slurm_the_slurm_name_alone_names_the_node(tmp_path: Path) -> None:
+    """Slurm's test nodes (and containers) share one host name: an entry with a Slurm name
+    matches that Slurm node only; ``--requeue`` keeps out the Slurm names, and the host name
+    of a hand-written line."""
+    path = tmp_path / "excluded.jsonl"
+    exclude(path, NodeName("box", None, "node2"), "slow")
+    path.open("a").write('{"node": "gpu-17"}\n{"node": "x", "addr": "10.0.0.5"}\n')
+    assert exclusion_of([path], NodeName("box", None, "node2")) is not None
+    assert exclusion_of([path], NodeName("box", None, "node3")) is None
+    assert json.loads(path.read_text().splitlines()[0])["slurm"] == "node2"
+    assert slurm_names([path, tmp_path / "absent"]) == ["node2", "gpu-17"]
 
 
 def test_node_failing_k_times_is_excluded_and_kept_out(

@@ -107,8 +107,8 @@ def test_missing_or_malformed_hostfile_is_one_line_and_exit_2(tmp_path: Path) ->
     assert (code, err) == (2, "phalanx: error: hosts.txt:3: expected 'slots=N' after the "
                               "host, got 'slots=two'\n")  # fmt: skip
     code, _, err = _phalanx(tmp_path, "--hosts", "h1:2", "--nnodes", "2", script)
-    assert (code, err) == (2, "phalanx: error: --nnodes cannot be used with --hosts/--hostfile: "
-                              "the host list sets it\n")  # fmt: skip
+    assert (code, err) == (2, "phalanx: error: --nnodes 2: at least 2 nodes, but the host list "
+                              "has 1\n")  # fmt: skip
 
 
 def test_dry_run_prints_every_host_command_and_the_forwarded_environment(tmp_path: Path) -> None:
@@ -142,10 +142,38 @@ def test_dry_run_prints_every_host_command_and_the_forwarded_environment(tmp_pat
     ]
 
 
+def test_dry_run_skips_an_excluded_host_and_the_next_host_takes_its_place(
+    tmp_path: Path,
+) -> None:
+    """An exclusion file naming host b (by its address, as an agent writes it): b is not
+    started, c takes its place; with a fourth host, d waits as a spare (beyond --nnodes 2)."""
+    config = tmp_path / "ssh config"
+    config.write_text("".join(f"Host {h}\n  HostName 10.1.2.{i}\n" for i, h in enumerate("abcd", 3)))
+    excluded = tmp_path / "excluded.jsonl"
+    excluded.write_text('{"node": "x", "addr": "10.1.2.4", "reason": "root cause twice"}\n')
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    base = ["--hosts", "a:1,b:1,c:1", "--ssh-config", str(config), "--exclude-file", str(excluded),
+            "--dry-run", worker("allreduce.py")]  # fmt: skip
+    done = run_phalanx(["--nnodes", "2", *base], cwd=tmp_path, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"phalanx: b (10.1.2.4) is not started: excluded in {excluded} (root cause twice)" in done.stdout
+    commands = [line for line in done.stdout.splitlines() if line.startswith("  COMMAND: ")]
+    assert [line.split(": ")[0] for line in done.stdout.splitlines() if " ssh " in line] == ["a", "c"]
+    assert all("--nnodes 2 " in c for c in commands) and "--local-addr 10.1.2.5 " in commands[1]
+    four = ["--hosts", "a:1,b:1,c:1,d:1", *base[2:]]
+    done = run_phalanx(["--nnodes", "2", *four], cwd=tmp_path, env=env, timeout=60)
+    assert "the last 1 host(s) started wait as spares" in done.stdout, done.stdout
+    done = run_phalanx(["--nnodes", "3", *base], cwd=tmp_path, env=env, timeout=60)
+    assert done.returncode == 2 and done.stderr == (
+        f"phalanx: error: 2 host(s) left once those excluded in {excluded} are skipped (b); the "
+        "job needs at least 3 (--nnodes): add hosts to the list, or remove a host's line from "
+        "the exclusion file to let it in\n"
+    ), done.stderr
+
+
 @pytest.mark.parametrize(
     ("flags", "flag"),
     [
-        (["--nnodes", "2"], "--nnodes"),
         (["--node-rank", "1"], "--node-rank"),
         (["--local-addr", "10.0.0.1"], "--local-addr"),
         (["--standalone"], "--standalone"),

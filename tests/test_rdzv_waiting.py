@@ -5,6 +5,7 @@ in-memory store and an injected clock."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import select
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.waiting import Waiting, WaitingLine, waiting_text
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, Node
-from support.launch import wait_for, worker
+from support.launch import run_phalanx, wait_for, worker
 from support.memory_store import MemoryServer, MemoryStore
 from support.tools import needs_etcd
 
@@ -44,6 +46,9 @@ TEXTS = [
     (Waiting(3, 2, (), queued=True), 1, 4, -3.0,
      "phalanx: waiting to join: round 2 is running without this node; waiting for round 3 "
      "to open; join timeout in 0 s"),
+    (Waiting(3, 2, (), queued=True, spare=True), 1, 2, -3.0,
+     "phalanx: waiting to join: round 2 is running without this node; a spare: it waits for "
+     "round 3 as long as the job runs"),
 ]  # fmt: skip
 
 
@@ -94,22 +99,36 @@ def test_a_log_gets_plain_lines_while_the_first_node_waits(
     assert "waiting for nodes" not in nodes[1].stderr  # it came last: the round formed at once
 
 
-def test_a_spare_says_it_waits_for_a_round_to_open(nodes: list[Node], tmp_path: Path) -> None:
-    """A node that comes while the job runs at MAX (2) waits for a new round, and says so."""
+def test_a_spare_waits_past_join_timeout_and_leaves_with_0_when_the_job_ends(
+    nodes: list[Node], tmp_path: Path
+) -> None:
+    """A node that comes while the job runs at MAX (2) is a spare: it says so, waits past
+    ``join_timeout`` (3 s here) as long as the job runs, and when the job finishes without
+    it leaves with exit 0 and one line."""
     net, port, gate = Loopback(), free_port(), tmp_path / "gate"
     gate.mkdir()
-    hold = [*c10d(port), worker("hold_until_go.py"), str(gate)]
+    short = FAST.replace("join_timeout=60", "join_timeout=3")
+    hold = [*c10d(port)[:-1], short, worker("hold_until_go.py"), str(gate)]
     for name in ("a", "b"):
         nodes.append(Node(net, 0, hold, tmp_path, name))
     wait_for(lambda: {p.name for p in gate.iterdir()} == {"ready0", "ready1"}, HANG, "the job")
     nodes.append(Node(net, 2, hold, tmp_path, "spare"))
     spare = nodes[2]
-    line = "phalanx: waiting to join: round 0 is running without this node; waiting for round 1"
+    line = "phalanx: waiting to join: round 0 is running without this node; a spare: it waits"
     wait_for(lambda: line in spare.stderr, HANG, "the spare's waiting line")
+    time.sleep(6)  # twice join_timeout: a spare is not timed out while the job runs
+    assert spare.proc.poll() is None, spare.stderr
+    # ``phalanx status`` on a member counts it (the heartbeat thread reads the queue).
+    run_dir = next(nodes[0].logs.iterdir())
+    wait_for(lambda: json.loads((run_dir / "status.json").read_text())["spares"] == 1, HANG,
+             "status.json: 1 spare")  # fmt: skip
+    shown = run_phalanx(["status", str(run_dir)], timeout=60)
+    assert "1 spare waiting (agents beyond --nnodes MAX" in shown.stdout, shown.stdout
     (gate / "go").touch()
     assert [n.finish(HANG) for n in nodes[:2]] == [0, 0], nodes[0].stderr
-    assert spare.finish(HANG) != 0  # the job finished while it waited: said, not run
-    assert "the job finished while this node waited" in spare.stderr, spare.stderr
+    assert spare.finish(HANG) == 0, spare.stderr  # not needed: said, not run, not a failure
+    assert "the job finished while this node waited as a spare" in spare.stderr, spare.stderr
+    assert "no place for this node" not in spare.stderr
 
 
 class PtyReader:

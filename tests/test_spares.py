@@ -4,12 +4,13 @@ result. Real agents (c10d, network namespaces), one worker each."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from phalanx.net import free_port
 from support.hosts import Node
 from support.launch import wait_for, worker
-from test_multinode import c10d_args
+from test_multinode import FAST, c10d_args
 
 
 def test_a_waiting_spare_replaces_a_killed_member(
@@ -19,7 +20,10 @@ def test_a_waiting_spare_replaces_a_killed_member(
     shared = tmp_path / "shared"
     shared.mkdir()
     port = free_port()
-    args = [*c10d_args(net, port, "2:2"), "--max-restarts", "1", "--cold-start",
+    # join_timeout 8 s, and the spare waits past it before the loss: a spare is not timed
+    # out while the job runs, and it has the whole timeout again for the round it joins.
+    conf = FAST.replace("join_timeout=60", "join_timeout=8")
+    args = [*c10d_args(net, port, "2:2", conf=conf), "--max-restarts", "1", "--cold-start",
             worker("spare_round.py"), str(shared)]  # fmt: skip
     for i in (0, 1):
         nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
@@ -27,6 +31,7 @@ def test_a_waiting_spare_replaces_a_killed_member(
     spare = Node(net, 2, args, tmp_path, "spare", env={"SPARE": "1"})
     nodes.append(spare)
     wait_for(lambda: "is running without this node" in spare.stderr, 60, "the spare waiting")
+    time.sleep(10)
     member = nodes[1]
     member.kill()  # SIGKILL of the member agent's whole session (its worker too)
     assert nodes[0].finish(timeout=180) == 0, nodes[0].stderr + spare.stderr

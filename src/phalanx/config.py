@@ -109,6 +109,9 @@ class LaunchConfig:
     # --hosts/--hostfile: this process is the controller, starting an agent on every host
     # over ssh (phalanx.hosts); forward_env is what they are sent, beside the job's token.
     hosts: tuple[HostSlots, ...] = ()
+    # With hosts: --nnodes MIN:MAX when given (the hosts started beyond MAX wait as spares);
+    # None: every host started is a member (phalanx.hosts.plan).
+    host_nodes: tuple[int, int] | None = None
     ssh_config: Path | None = None
     forward_env: tuple[tuple[str, str], ...] = ()
     # --metrics-port: serve this agent's events as Prometheus metrics on metrics_addr

@@ -50,6 +50,13 @@ class NodeExcluded(PhalanxError):
     exit_code = 69
 
 
+class NotNeeded(PhalanxError):
+    """A spare (an agent beyond ``--nnodes MAX``) waited while the job ran with all its
+    members, and the job finished without needing it: exit 0, one line (``formation``)."""
+
+    exit_code = 0
+
+
 class JobFailed(PhalanxError):
     """A worker failed and the restart budget is spent; ``exit_code`` is the root cause's code."""
 

@@ -315,9 +315,10 @@ def static_flags(log_dir: Path, port: int = 29500) -> str:
 
 
 @contextlib.contextmanager
-def running(tmp: Path) -> Iterator[SlurmCluster]:
-    """A started cluster under ``tmp``; stopped after, with nothing of it left behind."""
-    cluster = SlurmCluster(tmp)
+def running(tmp: Path, nodes: int = 2) -> Iterator[SlurmCluster]:
+    """A started cluster of ``nodes`` nodes under ``tmp``; stopped after, with nothing of it
+    left behind."""
+    cluster = SlurmCluster(tmp, nodes)
     cluster.start()
     try:
         yield cluster

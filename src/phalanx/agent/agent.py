@@ -13,7 +13,7 @@ from phalanx.agent.exclusion import refuse_if_excluded, this_node
 from phalanx.agent.loop import Rounds
 from phalanx.agent.runfiles import write_launcher_file
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, PhalanxError, Preempted
+from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
@@ -118,6 +118,9 @@ class Agent:
             raise
         except Interrupted as exc:
             events.emit("job_end", outcome="interrupted", exit_code=exc.exit_code)
+            raise
+        except NotNeeded as exc:  # a spare the job finished without
+            events.emit("job_end", outcome="not_needed", exit_code=exc.exit_code)
             raise
         except PhalanxError as exc:
             events.emit("job_end", outcome="failed", exit_code=exc.exit_code)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from phalanx.agent import preempted
 from phalanx.agent.describe import describe_event
+from phalanx.agent.exclusion import requeue_exclusions
 from phalanx.agent.runfiles import write_bounded
 from phalanx.agent.stopped import stop_report
 from phalanx.config import LaunchConfig
@@ -172,7 +173,8 @@ class Endings:
             data["recovery"] = figures
         self._write_report(data)
         if self.config.requeue and joined.node_rank == 0:
-            slurm.requeue(self.base_env)
+            excluded = requeue_exclusions(self.config.exclude_file, self.run_dir)
+            slurm.requeue(self.base_env, excluded)
         raise Preempted(signal.Signals[preemption.signal], f"preempted by {preemption.signal}")
 
     def _record_failure(

@@ -1,10 +1,12 @@
 """Nodes kept out of a job (``--exclude-after``, ``--exclude-file``), remembered in a file.
 
 The file is JSON lines, one exclusion a line: ``{"node": hostname, "addr": address or
-null, "reason": ..., "time": ...}``. An entry written by a node that was given its address
-(``--local-addr``) matches that address: several agents on one machine (network
-namespaces, containers) share a hostname but not an address. An entry without one matches
-the hostname, the name a scheduler knows a node by.
+null, "reason": ..., "time": ...}``, and ``"slurm": name`` under Slurm (``SLURMD_NODENAME``,
+the name ``--requeue`` keeps out of the requeued job: ``slurm_names``). An entry written by
+a node that was given its address (``--local-addr``) matches that address: several agents
+on one machine (network namespaces, containers) share a hostname but not an address. An
+entry without one matches the hostname, the name a scheduler knows a node by. Under Slurm,
+an entry with a Slurm name matches the Slurm node of that name and no other.
 
 Writers append one line with ``O_APPEND`` (one ``write`` of a short line: nodes sharing the
 file on one filesystem do not interleave), so an exclusion is never lost to another's.
@@ -46,6 +48,7 @@ class NodeName:
 
     host: str
     addr: str | None = None
+    slurm: str | None = None  # the Slurm node's name (SLURMD_NODENAME), under Slurm
 
     def __str__(self) -> str:
         return self.host if self.addr is None else f"{self.host} ({self.addr})"
@@ -58,6 +61,8 @@ class Exclusion:
     time: float
 
     def matches(self, node: NodeName) -> bool:
+        if self.node.slurm is not None and node.slurm is not None:
+            return node.slurm == self.node.slurm  # under Slurm its node name is the node
         if self.node.addr is not None:
             return node.addr == self.node.addr
         return node.host == self.node.host
@@ -66,7 +71,10 @@ class Exclusion:
 def exclude(path: Path, node: NodeName, reason: str) -> None:
     """Append ``node``'s exclusion to ``path`` (its folder made if missing). OSError
     propagates: a caller that must not fail on it says so."""
-    line = json.dumps({"node": node.host, "addr": node.addr, "reason": reason, "time": time.time()})
+    entry = {"node": node.host, "addr": node.addr, "reason": reason, "time": time.time()}
+    if node.slurm is not None:
+        entry["slurm"] = node.slurm
+    line = json.dumps(entry)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -85,8 +93,12 @@ def exclusions(path: Path) -> list[Exclusion]:
     for line in text.splitlines():
         with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
             data = json.loads(line)
-            addr = data.get("addr")
-            node = NodeName(str(data["node"]), None if addr is None else str(addr))
+            addr, slurm = data.get("addr"), data.get("slurm")
+            node = NodeName(
+                str(data["node"]),
+                None if addr is None else str(addr),
+                None if slurm is None else str(slurm),
+            )
             found.append(Exclusion(node, str(data.get("reason", "")), float(data.get("time", 0))))
     return found
 
@@ -95,6 +107,25 @@ def excluded(path: Path) -> set[str]:
     """The names excluded in ``path``: each entry's address where it has one, else its
     hostname (what ``Exclusion.matches`` compares)."""
     return {e.node.addr or e.node.host for e in exclusions(path)}
+
+
+def slurm_names(paths: list[Path]) -> list[str]:
+    """The Slurm node names of the exclusions in ``paths``, in order, once each: an entry's
+    ``slurm`` name, or the host name of an entry without an address (one written by hand,
+    or by a node whose host name is its Slurm name)."""
+    names: dict[str, None] = {}
+    for path in paths:
+        for entry in exclusions(path):
+            name = entry.node.slurm or (entry.node.host if entry.node.addr is None else None)
+            if name:
+                names[name] = None
+    return list(names)
+
+
+def requeue_exclusions(exclude_file: Path | None, run_dir: Path) -> list[str]:
+    """The Slurm nodes ``--requeue`` keeps out of the requeued job: those of
+    ``exclude_file`` (shared by the nodes) and of this run directory's own file."""
+    return slurm_names([p for p in (exclude_file, run_dir / FILE_NAME) if p is not None])
 
 
 def exclusion_of(paths: list[Path], node: NodeName) -> Exclusion | None:
@@ -163,7 +194,9 @@ def cause_is_here(records: list[dict[str, object]], round_: int, node_rank: int)
 
 
 def this_node(local_addr: str | None) -> NodeName:
-    return NodeName(socket.gethostname(), local_addr or None)
+    return NodeName(
+        socket.gethostname(), local_addr or None, os.environ.get("SLURMD_NODENAME") or None
+    )
 
 
 def refuse_if_excluded(exclude_file: Path | None, run_dir: Path, node: NodeName) -> None:

@@ -4,6 +4,7 @@ problems at once."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import signal
 from collections.abc import Callable, Mapping
@@ -271,7 +272,6 @@ def _hosts(
         p.add("--hosts and --hostfile: give one of them")
     for refused, dest in (
         (ns.standalone, "standalone"),
-        (str(ns.nnodes) != "1", "nnodes"),
         (str(ns.node_rank) != "0", "node_rank"),
         (ns.local_addr is not None, "local_addr"),
         ("rdzv_backend" in given, "rdzv_backend"),
@@ -286,6 +286,13 @@ def _hosts(
         hosts = p.parse(lambda: parse_hosts(ns.hosts, nproc), no_hosts)
     else:
         hosts = p.parse(lambda: read_hostfile(Path(ns.hostfile), nproc), no_hosts)
+    host_nodes: tuple[int, int] | None = None
+    if "nnodes" in given:  # the members; the hosts started beyond MAX wait as spares
+        with contextlib.suppress(ValueError):  # a bad value: said once, by _job's own parse
+            host_nodes = parsing.parse_nnodes(ns.nnodes)
+        if host_nodes is not None and hosts and host_nodes[0] > len(hosts):
+            p.add(f"--nnodes {ns.nnodes}: at least {host_nodes[0]} nodes, but the host list "
+                  f"has {len(hosts)}")  # fmt: skip
     ssh_config = Path(ns.ssh_config) if ns.ssh_config is not None else None
     if ssh_config is not None and not ssh_config.is_file():
         p.add(f"--ssh-config: no such file: {ssh_config}")
@@ -294,7 +301,8 @@ def _hosts(
         entries = p.parse(lambda: read_env_file(Path(ns.env_file)), entries)
     no_env: dict[str, str] = {}
     env = p.parse(lambda: forwarded_env(environ, ns.env, entries), no_env)
-    return {"hosts": hosts, "ssh_config": ssh_config, "forward_env": tuple(env.items())}
+    return {"hosts": hosts, "host_nodes": host_nodes, "ssh_config": ssh_config,
+            "forward_env": tuple(env.items())}  # fmt: skip
 
 
 def _metrics(ns: argparse.Namespace, p: _Problems) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "1",
         "Number of nodes, or MIN:MAX for an elastic job. Agents beyond MAX wait as hot "
         "spares: a lost or excluded member's place goes to one in the next round (a restart "
-        "and the heartbeat timeout; a spare waits at most join_timeout).",
+        "and the heartbeat timeout; a spare waits as long as the job runs, then exits 0).",
     )
     option("nproc-per-node", "1", "Workers per node: an integer, auto, cpu, gpu or xpu.")
     option(
@@ -221,7 +221,8 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     )
     switch(
         "requeue",
-        "After a preemption under SLURM, node rank 0 runs 'scontrol requeue $SLURM_JOB_ID'.",
+        "After a preemption under SLURM, node rank 0 runs 'scontrol requeue $SLURM_JOB_ID'; "
+        "nodes the exclusion files list are kept out of the requeued job (ExcNodeList).",
     )
     option(
         "shutdown-timeout",
@@ -277,7 +278,8 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "exclude-file",
         None,
         "A file of excluded nodes shared across runs: exclusions are added to it, and an "
-        "agent on a node it lists leaves at start (exit 69) before joining.",
+        "agent on a node it lists leaves at start (exit 69) before joining. With --hosts/"
+        "--hostfile a host it lists is not started; the next host takes its place.",
     )
     switch(
         "allow-mismatch",
@@ -339,7 +341,8 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         None,
         "Start the job on every host listed, over ssh: DeepSpeed's format, one 'host slots=N' "
         "per line, '#' comments (a host without slots gets --nproc-per-node). The first host "
-        "hosts the rendezvous; every host runs this Python in this directory.",
+        "hosts the rendezvous; every host runs this Python in this directory. With --nnodes, "
+        "hosts beyond MAX wait as spares.",
         pet=False,
     )
     option("hosts", None, "Like --hostfile, inline in Horovod's form: h1:8,h2:8.", pet=False)

@@ -14,11 +14,14 @@ what is meant.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import shutil
+import signal
 import subprocess
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 
 from phalanx.environments.facts import Detected, Fact, LauncherVars, Problem, slurm_port
 from phalanx.environments.nodelist import first_host
@@ -164,9 +167,14 @@ LAUNCHER = LauncherVars(
 )  # fmt: skip
 
 
-def requeue(environ: Mapping[str, str]) -> None:
+def requeue(environ: Mapping[str, str], exclude: Sequence[str] = ()) -> None:
     """``scontrol requeue $SLURM_JOB_ID`` (``scontrol`` from PATH); any trouble is one
-    warning: the job's own exit code (75) still tells a wrapper what happened."""
+    warning: the job's own exit code (75) still tells a wrapper what happened.
+
+    ``exclude``: Slurm node names kept out of the requeued job. Slurm changes a job's
+    ``ExcNodeList`` only while it is pending, and a requeued job may start again at once, so
+    then it is ``requeuehold``, ``update ExcNodeList=`` (the job's own list and these), then
+    ``release``; the hold is released whatever the update did."""
     job_id = environ.get("SLURM_JOB_ID", "").strip()
     if not job_id:
         log.warning("--requeue: not under SLURM (no SLURM_JOB_ID); nothing requeued")
@@ -175,19 +183,67 @@ def requeue(environ: Mapping[str, str]) -> None:
     if scontrol is None:
         log.warning("--requeue: scontrol is not on PATH; job %s not requeued", job_id)
         return
+    if not exclude:
+        if _scontrol(scontrol, "requeue", job_id) is not None:
+            log.info("requeued SLURM job %s (scontrol requeue)", job_id)
+        return
+    with _deaf_to_sigterm():
+        if _scontrol(scontrol, "requeuehold", job_id) is None:
+            return
+        kept = _excluded_now(scontrol, job_id)
+        nodes = ",".join(dict.fromkeys([*kept, *exclude]))
+        updated = _scontrol(scontrol, "update", f"JobId={job_id}", f"ExcNodeList={nodes}")
+        released = _scontrol(scontrol, "release", job_id)
+    if updated is not None and released is not None:
+        log.info(
+            "requeued SLURM job %s without the excluded node(s) %s (ExcNodeList=%s)",
+            job_id, ", ".join(exclude), nodes,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _deaf_to_sigterm() -> Iterator[None]:
+    """SIGTERM ignored here and in the ``scontrol`` children (an ignored signal stays ignored
+    across ``exec``): ``requeuehold`` ends the running job, and Slurm's SIGTERM to every
+    process of the step would otherwise kill the ``update`` and ``release`` after it (SIGKILL
+    comes only ``KillWait`` seconds later; these take milliseconds). Only the main thread
+    may change a handler; elsewhere it is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _excluded_now(scontrol: str, job_id: str) -> list[str]:
+    """The job's own ``ExcNodeList`` (``sbatch --exclude``), kept beside the new ones."""
+    shown = _scontrol(scontrol, "show", "job", "-o", job_id) or ""
+    for word in shown.split():
+        if word.startswith("ExcNodeList="):
+            value = word.split("=", 1)[1]
+            return [] if value in ("", "(null)") else [value]
+    return []
+
+
+def _scontrol(scontrol: str, *args: str) -> str | None:
+    """``scontrol ARGS``' output, or None after one warning (it failed)."""
+    what = f"scontrol {' '.join(args)}"
     try:
         done = subprocess.run(
-            [scontrol, "requeue", job_id],
+            [scontrol, *args],
             capture_output=True,
             text=True,
             timeout=_SCONTROL_TIMEOUT,
             check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("--requeue: scontrol requeue %s failed: %s", job_id, exc)
-        return
+        log.warning("--requeue: %s failed: %s", what, exc)
+        return None
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        log.warning("--requeue: scontrol requeue %s exited %d: %s", job_id, done.returncode, said)
-        return
-    log.info("requeued SLURM job %s (scontrol requeue)", job_id)
+        log.warning("--requeue: %s exited %d: %s", what, done.returncode, said)
+        return None
+    return done.stdout

@@ -98,6 +98,7 @@ class Controller:
         self._signal: int | None = None
         self._wake = threading.Event()
         self._done = threading.Event()
+        self._told_lost: set[str] = set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only state: the loop does the stopping. A second preemption signal is a stop.
@@ -154,13 +155,25 @@ class Controller:
                 return 128 + self._signal
             ended = [s for s in sessions if s.ended_at is not None]
             lost = [s for s in ended if s.proc.returncode == SSH_LOST]
-            if lost:  # said even when every session ended at once: the cause is the ssh link
+            if lost and self._plan.spares:
+                self._carry_on(lost)  # a spare takes the host's place
+            elif lost:  # said even when every session ended at once: the cause is the ssh link
                 return self._stop_all(sessions, f"the ssh session to {lost[0].host.name} was lost")
             if len(ended) == len(sessions):
-                return _job_code(sessions)
+                return _job_code(sessions, tolerate_lost=bool(self._plan.spares))
             failed = [s.ended_at for s in ended if s.ended_at is not None and s.proc.returncode]
             if failed and time.monotonic() - min(failed) > AFTER_FAILURE:
                 return self._stop_all(sessions, "a host failed and the others did not follow")
+
+    def _carry_on(self, lost: list[Session]) -> None:
+        """With spare hosts a lost host is a lost member: its agent stops itself (its
+        lifeline is gone) and the job re-forms with a spare in its place."""
+        for session in lost:
+            if session.host.name not in self._told_lost:
+                self._told_lost.add(session.host.name)
+                print(f"phalanx: the ssh session to {session.host.name} was lost; the job goes "
+                      "on without it (its agent stops itself; a spare host takes its place)",
+                      file=sys.stderr, flush=True)  # fmt: skip
 
     def _stop_all(self, sessions: list[Session], why: str) -> int:
         print(f"phalanx: {why}; stopping the job on every host", file=sys.stderr, flush=True)
@@ -181,10 +194,14 @@ class Controller:
                 relay.join(max(0.1, deadline - time.monotonic()))
 
 
-def _job_code(sessions: list[Session], stopped_at: float | None = None) -> int:
+def _job_code(
+    sessions: list[Session], stopped_at: float | None = None, *, tolerate_lost: bool = False
+) -> int:
     """The first failing agent's code; sessions that ended after the controller stopped the
     job (``stopped_at``) were stopped by it and do not count. 1 when the controller stopped
-    it and no agent had failed on its own (a lost connection)."""
+    it and no agent had failed on its own (a lost connection). ``tolerate_lost`` (spare
+    hosts): a lost session is a member the job went on without, not the job's failure,
+    unless no other session finished well."""
     own = sorted(
         (s for s in sessions if s.ended_at is not None and s.proc.returncode is not None
          and (stopped_at is None or s.ended_at <= stopped_at)),
@@ -195,6 +212,8 @@ def _job_code(sessions: list[Session], stopped_at: float | None = None) -> int:
     failed = [c for c in codes if c not in (0, SSH_LOST)]
     if failed:
         return failed[0]
+    if tolerate_lost and stopped_at is None and 0 in codes:
+        return 0
     return 0 if stopped_at is None and all(c == 0 for c in codes) else 1
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from phalanx import parsing
 from phalanx.config import HostSlots, LaunchConfig
 from phalanx.hosts.remote_env import TOKEN_VAR, shown
+from phalanx.hosts.skipped import Skipped, members_text, split_excluded
 from phalanx.hosts.ssh import remote_command, resolve_address, ssh_argv
 
 DEFAULT_RDZV_PORT = 29400
@@ -53,6 +54,8 @@ class HostsPlan:
     env: Mapping[str, str]  # forwarded, the token included
     cwd: str
     python: str
+    skipped: tuple[Skipped, ...] = ()  # listed in the exclusion file: not started
+    spares: int = 0  # hosts started beyond --nnodes MAX: they wait as spares
 
     @property
     def workers(self) -> int:
@@ -65,7 +68,10 @@ class HostsPlan:
             f"run id {self.run_id}; in {self.cwd} with {self.python}",
             "phalanx: environment sent to every host (on ssh's stdin, not a command line):",
             *(f"  {line}" for line in shown(self.env)),
+            *(skipped.line() for skipped in self.skipped),
         ]
+        if self.spares:
+            lines.append(f"phalanx: the last {self.spares} host(s) started wait as spares")
         for host in self.hosts:
             lines.append(f"{host.name}: {shlex.join(host.ssh[:-1])} COMMAND")
             lines.append(f"  COMMAND: {host.ssh[-1]}")
@@ -92,14 +98,15 @@ def split_argv(argv: Sequence[str], script_args: int) -> tuple[list[str], list[s
 
 
 def _overrides(
-    config: LaunchConfig, entry: HostSlots, addr: str, endpoint: str, run_id: str, first: bool
+    config: LaunchConfig, entry: HostSlots, addr: str, endpoint: str, run_id: str, first: bool,
+    nnodes: str,
 ) -> list[str]:
     # Who hosts: the first host, unless the user's own endpoint names where the store is
     # (then c10d's usual rule: the agent on the machine the endpoint names).
     hosting = () if config.rdzv_endpoint else (("is_host", str(first).lower()),)
     conf = ",".join(f"{k}={v}" for k, v in (*config.rdzv_conf, *hosting))
     return [
-        "--nnodes", str(len(config.hosts)),
+        "--nnodes", nnodes,
         "--nproc-per-node", str(entry.slots),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", endpoint,
@@ -112,10 +119,16 @@ def _overrides(
 def build_hosts_plan(
     config: LaunchConfig, argv: Sequence[str], token: str | None = None
 ) -> HostsPlan:
-    """Raises ``ValueError`` when a host's ssh configuration cannot be read."""
+    """Raises ``ValueError`` when a host's ssh configuration cannot be read, or when too
+    few hosts are left once the excluded ones are skipped (``hosts.skipped``)."""
     addrs = [resolve_address(entry.host, config.ssh_config) for entry in config.hosts]
-    rdzv_addr, rdzv_port = addrs[0], DEFAULT_RDZV_PORT
-    hosted_by = config.hosts[0].name
+    started, skipped = split_excluded(config.hosts, addrs, config.exclude_file)
+    _enough(config, len(started), skipped)
+    if config.host_nodes is not None and config.host_nodes[1] == 1:
+        started = started[:1]  # one node has no rendezvous store: no spare could wait at it
+    nnodes, spares = members_text(config.host_nodes, len(started))
+    rdzv_addr, rdzv_port = started[0][1], DEFAULT_RDZV_PORT
+    hosted_by = started[0][0].name
     if config.rdzv_endpoint:
         given = parsing.parse_endpoint(config.rdzv_endpoint)
         rdzv_addr, rdzv_port = given.host, given.port or DEFAULT_RDZV_PORT
@@ -125,12 +138,29 @@ def build_hosts_plan(
     options, program = split_argv(argv, len(config.program_args))
     cwd, python = os.getcwd(), sys.executable
     plans = []
-    for i, (entry, addr) in enumerate(zip(config.hosts, addrs, strict=True)):
-        args = (*options, *_overrides(config, entry, addr, endpoint, run_id, i == 0), *program)
+    for i, (entry, addr) in enumerate(started):
+        overrides = _overrides(config, entry, addr, endpoint, run_id, i == 0, nnodes)
+        args = (*options, *overrides, *program)
         command = remote_command(cwd, python, REMOTE_MODULE, args)
         plans.append(HostPlan(entry, addr, args, tuple(ssh_argv(entry.host, command, config.ssh_config))))  # fmt: skip
     env = {**dict(config.forward_env), TOKEN_VAR: token or secrets.token_hex(16)}
-    return HostsPlan(tuple(plans), rdzv_addr, rdzv_port, hosted_by, run_id, env, cwd, python)
+    return HostsPlan(
+        tuple(plans), rdzv_addr, rdzv_port, hosted_by, run_id, env, cwd, python,
+        tuple(skipped), spares,
+    )  # fmt: skip
+
+
+def _enough(config: LaunchConfig, started: int, skipped: list[Skipped]) -> None:
+    """Raise ``ValueError`` when the hosts left cannot make the job (nothing is started)."""
+    needed = config.host_nodes[0] if config.host_nodes is not None else 1
+    if started >= needed:
+        return
+    names = ", ".join(s.name for s in skipped)
+    raise ValueError(
+        f"{started} host(s) left once those excluded in {config.exclude_file} are skipped "
+        f"({names}); the job needs at least {needed} (--nnodes): add hosts to the list, "
+        "or remove a host's line from the exclusion file to let it in"
+    )
 
 
 def plan_for_dry_run(config: LaunchConfig, argv: Sequence[str]) -> HostsPlan:

@@ -27,6 +27,11 @@ def run_hosts(config: LaunchConfig, argv: Sequence[str]) -> int:
     print(f"phalanx: {len(plan.hosts)} hosts, {plan.workers} workers; environment forwarded "
           f"to every host: {', '.join(names) or '(none)'} (and the job's {TOKEN_VAR})",
           file=sys.stderr, flush=True)  # fmt: skip
+    for skipped in plan.skipped:
+        print(skipped.line(), file=sys.stderr, flush=True)
+    if plan.spares:
+        print(f"phalanx: the last {plan.spares} host(s) started wait as spares (beyond --nnodes "
+              "MAX): each takes a lost or excluded member's place", file=sys.stderr, flush=True)  # fmt: skip
     problems = preflight(config, plan)
     if problems:
         raise UsageError([*problems, "pre-flight failed: nothing was started on any host"])

@@ -308,6 +308,10 @@ class StatusExchange(Protocol):
         """The newest status request of the current round this node knows of (0: none),
         including its own. Never waits on the network (read by the heartbeat thread)."""
 
+    def spares(self) -> int:
+        """How many agents wait for the next round (spares, while the round runs with MAX
+        members), as the heartbeat thread last read it. Never waits on the network."""
+
     def post_status(self, request: int, data: bytes) -> None:
         """This node's answer to ``request`` of the current round (the caller bounds its
         size: ``phalanx.status.exchange``). One store write; store trouble is only logged."""

@@ -91,6 +91,7 @@ class NodeStatus:
             "round": None, "attempt": 0, "restarts": 0, "max_restarts": None,
             "num_nodes": None, "world_size": None, "members": [], "started_at": None,
             "last_failure": None, "outcome": None, "exit_code": None, "ended_at": None,
+            "spares": None,
         }  # fmt: skip
         self._ranks: dict[int, _Rank] = {}
         self._progress_files: dict[int, str] = {}  # global rank -> its progress counters
@@ -111,6 +112,11 @@ class NodeStatus:
             w.global_rank: str(w.log_dir / progress.FILE_NAME) for w in plan.workers
         }
         self._local_ranks = {w.global_rank: w.local_rank for w in plan.workers}
+
+    def spares(self, count: int | None) -> None:
+        """How many agents wait for the next round (None: not known here, e.g. a local
+        rendezvous)."""
+        self._info["spares"] = count
 
     def hear(self, record: dict[str, Any]) -> None:
         handler = _HANDLERS.get(str(record.get("kind")))

@@ -73,6 +73,7 @@ class StatusService:
         self._next_write = 0.0
         self._next_scan = 0.0
         self._written: dict[str, Any] | None = None  # the last content offered, clock aside
+        self._exchange: StatusExchange | None = None
         events.listen(self._hear)
 
     def begin(
@@ -81,6 +82,7 @@ class StatusService:
         """An attempt of round ``joined`` is about to start with ``plan``."""
         self.node.attempt(plan)
         self._requests.round(joined, exchange)
+        self._exchange = exchange
 
     def watch(self, on_tick: Callable[[Running], T]) -> Callable[[Running], T]:
         """``on_tick`` (the supervisor's), then this service's share of the tick."""
@@ -96,6 +98,7 @@ class StatusService:
         now = self._mono()
         if now >= self._next_write:
             self.node.sample()
+            self._spares()
             self._write(changed_only=True)
         if now >= self._next_scan:
             self._next_scan = now + SCAN_EVERY
@@ -123,8 +126,14 @@ class StatusService:
         self._written = content
         self._writer.offer(json.dumps(snapshot, indent=1).encode() + b"\n")
 
+    def _spares(self) -> None:
+        """The spares the heartbeat thread last counted (no network here)."""
+        if self._exchange is not None:
+            self.node.spares(self._exchange.spares())
+
     def _answer(self) -> bytes:
         self.node.sample()
+        self._spares()
         return encode_answer(self.node.snapshot(), self._tail.lines, self._tail.dropped)
 
 

@@ -148,6 +148,12 @@ def _state(own: dict[str, Any], alive: bool, agent: Launcher | None) -> str:
 def render(view: RunView, now: float | None = None) -> str:
     now = time.time() if now is None else now
     lines = [_headline(view, view.own, now)]
+    spares = view.own.get("spares")
+    if isinstance(spares, int) and spares > 0 and view.alive:
+        lines.append(
+            f"{spares} spare{'s' if spares > 1 else ''} waiting (agents beyond --nnodes MAX, "
+            "each ready to take a lost or excluded member's place)"
+        )
     if view.note:
         lines.append(f"note: {view.note}")
     rows = [["NODE", "HOST", "STATE", "RANK", "LOCAL", "PID", "RANK STATE", "STEP", "STEPS/S",

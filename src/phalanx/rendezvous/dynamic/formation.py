@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 
 from phalanx.config import shown_run_id
-from phalanx.errors import Interrupted, Preempted, RendezvousError
+from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted, RendezvousError
 from phalanx.net import free_port
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
 from phalanx.rendezvous.dynamic.admission import check_admission
@@ -96,7 +96,7 @@ class RoundFormer:
                 if not self._b.is_open(t) and t not in queued:
                     self._queue_for(t, me)  # round t-1 runs without us: wait for the next
                     queued.add(t)
-                self._wait_open(t, deadline)
+                deadline = self._wait_open(t, deadline)
             slot = self._b.store.add(self._keys.round(t, "joined"), 1)
             if slot > self._max:  # full: queue for the next round
                 rejoining = False
@@ -117,13 +117,14 @@ class RoundFormer:
             return membership, rank, self._master(membership, rank)
 
     # -- joining ---------------------------------------------------------------------------
-    def _check_stopped(self) -> None:
+    def _check_stopped(self, spare: bool = False) -> None:
+        """Raise if the job stopped (``spare``: this node waited as a spare so far)."""
         stopped = self._b.stopped()
         if stopped is None:
             return
         reason, finished = stopped
         if finished:  # the tombstone of a run that succeeded (its other keys may be gone)
-            raise self._finished()
+            raise self._not_needed(self._b.latest_round() + 1, spare)
         by_signal = self._b.stop_signal()
         if by_signal is not None:  # a stop or a preemption, not a failure: end as that node
             signum, preempted, where = by_signal
@@ -158,22 +159,47 @@ class RoundFormer:
             )
             self._b.post_event(t - 1, event, about=me.node_id)
 
-    def _wait_open(self, t: int, deadline: float) -> None:
-        """Wait while round t-1 runs, until round t opens; give up if the job ends first."""
+    def _wait_open(self, t: int, deadline: float) -> float:
+        """Wait while round t-1 runs, until round t opens; give up if the job ends first.
+        Past ``join_timeout`` a spare (round t-1 runs with MAX members: nothing is missing
+        but this node's place) keeps waiting for the job's life; returns the join deadline
+        for the rest of the round (the timeout again from now, for such a spare)."""
         key = self._keys.round(t, "open")
+        spare = waited_past = False
         while not self._b.is_open(t):
-            self._check_stopped()
+            self._check_stopped(spare)
+            spare = self._spare(t)
             if self._b.all_ok(t - 1):
-                raise self._finished()
+                raise self._not_needed(t, spare)
             left = deadline - self._clock()
+            if left <= 0 and spare:
+                deadline = self._clock() + self._s.join_timeout
+                left, waited_past = self._s.join_timeout, True
             if left <= 0:
                 raise RendezvousError(
                     f"rendezvous {shown_run_id(self._keys.run_id)}: no place for this node within "
                     f"join_timeout={self._s.join_timeout:g}s: round {t - 1} is running and "
                     "no new round opened (set --rdzv-conf join_timeout=... to wait longer)"
                 )
-            self._line.check(t, deadline, queued=True)
+            self._line.check(t, deadline, queued=True, spare=spare)
             self._b.store.wait([key], min(left, self._s.heartbeat_interval))
+        # A spare that waited past the timeout gets the whole timeout for the round it joins
+        # (not what was left of the last extension).
+        return self._clock() + self._s.join_timeout if waited_past else deadline
+
+    def _spare(self, t: int) -> bool:
+        """Round t-1 runs with MAX members: this node waits as a spare (one plain read)."""
+        running = self._b.decision(t - 1)
+        return running is not None and not running.failed and running.count >= self._max
+
+    def _not_needed(self, t: int, spare: bool) -> PhalanxError:
+        """The job finished while this node waited for round t: a spare leaves with exit 0."""
+        if spare:
+            return NotNeeded(
+                f"the job finished while this node waited as a spare (round {t - 1} ran with "
+                "all its members): not needed, nothing to run"
+            )
+        return self._finished()
 
     # -- closing ---------------------------------------------------------------------------
     def _await_decision(self, t: int, slot: int, deadline: float) -> Decision:

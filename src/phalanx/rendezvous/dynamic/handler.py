@@ -463,6 +463,9 @@ class DynamicRendezvous:
     def post_status(self, request: int, data: bytes) -> None:
         self._status.post(request, data)
 
+    def spares(self) -> int:
+        return self._liveness.spares()
+
     def gather_status(
         self, round: int, request: int, node_ranks: Sequence[int], timeout: float
     ) -> dict[int, bytes]:

@@ -20,7 +20,8 @@ It does every periodic store operation, so ``poll()`` never touches the network:
   requests the round has had (``phalanx stacks`` on any node), for ``stack_requests()``:
   one ``get`` per heartbeat rather than per event check, since a person waits for that
   answer, not a restart; and likewise how many status requests (``phalanx status``), for
-  ``status_requests()``: one more ``get``.
+  ``status_requests()``: one more ``get``; and how many agents wait for the next round
+  (spares, ``phalanx status``), for ``spares()``: one more plain read.
 
 The thread keeps watching the previous round while the agent is in ``next_round`` (that
 is how members that died during a restart are found and the restart stops waiting for
@@ -109,6 +110,7 @@ class Liveness:
         self._hole: tuple[int, float] | None = None
         self._stack_requests = 0  # the newest stacks request of the round seen so far
         self._status_requests = 0  # the same for status requests
+        self._spares = 0  # agents queued for the round after the followed one
         proved = fence.proved_alive if fence is not None else (lambda start: None)
         self._pulse = pulse_for(board, settings, clock, proved, beat_store)
         # Counters: while a beat waits for its answer the next goes out beside it, so that
@@ -141,6 +143,7 @@ class Liveness:
             self._hole = None
             self._stack_requests = 0
             self._status_requests = 0
+            self._spares = 0
             self._pulse.follow()
             self._declared = set()
             self._next_beat = 0.0
@@ -191,6 +194,13 @@ class Liveness:
         """The newest status request of the followed round seen so far (0: none)."""
         with self._lock:
             return self._status_requests
+
+    def spares(self) -> int:
+        """How many agents queued for the round after the followed one, as last read: the
+        spares while the round runs with MAX members (an agent that died while it waited
+        still counts)."""
+        with self._lock:
+            return self._spares
 
     def saw_status_request(self, request: int) -> None:
         """This node made ``request``: count it now rather than at the next heartbeat."""
@@ -330,10 +340,12 @@ class Liveness:
             return  # joining: nobody to judge yet
         requests = self._b.stack_requests(view.membership.round)
         statuses = self._b.status_requests(view.membership.round)
+        spares = self._b.counter(self._b.keys.round(view.membership.round + 1, "waiting"))
         with self._lock:
             if self._view is view:  # not the previous round's count after a switch
                 self._stack_requests = max(self._stack_requests, requests)
                 self._status_requests = max(self._status_requests, statuses)
+                self._spares = spares
         self._watch(view, now)
 
     def _read_events(self, view: _View) -> None:

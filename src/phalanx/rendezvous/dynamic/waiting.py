@@ -46,6 +46,9 @@ class Waiting:
     # Waiting for the members of round ``round - 1`` to settle (rejoin, leave, or be found
     # lost): how many of how many have.
     settling: tuple[int, int] | None = None
+    # Round ``round - 1`` runs with MAX members: this node is a spare, and waits as long as
+    # the job runs (no join timeout while it does).
+    spare: bool = False
 
 
 def waiting_text(w: Waiting, min_nodes: int, max_nodes: int, left: float, where: str = "") -> str:
@@ -54,6 +57,12 @@ def waiting_text(w: Waiting, min_nodes: int, max_nodes: int, left: float, where:
     timeout = f"join timeout in {max(0, math.ceil(left))} s"
     if where:
         timeout += f"; rendezvous: {where}"
+    if w.queued and w.spare:
+        where_ = f"; rendezvous: {where}" if where else ""
+        return (
+            f"phalanx: waiting to join: round {w.round - 1} is running without this node; "
+            f"a spare: it waits for round {w.round} as long as the job runs{where_}"
+        )
     if w.queued:
         return (
             f"phalanx: waiting to join: round {w.round - 1} is running without this node; "
@@ -107,7 +116,13 @@ class WaitingLine:
         self._drawn = False  # a tty line is on screen, not yet ended
 
     def check(
-        self, round_: int, deadline: float, *, queued: bool = False, settling: bool = False
+        self,
+        round_: int,
+        deadline: float,
+        *,
+        queued: bool = False,
+        settling: bool = False,
+        spare: bool = False,
     ) -> None:
         """Say where round ``round_`` stands if it changed, or if it is time to say it again
         (``settling``: the wait is for round ``round_ - 1``'s members to settle)."""
@@ -119,7 +134,7 @@ class WaitingLine:
         present = self._b.counter(self._b.keys.round(round_, "joined"))
         waiting = Waiting(
             round_, present, self._names(round_, present), queued,
-            self._settling(round_ - 1) if settling else None,
+            self._settling(round_ - 1) if settling else None, spare,
         )  # fmt: skip
         out = self._out()
         tty = _isatty(out)
