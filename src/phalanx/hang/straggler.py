@@ -1,55 +1,50 @@
 """Stragglers: a rank (or node) whose step rate stays below its peers' over a window.
 
 Pure bookkeeping on the progress counters the agent already samples (``worker.progress``):
-the caller feeds ``observe(now, {name: beats})`` at its own cadence and gets back who is a
-straggler now. Not yet wired into the agent, status, metrics or timeline (issue 28, item 2).
+``RateWindow.observe(now, {name: beats})`` gives each name's rate over a whole window, and
+``judge`` names who is a straggler among rates that may come from several nodes (each node
+measures its own ranks on its own clock; only rates travel). ``agent.stragglers`` wires it.
 
 Why a window and a fraction of the *median of the others*: one slow step (a checkpoint, a
 data-loader hiccup) must not name anyone, and comparing with the others' median (not the
 mean, not the fastest) keeps one fast outlier from making every healthy rank look slow.
 A name whose counters have not advanced at all on every peer (a pause for evaluation, a
 rendezvous) is no straggler: with a peer median of zero nobody is named.
+
+What step rates cannot see: ranks that wait for each other every step (DDP's all-reduce)
+all move at the slowest one's pace, so their rates are equal whoever is slow. Stragglers
+are named where ranks advance on their own between synchronizations.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-DEFAULT_FRACTION = 0.5  # below half the peers' rate: far past run-to-run noise on a shared host
-DEFAULT_WINDOW_S = 30.0  # long enough that one slow step (a checkpoint) names nobody
+from phalanx.straggler_settings import DEFAULT_FRACTION, DEFAULT_WINDOW_S
 
 
 @dataclass
-class StragglerDetector:
-    fraction: float = DEFAULT_FRACTION
+class RateWindow:
+    """Each name's rate (beats per second) over the last ``window_s`` seconds, once its
+    samples span the whole window."""
+
     window_s: float = DEFAULT_WINDOW_S
     _samples: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
 
-    def observe(self, now: float, beats: dict[str, int]) -> dict[str, tuple[float, float]]:
-        """Record one sample per name; return ``{name: (its rate, peers' median rate)}``
-        for each straggler, judged only once a name's samples span the whole window."""
+    def observe(self, now: float, beats: Mapping[str, int]) -> dict[str, float]:
         for name, count in beats.items():
             samples = self._samples.setdefault(name, deque())
+            if samples and count < samples[-1][1]:
+                samples.clear()  # a new counter (a restarted worker): start again
             samples.append((now, count))
             # keep one sample at or before the window's start, so the span covers it whole
             while len(samples) > 1 and samples[1][0] <= now - self.window_s:
                 samples.popleft()
         for gone in set(self._samples) - set(beats):
             del self._samples[gone]  # a rank that left (a new round) is judged afresh
-        rates = self._rates(now)
-        named: dict[str, tuple[float, float]] = {}
-        for name, rate in rates.items():
-            peers = [other for key, other in rates.items() if key != name]
-            if not peers:
-                continue
-            median = statistics.median(peers)
-            if median > 0 and rate < self.fraction * median:
-                named[name] = (rate, median)
-        return named
-
-    def _rates(self, now: float) -> dict[str, float]:
         rates: dict[str, float] = {}
         for name, samples in self._samples.items():
             start, first = samples[0]
@@ -58,3 +53,31 @@ class StragglerDetector:
             end, last = samples[-1]
             rates[name] = (last - first) / (end - start) if end > start else 0.0
         return rates
+
+
+def judge(rates: Mapping[str, float], fraction: float) -> dict[str, tuple[float, float]]:
+    """``{name: (its rate, the others' median rate)}`` for each name below ``fraction`` of
+    the others' median."""
+    named: dict[str, tuple[float, float]] = {}
+    for name, rate in rates.items():
+        peers = [other for key, other in rates.items() if key != name]
+        if not peers:
+            continue
+        median = statistics.median(peers)
+        if median > 0 and rate < fraction * median:
+            named[name] = (rate, median)
+    return named
+
+
+@dataclass
+class StragglerDetector:
+    """Both steps on one clock: ``observe`` returns the stragglers now."""
+
+    fraction: float = DEFAULT_FRACTION
+    window_s: float = DEFAULT_WINDOW_S
+    _window: RateWindow | None = None
+
+    def observe(self, now: float, beats: dict[str, int]) -> dict[str, tuple[float, float]]:
+        if self._window is None:
+            self._window = RateWindow(self.window_s)
+        return judge(self._window.observe(now, beats), self.fraction)
