@@ -26,10 +26,10 @@ from phalanx.agent.exclusion import EXCLUDED_EXIT_CODE
 from phalanx.agent.stragglers import PHASE, StragglerWatch
 from phalanx.errors import NodeExcluded
 from phalanx.events.log import EventLog
+from phalanx.net import free_port
 from phalanx.straggler_settings import StragglerAction, StragglerSettings
 from phalanx.timeline.model import build
 from phalanx.worker import progress
-from phalanx.net import free_port
 from support import cpuquota
 from support.hosts import Node
 from support.launch import worker

@@ -241,8 +241,7 @@ def to_launch(
         allow_per_node_args=bool(ns.allow_per_node_args),
         not_applied=(*rdzv_notes, *_not_applied(ns)),
         **_metrics(ns, p),
-        node_check=_node_check(ns, p),
-        stragglers=_stragglers(ns, p),
+        node_check=_node_check(ns, p), stragglers=_stragglers(ns, p),
         derived=derivation.lines,
         **hosts,
     )
