@@ -26,9 +26,11 @@ from phalanx.agent.exclusion import EXCLUDED_EXIT_CODE
 from phalanx.agent.stragglers import PHASE, StragglerWatch
 from phalanx.errors import NodeExcluded
 from phalanx.events.log import EventLog
+from phalanx.events.metrics import MetricsServer
 from phalanx.net import free_port
+from phalanx.status.node import NodeStatus
 from phalanx.straggler_settings import StragglerAction, StragglerSettings
-from phalanx.timeline.model import build
+from phalanx.timeline import build, render
 from phalanx.worker import progress
 from support import cpuquota
 from support.hosts import Node
@@ -136,6 +138,26 @@ def test_exclude_makes_the_stragglers_own_node_leave(tmp_path: Path) -> None:
     assert "straggler" in kinds and "excluded" in kinds
     assert json.loads((tmp_path / "excluded.jsonl").read_text())["reason"].startswith("straggler")
     assert json.loads(exchange.records[(PHASE, 0)])["rates"]["0"] == pytest.approx(2)
+
+
+def test_the_event_reaches_status_metrics_and_the_timeline_page(tmp_path: Path) -> None:
+    w, clock, seen = watch(tmp_path, StragglerAction.WARN)
+    run(w, clock, ranks(tmp_path, 3), [20, 20, 2], 12)
+    status = NodeStatus()
+    for record in seen:
+        status.hear(record)
+    (line,) = status.snapshot()["stragglers"]
+    assert line.startswith("straggler (round 3): rank 2 on node 0 (h0), 2.0 steps/s")
+    server = MetricsServer("127.0.0.1", free_port())
+    try:
+        for record in seen:
+            server.record(record)
+        assert server.registry.get_sample_value("phalanx_straggler", {"rank": "2"}) == 1
+        server.record({"kind": "rdzv_done", "mono": 1.0, "seconds": 0.1})  # a new round
+        assert server.registry.get_sample_value("phalanx_straggler", {"rank": "2"}) == 0
+    finally:
+        server.close()
+    assert '<g class="straggler" data-kind="straggler" data-rank="2">' in render(build(seen))
 
 
 def test_bad_values_are_usage_errors() -> None:
