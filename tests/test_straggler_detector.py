@@ -1,4 +1,4 @@
-"""The straggler detector's arithmetic (the agent wiring is not built yet: issue 28 item 2)."""
+"""The straggler detector's arithmetic (its wiring: ``test_stragglers.py``)."""
 
 from phalanx.hang.straggler import StragglerDetector
 

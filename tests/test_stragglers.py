@@ -189,6 +189,12 @@ def wait_for(path: Path, timeout: float) -> str:
     raise AssertionError(f"{path} never appeared")
 
 
+def status_of(run_dir: Path) -> str:
+    done = subprocess.run([sys.executable, "-m", "phalanx", "status", str(run_dir)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return done.stdout + done.stderr
+
+
 def events_of(node: Node) -> list[dict[str, Any]]:
     (path,) = node.logs.glob("*/events.jsonl")
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -217,6 +223,9 @@ def test_a_throttled_rank_is_named_and_its_node_excluded(
     assert bad.finish(timeout=120) == EXCLUDED_EXIT_CODE, bad.stderr
     assert "(--straggler-action exclude)" in bad.stderr
     assert healthy.proc.poll() is None, "named while the job runs"
+    (events,) = healthy.logs.glob("*/events.jsonl")
+    live = status_of(events.parent)  # asked of the running agent
+    assert "straggler (round 0): rank 1 on node 1" in live, live
     assert healthy.finish(timeout=180) == 0, healthy.stderr + bad.stderr
     for node in (healthy, bad):
         assert "straggler: rank 1 on node 1" in node.stderr, node.stderr
@@ -226,7 +235,4 @@ def test_a_throttled_rank_is_named_and_its_node_excluded(
     result = json.loads((out / "result.json").read_text())
     assert result["value"] == EXPECTED and result["world"] == 1 and result["resumed"] > 0
     assert f"resumed at step {result['resumed']}" in healthy.stdout
-    (run_dir,) = healthy.logs.glob("*/events.jsonl")
-    status = subprocess.run([sys.executable, "-m", "phalanx", "status", str(run_dir.parent)],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert "straggler (round" in status.stdout and "rank 1 on node 1" in status.stdout, status.stdout
+    assert "straggler (round 0): rank 1 on node 1" in status_of(events.parent)  # and after
