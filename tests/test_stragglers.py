@@ -140,6 +140,19 @@ def test_exclude_makes_the_stragglers_own_node_leave(tmp_path: Path) -> None:
     assert json.loads(exchange.records[(PHASE, 0)])["rates"]["0"] == pytest.approx(2)
 
 
+def test_a_straggler_that_left_first_is_named_at_the_rounds_end(tmp_path: Path) -> None:
+    """Node 1 named itself and left (its rates posted as it went) before this node's helper
+    thread read them: ``leave`` after the round reads them once more and names rank 1."""
+    exchange = Exchange()
+    w, clock, seen = watch(tmp_path, StragglerAction.EXCLUDE, nodes=2, exchange=exchange)
+    assert not run(w, clock, ranks(tmp_path, 1), [20], 12)  # alone: nobody to compare with
+    exchange.records[(PHASE, 1)] = json.dumps({"node": 1, "host": "h1", "rates": {"1": 2.0}}).encode()
+    w.leave()  # not this node: no NodeExcluded
+    (event,) = [e for e in seen if e["kind"] == "straggler"]
+    assert (event["rank"], event["straggler_node"], event["straggler_host"]) == (1, 1, "h1")
+    assert "excluded" not in [e["kind"] for e in seen]
+
+
 def test_the_event_reaches_status_metrics_and_the_timeline_page(tmp_path: Path) -> None:
     w, clock, seen = watch(tmp_path, StragglerAction.WARN)
     run(w, clock, ranks(tmp_path, 3), [20, 20, 2], 12)

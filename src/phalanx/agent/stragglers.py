@@ -14,6 +14,7 @@ records its exclusion (as ``--exclude-after`` does), stops its workers and leave
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -63,6 +64,7 @@ class StragglerWatch:
         self._lock = threading.Lock()
         self._busy = False  # a post-and-read thread runs
         self._named: set[str] = set()
+        self._mine: dict[str, float] = {}  # this node's ranks' rates, as last measured
         self.leaving: str | None = None  # why this node leaves (exclude)
 
     def tick(self, running: Running) -> bool:
@@ -74,27 +76,42 @@ class StragglerWatch:
             reading = progress.read(str(worker.log_dir / progress.FILE_NAME))
             if reading is not None:
                 beats[str(worker.global_rank)] = reading[0]
-        mine = self._window.observe(self._clock(), beats)
-        node, host = self._joined.node_rank, self._joined.this_node.hostname
+        self._mine = mine = self._window.observe(self._clock(), beats)
         if self._exchange is not None and not self._busy:
             self._busy = True
             threading.Thread(
                 target=self._share, args=(self._exchange, mine), name="phalanx-rates", daemon=True
             ).start()
+        self._judge()
+        return self.leaving is not None
+
+    def leave(self) -> None:
+        """After the round: this node leaves when it was named under ``exclude``. Otherwise
+        the others' last rates are read once more and judged: a straggler that named itself
+        and left under ``exclude`` (its rates posted before it went) is named here too,
+        though this round ended before the helper thread read them."""
+        if self.leaving is not None:
+            raise NodeExcluded(self.leaving)
+        exchange = self._exchange
+        if exchange is None or self._action is StragglerAction.OFF or not self._mine:
+            return
+        try:
+            self._read(exchange)
+        except RendezvousError:
+            return
+        self._judge()
+
+    def _judge(self) -> None:
+        node, host = self._joined.node_rank, self._joined.this_node.hostname
         with self._lock:
-            rates = {**self._peers, **{rank: (rate, node, host) for rank, rate in mine.items()}}
+            mine = {rank: (rate, node, host) for rank, rate in self._mine.items()}
+            rates = {**self._peers, **mine}
         named = judge({rank: rate for rank, (rate, _, _) in rates.items()}, self._fraction)
         for rank in sorted(set(named) - self._named, key=int):
             self._named.add(rank)
             rate, median = named[rank]
             _, at, where = rates[rank]
             self._name(int(rank), at, where, rate, median)
-        return self.leaving is not None
-
-    def leave(self) -> None:
-        """After the round: this node leaves when it was named under ``exclude``."""
-        if self.leaving is not None:
-            raise NodeExcluded(self.leaving)
 
     def _name(self, rank: int, node: int, host: str, rate: float, median: float) -> None:
         action = self._action.value
@@ -116,6 +133,9 @@ class StragglerWatch:
         )  # fmt: skip
         if self._action is not StragglerAction.EXCLUDE or node != self._joined.node_rank:
             return
+        if self._exchange is not None:  # so the others name it even once it is gone
+            with contextlib.suppress(RendezvousError):
+                self._exchange.post_check(PHASE, self._record(self._mine))
         here = exclusion.this_node(self._config.local_addr)
         reason = f"straggler: rank {rank} at {rate:.3g} steps/s, the others' median {median:.3g}"
         exclusion.record(self._config.exclude_file, self._run_dir, here, reason)
@@ -129,16 +149,24 @@ class StragglerWatch:
 
     def _share(self, exchange: CheckExchange, mine: dict[str, float]) -> None:
         """Post this node's rates, read the others' (a helper thread: the store may be slow)."""
-        joined = self._joined
         try:
-            body = {"node": joined.node_rank, "host": joined.this_node.hostname, "rates": mine}
-            exchange.post_check(PHASE, json.dumps(body).encode())
-            others = [n.node_rank for n in joined.nodes if n.node_rank != joined.node_rank]
-            found = exchange.gather_check(PHASE, others, 0.0)
+            exchange.post_check(PHASE, self._record(mine))
+            self._read(exchange)
         except RendezvousError:
             return  # the round's watch hears the store's loss and acts on it
         finally:
             self._busy = False
+
+    def _record(self, mine: dict[str, float]) -> bytes:
+        joined = self._joined
+        body = {"node": joined.node_rank, "host": joined.this_node.hostname, "rates": mine}
+        return json.dumps(body).encode()
+
+    def _read(self, exchange: CheckExchange) -> None:
+        """The other nodes' last posted rates (no wait: what is there now)."""
+        joined = self._joined
+        others = [n.node_rank for n in joined.nodes if n.node_rank != joined.node_rank]
+        found = exchange.gather_check(PHASE, others, 0.0)
         peers: dict[str, tuple[float, int, str]] = {}
         for data in found.values():
             try:
