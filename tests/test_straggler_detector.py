@@ -25,3 +25,12 @@ def test_healthy_ranks_and_a_short_watch_name_nobody() -> None:
 
 def test_all_paused_names_nobody() -> None:
     assert feed(StragglerDetector(fraction=0.5, window_s=5), {"0": 0, "1": 0}, 10) == {}
+
+
+def test_a_rank_not_stepping_yet_is_not_judged() -> None:
+    """Startup (imports, the process group) is no straggling: the window starts at a first beat."""
+    detector = StragglerDetector(fraction=0.5, window_s=5)
+    named: dict = {}
+    for t in range(12):
+        named = detector.observe(float(t), {"0": 10 * t, "1": 10 * t, "2": 0 if t < 9 else 10})
+    assert named == {}

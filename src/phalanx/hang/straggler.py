@@ -29,13 +29,18 @@ from phalanx.straggler_settings import DEFAULT_FRACTION, DEFAULT_WINDOW_S
 @dataclass
 class RateWindow:
     """Each name's rate (beats per second) over the last ``window_s`` seconds, once its
-    samples span the whole window."""
+    samples since its first beat span the whole window."""
 
     window_s: float = DEFAULT_WINDOW_S
     _samples: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
 
     def observe(self, now: float, beats: Mapping[str, int]) -> dict[str, float]:
         for name, count in beats.items():
+            if count == 0:
+                # Not stepping yet (imports, the process group, data loading): judged from
+                # its first step on; a rank that never steps is the stall timeout's business.
+                self._samples.pop(name, None)
+                continue
             samples = self._samples.setdefault(name, deque())
             if samples and count < samples[-1][1]:
                 samples.clear()  # a new counter (a restarted worker): start again
