@@ -34,3 +34,12 @@ def test_a_rank_not_stepping_yet_is_not_judged() -> None:
     for t in range(12):
         named = detector.observe(float(t), {"0": 10 * t, "1": 10 * t, "2": 0 if t < 9 else 10})
     assert named == {}
+
+
+def test_a_rank_waiting_at_a_barrier_is_not_a_straggler() -> None:
+    """Rank 2 finished its share and waits (its counter stopped): not slow, not judged."""
+    detector = StragglerDetector(fraction=0.5, window_s=5)
+    named: dict = {}
+    for t in range(1, 15):
+        named = detector.observe(float(t), {"0": 10 * t, "1": 10 * t, "2": 10 * min(t, 8)})
+    assert named == {}

@@ -4,7 +4,7 @@ Wiring, on real progress files and a fake clock: a slow rank is named once, in o
 one line, with its node, rate and the median; rates from another node count; ``exclude``
 makes only the straggler's own node leave. Then for real: two c10d nodes (network
 namespaces, one worker each) whose ranks step on their own; once they run, node 1's worker
-is moved into a cgroup with a CPU quota of 5 % of a core. Every node names rank 1, and under
+is moved into a cgroup with a CPU quota of 3 % of a core. Every node names rank 1, and under
 ``exclude`` node 1 leaves (exit 69, the exclusion file names it) and node 0 re-forms alone
 (``--nnodes 1:2``), resumes from its last checkpoint and ends with the right result.
 """
@@ -39,6 +39,10 @@ from test_multinode import c10d_args
 
 STEPS = 2000
 EXPECTED = sum(i * i % 7 for i in range(STEPS))
+# A short window for a short test; on this shared 2-core machine a 3 s window at fraction 0.5
+# once named a healthy rank (49.7 against 114 steps/s: a checkpoint's fsync and the load),
+# so the tests ask for a quarter of the median: the throttled rank makes about a tenth.
+SHORT = ["--straggler-window", "4", "--straggler-fraction", "0.25"]
 
 
 class Clock:
@@ -220,13 +224,13 @@ def test_a_throttled_rank_is_named_and_its_node_excluded(
     nodes: list[Node],
     tmp_path: Path,
 ) -> None:
-    slow = quota(0.05)
+    slow = quota(0.03)
     net = hosts(2)  # type: ignore[operator]
     out = tmp_path / "out"
     out.mkdir()
     excl = tmp_path / "excluded.jsonl"
     flags = ["--max-restarts", "2", "--cold-start", "--straggler-action", "exclude",
-             "--straggler-window", "3", "--exclude-file", str(excl)]  # fmt: skip
+             *SHORT, "--exclude-file", str(excl)]  # fmt: skip
     port = free_port()
     for i in (0, 1):
         args = [*c10d_args(net, port, "1:2"), *flags, worker("straggler_train.py"), str(out), str(STEPS)]  # fmt: skip
@@ -243,9 +247,28 @@ def test_a_throttled_rank_is_named_and_its_node_excluded(
     for node in (healthy, bad):
         assert "straggler: rank 1 on node 1" in node.stderr, node.stderr
         named = [e for e in events_of(node) if e["kind"] == "straggler"]
-        assert [e["rank"] for e in named] == [1] and named[0]["rate"] < named[0]["median"] / 2
+        assert [e["rank"] for e in named] == [1] and named[0]["rate"] < named[0]["median"] / 4
     assert [json.loads(line)["addr"] for line in excl.read_text().splitlines()] == [net.addr(1)]
     result = json.loads((out / "result.json").read_text())
     assert result["value"] == EXPECTED and result["world"] == 1 and result["resumed"] > 0
     assert f"resumed at step {result['resumed']}" in healthy.stdout
     assert "straggler (round 0): rank 1 on node 1" in status_of(events.parent)  # and after
+
+
+@pytest.mark.slow
+def test_a_healthy_job_names_nobody(hosts: object, nodes: list[Node], tmp_path: Path) -> None:
+    """The same job with no quota: no straggler on either node (the ranks' rates differ by
+    the shared machine's noise only, and the one that finishes first waits, not straggles)."""
+    net = hosts(2)  # type: ignore[operator]
+    out = tmp_path / "out"
+    out.mkdir()
+    port = free_port()
+    for i in (0, 1):
+        args = [*c10d_args(net, port, "2"), "--cold-start", *SHORT,
+                worker("straggler_train.py"), str(out), str(STEPS)]  # fmt: skip
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    for node in nodes:
+        assert node.finish(timeout=180) == 0, node.stderr
+        assert "straggler" not in node.stderr
+        assert not [e for e in events_of(node) if e["kind"] == "straggler"]
+    assert json.loads((out / "result.json").read_text()) == {"value": EXPECTED, "resumed": None, "world": 2}

@@ -25,6 +25,11 @@ from dataclasses import dataclass, field
 
 from phalanx.straggler_settings import DEFAULT_FRACTION, DEFAULT_WINDOW_S
 
+# A rank whose counter has not moved for this long (or a tenth of the window, if longer) is
+# waiting, not slow: a rank done with its share at a barrier, an evaluation pause; a slow
+# rank still moves. Neither judged nor counted in the others' median.
+MIN_IDLE_S = 2.0
+
 
 @dataclass
 class RateWindow:
@@ -56,8 +61,20 @@ class RateWindow:
             if now - start < self.window_s:
                 continue  # not watched for a whole window yet
             end, last = samples[-1]
+            if now - _reached(samples) >= max(MIN_IDLE_S, self.window_s / 10):
+                continue  # not moving at all: waiting (a barrier, a pause) or hung, not slow
             rates[name] = (last - first) / (end - start) if end > start else 0.0
         return rates
+
+
+def _reached(samples: deque[tuple[float, int]]) -> float:
+    """When the counter first showed its last value (as sampled)."""
+    last, when = samples[-1][1], samples[-1][0]
+    for t, count in reversed(samples):
+        if count != last:
+            break
+        when = t
+    return when
 
 
 def judge(rates: Mapping[str, float], fraction: float) -> dict[str, tuple[float, float]]:
