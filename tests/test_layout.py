@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rendezvous",),
     ("consistency", "events", "limits", "rundir"),
     ("config", "errors", "credentials", "net", "parsing", "environments", "worker"),
-    ("check_settings",),  # the node check's settings: plain data the config holds
+    ("check_settings", "straggler_settings"),  # settings: plain data the config holds
     ("signals", "version"),
 ]
 TIER = {package: tier for tier, row in enumerate(LAYERS) for package in row}

@@ -56,6 +56,10 @@ class CpuQuota:
         enter = f'echo $$ > {self.path / "cgroup.procs"} && exec "$@"'
         return ["sh", "-c", enter, "sh", *argv]
 
+    def enter(self, pid: int) -> None:
+        """Move running process ``pid`` (all its threads) into the cgroup: throttled from now."""
+        (self.path / "cgroup.procs").write_text(f"{pid}\n")
+
     def destroy(self) -> None:
         """Kill what is left in it (only the test's own processes are ever put there), then
         remove it. Idempotent."""

@@ -16,6 +16,7 @@ from phalanx.agent.describe import describe_event
 from phalanx.agent.policy import Step, decide, judged
 from phalanx.agent.sofar import Between
 from phalanx.agent.stopped import asked_to_stop
+from phalanx.agent.stragglers import StragglerWatch, either
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, RendezvousError
 from phalanx.events.figures import RecoveryTracker
@@ -104,10 +105,12 @@ class Rounds(Between):
             )
             probe = OomProbe()
             self.status.begin(plan, joined, self.rdzv.status_exchange())
-            tick = self.status.watch(attempt.watch(watch.tick))
+            slow = StragglerWatch(self.config, joined, self.rdzv.node_check(), self.events, self.run_dir)  # fmt: skip
+            tick = self.status.watch(attempt.watch(either(watch.tick, slow.tick)))
             preempt = self._preempt_watch(joined)
             result = self._supervise(plan, watch, tick, preempt)
             attempt.ended(result.exits)
+            slow.leave()  # named a straggler under --straggler-action exclude: leaves the job
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
             if result.preemption is not None and _ended_by_preemption(result):
                 self._preempted(joined, plan, exits, result.preemption, result.event)

@@ -26,6 +26,13 @@ from phalanx.events import metrics
 from phalanx.hosts.hostfile import parse_hosts, read_hostfile
 from phalanx.hosts.remote_env import forwarded_env, read_env_file
 from phalanx.launch import Launch, check_launch
+from phalanx.straggler_settings import (
+    DEFAULT_FRACTION,
+    DEFAULT_WINDOW_S,
+    StragglerAction,
+    StragglerSettings,
+)
+from phalanx.straggler_settings import problems as straggler_problems
 
 # The facts a spawn-owner process is told, with TRELLIS.2's flag names by default.
 SPAWN_OWNER_FACTS: tuple[tuple[str, str], ...] = tuple(
@@ -235,7 +242,7 @@ def to_launch(
         allow_per_node_args=bool(ns.allow_per_node_args),
         not_applied=(*rdzv_notes, *_not_applied(ns)),
         **_metrics(ns, p),
-        node_check=_node_check(ns, p),
+        node_check=_node_check(ns, p), stragglers=_stragglers(ns, p),
         derived=derivation.lines,
         **hosts,
     )
@@ -324,6 +331,19 @@ def _node_check(ns: argparse.Namespace, p: _Problems) -> CheckSettings:
     thresholds = p.parse(lambda: Thresholds.parse(ns.node_check_thresholds or ""), Thresholds())
     checkpoints = Path(ns.checkpoint_dir) if ns.checkpoint_dir else None
     return CheckSettings(Action(ns.node_check), thresholds, checkpoints)
+
+
+def _stragglers(ns: argparse.Namespace, p: _Problems) -> StragglerSettings:
+    """--straggler-action, --straggler-fraction, --straggler-window."""
+    fraction = p.parse(
+        lambda: parsing.parse_float(ns.straggler_fraction, "--straggler-fraction"), DEFAULT_FRACTION
+    )
+    window = p.parse(
+        lambda: parsing.parse_float(ns.straggler_window, "--straggler-window"), DEFAULT_WINDOW_S
+    )
+    for problem in straggler_problems(fraction, window):
+        p.add(problem)
+    return StragglerSettings(StragglerAction(ns.straggler_action), fraction, window)
 
 
 def _logs_specs_names() -> set[str]:

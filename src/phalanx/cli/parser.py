@@ -337,6 +337,29 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "not full on every node (nothing else reads it).",
     )
     option(
+        "straggler-action",
+        "warn",
+        "While training, a rank whose step rate (optimizer steps, phalanx.step()) stays below "
+        "--straggler-fraction of the other ranks' median for --straggler-window seconds is a "
+        "straggler: named in one line with its rate and the median (log, events, phalanx "
+        "status, metrics, timeline). warn (the default): name it; exclude: its node leaves the "
+        "job (exit 69) and an elastic job (--nnodes MIN:MAX) re-forms without it from the last "
+        "checkpoint; off: not watched. Ranks that all-reduce every step move together: there "
+        "the rates cannot tell who is slow.",
+        choices=["off", "warn", "exclude"],
+    )
+    option(
+        "straggler-fraction",
+        "0.5",
+        "A straggler's step rate is below this fraction of the others' median (0..1, default 0.5).",
+    )
+    option(
+        "straggler-window",
+        "60",
+        "Seconds over which a straggler's step rate stays low before it is named (default 60: "
+        "a checkpoint or a slow batch names nobody).",
+    )
+    option(
         "hostfile",
         None,
         "Start the job on every host listed, over ssh: DeepSpeed's format, one 'host slots=N' "

@@ -61,7 +61,13 @@ KINDS: dict[str, tuple[str, ...]] = {
     "restart": ("restart", "max_restarts", "round"),
     # The round re-forms without spending a restart (a node joins: elastic scale-up).
     "reform": ("round", "reason"),
-    # This node was excluded from the job (``--exclude-after``; ``agent.exclusion``).
+    # A rank whose step rate stayed below ``--straggler-fraction`` of the other ranks' median
+    # for ``window`` seconds (``agent.stragglers``): its rate and the median in steps/s, its
+    # node and host, and ``action`` (warn, exclude). Every node of the round says it.
+    "straggler": (
+        "round", "rank", "straggler_node", "straggler_host", "rate", "median", "window", "action",
+    ),
+    # This node was excluded from the job (``--exclude-after``, ``--node-check exclude``, ``--straggler-action exclude``; ``agent.exclusion``).
     "excluded": ("name", "reason"),
     # The scheduler said the job will be stopped (a preemption signal).
     "preempt": ("signal", "deadline"),

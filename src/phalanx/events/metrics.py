@@ -9,7 +9,8 @@ Served: ``phalanx_restarts_total``, ``phalanx_failures_total{kind}``,
 ``phalanx_rendezvous_seconds`` (a histogram of each round's wait),
 ``phalanx_time_to_first_step_seconds`` (the last round: from the round formed to a rank's
 first step), ``phalanx_steps_per_second{rank}`` and ``phalanx_step{rank}`` (between the last
-two progress samples of a rank, taken every 2 s).
+two progress samples of a rank, taken every 2 s), ``phalanx_straggler{rank}`` (1 while the
+rank is named a straggler in the current round: ``agent.stragglers``).
 """
 
 from __future__ import annotations
@@ -63,8 +64,15 @@ class MetricsServer:
             "phalanx_steps_per_second", "Steps per second of each rank.", ["rank"], registry=r
         )
         self.step = prom.Gauge("phalanx_step", "The step each rank reached.", ["rank"], registry=r)
+        self.straggler = prom.Gauge(
+            "phalanx_straggler",
+            "1 while a rank is named a straggler in the current round, else 0.",
+            ["rank"],
+            registry=r,
+        )
         self._formed: float | None = None  # mono of the last rdzv_done, until a first step
-        self._last: dict[int, tuple[float, int]] = {}  # rank -> (mono, step) last sample
+        self._last: dict[int, tuple[float, int]] = {}
+        self._stragglers: set[str] = set()  # rank -> (mono, step) last sample
         try:
             self._server, self._thread = prom.start_http_server(port, addr, registry=r)
         except OSError as exc:
@@ -88,6 +96,12 @@ class MetricsServer:
             self.rendezvous.observe(float(event.get("seconds") or 0.0))
             self._formed = float(event["mono"])
             self._last.clear()  # rates start again in the new round
+            for labels in list(self._stragglers):
+                self.straggler.labels(rank=labels).set(0)  # judged afresh in the new round
+            self._stragglers.clear()
+        elif kind == "straggler" and event.get("rank") is not None:
+            self._stragglers.add(str(event["rank"]))
+            self.straggler.labels(rank=str(event["rank"])).set(1)
         elif kind == "progress" and event.get("step") is not None:
             self._progress(event)
 

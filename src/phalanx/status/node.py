@@ -76,6 +76,9 @@ class _Rank:
         }
 
 
+STRAGGLERS_KEPT = 5  # the newest straggler lines in the status
+
+
 class NodeStatus:
     """Called from the agent's thread only (listeners run in the emitting thread)."""
 
@@ -175,6 +178,14 @@ class NodeStatus:
         named = e.get("named") or []
         self._info["node_check"] = [n.get("line") for n in named if isinstance(n, dict)]
 
+    def _straggler(self, e: dict[str, Any]) -> None:
+        line = (
+            f"straggler (round {e.get('round')}): rank {e.get('rank')} on node "
+            f"{e.get('straggler_node')} ({e.get('straggler_host')}), {e.get('rate')} steps/s, "
+            f"the others' median {e.get('median')} (--straggler-action {e.get('action')})"
+        )
+        self._info["stragglers"] = [*self._info.get("stragglers", ()), line][-STRAGGLERS_KEPT:]
+
     def _workers_started(self, e: dict[str, Any]) -> None:
         self._info["state"] = "running"
         ranks, pids = e.get("ranks") or [], e.get("pids") or []
@@ -219,6 +230,7 @@ _HANDLERS: dict[str, Callable[[NodeStatus, dict[str, Any]], None]] = {
     "rdzv_start": NodeStatus._rdzv_start,
     "rdzv_done": NodeStatus._rdzv_done,
     "node_check": NodeStatus._node_check,
+    "straggler": NodeStatus._straggler,
     "workers_started": NodeStatus._workers_started,
     "progress": NodeStatus._progress,
     "worker_exit": NodeStatus._worker_exit,

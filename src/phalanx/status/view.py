@@ -179,6 +179,7 @@ def render(view: RunView, now: float | None = None) -> str:
         names = ", ".join(f"node {m.get('node')} ({m.get('host')})" for m in view.missing)
         lines.append(f"no answer from: {names}")
     lines += [str(line) for line in view.own.get("node_check") or ()]  # the same on every node
+    lines += [str(line) for line in view.own.get("stragglers") or ()]  # the same on every node
     lines += _failures(view)
     figures = view.recovery
     if figures is not None:

@@ -90,6 +90,7 @@ class Timeline:
     restarts: tuple[Restart, ...]
     outcome: str | None  # job_end's outcome (None: still running, or the agent was killed)
     exit_code: int | None
+    stragglers: tuple[Mark, ...] = ()  # kind "straggler", on the rank's lane
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -135,6 +136,7 @@ def build(events: Sequence[Event]) -> Timeline:
         waits=tuple(waits),
         failures=_failures(events, labels),
         hangs=tuple(_hangs(events)),
+        stragglers=tuple(_stragglers(events)),
         restarts=_restarts(events),
         outcome=ends[-1].get("outcome") if ends else None,
         exit_code=ends[-1].get("exit_code") if ends else None,
@@ -252,6 +254,22 @@ def _hangs(events: Sequence[Event]) -> Iterator[Mark]:
         for rank in e.get("ranks") or ():
             detail = f"hang: rank {rank} made no progress (suspects: {suspects})"
             yield Mark("hang", float(e["t"]), rank, (e.get("node"), str(e.get("host"))), detail)
+
+
+def _stragglers(events: Sequence[Event]) -> Iterator[Mark]:
+    """Every node names the same straggler: one mark per round and rank, the earliest."""
+    seen: set[tuple[object, object]] = set()
+    for e in sorted(_of(events, "straggler"), key=lambda e: float(e["t"])):
+        if (e.get("round"), e.get("rank")) in seen:
+            continue
+        seen.add((e.get("round"), e.get("rank")))
+        detail = (
+            f"straggler: rank {e.get('rank')} on node {e.get('straggler_node')} "
+            f"({e.get('straggler_host')}) at {e.get('rate')} steps/s, the others' median "
+            f"{e.get('median')} (--straggler-action {e.get('action')})"
+        )
+        group = (e.get("straggler_node"), str(e.get("straggler_host")))
+        yield Mark("straggler", float(e["t"]), e.get("rank"), group, detail)
 
 
 def _restarts(events: Sequence[Event]) -> tuple[Restart, ...]:

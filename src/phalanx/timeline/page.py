@@ -31,6 +31,7 @@ COLOURS = {
     "wait": "#f2c14e",
     "failure": "#d62728",
     "hang": "#ff7f0e",
+    "straggler": "#b07aa1",
     "restart": "#7b3fb5",
     "progress": "#1b3a1b",
     "starting": "#cfd8e3",
@@ -88,7 +89,8 @@ def _legend() -> str:
     items = [
         ("succeeded", "succeeded"), ("failed", "failed"), ("stopped", "stopped by phalanx"),
         ("running", "running"), ("starting", "starting"), ("wait", "rendezvous"),
-        ("failure", "failure"), ("hang", "hang"), ("restart", "restart"),
+        ("failure", "failure"), ("hang", "hang"), ("straggler", "straggler"),
+        ("restart", "restart"),
     ]  # fmt: skip
     spans = "".join(
         f'<span><i style="background:{COLOURS[k]}"></i>{_e(t)}</span>' for k, t in items
@@ -124,6 +126,7 @@ def _svg(tl: Timeline) -> str:
     parts += [_restart(r.t, r.restart, r.max_restarts, y, scale) for r in tl.restarts]
     parts += [_mark(m, lanes, bands, scale, "failure") for m in tl.failures]
     parts += [_mark(m, lanes, bands, scale, "hang") for m in tl.hangs]
+    parts += [_mark(m, lanes, bands, scale, "straggler") for m in tl.stragglers]
     parts.append(_axis(tl, y, scale))
     height = y + AXIS_H
     return (

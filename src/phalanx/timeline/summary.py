@@ -19,6 +19,7 @@ def summarize(tl: Timeline) -> str:
     entries: list[tuple[float, str]] = []
     entries += [(m.t, f"failure  {m.detail}") for m in tl.failures]
     entries += [(m.t, f"hang     {m.detail}") for m in tl.hangs]
+    entries += [(m.t, f"slow     {m.detail}") for m in tl.stragglers]
     entries += [(r.t, f"restart  {r.restart} of {r.max_restarts}") for r in tl.restarts]
     lines += [f"  +{t - tl.start:7.2f} s  {text}" for t, text in sorted(entries)]
     waited = sum(w.end - w.start for w in tl.waits)
