@@ -42,6 +42,10 @@ LAUNCHERS: dict[str, scenarios.Command] = {
     "phalanx-cold": lambda n, r, logs: [PY, "-m", "phalanx", "--cold-start", "--standalone",
                                         "--nproc-per-node", str(n), "--max-restarts", str(r),
                                         "--log-dir", logs],
+    # the node check runs only on several nodes: this shows its cost in the two-node rows
+    "phalanx-nocheck": lambda n, r, logs: [PY, "-m", "phalanx", "--node-check", "off",
+                                           "--standalone", "--nproc-per-node", str(n),
+                                           "--max-restarts", str(r), "--log-dir", logs],
     "torchrun": lambda n, r, logs: [PY, "-m", "torch.distributed.run", "--standalone",
                                     "--nproc-per-node", str(n), "--max-restarts", str(r)],
 }  # fmt: skip
