@@ -40,8 +40,10 @@ from support.netns import NetNamespaces  # noqa: E402
 
 KINDS = ("worker_kill", "worker_exception", "worker_hang", "agent_kill", "node_cut",
          "node_freeze", "etcd_member", "log_disk_full")  # fmt: skip
-CONF = ("lease_ttl=4,request_timeout=3,heartbeat_interval=0.5,heartbeat_timeout=6,"
-        "last_call_timeout=1,join_timeout=300,exit_barrier_timeout=30")  # fmt: skip
+CONF = ("heartbeat_interval=0.5,heartbeat_timeout=6,last_call_timeout=1,join_timeout=300,"
+        "exit_barrier_timeout=30")  # fmt: skip
+# etcd's own keys (a c10d agent refuses them: the c10d variant had never started)
+ETCD_CONF = "lease_ttl=4,request_timeout=3"
 HOLD = 10.0  # how long a cut, a freeze, a dead etcd member or a full disk lasts
 STALL = 8  # --stall-timeout
 
@@ -97,7 +99,8 @@ class Soak:
         else:
             endpoint = f"{self.spaces.addr(0)}:29400"
         self.rdzv = ["--rdzv-backend", self.args.backend, "--rdzv-endpoint", endpoint,
-                     "--rdzv-id", "soak", "--rdzv-conf", CONF]  # fmt: skip
+                     "--rdzv-id", "soak", "--rdzv-conf",
+                     f"{ETCD_CONF},{CONF}" if self.args.backend == "etcd" else CONF]  # fmt: skip
         for i in range(3):
             self.nodes.append(self._agent(i))
 
