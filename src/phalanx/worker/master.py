@@ -6,9 +6,9 @@ other rank connect to it. A client that finds no listener backs off before it tr
 and torch's back-off is long: a server 0.02 s late cost its client 0.44 s, 0.2 s late 0.72 s
 (torch 2.13, measured on the test machine). After a restart every node forks its ranks at
 the same moment, and rank 0 needs a few tens of milliseconds to reach its ``TCPStore``: the
-ranks of the other nodes used to lose that race in most restarts (two-node restart: the first
-collective took 0.29 to 0.73 s in 11 of 20, instead of 0.01 s). Ranks on rank 0's node are forked after it and
-are left alone; so is a job on one node.
+ranks of the other nodes used to lose that race in most restarts (two-node restart: the
+first collective took 0.29 to 0.73 s in 11 of 20, instead of 0.01 s). Ranks on rank 0's node
+are forked after it and are left alone; so is a job on one node.
 
 The cost: a script that never listens there (no ``env://`` store, its own port) starts its
 ranks on the other nodes up to ``MASTER_WAIT`` later. The wait connects and closes (the
