@@ -1,8 +1,9 @@
 """A rank on another node than rank 0 starts its script once rank 0's store listens
 (``phalanx.worker.master``): torch's ``TCPStore`` client backs off for long when it comes
 early (0.02 s early cost 0.44 s), which made most two-node restarts wait on it. Rank 0 here
-takes 0.2 s before its store listens; rank 1, on the other node, checks at its very first
-line whether it does already. Without the wait it never did (it starts as rank 0 does)."""
+takes 0.4 s more before its store listens (the wait allows 1 s); rank 1, on the other node,
+checks at its very first line whether it does already. Without the wait it never did (the
+two nodes fork their ranks within about 0.2 s of each other)."""
 
 from __future__ import annotations
 

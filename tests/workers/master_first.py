@@ -6,7 +6,7 @@ import socket
 import time
 
 if os.environ["RANK"] == "0":
-    time.sleep(0.2)
+    time.sleep(0.4)
 else:
     try:
         with socket.create_connection(

@@ -19,7 +19,7 @@ directory of ``TORCHELASTIC_ERROR_FILE``):
 - ``preempt``: the job's ``--preempt-signals`` are absorbed while a preemption's grace runs
   (``phalanx.worker.preempt``), and ``phalanx.preempted()`` reads the agent's notice.
 
-Then a rank on another node than rank 0 waits, at most half a second, until rank 0's store
+Then a rank on another node than rank 0 waits, at most a second, until rank 0's store
 listens (``phalanx.worker.master``: torch's client backs off for long when it is early).
 
 No thread is started and no signal but ``STACK_SIGNAL`` and the preemption signals is

@@ -21,7 +21,8 @@ import socket
 import time
 from collections.abc import Mapping
 
-MASTER_WAIT = 0.5  # seconds: rank 0 of a warm restart listens within tens of milliseconds
+MASTER_WAIT = 1.0  # seconds: rank 0 of a warm restart listens within tens of milliseconds,
+# under load within a few hundred
 _POLL = 0.005
 
 
