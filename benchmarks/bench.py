@@ -12,7 +12,8 @@ Measures, for each launcher (alternating which goes first, ``--reps`` repetition
 - restart on two nodes (``--multinode-reps``, 20 by default; 0 leaves it out): two agents in
   network namespaces, a worker's SIGKILL -> every rank on both nodes past its first
   collective of the next round; p50 and max, and for phalanx where the time went
-  (``multinode.py``).
+  (``multinode.py``); ``--launchers phalanx,torchrun,phalanx-nocheck`` adds phalanx with
+  ``--node-check off``, to show what the check before each round costs.
 
 Both launchers are started the same way (``python -m phalanx`` / ``python -m
 torch.distributed.run``, ``--standalone``, default monitor interval 0.1 s) with the same
@@ -42,6 +43,10 @@ LAUNCHERS: dict[str, scenarios.Command] = {
     "phalanx-cold": lambda n, r, logs: [PY, "-m", "phalanx", "--cold-start", "--standalone",
                                         "--nproc-per-node", str(n), "--max-restarts", str(r),
                                         "--log-dir", logs],
+    # the node check runs only on several nodes: this shows its cost in the two-node rows
+    "phalanx-nocheck": lambda n, r, logs: [PY, "-m", "phalanx", "--node-check", "off",
+                                           "--standalone", "--nproc-per-node", str(n),
+                                           "--max-restarts", str(r), "--log-dir", logs],
     "torchrun": lambda n, r, logs: [PY, "-m", "torch.distributed.run", "--standalone",
                                     "--nproc-per-node", str(n), "--max-restarts", str(r)],
 }  # fmt: skip

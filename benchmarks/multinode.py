@@ -7,8 +7,9 @@ round (``--max-restarts 1``). Every clock read here is this machine's (namespace
 For phalanx, where the time went, from the agents' event logs (their ``mono`` times) and the
 workers' stamps, as milestones after the kill (each phase is the step to the next one):
 detect (the failed node began its stop), tell (the other node began its own), stop (every
-worker of both nodes gone), re-form (the next round formed on both), fork (every rank of the
-next round running its script), first collective (every rank past its barrier).
+worker of both nodes gone), re-form (the next round formed on both), node check (the check
+before the round, ``--node-check``, done on both), fork (every rank of the next round running
+its script), first collective (every rank past its barrier).
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ from tests.support.netns import NetNamespaces, unavailable_reason
 from phalanx.events.log import read_events
 
 PY = sys.executable
-PHASES = ("detect", "tell", "stop", "re-form", "fork", "first collective")
+PHASES = ("detect", "tell", "stop", "re-form", "node check", "fork", "first collective")
 JOB_TIMEOUT = scenarios.JOB_TIMEOUT  # the whole job, startup included (slow under load)
 GIVE_UP = 3  # failures in a row after which a launcher is not run again (each costs a timeout)
 _ports = itertools.count(29400)  # inside namespaces made for this run: nobody else's ports
+
+
+# Variants of phalanx this benchmark knows (``--launchers``): the flags they add.
+PHALANX_FLAGS = {"phalanx-nocheck": ["--node-check", "off"]}
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ def _argv(launcher: str, hosts: NetNamespaces, i: int, port: int, run_id: str, l
         # Its c10d handler hosts the store where the endpoint names this machine, which it
         # cannot tell inside a namespace (the host name resolves to the host's address).
         return [PY, "-m", "torch.distributed.run", *common, "--rdzv-conf", f"is_host={i == 0}"]
-    return [PY, "-m", "phalanx", *common, "--log-dir", str(logs)]
+    return [PY, "-m", "phalanx", *common, *PHALANX_FLAGS.get(launcher, []), "--log-dir", str(logs)]
 
 
 class TwoNodes:
@@ -138,10 +143,18 @@ def breakdown(
         began_stop(nodes[1 - failed]),
         max(float(first(events, "stopped")["mono"]) for events in nodes),
         max(float(first(events, "rdzv_done", attempt=2)["mono"]) for events in nodes),
+        max(_checked(events, first(events, "rdzv_done", attempt=2)) for events in nodes),
         started,
         barrier,
     ]
     return {name: milestones[i + 1] - milestones[i] for i, name in enumerate(PHASES)}
+
+
+def _checked(events: list[dict[str, Any]], formed: dict[str, Any]) -> float:
+    """When the node check of the round ``formed`` ended on this node (when it formed, if
+    there was none: ``--node-check off``)."""
+    checks = [e for e in events if e["kind"] == "node_check" and e["round"] == formed["round"]]
+    return float(checks[0]["mono"]) if checks else float(formed["mono"])
 
 
 MULTINODE_TARGETS = {"p50": 0.3, "max": 0.6}  # seconds, phalanx (issue 29)

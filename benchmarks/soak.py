@@ -31,6 +31,8 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+from soak_trainer import HANG_SIGNAL  # noqa: E402
+
 from support.etcd_server import EtcdCluster  # noqa: E402
 from support.hosts import NamespaceHosts, Node  # noqa: E402
 from support.launch import remove_job_cgroups  # noqa: E402
@@ -38,8 +40,10 @@ from support.netns import NetNamespaces  # noqa: E402
 
 KINDS = ("worker_kill", "worker_exception", "worker_hang", "agent_kill", "node_cut",
          "node_freeze", "etcd_member", "log_disk_full")  # fmt: skip
-CONF = ("lease_ttl=4,request_timeout=3,heartbeat_interval=0.5,heartbeat_timeout=6,"
-        "last_call_timeout=1,join_timeout=300,exit_barrier_timeout=30")  # fmt: skip
+CONF = ("heartbeat_interval=0.5,heartbeat_timeout=6,last_call_timeout=1,join_timeout=300,"
+        "exit_barrier_timeout=30")  # fmt: skip
+# etcd's own keys (a c10d agent refuses them: the c10d variant had never started)
+ETCD_CONF = "lease_ttl=4,request_timeout=3"
 HOLD = 10.0  # how long a cut, a freeze, a dead etcd member or a full disk lasts
 STALL = 8  # --stall-timeout
 
@@ -66,6 +70,7 @@ class Soak:
         self.gens = [0, 0, 0]
         self.all_logs: list[Path] = []
         self.pids = self.out / "pids"
+        self.marks = self.out / "marks"  # each worker's first step: when the job was back
         self.job = self.out / "job"
         self.faults: list[dict[str, Any]] = []
         self.keys: list[int] = []
@@ -73,7 +78,7 @@ class Soak:
 
     # -- setup -------------------------------------------------------------------------
     def start(self) -> None:
-        for d in (self.pids, self.job):
+        for d in (self.pids, self.marks, self.job):
             d.mkdir(parents=True)
         cfg = json.loads((HERE.parent / "examples/configs/tiny.json").read_text())
         cfg.update(steps=self.args.steps, checkpoint_every=self.args.checkpoint_every,
@@ -94,7 +99,8 @@ class Soak:
         else:
             endpoint = f"{self.spaces.addr(0)}:29400"
         self.rdzv = ["--rdzv-backend", self.args.backend, "--rdzv-endpoint", endpoint,
-                     "--rdzv-id", "soak", "--rdzv-conf", CONF]  # fmt: skip
+                     "--rdzv-id", "soak", "--rdzv-conf",
+                     f"{ETCD_CONF},{CONF}" if self.args.backend == "etcd" else CONF]  # fmt: skip
         for i in range(3):
             self.nodes.append(self._agent(i))
 
@@ -105,7 +111,7 @@ class Soak:
                 "--stall-timeout", str(STALL), str(HERE / "soak_trainer.py"), "--config",
                 str(self.out / "config.json"), "--output_dir", str(self.job)]  # fmt: skip
         node = Node(self.hosts, i, args, self.out / f"disk{i}", name,
-                    env={"SOAK_PIDS": str(self.pids), "SOAK_NODE": str(i),
+                    env={"SOAK_PIDS": str(self.pids), "SOAK_NODE": str(i), "SOAK_MARKS": str(self.marks),
                          "SOAK_STEP_DELAY": str(self.args.step_delay)})  # fmt: skip
         self.all_logs.append(node.logs)
         return node
@@ -186,7 +192,7 @@ class Soak:
         elif kind == "worker_exception":
             os.kill(workers[n], signal.SIGUSR1)
         elif kind == "worker_hang":
-            os.kill(workers[n], signal.SIGUSR2)
+            os.kill(workers[n], HANG_SIGNAL)
         elif kind == "agent_kill":
             os.kill(self.nodes[n].proc.pid, signal.SIGKILL)
         elif kind == "node_cut":
@@ -334,12 +340,16 @@ def main() -> int:
     finally:
         soak.stop()
     figures = rep.event_figures(soak.all_logs)
-    rep.per_fault(soak.faults, figures["incidents"])
+    rep.job_per_fault(soak.faults, rep.read_events(soak.all_logs), rep.read_marks(soak.marks))
+    batch = json.loads((out / "config.json").read_text())["global_batch_size"]
+    step = rep.step_seconds(soak.all_logs, batch)
     ref = rep.reference(out)
     same = soak.done() and rep.same_weights(soak.job / "final.pt", ref)
     count, bad = rep.checkpoints_loadable(soak.job / "checkpoints")
     wall = (clock["finished"] or time.time()) - clock["first_step"]
     harness_ettr = min(1.0, args.steps * args.step_delay / wall)
+    # the job's own step time (the delay, the step's work and the checkpoints) as training
+    job_ettr = None if step is None else min(1.0, args.steps * step / wall)
     main_run = figures["ettr_by_run"]
     ettr = min((r["ettr"] for r in main_run), default=None)
     survivors = {i: s for i, s in clock["end_sample"].items()
@@ -352,7 +362,7 @@ def main() -> int:
         "seed": args.seed, "backend": args.backend, "minutes": args.minutes, "every": args.every,
         "steps": args.steps, "job_failed": soak.failed, "faults": soak.faults, "kinds": sorted({f["kind"] for f in soak.faults}),
         "finished": clock["finished"] is not None, "wall_s": wall, "ettr_harness": harness_ettr,
-        "ettr_events": ettr, "figures": figures, "bit_identical": same, "checkpoints": count,
+        "ettr_job": job_ettr, "step_s": step, "ettr_events": ettr, "by_kind": rep.by_kind(soak.faults), "figures": figures, "bit_identical": same, "checkpoints": count,
         "checkpoints_bad": bad, "leftovers": left, "store_keys": soak.keys,
         "agents_start": clock["start_sample"], "agents_end": clock["end_sample"], "agents_grew": grew,
     }  # fmt: skip
@@ -366,8 +376,15 @@ def main() -> int:
     print(rep.table(soak.faults))
     print(
         f"seed {args.seed}: {len(soak.faults)} faults of {len(report['kinds'])} kinds; "
-        f"finished {report['finished']} in {wall:.1f} s; ETTR events {ettr} harness {harness_ettr:.3f}"
+        f"finished {report['finished']} in {wall:.1f} s; ETTR: {job_ettr and round(job_ettr, 3)} "
+        f"(steps x the job's own step time {step and round(step, 4)} s / wall), {harness_ettr:.3f} "
+        f"(steps x the {args.step_delay} s delay / wall), lowest agent run's events {ettr}"
     )
+    for kind, cost in report["by_kind"].items():
+        print(
+            f"  {kind:<17} {cost['count']:>2} faults, down median {cost['median_down']:6.2f} s, "
+            f"total {cost['total_down']:7.2f} s"
+        )
     print(
         f"final weights bit-identical: {same}; checkpoints {count} loadable, bad {bad}; "
         f"leftovers {leftovers_found}; store keys {soak.keys}; agents grew {grew or 'no'}"

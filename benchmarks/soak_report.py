@@ -58,18 +58,6 @@ def event_figures(logs: list[Path]) -> dict[str, Any]:
     return {"runs": [str(r) for r in runs], "incidents": incidents, "ettr_by_run": ettrs}
 
 
-def per_fault(faults: list[dict[str, Any]], incidents: list[dict[str, Any]]) -> None:
-    """Each fault gets the first incident recorded from its injection on (until the next)."""
-    for i, fault in enumerate(faults):
-        end = faults[i + 1]["at"] if i + 1 < len(faults) else float("inf")
-        hits = sorted((x for x in incidents if fault["at"] - 1 <= x["failed_at"] < end),
-                      key=lambda x: x["failed_at"])  # fmt: skip
-        if hits:
-            x = hits[0]
-            fault.update(detect=x["detect"], stop=x["stop"], reform=x["reform"], back=x["back"],
-                         downtime=max(h["downtime"] for h in hits), seen_as=x["failure_kind"])  # fmt: skip
-
-
 def table(faults: list[dict[str, Any]]) -> str:
     def f(v: object) -> str:
         return f"{v:6.2f}" if isinstance(v, float) else f"{'-':>6}"
@@ -87,3 +75,123 @@ def table(faults: list[dict[str, Any]]) -> str:
 
 def write(out: Path, report: dict[str, Any]) -> None:
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+
+
+def read_events(logs: list[Path]) -> list[dict[str, Any]]:
+    """Every event of every agent run under ``logs`` (a line cut short by a full disk or a
+    SIGKILL is skipped). All agents share the host's clock, so ``t`` compares across them
+    and with the harness's ``time.time()``."""
+    found = []
+    for folder in logs:
+        for path in folder.glob("*/events.jsonl") if folder.is_dir() else ():
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    found.append(json.loads(line))
+                except ValueError:
+                    continue
+    return sorted(found, key=lambda e: float(e.get("t", 0)))
+
+
+def read_marks(folder: Path) -> list[tuple[float, str]]:
+    """(time, "node.rank") of every worker process's first step (``soak_trainer``)."""
+    found = []
+    for path in folder.iterdir() if folder.is_dir() else ():
+        try:
+            found.append((float(path.read_text()), path.name.rsplit(".", 1)[0]))
+        except ValueError:
+            continue  # a worker killed while writing it
+    return sorted(found)
+
+
+def job_per_fault(
+    faults: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    marks: list[tuple[float, str]] | None = None,
+) -> None:
+    """Each fault's figures for the job, from every agent's events (not one agent run's: a
+    member pushed out of the next round by the spare waits as the new spare, and its own
+    "next round" comes only with a later fault). From the injection (the harness's clock):
+    ``detect`` to the first ``failure`` event; ``stop`` to the last ``stopped`` of that round
+    (every node's workers gone); ``reform`` to the last ``rdzv_done`` of the next round
+    (every member knows it); ``back`` until every rank of it made its first step (``marks``,
+    the workers' own; without them the round's first ``progress``, sampled every 2 s, so up
+    to 2 s late); ``down`` the sum, from the injection to back."""
+    for i, fault in enumerate(faults):
+        if "skipped" in fault:
+            continue
+        end = faults[i + 1]["at"] if i + 1 < len(faults) else float("inf")
+        within = [e for e in events if fault["at"] - 1 <= e["t"] < end]
+        failures = [e for e in within if e["kind"] == "failure"]
+        if not failures:
+            continue
+        first = failures[0]
+        r, detected = first.get("round"), first["t"]
+        later = [e for e in within if e["kind"] == "rdzv_done" and e.get("round", -1) > r]
+        # (a node frozen or cut off records its own stop once it is back: after the others
+        # re-formed without it, so not a part of the job's way back)
+        formed_first = later[0]["t"] if later else float("inf")
+        stops = [e["t"] for e in within
+                 if e["kind"] == "stopped" and e.get("round") == r and e["t"] <= formed_first]  # fmt: skip
+        stopped = max(stops, default=detected)
+        fig: dict[str, Any] = {"seen_as": first.get("failure_kind"), "round": r,
+                               "detect": max(0.0, detected - fault["at"]), "stop": stopped - detected}  # fmt: skip
+        if later:
+            r2 = min(e["round"] for e in later)
+            formed = max(e["t"] for e in later if e["round"] == r2)
+            fig["reform"] = formed - stopped
+            back = _back_at(within, r2, formed, end, marks)
+            if back is not None:
+                fig["back"] = back - formed
+                fig["downtime"] = back - fault["at"]
+        fig.setdefault("downtime", min(end, within[-1]["t"]) - fault["at"])
+        fault.update(fig)
+
+
+def _back_at(
+    within: list[dict[str, Any]],
+    r: int,
+    formed: float,
+    end: float,
+    marks: list[tuple[float, str]] | None,
+) -> float | None:
+    """When every rank of round ``r`` (formed at ``formed``) had made its first step."""
+    if marks:
+        ranks = {
+            e.get("world_size", 0)
+            for e in within
+            if e["kind"] == "rdzv_done" and e.get("round") == r
+        }
+        firsts: dict[str, float] = {}
+        for t, who in marks:
+            if formed <= t < end:
+                firsts.setdefault(who, t)
+        if firsts and len(firsts) >= max(ranks, default=1):
+            return max(firsts.values())
+    back = [e["t"] for e in within if e["kind"] == "progress" and e.get("round") == r]
+    return min(back) if back else None
+
+
+def step_seconds(logs: list[Path], global_batch: int) -> float | None:
+    """The job's own step time when nothing fails: the median over the trainer's log lines
+    ("step N/M loss L R samples/s", each over ``log_every`` steps, checkpoint saves included)."""
+    rates = []
+    for folder in logs:
+        for path in folder.glob("*/attempt_*/rank_*/stdout.log") if folder.is_dir() else ():
+            for line in path.read_text(errors="replace").splitlines():
+                words = line.split()
+                if len(words) >= 6 and words[0] == "step" and words[-1] == "samples/s":
+                    rates.append(float(words[-2]))
+    if not rates:
+        return None
+    rates.sort()
+    return global_batch / rates[len(rates) // 2]
+
+
+def by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per fault kind: how many, the median and total seconds down."""
+    kinds: dict[str, list[float]] = {}
+    for f in faults:
+        if "skipped" not in f:
+            kinds.setdefault(f["kind"], []).append(float(f.get("downtime") or 0.0))
+    return {k: {"count": len(v), "median_down": sorted(v)[len(v) // 2], "total_down": sum(v)}
+            for k, v in sorted(kinds.items(), key=lambda kv: -sum(kv[1]))}  # fmt: skip

@@ -1,8 +1,10 @@
 """The bundled trainer (``examples/train.py``) as the soak runs it: the same numbers, plus
 the handles the soak's faults need. Each worker writes its pid to ``$SOAK_PIDS/<node>.<rank>``
 (so the harness can signal it), SIGUSR1 raises an exception in the training loop (a worker
-exception), SIGUSR2 makes it hang (a stall), and every optimizer step sleeps
-``$SOAK_STEP_DELAY`` seconds after it (a step that takes time; the numbers do not change)."""
+exception), ``HANG_SIGNAL`` (SIGWINCH) makes it hang (a stall), and every optimizer step sleeps
+``$SOAK_STEP_DELAY`` seconds after it (a step that takes time; the numbers do not change).
+With ``$SOAK_MARKS`` set, each worker process writes the time of its first optimizer step
+(past the first all-reduce) to ``$SOAK_MARKS/<node>.<rank>.<pid>``: when the job was back."""
 
 from __future__ import annotations
 
@@ -16,6 +18,10 @@ from types import FrameType
 
 import torch
 
+# Not SIGUSR2: that is phalanx's stack-dump signal (``STACK_SIGNAL``); a handler of the
+# trainer's there would answer the hang analysis's dump request with no stack, and the agent
+# would wait out the dump timeout (5 s) on every hang.
+HANG_SIGNAL = signal.SIGWINCH
 TRAINER = Path(__file__).resolve().parent.parent / "examples" / "train.py"
 
 
@@ -33,13 +39,17 @@ def main() -> None:
     if pids and "RANK" in os.environ:
         (Path(pids) / f"{node}.{os.environ['RANK']}").write_text(str(os.getpid()))
     signal.signal(signal.SIGUSR1, _raise)
-    signal.signal(signal.SIGUSR2, _hang)
+    signal.signal(HANG_SIGNAL, _hang)
     delay = float(os.environ.get("SOAK_STEP_DELAY", "0"))
-    if delay > 0:
+    marks = os.environ.get("SOAK_MARKS")
+    mark = Path(marks) / f"{node}.{os.environ.get('RANK')}.{os.getpid()}" if marks else None
+    if delay > 0 or mark is not None:
         plain = torch.optim.Adam.step
 
         def step(self: torch.optim.Adam, *args: object, **kwargs: object) -> object:
             done = plain(self, *args, **kwargs)
+            if mark is not None and not mark.exists():
+                mark.write_text(repr(time.time()))
             time.sleep(delay)
             return done
 

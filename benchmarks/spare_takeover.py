@@ -9,7 +9,10 @@ variants, side by side in one run, alternating which goes first, ``--reps`` time
   job without spares needs: someone or something starts one).
 
 Measured: from the SIGKILL to every rank of the next round past its first all-reduce (each
-rank writes a file stamped with ``time.time()`` after it). Goal: the spare variant within
+rank writes a file stamped with ``time.time()`` after it). The agents start workers as
+phalanx does by default (forked from a warm template: a waiting spare has its template
+ready, so its worker does not import torch after the loss); ``--cold-start`` passes the
+flag on, and every worker of the new round then imports torch itself (about 2 s here). Goal: the spare variant within
 the detection timeout (``heartbeat_timeout``) plus 2 s. Prints the medians and their ratio.
 """
 
@@ -60,15 +63,15 @@ def _wait(predicate: object, timeout: float) -> None:
         time.sleep(0.02)
 
 
-def _once(variant: str, folder: Path) -> float:
+def _once(variant: str, folder: Path, cold: bool) -> float:
     folder.mkdir()
     script = folder / "worker.py"
     script.write_text(WORKER)
     port = _free_port()
     argv = [sys.executable, "-m", "phalanx", "--nnodes", "2:2", "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
-            variant, "--rdzv-conf", CONF, "--max-restarts", "1", "--cold-start",
-            str(script), str(folder)]  # fmt: skip
+            variant, "--rdzv-conf", CONF, "--max-restarts", "1",
+            *(["--cold-start"] if cold else []), str(script), str(folder)]  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(name: str) -> None:
@@ -105,13 +108,15 @@ def _once(variant: str, folder: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=2)
-    reps = parser.parse_args().reps
+    parser.add_argument("--cold-start", action="store_true", help="pass --cold-start to phalanx")
+    args = parser.parse_args()
+    reps = args.reps
     seconds: dict[str, list[float]] = {"spare": [], "cold": []}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(reps):
             order = ["spare", "cold"] if rep % 2 == 0 else ["cold", "spare"]
             for variant in order:
-                took = _once(variant, Path(tmp) / f"{variant}{rep}")
+                took = _once(variant, Path(tmp) / f"{variant}{rep}", args.cold_start)
                 seconds[variant].append(took)
                 print(
                     f"{variant}: {took:.2f} s from the loss to every rank past the first collective"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from phalanx import checkpoint
+from phalanx.events.log import read_events
 from support.launch import launched, run_phalanx, wait_for, worker
 from support.tools import fill, read_only, tiny_tmpfs
 
@@ -201,3 +202,41 @@ def test_a_stop_notice_that_cannot_be_written_is_said(tmp_path: Path) -> None:
     said = [n for n in err.splitlines() if "/stopping (" in n]
     assert len(said) == 1, err
     assert f"cannot write {run_dir}/attempt_0/rank_1/stopping (Read-only file system)" in said[0]
+
+
+def test_the_event_log_goes_on_once_a_full_disk_has_room_again(tmp_path: Path) -> None:
+    """The log disk full while a worker fails (its events are lost, said once), then freed:
+    the events after that are written again (it used to stop for good at the first failed
+    write), the line torn by the full disk costs only itself, and the log says how many
+    were lost."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    pid_file = shared / "worker0.pid"
+
+    def next_worker(old: int) -> int:
+        wait_for(lambda: pid_file.exists() and int(pid_file.read_text()) != old, HANG, "a worker")
+        return int(pid_file.read_text())
+
+    with tiny_tmpfs(tmp_path / "logs", size="1m") as logs:
+        args = ["--max-restarts", "4", "--log-dir", str(logs), worker("stubborn_sleep.py"),
+                str(shared)]  # fmt: skip
+        with launched(args) as job:
+            pid = next_worker(0)
+            (run_dir,) = logs.iterdir()
+            events = run_dir / "events.jsonl"
+            wait_for(lambda: b"workers_started" in events.read_bytes(), HANG, "the first events")
+            fill(logs)
+            for _ in range(3):  # attempts 2-4's events meet the full disk (a few KiB: more
+                os.kill(pid, signal.SIGKILL)  # than the event log's last page had left)
+                pid = next_worker(pid)
+            (logs / "filler").unlink()
+            os.kill(pid, signal.SIGKILL)  # attempt 5's are written again
+            pid = next_worker(pid)
+            os.kill(pid, signal.SIGKILL)  # the budget is spent: the job ends
+            _, err = job.communicate(timeout=HANG)
+        written = read_events(events)
+    assert job.returncode == 137, err[-3000:]  # the failed worker's SIGKILL
+    assert "events: cannot write" in err and "event(s) lost)" in err, err[-3000:]
+    started = [e["attempt"] for e in written if e["kind"] == "workers_started"]
+    assert started[0] == 1 and started[-1] == 5, started
+    assert written[-1]["kind"] == "job_end"

@@ -247,7 +247,9 @@ def test_stacks_say_why_a_stopped_or_frozen_rank_has_none(tmp_path: Path) -> Non
         freezer.rmdir()
     assert launcher.returncode == 0, err
     assert result.returncode == 0, result.stderr
-    lines = {int(m[1]): m[0] for m in re.finditer(r"^rank (\d+) \(node 0, pid .*$", result.stdout, re.M)}
+    lines = {
+        int(m[1]): m[0] for m in re.finditer(r"^rank (\d+) \(node 0, pid .*$", result.stdout, re.M)
+    }
     assert "stopped (state T)" in lines[1], result.stdout
     assert "in the kernel (state D, disk sleep)" in lines[2], result.stdout
     assert "wait_for_go" in lines[0], result.stdout
@@ -264,3 +266,24 @@ def test_a_zombie_is_said_to_be_one() -> None:
     finally:
         os.waitpid(pid, 0)
     assert odd_state(pid) == ""  # gone: nothing to say
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_dies_instead_of_dumping_is_not_waited_for(tmp_path: Path) -> None:
+    """A rank that catches the stack signal but exits before it dumps (a peer's rank whose
+    collective failed as the dump was asked for: the hung rank on the other node had been
+    stopped) is not waited for until the dump timeout (given here as 600 s, longer than the
+    test's own timeout: the call would hang): its agent's judging waited 5 s on it."""
+    code = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGUSR2, lambda *_: os._exit(1))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as dying:
+        assert dying.stdout is not None and dying.stdout.readline() == "ready\n"
+        target = DumpTarget(0, dying.pid, tmp_path)
+        texts = request_dumps([target], "test", timeout=600.0, py_spy_timeout=600.0)
+        assert dying.poll() == 1  # it died as asked, and was a zombie until now
+    assert "test, requested by phalanx" in target.stacks_file.read_text()  # it was asked
+    assert texts[0] == ""  # and answered nothing

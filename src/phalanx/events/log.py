@@ -9,6 +9,7 @@ a torn last one, which ``read_events`` skips.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -84,19 +85,29 @@ class EventLog:
             log.warning("events: %s did not answer within %g s", self.path, _CLOSE_WAIT)
 
     def _write(self) -> None:
+        """Write each line; a failed write loses that line only. A full disk is often full
+        for a while (a log that filled it is rotated, a filler removed): the next lines are
+        tried again, and once one is written the log goes on (said in one line, with how
+        many were lost). A line cut short by the failure is ended first, so the torn line
+        alone is lost, not also the whole one after it."""
         fd: int | None = None
-        failed = False
+        lost = 0  # lines lost since writing last failed (0: writing works)
         try:
             while (line := self._lines.get()) is not None:
-                if failed:
-                    continue  # one warning; the job goes on without its events
                 try:
                     if fd is None:
                         fd = open_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                    os.write(fd, line)
+                    data = b"\n" + line if lost else line
+                    if os.write(fd, data) < len(data):  # the disk filled up within the line
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 except OSError as exc:
-                    failed = True
-                    log.warning("events: cannot write %s (%s)", self.path, exc.strerror or exc)
+                    if not lost:  # one warning per outage; the job goes on without these
+                        log.warning("events: cannot write %s (%s)", self.path, exc.strerror or exc)
+                    lost += 1
+                    continue
+                if lost:
+                    log.warning("events: writing %s again (%d event(s) lost)", self.path, lost)
+                    lost = 0
         finally:
             if fd is not None:
                 os.close(fd)

@@ -153,6 +153,16 @@ def catches(pid: int, signum: int) -> bool:
     return False
 
 
+def _ended(pid: int, proc: str = "/proc") -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie its parent has not reaped yet)."""
+    try:
+        with open(f"{proc}/{pid}/stat") as handle:
+            state = handle.read().rpartition(")")[2].split()[:1]
+    except OSError:
+        return True
+    return state in (["Z"], ["X"])
+
+
 def _mark(path: Path, line: str) -> None:
     # O_APPEND, as the worker's faulthandler: the line and the dump never overlap.
     with contextlib.suppress(OSError), os.fdopen(append_to(path), "a") as handle:
@@ -203,6 +213,10 @@ def request_dumps(
             if size != last[rank]:
                 last[rank], quiet_since[rank] = size, now
             elif size > before[rank] and now - quiet_since.get(rank, now) >= SETTLE:
+                del waiting[rank]
+            elif size == before[rank] and _ended(target.pid):
+                # It died before it could dump (a peer's rank stopped: its collective failed
+                # as the dump was asked for): nothing will come, and the job waits on this.
                 del waiting[rank]
     _finish_py_spy(pyspy, started + py_spy_timeout, py_spy_timeout)
     texts = {t.rank: _read_from(t.stacks_file, before[t.rank]) for t in targets}

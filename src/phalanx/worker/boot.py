@@ -19,6 +19,9 @@ directory of ``TORCHELASTIC_ERROR_FILE``):
 - ``preempt``: the job's ``--preempt-signals`` are absorbed while a preemption's grace runs
   (``phalanx.worker.preempt``), and ``phalanx.preempted()`` reads the agent's notice.
 
+Then a rank on another node than rank 0 waits, at most a second, until rank 0's store
+listens (``phalanx.worker.master``: torch's client backs off for long when it is early).
+
 No thread is started and no signal but ``STACK_SIGNAL`` and the preemption signals is
 touched. What a script could notice: SIGUSR2 dumps stacks instead of ending the process, ``faulthandler.is_enabled()``
 is True, and ``/proc/self/cmdline`` shows the shim (``sys.orig_argv`` does not). The script then runs
@@ -40,6 +43,7 @@ from typing import TextIO
 
 from phalanx.worker import become, preempt, progress
 from phalanx.worker.contract import BOOT_SHIM, STACK_SIGNAL, STACKS_FILE, rank_dir
+from phalanx.worker.master import await_master
 from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import ForkRequest
 
@@ -98,6 +102,7 @@ def main(argv: list[str]) -> None:
             os.execv(sys.executable, [*prefix, *argv])
     sys.orig_argv = [*prefix, *argv]
     install(os.environ)
+    await_master(os.environ)  # rank 0's store listening first spares torch's connect back-off
     become.run_job(ForkRequest(kind, target, tuple(args), {}, os.getcwd(), tuple(sys.orig_argv)))
 
 
