@@ -10,7 +10,7 @@ from pathlib import Path
 
 from phalanx.hang.jobstacks import JobStacks, combine
 from phalanx.rendezvous.api import EventKind, RendezvousResult
-from phalanx.rendezvous.dynamic.board import cap_stacks
+from phalanx.rendezvous.dynamic.answers import cap_stacks
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.local import LocalRendezvous
 from support.launch import wait_for

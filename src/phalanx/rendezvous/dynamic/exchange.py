@@ -110,7 +110,7 @@ class CheckRecords:
         membership, rank = self._current()
         self._raise_if_lost()
         try:
-            self._board.post_check(membership.round, phase, rank, data)
+            self._board.answers.post_check(membership.round, phase, rank, data)
         except StoreUnavailable as exc:
             log.warning("rendezvous: could not post this node's check (%s): %s", phase, exc)
 
@@ -125,7 +125,7 @@ class CheckRecords:
             self._raise_if_lost()
             left = deadline - time.monotonic()
             try:
-                found = self._board.read_check(
+                found = self._board.answers.read_check(
                     membership.round, phase, node_ranks, max(0.0, min(left, LOST_CHECK))
                 )
             except StoreUnavailable as exc:

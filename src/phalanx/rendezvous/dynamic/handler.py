@@ -141,11 +141,12 @@ class DynamicRendezvous:
         self._done: bool | None = None  # what report_done said
         self._junk = False  # the join failed on a malformed reply: nothing more to tell it
         self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
-        stacks = Channel[str]("stacks", board.request_stacks, board.post_stacks,
-                              board.collect_stacks, liveness.stack_requests,
+        answers = board.answers
+        stacks = Channel[str]("stacks", answers.request_stacks, answers.post_stacks,
+                              answers.collect_stacks, liveness.stack_requests,
                               liveness.saw_stack_request)  # fmt: skip
-        status = Channel[bytes]("status", board.request_status, board.post_status,
-                                board.collect_status, liveness.status_requests,
+        status = Channel[bytes]("status", answers.request_status, answers.post_status,
+                                answers.collect_status, liveness.status_requests,
                                 liveness.saw_status_request)  # fmt: skip
         self._departure = Departure(
             board, self._store, liveness, self._settings, self._hostname, node_id, run_id

@@ -284,8 +284,8 @@ class Liveness:
             self._skip_hole(view)
         if view is None:
             return  # joining: nobody to judge yet
-        requests = self._b.stack_requests(view.membership.round)
-        statuses = self._b.status_requests(view.membership.round)
+        requests = self._b.answers.stack_requests(view.membership.round)
+        statuses = self._b.answers.status_requests(view.membership.round)
         with self._lock:
             if self._view is view:  # not the previous round's count after a switch
                 self._stack_requests = max(self._stack_requests, requests)
