@@ -93,6 +93,24 @@ class RoundExchange(Generic[Answer]):
             return {}
 
 
+class StackRequests(RoundExchange[str]):
+    """``StackExchange`` (``phalanx stacks``) on the round's keys: the handler gives it out."""
+
+    request_stacks = RoundExchange.request
+    stack_requests = RoundExchange.requests
+    post_stacks = RoundExchange.post
+    gather_stacks = RoundExchange.gather
+
+
+class StatusRequests(RoundExchange[bytes]):
+    """``StatusExchange`` (``phalanx status``) on the round's keys, as ``StackRequests``."""
+
+    request_status = RoundExchange.request
+    status_requests = RoundExchange.requests
+    post_status = RoundExchange.post
+    gather_status = RoundExchange.gather
+
+
 class CheckRecords:
     """``CheckExchange`` on the round's keys (``check/<phase>/<rank>``)."""
 

@@ -12,8 +12,8 @@ leases (etcd): see ``pulse``. Either way the node fences itself (``fence()``; se
 Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
 ``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it;
 ``failures`` returns nothing once the store counts as lost; ``judge_round`` (the job-wide
-crash-loop verdict, in ``judge``) raises as ``claim_restart`` does. Stacks requests: see
-``request_stacks`` and the methods after it.
+crash-loop verdict, in ``judge``) raises as ``claim_restart`` does. Stacks and status
+requests and the node check's records: the exchanges it gives out (``exchange``).
 
 Growth: node rank 0 of each round deletes the round before the previous one (``sweep``). On
 a store that outlives the job (etcd, a ``DurableStore``) the last node to leave -- the last
@@ -27,7 +27,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError, UsageError
@@ -43,7 +43,12 @@ from phalanx.rendezvous.api import (
 )
 from phalanx.rendezvous.dynamic.board import LEFT, Board
 from phalanx.rendezvous.dynamic.departure import Departure
-from phalanx.rendezvous.dynamic.exchange import Channel, CheckRecords, RoundExchange
+from phalanx.rendezvous.dynamic.exchange import (
+    Channel,
+    CheckRecords,
+    StackRequests,
+    StatusRequests,
+)
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.judge import judge
 from phalanx.rendezvous.dynamic.keys import Keys
@@ -151,8 +156,8 @@ class DynamicRendezvous:
         self._departure = Departure(
             board, self._store, liveness, self._settings, self._hostname, node_id, run_id
         )
-        self._stacks = RoundExchange(stacks, liveness.store_problem, self._current, run_id)
-        self._status = RoundExchange(status, liveness.store_problem, self._current, run_id)
+        self._stacks = StackRequests(stacks, liveness.store_problem, self._current, run_id)
+        self._status = StatusRequests(status, liveness.store_problem, self._current, run_id)
         self._check = CheckRecords(board, liveness.store_problem, self._current)
 
     def rejoin(self) -> bool:
@@ -362,9 +367,7 @@ class DynamicRendezvous:
         except StoreUnavailable as exc:
             raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
 
-    def report_done(
-        self, ok: bool, *, signum: int | None = None, preempted: bool = False
-    ) -> None:
+    def report_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
         if signum is not None and self._stopped_by is None:
             self._stopped_by = signum
             self._preempted = preempted
@@ -435,39 +438,10 @@ class DynamicRendezvous:
             log.warning("rendezvous: could not tell the other nodes the job stopped: %s", exc)
 
     def stacks(self) -> StackExchange:
-        return self  # the round's keys on the same store: see ``request_stacks`` and after
-
-    # -- StackExchange and StatusExchange (``exchange``) ------------------------------------
-    def request_stacks(self) -> int:
-        return self._stacks.request()
-
-    def stack_requests(self) -> int:
-        return self._stacks.requests()
-
-    def post_stacks(self, request: int, text: str) -> None:
-        self._stacks.post(request, text)
-
-    def gather_stacks(
-        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
-    ) -> dict[int, str]:
-        return self._stacks.gather(round, request, node_ranks, timeout)
+        return self._stacks
 
     def status_exchange(self) -> StatusExchange:
-        return self  # as ``stacks``
-
-    def request_status(self) -> int:
-        return self._status.request()
-
-    def status_requests(self) -> int:
-        return self._status.requests()
-
-    def post_status(self, request: int, data: bytes) -> None:
-        self._status.post(request, data)
-
-    def gather_status(
-        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
-    ) -> dict[int, bytes]:
-        return self._status.gather(round, request, node_ranks, timeout)
+        return self._status
 
     def node_check(self) -> CheckExchange:
         return self._check
@@ -573,4 +547,3 @@ def _fence_for(store: KVStore, settings: RendezvousSettings) -> Fence | None:
     if isinstance(store, RenewingStore):
         store.on_renewed(fence.proved_alive, timing.beat)
     return fence
-
