@@ -41,6 +41,7 @@ from phalanx.rendezvous.api import (
     StackExchange,
     StatusExchange,
 )
+from phalanx.rendezvous.dynamic.barrier import ExitBarrier
 from phalanx.rendezvous.dynamic.board import LEFT, Board
 from phalanx.rendezvous.dynamic.departure import Departure
 from phalanx.rendezvous.dynamic.exchange import (
@@ -54,19 +55,15 @@ from phalanx.rendezvous.dynamic.judge import judge
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
+from phalanx.rendezvous.dynamic.nodefence import fence_for
 from phalanx.rendezvous.dynamic.sweep import sweep
 from phalanx.rendezvous.fencing import (
     Fence,
-    FenceTiming,
-    counters_timing,
-    lease_timing,
-    timing_problem,
 )
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.base import (
     KVStore,
-    LeasedStore,
     Malformed,
     RenewingStore,
     StoreUnavailable,
@@ -74,10 +71,6 @@ from phalanx.rendezvous.stores.base import (
 from phalanx.signals import signal_name
 
 log = logging.getLogger("phalanx")
-
-_ENDS_WAIT = frozenset(
-    {EventKind.PEER_FAILED, EventKind.NODE_LOST, EventKind.JOB_STOPPED, EventKind.STORE_LOST}
-)
 
 
 class DynamicRendezvous:
@@ -117,7 +110,7 @@ class DynamicRendezvous:
         self._settings = settings or RendezvousSettings()
         self._store = store
         self._shape = (min_nodes, max_nodes, worker_port, where, admit_mismatch)
-        self._fence = _fence_for(store, self._settings)
+        self._fence = fence_for(store, self._settings)
         self._addr = addr
         self._hostname = hostname or socket.gethostname()
         self._fixed_rank = fixed_rank
@@ -145,7 +138,7 @@ class DynamicRendezvous:
         self._rank: int | None = None
         self._done: bool | None = None  # what report_done said
         self._junk = False  # the join failed on a malformed reply: nothing more to tell it
-        self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
+        self._barrier = ExitBarrier(board, self._settings, self.poll)  # await_peers' answer
         answers = board.answers
         stacks = Channel[str]("stacks", answers.request_stacks, answers.post_stacks,
                               answers.collect_stacks, liveness.stack_requests,
@@ -447,56 +440,13 @@ class DynamicRendezvous:
         return self._check
 
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
-        _, event = self._exit_barrier(interrupted)
+        _, event = self._barrier.once(self._membership, interrupted)
         return None if event is None or event.kind is EventKind.STORE_LOST else event
-
-    def _exit_barrier(
-        self, interrupted: Callable[[], bool] = lambda: False
-    ) -> tuple[bool, JobEvent | None]:
-        """``_wait_all_done`` for ``exit_barrier_timeout``, once: later calls get its answer."""
-        if self._barrier is None:
-            timeout = self._settings.exit_barrier_timeout
-            self._barrier = self._wait_all_done(timeout, interrupted)
-            all_done, event = self._barrier
-            if event is not None and event.kind is EventKind.STORE_LOST:
-                log.warning("rendezvous: leaving before every node finished: %s", event.detail)
-            elif not all_done and event is None and not interrupted():
-                log.warning(
-                    "rendezvous: not every node finished within exit_barrier_timeout=%gs; "
-                    "leaving anyway",
-                    timeout,
-                )
-        return self._barrier
 
     def wait_all_done(self, timeout: float) -> bool:
         """Block until every member of the round reported ``ok`` (True), or a peer failed,
         was lost or stopped the job, or the store was lost, or ``timeout`` passed (False)."""
-        return self._wait_all_done(timeout)[0]
-
-    def _wait_all_done(
-        self, timeout: float, interrupted: Callable[[], bool] = lambda: False
-    ) -> tuple[bool, JobEvent | None]:
-        """(all done, the event that ended the wait early: None on success, on the timeout,
-        or once ``interrupted()``, which is asked at every event check)."""
-        if self._membership is None:
-            return True, None
-        r = self._membership.round
-        key = self._board.keys.round(r, "all_ok")
-        deadline = time.monotonic() + timeout
-        try:
-            while not self._board.all_ok(r):
-                if interrupted():
-                    return False, None
-                event = self.poll()
-                if event is not None and event.kind in _ENDS_WAIT:
-                    return False, event
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False, None
-                self._board.store.wait([key], min(left, self._settings.event_interval))
-        except StoreUnavailable as exc:
-            return False, JobEvent(EventKind.STORE_LOST, detail=str(exc))
-        return True, None
+        return self._barrier.wait(self._membership, timeout)[0]
 
     def shutdown(self) -> None:
         if self._closed:
@@ -523,27 +473,7 @@ class DynamicRendezvous:
             return
         if self._liveness.store_problem() is not None:
             return
-        self._departure.leave(self._membership, self._rank, self._done, self._exit_barrier)
-
-
-def fence_timing(store: KVStore, settings: RendezvousSettings) -> FenceTiming | None:
-    """How a node on ``store`` proves it is alive, for fencing: its lease's renewals, or its
-    heartbeats; None for a leased store that does not say when it renewed."""
-    if isinstance(store, RenewingStore):
-        return lease_timing(store.lease_ttl)
-    if isinstance(store, LeasedStore):
-        return None
-    return counters_timing(settings.heartbeat_interval, settings.heartbeat_timeout)
-
-
-def _fence_for(store: KVStore, settings: RendezvousSettings) -> Fence | None:
-    """The node's fence (no I/O: a leased store is only told to report its renewals)."""
-    timing = fence_timing(store, settings)
-    if timing is None:
-        return None
-    if (problem := timing_problem(timing)) is not None:
-        raise UsageError(problem)
-    fence = Fence(timing)
-    if isinstance(store, RenewingStore):
-        store.on_renewed(fence.proved_alive, timing.beat)
-    return fence
+        membership = self._membership
+        self._departure.leave(
+            membership, self._rank, self._done, lambda: self._barrier.once(membership)
+        )
