@@ -15,6 +15,12 @@ Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
 crash-loop verdict, in ``judge``) raises as ``claim_restart`` does. Stacks and status
 requests and the node check's records: the exchanges it gives out (``exchange``).
 
+Its parts live beside it: the exit barrier (``barrier``), the fence (``nodefence``), what a
+stopping node tells the job (``stopping``), the exchanges (``exchange``). What stays here
+(about 450 lines) is the handler's state -- this node's round, rank, what ``report_done``
+said, the wiring a ``rejoin`` renews -- and, per method, the store-loss check around one
+call into those parts; cutting it further would hand that state around.
+
 Growth: node rank 0 of each round deletes the round before the previous one (``sweep``). On
 a store that outlives the job (etcd, a ``DurableStore``) the last node to leave -- the last
 to depart after success, or the last survivor to leave a failed job -- deletes every key of
@@ -56,6 +62,12 @@ from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.nodefence import fence_for
+from phalanx.rendezvous.dynamic.stopping import (
+    read_preemption,
+    tell_job_stopped,
+    tell_left_while_joining,
+    tell_preempted,
+)
 from phalanx.rendezvous.dynamic.sweep import sweep
 from phalanx.rendezvous.fencing import (
     Fence,
@@ -68,7 +80,6 @@ from phalanx.rendezvous.stores.base import (
     RenewingStore,
     StoreUnavailable,
 )
-from phalanx.signals import signal_name
 
 log = logging.getLogger("phalanx")
 
@@ -302,26 +313,12 @@ class DynamicRendezvous:
         membership, rank = self._current()
         if self._liveness.store_problem() is not None:
             return notice  # nobody to tell; this node still stops within its own grace
-        key = self._board.keys.round(membership.round, "preempted")
-        try:
-            job = self._board.put_first(key, notice)
-            if job.get("by") == self._node_id:
-                detail = f"node {rank} ({self._hostname}) got {notice.get('signal')}"
-                event = JobEvent(EventKind.PREEMPTED, rank, detail, dict(job))
-                self._board.post_event(membership.round, event, about=self._node_id)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not tell the other nodes of the preemption: %s", exc)
-            return notice
-        return job
+        return tell_preempted(self._board, membership, rank, self._hostname, notice)
 
     def preemption(self) -> dict[str, object] | None:
         if self._membership is None or self._liveness.store_problem() is not None:
             return None
-        try:
-            return self._board.get_json(self._board.keys.round(self._membership.round, "preempted"))
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not read whether the job was preempted: %s", exc)
-            return None
+        return read_preemption(self._board, self._membership.round)
 
     def failures(self) -> list[dict[str, object]]:
         """Empty once the store is lost: asking would only wait out its timeout again."""
@@ -392,43 +389,19 @@ class DynamicRendezvous:
             self._stop_job()
 
     def _left_while_joining(self) -> None:
-        """Gave up before any round formed (a signal while joining): no round can form as
-        the others expect, so the job stops and every node waiting to join hears why."""
         if self._junk or self._liveness.store_problem() is not None:
             return
-        try:
-            self._board.stop(
-                f"node {self._hostname} ({self._addr}) left while joining",
-                None,
-                signum=self._stopped_by,
-                preempted=self._preempted,
-            )
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not tell the other nodes this node left: %s", exc)
+        tell_left_while_joining(
+            self._board, self._hostname, self._addr, self._stopped_by, self._preempted
+        )
 
     def _stop_job(self) -> None:
-        """Stop the job for good: no new round forms, every peer sees ``JOB_STOPPED``."""
         membership, rank = self._current()
         if self._liveness.store_problem() is not None:
             return
-        try:
-            signum = self._stopped_by
-            how = f"was stopped by {signal_name(signum)}" if signum is not None else "gave up"
-            stop = self._board.stop(
-                f"node {rank} ({self._hostname}) {how}",
-                rank,
-                signum=signum,
-                preempted=self._preempted,
-            )
-            if stop:
-                detail = f"node {rank} ({self._hostname}) stopped the job"
-                if signum is not None:
-                    detail = f"node {rank} ({self._hostname}) {how}: the job stops"
-                failure: dict[str, object] = {} if signum is None else {"signal": signum}
-                event = JobEvent(EventKind.JOB_STOPPED, rank, detail, failure)
-                self._board.post_event(membership.round, event, about=self._node_id)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not tell the other nodes the job stopped: %s", exc)
+        tell_job_stopped(
+            self._board, membership, rank, self._hostname, self._stopped_by, self._preempted
+        )
 
     def stacks(self) -> StackExchange:
         return self._stacks
