@@ -138,4 +138,4 @@ def test_combine_of_a_lone_node() -> None:
 def test_a_single_node_has_nobody_to_ask() -> None:
     local = LocalRendezvous()
     local.next_round(1)
-    assert local.stacks() is None  # no StackExchange: the agent dumps its own ranks only
+    assert local.peers() is None  # no StackExchange: the agent dumps its own ranks only

@@ -172,7 +172,7 @@ class Agent:
                     ),
                     duplicate_filters=filters,
                     wall_clock=wall_clock.now,
-                    fence=rendezvous.fence(),
+                    fence=peers.fence() if (peers := rendezvous.peers()) is not None else None,
                 )
                 ends = Endings(
                     config, rendezvous, signals, run_dir, self._base_env, events, Tally(),

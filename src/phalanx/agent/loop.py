@@ -79,7 +79,9 @@ class Rounds:
         self.reforms = 0  # rounds re-formed for a joining node (no restart spent)
         self._restart = False  # a restart claimed: said once its round forms
         self._exclude = exclusion.ExcludeAfter(config, run_dir, self.events)  # --exclude-after
-        rendezvous.on_event(supervisor.wake)  # a peer's event acted on at once, not at a tick
+        self.peers = rendezvous.peers()  # None: a single node
+        if self.peers is not None:  # a peer's event acted on at once, not at a tick
+            self.peers.on_event(supervisor.wake)
 
     def run(self) -> int:
         while True:
@@ -98,7 +100,8 @@ class Rounds:
                 job=self._job_stacks(joined),
             )
             probe = OomProbe()
-            self.status.begin(plan, joined, self.rdzv.status_exchange())
+            peers = self.peers
+            self.status.begin(plan, joined, peers.status_exchange() if peers is not None else None)
             tick = self.status.watch(attempt.watch(watch.tick))
             preempt = self._preempt_watch(joined)
             result = self._supervise(plan, watch, tick, preempt)
@@ -287,7 +290,7 @@ class Rounds:
         )  # fmt: skip
         try:
             with self.signals.raising():
-                back = self.rdzv.rejoin()
+                back = self.peers is not None and self.peers.rejoin()
         except Interrupted as exc:
             self.between.stopped_waiting(exc, "this node, waiting for the rendezvous store")
         # Back, the node claims the restart as any node of a failed round does (the first
@@ -319,10 +322,9 @@ class Rounds:
         self.events.emit("preempt", signal=preemption.signal, deadline=deadline)
 
     def _job_stacks(self, joined: RendezvousResult) -> JobStacks | None:
-        exchange = self.rdzv.stacks()
-        if exchange is None or joined.num_nodes == 1:
+        if self.peers is None or joined.num_nodes == 1:
             return None
-        return JobStacks(exchange, joined, self.run_dir)
+        return JobStacks(self.peers.stacks(), joined, self.run_dir)
 
     def _poll(self, watch: RoundWatch) -> Callable[[], JobEvent | None]:
         return lambda: watch.hear(self.rdzv.poll())

@@ -276,6 +276,9 @@ class DynamicRendezvous:
             fingerprints=membership.fingerprints,
         )
 
+    def peers(self) -> DynamicRendezvous:
+        return self  # this node's side of the others: ``Peers``
+
     def fence(self) -> Fence | None:
         return self._fence
 
