@@ -37,8 +37,8 @@ from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor
 from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
 
-log = logging.getLogger("phalanx")
 QUIET_TICK = 1.0  # seconds between ticks with nothing to poll and no stall timeout
+log = logging.getLogger("phalanx")
 
 
 class Rounds:
