@@ -108,18 +108,22 @@ def test_stacks_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> N
     try:
         results = form(handlers)
         asker, other = sorted(range(2), key=lambda i: results[i].node_rank)
-        request = handlers[asker].request_stacks()
+        request = handlers[asker].stacks().request_stacks()
         deadline = time.monotonic() + HANG
-        while handlers[other].stack_requests() != request:
+        while handlers[other].stacks().stack_requests() != request:
             assert time.monotonic() < deadline, "the request never reached the other node"
             time.sleep(0.05)
-        handlers[other].post_stacks(request, "x" * 1_000_000)
+        handlers[other].stacks().post_stacks(request, "x" * 1_000_000)
         peer = results[other].node_rank
-        answers = handlers[asker].gather_stacks(results[asker].round, request, [peer], HANG)
+        answers = (
+            handlers[asker].stacks().gather_stacks(results[asker].round, request, [peer], HANG)
+        )
         assert len(answers[peer].encode()) == 256 * 1024
         assert answers[peer].startswith("xxx") and "[... cut: 1000000 bytes" in answers[peer]
         # Read once: the answer is gone from the store.
-        assert handlers[asker].gather_stacks(results[asker].round, request, [peer], 0.1) == {}
+        assert (
+            handlers[asker].stacks().gather_stacks(results[asker].round, request, [peer], 0.1) == {}
+        )
     finally:
         for h in handlers:
             h.shutdown()

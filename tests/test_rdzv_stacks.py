@@ -10,7 +10,7 @@ from pathlib import Path
 
 from phalanx.hang.jobstacks import JobStacks, combine
 from phalanx.rendezvous.api import EventKind, RendezvousResult
-from phalanx.rendezvous.dynamic.board import cap_stacks
+from phalanx.rendezvous.dynamic.answers import cap_stacks
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.local import LocalRendezvous
 from support.launch import wait_for
@@ -30,48 +30,48 @@ def stacks_keys(cluster: Cluster) -> list[str]:
 def test_a_request_reaches_every_node_and_the_answers_come_back(cluster: Cluster) -> None:
     handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
     (a, _), (b, rb), (c, _) = by_rank(handlers, form(*handlers))
-    assert [h.stack_requests() for h in (a, b, c)] == [0, 0, 0]
-    assert b.request_stacks() == 1
-    assert b.stack_requests() == 1  # its own request counts at once, not a heartbeat later
+    assert [h.stacks().stack_requests() for h in (a, b, c)] == [0, 0, 0]
+    assert b.stacks().request_stacks() == 1
+    assert b.stacks().stack_requests() == 1  # its own request counts at once, not a heartbeat later
     wait_for(
-        lambda: a.stack_requests() == 1 and c.stack_requests() == 1,
+        lambda: a.stacks().stack_requests() == 1 and c.stacks().stack_requests() == 1,
         WAIT,
         "a and c to be asked for stacks",
         every=0.02,
     )
-    a.post_stacks(1, "stacks of node 0")
-    c.post_stacks(1, "stacks of node 2")
-    assert b.gather_stacks(rb.round, 1, [0, 2], WAIT) == {
+    a.stacks().post_stacks(1, "stacks of node 0")
+    c.stacks().post_stacks(1, "stacks of node 2")
+    assert b.stacks().gather_stacks(rb.round, 1, [0, 2], WAIT) == {
         0: "stacks of node 0",
         2: "stacks of node 2",
     }
     assert stacks_keys(cluster) == []  # read once, then removed from the store
-    assert a.request_stacks() == 2  # numbered per round, whoever asks
-    wait_for(lambda: c.stack_requests() == 2, WAIT, "c to be asked twice", every=0.02)
+    assert a.stacks().request_stacks() == 2  # numbered per round, whoever asks
+    wait_for(lambda: c.stacks().stack_requests() == 2, WAIT, "c to be asked twice", every=0.02)
     assert a.poll() is None and c.poll() is None  # a stacks request is no job event
 
 
 def test_nodes_that_do_not_answer_are_left_out(cluster: Cluster) -> None:
     handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
     (a, ra), (b, _), _ = by_rank(handlers, form(*handlers))
-    request = a.request_stacks()
-    wait_for(lambda: b.stack_requests() == request, WAIT, "b to be asked", every=0.02)
-    b.post_stacks(request, "only node 1")
-    assert a.gather_stacks(ra.round, request, [1, 2], 0.5) == {1: "only node 1"}
+    request = a.stacks().request_stacks()
+    wait_for(lambda: b.stacks().stack_requests() == request, WAIT, "b to be asked", every=0.02)
+    b.stacks().post_stacks(request, "only node 1")
+    assert a.stacks().gather_stacks(ra.round, request, [1, 2], 0.5) == {1: "only node 1"}
 
 
 def test_a_new_round_starts_counting_again(cluster: Cluster) -> None:
     a, b = cluster.node("a"), cluster.node("b")
     form(a, b)
-    a.request_stacks()
-    wait_for(lambda: b.stack_requests() == 1, WAIT, "b to be asked", every=0.02)
+    a.stacks().request_stacks()
+    wait_for(lambda: b.stacks().stack_requests() == 1, WAIT, "b to be asked", every=0.02)
     a.report_failure({"rank": 0, "exit_code": 1})
     wait_event(b, EventKind.PEER_FAILED)
     assert a.claim_restart(1) and b.claim_restart(1)
     again = form(a, b)
     assert again[0].round == 1
-    assert (a.stack_requests(), b.stack_requests()) == (0, 0)
-    assert b.request_stacks() == 1
+    assert (a.stacks().stack_requests(), b.stacks().stack_requests()) == (0, 0)
+    assert b.stacks().request_stacks() == 1
 
 
 def test_an_answer_is_cut_to_fit_the_store() -> None:
@@ -95,7 +95,7 @@ def test_every_node_answers_once_and_the_asker_writes_one_file(
     dirs = [tmp_path / f"run{i}" for i in range(3)]
     for d in dirs:
         d.mkdir()
-    jobs = [JobStacks(h, r, d, timeout=2.0) for (h, r), d in zip(pairs, dirs, strict=True)]
+    jobs = [JobStacks(h.stacks(), r, d, timeout=2.0) for (h, r), d in zip(pairs, dirs, strict=True)]
     assert jobs[1].request()
     answered: list[list[int]] = [[], []]
 
@@ -138,4 +138,4 @@ def test_combine_of_a_lone_node() -> None:
 def test_a_single_node_has_nobody_to_ask() -> None:
     local = LocalRendezvous()
     local.next_round(1)
-    assert local.stacks() is None  # no StackExchange: the agent dumps its own ranks only
+    assert local.peers() is None  # no StackExchange: the agent dumps its own ranks only

@@ -115,17 +115,23 @@ def test_a_status_request_reaches_every_node_and_the_answers_come_back(cluster: 
     handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
     pairs = sorted(zip(handlers, form(*handlers), strict=True), key=lambda p: p[1].node_rank)
     (a, _), (b, rb), (c, _) = pairs
-    assert b.request_status() == 1 and b.status_requests() == 1
+    assert b.status_exchange().request_status() == 1 and b.status_exchange().status_requests() == 1
     wait_for(
-        lambda: a.status_requests() == 1 and c.status_requests() == 1,
+        lambda: (
+            a.status_exchange().status_requests() == 1
+            and c.status_exchange().status_requests() == 1
+        ),
         WAIT,
         "a and c to be asked for status",
         every=0.02,
     )
-    assert a.stack_requests() == 0  # a status request is no stacks request
-    a.post_status(1, b"node 0")
-    c.post_status(1, b"node 2")
-    assert b.gather_status(rb.round, 1, [0, 2], WAIT) == {0: b"node 0", 2: b"node 2"}
+    assert a.stacks().stack_requests() == 0  # a status request is no stacks request
+    a.status_exchange().post_status(1, b"node 0")
+    c.status_exchange().post_status(1, b"node 2")
+    assert b.status_exchange().gather_status(rb.round, 1, [0, 2], WAIT) == {
+        0: b"node 0",
+        2: b"node 2",
+    }
     assert [k for k in cluster.server.data if "/status/" in k] == []  # read once, removed
     assert a.poll() is None and c.poll() is None  # no job event
 
@@ -152,10 +158,15 @@ def test_the_asker_writes_who_answered_and_names_who_did_not(
 
     def asked() -> bool:  # as the agent's tick does: take what the scanner found, poke it
         agents["b"].check_files()
-        return b.status_requests() == 1
+        return b.status_exchange().status_requests() == 1
 
     wait_for(asked, WAIT, "the request to be asked", every=0.02)
-    wait_for(lambda: a.status_requests() == 1, WAIT, "a to be asked for status", every=0.02)
+    wait_for(
+        lambda: a.status_exchange().status_requests() == 1,
+        WAIT,
+        "a to be asked for status",
+        every=0.02,
+    )
     agents["a"].check_peers()
     answer = files.answer_path(tmp_path / "b", nonce)
     wait_for(
@@ -170,7 +181,7 @@ def test_the_asker_writes_who_answered_and_names_who_did_not(
     for _ in range(3):  # a request is answered once, however often the scanner sees it
         agents["b"].check_files()
         time.sleep(0.1)
-    assert b.status_requests() == 1
+    assert b.status_exchange().status_requests() == 1
     for agent in agents.values():
         agent.close()
 

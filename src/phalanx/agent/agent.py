@@ -9,9 +9,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from phalanx.agent.between import Between
+from phalanx.agent.endings import Endings
 from phalanx.agent.exclusion import refuse_if_excluded, this_node
 from phalanx.agent.loop import Rounds
 from phalanx.agent.runfiles import write_launcher_file
+from phalanx.agent.sofar import Tally
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted
 from phalanx.events.figures import RecoveryTracker
@@ -172,11 +175,15 @@ class Agent:
                     ),
                     duplicate_filters=filters,
                     wall_clock=wall_clock.now,
-                    fence=rendezvous.fence(),
+                    fence=peers.fence() if (peers := rendezvous.peers()) is not None else None,
                 )
+                ends = Endings(
+                    config, rendezvous, signals, run_dir, self._base_env, events, Tally(),
+                    recovery,
+                )  # fmt: skip
                 rounds = Rounds(
-                    config, rendezvous, supervisor, signals, run_dir, self._base_env, events,
-                    status, recovery,
+                    config, rendezvous, supervisor, signals, run_dir, self._base_env, status,
+                    Between(ends),
                 )  # fmt: skip
                 return rounds.run()
             finally:

@@ -30,9 +30,10 @@ def node_check(
     """Check the round's nodes (None: off, or a single node). Every node gets the same
     verdict and says the same lines; a node named under ``exclude`` raises ``NodeExcluded``."""
     settings = config.node_check
-    exchange = rdzv.node_check()
-    if exchange is None or joined.num_nodes < 2:
+    peers = rdzv.peers()
+    if peers is None or joined.num_nodes < 2:
         return None
+    exchange = peers.node_check()
     began = time.monotonic()
     try:
         if settings.action is Action.OFF:
@@ -85,7 +86,9 @@ def excludes_others(config: LaunchConfig, verdict: Verdict) -> bool:
     return config.node_check.action is Action.EXCLUDE and bool(verdict.named)
 
 
-def check_same_code(config: LaunchConfig, rdzv: RendezvousHandler, joined: RendezvousResult) -> None:
+def check_same_code(
+    config: LaunchConfig, rdzv: RendezvousHandler, joined: RendezvousResult
+) -> None:
     """Stop the job before any worker starts when the members' code or versions differ
     (every node computes the same table from the same records, so every node stops; the
     others also see ``JOB_STOPPED``), or warn with the table under ``allow_mismatch``."""

@@ -12,12 +12,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from phalanx.agent import preempted
 from phalanx.agent.describe import describe_event
 from phalanx.agent.exclusion import requeue_exclusions
 from phalanx.agent.runfiles import write_bounded
+from phalanx.agent.sofar import Tally
 from phalanx.agent.stopped import stop_report
 from phalanx.config import LaunchConfig
 from phalanx.environments import slurm
@@ -43,29 +44,36 @@ from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.preempt import Preemption, from_notice
 from phalanx.supervisor.signals import SignalWatcher
 
-if TYPE_CHECKING:
-    from phalanx.agent.sofar import SoFar
-
 log = logging.getLogger("phalanx")
 
 
 class Endings:
-    """The ends of an agent run; ``agent.loop.Rounds``, the loop that reaches them, sets the
-    state they read."""
+    """The ends of an agent run; ``agent.loop.Rounds``, the loop that reaches them, keeps
+    ``tally`` (the counts and the last failure they report)."""
 
-    config: LaunchConfig
-    rdzv: RendezvousHandler
-    signals: SignalWatcher
-    run_dir: Path
-    base_env: Mapping[str, str]
-    events: EventLog
-    recovery: RecoveryTracker | None
-    attempts: int
-    restart_count: int  # the current attempt's, as its directory is named: attempt_<n>
-    failure: SoFar | None  # the last failed round: its report if the job ends before the next
-    checked: list[str]  # the nodes the last node check named (``agent.checking``), a line each
+    def __init__(
+        self,
+        config: LaunchConfig,
+        rendezvous: RendezvousHandler,
+        signals: SignalWatcher,
+        run_dir: Path,
+        base_env: Mapping[str, str],
+        events: EventLog,
+        tally: Tally,
+        recovery: RecoveryTracker | None = None,
+    ) -> None:
+        """``recovery``: the figures of this run's events so far (fed by ``events``), printed
+        and saved in ``report.json`` at the end when there was an incident."""
+        self.config = config
+        self.rdzv = rendezvous
+        self.signals = signals
+        self.run_dir = run_dir
+        self.base_env = base_env
+        self.events = events
+        self.tally = tally
+        self.recovery = recovery
 
-    def _tell_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
+    def tell_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
         """Tell the other nodes this node is done; best effort: with the store gone (its host
         lost) there is nobody to tell, and the report must still be written."""
         try:
@@ -73,14 +81,14 @@ class Endings:
         except (PhalanxError, OSError) as exc:
             log.warning("could not tell the other nodes this node is done: %s", exc)
 
-    def _succeeded(self, joined: RendezvousResult, plan: RoundPlan, exits: list[WorkerExit]) -> int:
+    def succeeded(self, joined: RendezvousResult, plan: RoundPlan, exits: list[WorkerExit]) -> int:
         """This node's workers all finished: wait for the others (the exit barrier). Read
         first whether the job was preempted: ranks that saw another node's preemption
         through ``phalanx.preempted()``'s collective may end before this node hears of it
         (the notice is in the store before any worker is told)."""
         notice = self.rdzv.preemption()
         if notice is not None:
-            self._preempted(joined, plan, exits, from_notice(notice, self.config.preempt_grace))
+            self.preempted(joined, plan, exits, from_notice(notice, self.config.preempt_grace))
         self.rdzv.report_done(True)
         if self.config.spawn_owner:  # one process here; the ranks were its children
             log.info(
@@ -94,20 +102,20 @@ class Endings:
         if signum is not None:
             raise Interrupted(signum)  # while waiting for the other nodes to finish
         if late is None:
-            lines, figures = self._recovery_figures()
+            lines, figures = self.recovery_figures()
             for line in lines:
                 log.info("%s", line)
-            if figures is not None or self.checked:  # a report of its own: what to look at
-                data = {"attempts": self.attempts, "outcome": "succeeded", "root_cause": None}
+            if figures is not None or self.tally.checked:  # a report of its own: what to look at
+                data = {"attempts": self.tally.attempts, "outcome": "succeeded", "root_cause": None}
                 data["recovery"] = figures
-                self._write_report(data)
+                self.write_report(data)
             return 0
         # The job failed elsewhere after these workers finished: it cannot restart (they
         # would not run again), so every node reports the failure and stops.
         log.warning("the job failed after this node's workers finished: %s", describe_event(late))
-        self._fail(joined, exits, late, None, None, crash_loop=False)
+        self.fail(joined, exits, late, None, None, crash_loop=False)
 
-    def _interrupted(
+    def interrupted(
         self,
         joined: RendezvousResult,
         exits: list[WorkerExit],
@@ -121,18 +129,18 @@ class Endings:
         node = joined.node_rank if event is None else event.node_rank
         if event is not None:
             log.warning("%s", describe_event(event))
-        self._stop_report(exits, signum, node, "this node" if event is None else f"node {node}")
+        self.stop_report(exits, signum, node, "this node" if event is None else f"node {node}")
         raise Interrupted(signum)
 
-    def _stop_report(
+    def stop_report(
         self, exits: list[WorkerExit], signum: int, node: int | None, where: str
     ) -> None:
         """``report.json`` of a job stopped by ``signum`` on ``where`` (no root cause)."""
-        _, figures = self._recovery_figures()
-        data = stop_report(exits, self.attempts, signum, node, where, figures)
-        self._write_report(data)
+        _, figures = self.recovery_figures()
+        data = stop_report(exits, self.tally.attempts, signum, node, where, figures)
+        self.write_report(data)
 
-    def _preempted(
+    def preempted(
         self,
         joined: RendezvousResult,
         plan: RoundPlan,
@@ -159,25 +167,25 @@ class Endings:
             raise Interrupted(signum)
         if late is not None and late.kind is EventKind.PEER_FAILED:
             log.warning("the job failed during its preemption grace: %s", describe_event(late))
-            self._fail(joined, exits, late, None, None, crash_loop=False)
+            self.fail(joined, exits, late, None, None, crash_loop=False)
         if late is not None:  # a node gone or given up: the scheduler's stop, as announced
             log.warning("during the preemption grace: %s", describe_event(late))
         text, data = preempted.report(
             preemption, exits, preempted.last_step(plan), joined.node_rank
         )
         print(text, file=sys.stderr, flush=True)
-        lines, figures = self._recovery_figures()
+        lines, figures = self.recovery_figures()
         for line in lines:
             log.info("%s", line)
         if figures is not None:
             data["recovery"] = figures
-        self._write_report(data)
+        self.write_report(data)
         if self.config.requeue and joined.node_rank == 0:
             excluded = requeue_exclusions(self.config.exclude_file, self.run_dir)
             slurm.requeue(self.base_env, excluded)
         raise Preempted(signal.Signals[preemption.signal], f"preempted by {preemption.signal}")
 
-    def _record_failure(
+    def record_failure(
         self,
         exits: list[WorkerExit],
         event: JobEvent | None,
@@ -203,7 +211,7 @@ class Endings:
                 cause.who,
                 cause.host,
                 cause.reason if cause.kind == "hang" else cause.describe_exit(),
-                self.restart_count,
+                self.tally.restart_count,
                 f" [{cause.kind}]" if cause.kind else "",
             )
         elif event is not None:
@@ -213,7 +221,7 @@ class Endings:
             log.warning("stopped local workers: %s", describe_event(event))
         return exits, cause
 
-    def _fail(
+    def fail(
         self,
         joined: RendezvousResult,
         exits: list[WorkerExit],
@@ -228,20 +236,20 @@ class Endings:
         """Print and save the job-wide report, then raise with the root cause's exit code.
         ``records``: the other nodes' failure records, read before (None: read them now);
         ``ended``: why the job ended, when not because of this round."""
-        self._tell_done(False)
+        self.tell_done(False)
         if event is not None and event.kind is EventKind.STORE_LOST:
             known = self.rdzv.poll()  # what is known of the store by now (after a fence)
             event = known if known is not None and known.kind is EventKind.STORE_LOST else event
         if records is None:
-            records = self._records_or_kept(joined, hang is not None)
+            records = self.records_or_kept(joined, hang is not None)
         lost = None
         if event is not None and event.kind is EventKind.NODE_LOST:
             lost = jobreport.lost_node(event, joined, describe_event(event))
-        lines, figures = self._recovery_figures()
+        lines, figures = self.recovery_figures()
         report = jobreport.build(
             exits,
             records,
-            self.attempts,
+            self.tally.attempts,
             local_hang=hang,
             lost=lost,
             reason=describe_event(event) if event is not None else "",
@@ -263,20 +271,20 @@ class Endings:
         for line in lines:  # before the report, so the report (the cause, once) ends the output
             log.info("%s", line)
         print(text, file=sys.stderr, flush=True)
-        self._write_report(report.data)
+        self.write_report(report.data)
         cause = report.cause
         if cause is None:
             reason = ended or (describe_event(event) if event is not None else "")
             raise RendezvousError(f"the job stopped: {reason or 'another node gave up'}")
         raise JobFailed(f"{cause.who} on {cause.host}: {cause.summary}", cause.exit_code)
 
-    def _write_report(self, data: dict[str, object]) -> None:
+    def write_report(self, data: dict[str, object]) -> None:
         """``report.json``, with the lines of the nodes the last node check named, if any."""
-        if self.checked:
-            data = {**data, "node_check": self.checked}
+        if self.tally.checked:
+            data = {**data, "node_check": self.tally.checked}
         write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
 
-    def _recovery_figures(self) -> tuple[list[str], dict[str, object] | None]:
+    def recovery_figures(self) -> tuple[list[str], dict[str, object] | None]:
         """The recovery figures of this node's run so far: the lines to say (one per
         incident, then the ETTR; none without a restart or re-form after an incident) and
         their JSON (None without an incident). ``now`` on the events' monotonic clock."""
@@ -285,18 +293,18 @@ class Endings:
         figures = self.recovery.result(time.monotonic())
         return summary_lines(figures), figures.to_json() if figures.incidents else None
 
-    def _records_or_kept(
+    def records_or_kept(
         self, joined: RendezvousResult, waiting_for_hangs: bool
     ) -> list[dict[str, object]]:
         """The other nodes' records of this round; those kept from before when the store
         cannot be read any more."""
         try:
-            return self._round_records(joined, waiting_for_hangs=waiting_for_hangs)
+            return self.round_records(joined, waiting_for_hangs=waiting_for_hangs)
         except RendezvousError:
-            kept = self.failure
+            kept = self.tally.failure
             return kept.records if kept is not None and kept.joined.round == joined.round else []
 
-    def _round_records(
+    def round_records(
         self, joined: RendezvousResult, *, waiting_for_hangs: bool
     ) -> list[dict[str, object]]:
         """The other nodes' failure records of this round. After a hang, wait (bounded) until

@@ -10,17 +10,15 @@ from pathlib import Path
 
 from phalanx.agent import exclusion
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
+from phalanx.agent.between import Between
 from phalanx.agent.checking import check_same_code, excludes_others, node_check
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.policy import Step, decide, judged
-from phalanx.agent.sofar import Between
 from phalanx.agent.stopped import asked_to_stop
 from phalanx.agent.stragglers import StragglerWatch, either
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, RendezvousError
-from phalanx.events.figures import RecoveryTracker
-from phalanx.events.log import EventLog
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.watch import RoundWatch
 from phalanx.limits import StartFailed
@@ -40,11 +38,11 @@ from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor
 from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
 
-log = logging.getLogger("phalanx")
 QUIET_TICK = 1.0  # seconds between ticks with nothing to poll and no stall timeout
+log = logging.getLogger("phalanx")
 
 
-class Rounds(Between):
+class Rounds:
     """The restart loop of one agent run, and the job-wide failure report at its end.
 
     Budget policy (see ``rendezvous.api``): a worker failure here or on a peer, and a lost
@@ -63,29 +61,28 @@ class Rounds(Between):
         signals: SignalWatcher,
         run_dir: Path,
         base_env: Mapping[str, str],
-        events: EventLog,
         status: StatusService,
-        recovery: RecoveryTracker | None = None,
+        between: Between,
     ) -> None:
-        """``recovery``: the figures of this run's events so far (fed by ``events``), printed
-        and saved in ``report.json`` at the end when there was an incident."""
+        """``between``: the run's ends (its ``ends``: after a round; itself: between rounds),
+        which read the ``tally`` this loop keeps."""
         self.config = config
-        self.events = events
         self.status = status
-        self.recovery = recovery
         self.rdzv = rendezvous
         self.supervisor = supervisor
         self.signals = signals
         self.run_dir = run_dir
         self.base_env = base_env
-        self.attempts = 0
-        self.restart_count = 0
+        self.between = between
+        self.ends = between.ends
+        self.tally = between.tally
+        self.events = self.ends.events
         self.reforms = 0  # rounds re-formed for a joining node (no restart spent)
-        self.failure = None
         self._restart = False  # a restart claimed: said once its round forms
-        self._exclude = exclusion.ExcludeAfter(config, run_dir, events)  # --exclude-after
-        self.checked: list[str] = []  # the nodes the last node check named, one line each
-        rendezvous.on_event(supervisor.wake)  # a peer's event acted on at once, not at a tick
+        self._exclude = exclusion.ExcludeAfter(config, run_dir, self.events)  # --exclude-after
+        self.peers = rendezvous.peers()  # None: a single node
+        if self.peers is not None:  # a peer's event acted on at once, not at a tick
+            self.peers.on_event(supervisor.wake)
 
     def run(self) -> int:
         while True:
@@ -93,9 +90,9 @@ class Rounds(Between):
             self._say_restart(joined)
             plan = build_plan(self.config, joined, self.run_dir, self.base_env)
             mark = ProgressMark.take(plan)
-            self.attempts += 1
-            self.restart_count = joined.restart_count
-            attempt = AttemptEvents(self.events, plan, joined.round, self.attempts)
+            self.tally.attempts += 1
+            self.tally.restart_count = joined.restart_count
+            attempt = AttemptEvents(self.events, plan, joined.round, self.tally.attempts)
             watch = RoundWatch(
                 plan,
                 stall_timeout=self.config.stall_timeout,
@@ -104,8 +101,10 @@ class Rounds(Between):
                 job=self._job_stacks(joined),
             )
             probe = OomProbe()
-            self.status.begin(plan, joined, self.rdzv.status_exchange())
-            slow = StragglerWatch(self.config, joined, self.rdzv.node_check(), self.events, self.run_dir)  # fmt: skip
+            peers = self.peers
+            self.status.begin(plan, joined, peers.status_exchange() if peers is not None else None)
+            checks = peers.node_check() if peers is not None else None
+            slow = StragglerWatch(self.config, joined, checks, self.events, self.run_dir)
             tick = self.status.watch(attempt.watch(either(watch.tick, slow.tick)))
             preempt = self._preempt_watch(joined)
             result = self._supervise(plan, watch, tick, preempt)
@@ -113,23 +112,25 @@ class Rounds(Between):
             slow.leave()  # named a straggler under --straggler-action exclude: leaves the job
             exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
             if result.preemption is not None and _ended_by_preemption(result):
-                self._preempted(joined, plan, exits, result.preemption, result.event)
+                self.ends.preempted(joined, plan, exits, result.preemption, result.event)
             if result.outcome is Outcome.SUCCEEDED:
-                return self._succeeded(joined, plan, exits)
+                return self.ends.succeeded(joined, plan, exits)
             stop = asked_to_stop(result)
             if stop is not None:  # here or on another node: the job stops, with no failure
-                self._interrupted(joined, exits, *stop)
-            exits, cause = self._record_failure(exits, result.event, watch, probe)
+                self.ends.interrupted(joined, exits, *stop)
+            exits, cause = self.ends.record_failure(exits, result.event, watch, probe)
             event = result.event.kind if result.event is not None else None
             if cause is not None or event is not EventKind.NODE_WAITING:  # a scale-up is no failure
-                self._keep_failure(joined, exits, result.event, watch.hang or watch.peer_hang)
+                self.between.keep_failure(
+                    joined, exits, result.event, watch.hang or watch.peer_hang
+                )
                 attempt.failed(
                     self._failure_events(cause, result.event, watch),
                     stop_began=self.supervisor.stop_began,
                     stall_timeout=self.config.stall_timeout,
                 )
             if result.preemption is not None:  # a failure during the grace: no restart
-                self._fail(joined, exits, result.event, watch.hang, None, crash_loop=False)
+                self.ends.fail(joined, exits, result.event, watch.hang, None, crash_loop=False)
             if event is EventKind.STORE_LOST and cause is None and self._rejoined(joined):
                 continue  # back as a new member: the others spent the restart for it
             step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
@@ -145,7 +146,7 @@ class Rounds(Between):
                 continue
             crash_loop = step is Step.CRASH_LOOP
             hang = watch.hang or watch.peer_hang
-            self._fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
+            self.ends.fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
 
     def _restarted(self, joined: RendezvousResult) -> bool:
         """Claim a restart of the job's budget after ``joined``'s round (the first claim of
@@ -180,25 +181,25 @@ class Rounds(Between):
                 plan, self.signals, self._poll(watch), tick, preempt, self._tick_every()
             )
         except StartFailed as exc:  # a limit reached: no round without every worker
-            self._cut_short(exc, str(exc))
+            self.between.cut_short(exc, str(exc))
 
     def _next_round(self) -> RendezvousResult:
         """Join the next round; a signal meanwhile ends the wait at once, and the other nodes
         are told this node left (the job stops: it cannot form without it)."""
-        self.events.emit("rdzv_start", attempt=self.attempts + 1)
+        self.events.emit("rdzv_start", attempt=self.tally.attempts + 1)
         began = time.monotonic()
         try:
             with self.signals.raising():
                 joined = self.rdzv.next_round(self.config.nproc_per_node)
         except Interrupted as exc:  # a signal here, or (``where``) the job stopped by one elsewhere
-            self._stopped_waiting(exc, "this node, in the rendezvous")
+            self.between.stopped_waiting(exc, "this node, in the rendezvous")
         except RendezvousError as exc:  # a node or the store lost, a timeout: no round
-            self._cut_short(exc, self._no_round(exc))
+            self.between.cut_short(exc, self._no_round(exc))
         self.events.node = joined.node_rank
         self.events.emit(
             "rdzv_done",
             round=joined.round,
-            attempt=self.attempts + 1,
+            attempt=self.tally.attempts + 1,
             num_nodes=joined.num_nodes,
             world_size=joined.world_size,
             members=[n.hostname for n in sorted(joined.nodes, key=lambda n: n.node_rank)],
@@ -208,11 +209,11 @@ class Rounds(Between):
         check_same_code(self.config, self.rdzv, joined)
         verdict = node_check(self.config, self.rdzv, joined, self.run_dir, self.events)
         if verdict is not None:
-            self.checked = [n.line for n in verdict.named]  # the report's, the newest round's
+            self.tally.checked = [n.line for n in verdict.named]  # the report's, the newest round's
             if excludes_others(self.config, verdict):  # they leave: form a round without them
                 self.events.emit("reform", round=joined.round, reason="the node check excluded a node")  # fmt: skip
                 return self._next_round()
-        if joined.num_nodes > 1 or self.attempts == 0:
+        if joined.num_nodes > 1 or self.tally.attempts == 0:
             # A spawn owner is one process per node that starts the node's ranks itself.
             owner = (
                 " (ranks; one spawn-owner process per node starts them)"
@@ -232,7 +233,7 @@ class Rounds(Between):
         """The failure to record: the job's root cause among this node's and the other nodes'
         records of the round known now (``_keep_failure``), so a node whose ranks failed only
         because a peer's did names the peer's rank and node; else the event that stopped it."""
-        records = self.failure.records if self.failure is not None else []
+        records = self.tally.failure.records if self.tally.failure is not None else []
         peers = [WorkerExit.from_json(r) for r in records if "returncode" in r and "rank" in r]
         job = root_cause([*peers, *([cause] if cause is not None else [])])
         if job is not None and job is not cause:
@@ -276,9 +277,9 @@ class Rounds(Between):
             with self.signals.raising():
                 return self.rdzv.judge_round(progressed, failure_signature)
         except Interrupted as exc:
-            self._stopped_waiting(exc, "this node, waiting for the other nodes' verdict")
+            self.between.stopped_waiting(exc, "this node, waiting for the other nodes' verdict")
         except RendezvousError as exc:
-            self._cut_short(exc, self._no_round(exc))
+            self.between.cut_short(exc, self._no_round(exc))
 
     def _rejoined(self, joined: RendezvousResult) -> bool:
         """This node lost the store (or fenced itself): with restarts left, wait for the
@@ -293,9 +294,9 @@ class Rounds(Between):
         )  # fmt: skip
         try:
             with self.signals.raising():
-                back = self.rdzv.rejoin()
+                back = self.peers is not None and self.peers.rejoin()
         except Interrupted as exc:
-            self._stopped_waiting(exc, "this node, waiting for the rendezvous store")
+            self.between.stopped_waiting(exc, "this node, waiting for the rendezvous store")
         # Back, the node claims the restart as any node of a failed round does (the first
         # claim decides for all): the budget counts it however many nodes lost the store.
         return back and self._restarted(joined)
@@ -304,11 +305,11 @@ class Rounds(Between):
         try:
             return self.rdzv.claim_restart(self.config.max_restarts)
         except RendezvousError as exc:
-            self._cut_short(exc, self._no_round(exc))
+            self.between.cut_short(exc, self._no_round(exc))
 
     def _no_round(self, exc: RendezvousError) -> str:
         """Why the job ended when the next round could not form."""
-        if self.failure is None:
+        if self.tally.failure is None:
             return str(exc)
         return f"the restart round could not form: {exc}"
 
@@ -325,10 +326,9 @@ class Rounds(Between):
         self.events.emit("preempt", signal=preemption.signal, deadline=deadline)
 
     def _job_stacks(self, joined: RendezvousResult) -> JobStacks | None:
-        exchange = self.rdzv.stacks()
-        if exchange is None or joined.num_nodes == 1:
+        if self.peers is None or joined.num_nodes == 1:
             return None
-        return JobStacks(exchange, joined, self.run_dir)
+        return JobStacks(self.peers.stacks(), joined, self.run_dir)
 
     def _poll(self, watch: RoundWatch) -> Callable[[], JobEvent | None]:
         return lambda: watch.hear(self.rdzv.poll())

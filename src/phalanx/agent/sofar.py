@@ -1,21 +1,14 @@
-"""A job that ends between rounds: after a failed round, before the next forms (a node lost
-meanwhile, the store with it; a worker that cannot start), or stopped while it waits. Each
-still ends with a report, and the root cause of the last failed round is not lost."""
+"""What an agent run knows so far, shared by its loop (``agent.loop.Rounds``, which writes it)
+and its ends (``agent.endings``, ``agent.between``, which read it): the attempt counts, the
+nodes the last node check named, and the last failed round, kept until the next forms."""
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from typing import NoReturn
+from dataclasses import dataclass, field
 
-from phalanx.agent.endings import Endings
-from phalanx.errors import Interrupted, PhalanxError, Preempted, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
-from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
-from phalanx.report.exits import report_json
+from phalanx.rendezvous.api import JobEvent, RendezvousResult
 from phalanx.supervisor.exits import WorkerExit
-
-log = logging.getLogger("phalanx")
 
 
 @dataclass(frozen=True)
@@ -29,57 +22,13 @@ class SoFar:
     records: list[dict[str, object]]
 
 
-class Between(Endings):
-    """The ends of a job between rounds (``agent.loop.Rounds`` reaches them)."""
+@dataclass
+class Tally:
+    """The run's counts and memory so far."""
 
-    def _keep_failure(
-        self,
-        joined: RendezvousResult,
-        exits: list[WorkerExit],
-        event: JobEvent | None,
-        hang: HangAnalysis | None,
-    ) -> None:
-        """Keep the failed round's report material, read now while the store is there: the
-        job may end before the next round forms (a node lost meanwhile, the store with it)."""
-        try:
-            records = self._round_records(joined, waiting_for_hangs=False)
-        except RendezvousError:
-            records = []
-        if (
-            event is not None
-            and event.kind is EventKind.PEER_FAILED
-            and "returncode" in event.failure
-        ):
-            # The store may be gone already (its host went down after the failure): the event
-            # that told of the failure carries its record.
-            node = event.node_rank
-            if all(r.get("node_rank") != node for r in records):
-                records.append({**event.failure, "node_rank": node, "round": joined.round})
-        self.failure = SoFar(joined, exits, event, hang, records)
-
-    def _stopped_waiting(self, exc: Interrupted, where: str) -> NoReturn:
-        """Asked to stop (``exc``) while waiting for a round or a verdict: tell the others,
-        write the stop report (with the exits of the last failed round, if any), stop."""
-        self._tell_done(False, signum=exc.signum, preempted=isinstance(exc, Preempted))
-        exits = self.failure.exits if self.failure is not None else []
-        self._stop_report(exits, exc.signum, self.events.node, exc.where or where)
-        raise exc
-
-    def _cut_short(self, exc: PhalanxError, ended: str) -> NoReturn:
-        """The job ends before a round could run (``ended``: why): the next round could not
-        form, or a worker could not start. With a failed round before, its report, root
-        cause and all; without, a report of ``ended`` alone, and ``exc`` raised."""
-        if self.failure is not None:
-            log.error("%s", ended)
-            last = self.failure
-            self._fail(
-                last.joined, last.exits, last.event, last.hang, None,
-                crash_loop=False, records=last.records, ended=ended,
-            )  # fmt: skip
-        self._tell_done(False)
-        _, figures = self._recovery_figures()
-        data = report_json(
-            [], self.attempts, outcome="failed", reason=ended, ended=ended, recovery=figures
-        )
-        self._write_report(data)
-        raise exc
+    attempts: int = 0
+    restart_count: int = 0  # the current attempt's, as its directory is named: attempt_<n>
+    # The last failed round: its report if the job ends before the next forms.
+    failure: SoFar | None = None
+    # The nodes the last node check named (``agent.checking``), a line each.
+    checked: list[str] = field(default_factory=list)

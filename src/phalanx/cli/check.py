@@ -73,8 +73,9 @@ def _check(config: LaunchConfig) -> int:
     rdzv = prepare(config).open_rendezvous()
     try:
         joined = rdzv.next_round(config.nproc_per_node)
-        exchange = rdzv.node_check()
-        assert exchange is not None  # a multi-node rendezvous always has one
+        peers = rdzv.peers()
+        assert peers is not None  # a multi-node rendezvous always has them
+        exchange = peers.node_check()
         with tempfile.TemporaryDirectory(dir=_log_base(config)) as scratch:
             began = time.monotonic()
             verdict = check_round(

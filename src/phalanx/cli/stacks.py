@@ -21,19 +21,14 @@ import time
 from pathlib import Path
 
 from phalanx.agent.runfiles import LAUNCHER_FILE
-from phalanx.cli.args import add_run_dir, run_directory
+from phalanx.cli.args import Parser, add_run_dir, run_directory
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.hang.stacks import catches
 from phalanx.worker.contract import STACK_SIGNAL
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"stacks: {message}")
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = _Parser(
+    parser = Parser(
         prog="phalanx stacks",
         description=(
             "Print every rank's Python stack now, without stopping the job: every node's on a "

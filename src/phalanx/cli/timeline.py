@@ -9,19 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from phalanx.cli.args import add_run_dir, run_directory
+from phalanx.cli.args import Parser, add_run_dir, run_directory
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.events import EVENTS_FILE, read_run_events
 from phalanx.timeline import build, render, summarize
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"timeline: {message}")
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = _Parser(
+    parser = Parser(
         prog="phalanx timeline",
         description=(
             "Draw a run's events: one lane per rank over time, grouped by node (attempts, "

@@ -16,7 +16,7 @@ round's root-cause failure, the one before it, whether any node progressed); the
 policy turns that into "restart" or "crash loop" identically everywhere.
 
 Stacks on request (``phalanx stacks`` on any node) go through a ``StackExchange``, which a
-multi-node handler gives out (``stacks()``): the node asked posts ``request_stacks()``; every
+multi-node handler's ``peers()`` gives out (``stacks()``): the node asked posts ``request_stacks()``; every
 node's watch sees the number grow in ``stack_requests()`` (non-blocking), dumps its ranks and
 ``post_stacks``; the requester's helper thread ``gather_stacks`` the answers. ``phalanx
 status`` goes the same way through a ``StatusExchange`` (``status_exchange()``): each node
@@ -166,10 +166,6 @@ class RendezvousHandler(Protocol):
         """Whether ``poll`` never has anything to say (one node, no store): the supervisor
         then ticks only as often as the agent's own checks need, not every monitor interval."""
 
-    def on_event(self, ring: Callable[[], None]) -> None:
-        """Have ``ring`` called (from another thread) when ``poll`` has something new, so the
-        agent acts on a peer's event at once rather than at its next tick."""
-
     def poll(self) -> JobEvent | None:
         """Non-blocking check for a job-wide event of the current round (one per call).
 
@@ -208,9 +204,7 @@ class RendezvousHandler(Protocol):
         for all: idempotent per round, the same on every node (as ``claim_restart``).
         Raises ``RendezvousError`` when the store cannot be reached."""
 
-    def report_done(
-        self, ok: bool, *, signum: int | None = None, preempted: bool = False
-    ) -> None:
+    def report_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
         """This node's workers finished (``ok=True``: peers see nothing) or the node gives up
         for good (``ok=False``: every peer sees ``JOB_STOPPED``, and no new round forms).
         ``False`` after ``True`` is allowed: the job failed elsewhere after this node finished.
@@ -243,10 +237,23 @@ class RendezvousHandler(Protocol):
         and every other node sees ``PREEMPTED`` with it. Returns the job's notice (another
         node's if it was first; ``notice`` itself when the store cannot be reached)."""
 
+    def peers(self) -> Peers | None:
+        """What only a job with other nodes has (events pushed, rejoining, the fence, the
+        exchanges); None for a single node, which has none of it."""
+
     def preemption(self) -> dict[str, object] | None:
         """The job's preemption notice of the current round (None: not preempted). A
         store read: for after the round, where workers that saw ``phalanx.preempted()``
         through their collective may have ended before this node heard the event."""
+
+
+class Peers(Protocol):
+    """The multi-node half of a rendezvous (``RendezvousHandler.peers``): a single node has
+    none of it, so its handler implements none of it."""
+
+    def on_event(self, ring: Callable[[], None]) -> None:
+        """Have ``ring`` called (from another thread) when ``poll`` has something new, so the
+        agent acts on a peer's event at once rather than at its next tick."""
 
     def rejoin(self) -> bool:
         """After this node lost the store or fenced itself (``STORE_LOST``): once the store
@@ -257,19 +264,17 @@ class RendezvousHandler(Protocol):
     def fence(self) -> Fence | None:
         """What SIGKILLs this node's workers once it may have lost the store for longer than
         the others wait (``phalanx.rendezvous.fencing``): the supervisor guards every worker
-        group with it. None where no other node can count this one lost (single node)."""
+        group with it. None where the store proves nothing of this node's (a leased store that
+        does not say when it renewed)."""
 
-    def stacks(self) -> StackExchange | None:
-        """How this node asks the others for their ranks' stacks and answers them; None when
-        the job has no other node."""
+    def stacks(self) -> StackExchange:
+        """How this node asks the others for their ranks' stacks and answers them."""
 
-    def status_exchange(self) -> StatusExchange | None:
-        """How this node asks the others for their status and events and answers them; None
-        when the job has no other node."""
+    def status_exchange(self) -> StatusExchange:
+        """How this node asks the others for their status and events and answers them."""
 
-    def node_check(self) -> CheckExchange | None:
-        """How the nodes of a round share their node-check results (``phalanx.nodecheck``);
-        None when the job has no other node."""
+    def node_check(self) -> CheckExchange:
+        """How the nodes of a round share their node-check results (``phalanx.nodecheck``)."""
 
 
 class StackExchange(Protocol):

@@ -7,16 +7,7 @@ import uuid
 from collections.abc import Callable
 
 from phalanx.net import free_port
-from phalanx.rendezvous.api import (
-    CheckExchange,
-    JobEvent,
-    NodeInfo,
-    RendezvousResult,
-    RoundVerdict,
-    Signature,
-    StackExchange,
-    StatusExchange,
-)
+from phalanx.rendezvous.api import JobEvent, NodeInfo, RendezvousResult, RoundVerdict, Signature
 
 
 class LocalRendezvous:
@@ -68,9 +59,6 @@ class LocalRendezvous:
     def quiet(self) -> bool:
         return True  # no peers, no store: nothing to poll for
 
-    def on_event(self, ring: Callable[[], None]) -> None:
-        pass  # nothing ever comes
-
     def poll(self) -> JobEvent | None:
         return None
 
@@ -105,9 +93,7 @@ class LocalRendezvous:
     def claim_restart(self, max_restarts: int) -> bool:
         return self._round < max_restarts
 
-    def report_done(
-        self, ok: bool, *, signum: int | None = None, preempted: bool = False
-    ) -> None:
+    def report_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
         pass
 
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
@@ -116,17 +102,5 @@ class LocalRendezvous:
     def shutdown(self) -> None:
         pass
 
-    def rejoin(self) -> bool:
-        return False  # no store to lose
-
-    def fence(self) -> None:
-        return None  # no other node can count this one lost
-
-    def stacks(self) -> StackExchange | None:
-        return None  # no other node to ask
-
-    def status_exchange(self) -> StatusExchange | None:
-        return None  # no other node to ask
-
-    def node_check(self) -> CheckExchange | None:
-        return None  # nobody to compare with: a single node skips the node check
+    def peers(self) -> None:
+        return None  # no other node: no events pushed, no store to lose, nobody to ask

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import select
 import selectors
 import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import BinaryIO
 
@@ -29,21 +27,25 @@ from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.fencing import KILL_BOUND, Fence
 from phalanx.signals import signal_name
 from phalanx.supervisor.console import Console, OnLost
-from phalanx.supervisor.exits import WorkerExit, read_error_file
+from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.guardian import Guardian
-from phalanx.supervisor.logs import LogFile, LogStream, finish_all
+from phalanx.supervisor.logs import LogStream, finish_all
 from phalanx.supervisor.pipes import PipeSelector
 from phalanx.supervisor.preempt import Preemption, PreemptWatch, kill_margin, tell_stopping
 from phalanx.supervisor.process import RunningWorker, exec_worker
+from phalanx.supervisor.reap import KILL_WAIT, Reaper, drain
 from phalanx.supervisor.signals import SignalWatcher
+from phalanx.supervisor.slot import (
+    Slot,
+    killpg,
+    running_workers,
+    wire_logs,
+    with_logs,
+)
 from phalanx.worker.nofollow import make_dirs
 
-# After SIGKILL a process normally vanishes at once; one stuck in an uninterruptible call
-# (a GPU driver call, a dead NFS mount) cannot be reaped, so the wait is bounded.
 log = logging.getLogger("phalanx")
 _FIRST_TICK = 0.1  # seconds to the first tick of a round (then doubling to its interval)
-_KILL_WAIT = 5.0
-_DRAIN_WAIT = 1.0
 
 
 class Outcome(Enum):
@@ -69,15 +71,6 @@ class RoundResult:
 Launch = Callable[[WorkerPlan], RunningWorker]
 # Called every monitor tick with (plan, pid) of every live worker; True stops the round.
 OnTick = Callable[[Sequence[tuple[WorkerPlan, int]]], bool]
-
-
-@dataclass
-class _Slot:
-    plan: WorkerPlan
-    proc: RunningWorker
-    files: list[LogFile]
-    exit: WorkerExit | None = None
-    streams: list[LogStream] = field(default_factory=list)  # stdout, stderr
 
 
 class Supervisor:
@@ -108,6 +101,7 @@ class Supervisor:
         self._host = host or socket.gethostname()
         self._wall_clock = wall_clock
         self._preempt: PreemptWatch | None = None  # the running round's
+        self._reaper = Reaper(self._host, wall_clock, lambda: self._preempt)
         # Wall clock when the last round's stop began (its failure was acted on): for the
         # event log's recovery figures; 0.0 when the round ended without a stop.
         self.stop_began = 0.0
@@ -140,7 +134,7 @@ class Supervisor:
         selector = self._selector = PipeSelector()
         selector.register(signals.fd, selectors.EVENT_READ, None)
         self.stop_began = 0.0
-        slots: list[_Slot] = []
+        slots: list[Slot] = []
         streams: dict[int, LogStream] = {}
         self._preempt = preempt
         try:
@@ -157,7 +151,7 @@ class Supervisor:
                 events = selector.select(timeout if bound is None else min(timeout, bound))
                 # Read before the exits: the fence's SIGKILLs are phalanx's, not failures.
                 fenced = self._fence.reason if self._fence is not None else None
-                self._handle_events(events, slots, streams, selector, bool(fenced))
+                self._reaper.handle_events(events, slots, streams, selector, bool(fenced))
                 if any(key.fd == signals.fd for key, _ in events):
                     signals.drain()  # or select would return at once forever
                     next_poll = 0.0  # a stacks request is answered now, not at the next tick
@@ -172,8 +166,8 @@ class Supervisor:
                     return ended
         finally:
             # Whatever happened above (even an exception in our own code), nothing survives.
-            self._kill_all(slots)
-            self._drain(streams, selector)
+            self._reaper.kill_all(slots)
+            drain(streams, selector)
             for slot in slots:
                 slot.proc.close()
                 self._guardian.forget(slot.proc.pid)
@@ -186,7 +180,7 @@ class Supervisor:
 
     def _settle(
         self,
-        slots: list[_Slot],
+        slots: list[Slot],
         streams: dict[int, LogStream],
         selector: PipeSelector,
         signals: SignalWatcher,
@@ -203,7 +197,11 @@ class Supervisor:
             lost = JobEvent(EventKind.STORE_LOST, detail=fenced)
             return self._result(Outcome.REMOTE, slots, event=lost)
         taken = signals.take_preempt()
-        if taken is not None and preempt is not None and not preempt.begin(taken, _running(slots)):
+        if (
+            taken is not None
+            and preempt is not None
+            and not preempt.begin(taken, running_workers(slots))
+        ):
             log.warning("%s again during the grace: stopping the workers now", signal_name(taken))
             return self._preempt_stop(slots, streams, selector)
         if any(s.exit is not None and s.exit.failed for s in slots):
@@ -222,7 +220,7 @@ class Supervisor:
         return None
 
     def _preempt_stop(
-        self, slots: list[_Slot], streams: dict[int, LogStream], selector: PipeSelector
+        self, slots: list[Slot], streams: dict[int, LogStream], selector: PipeSelector
     ) -> RoundResult:
         """End a preempted round now: SIGTERM, half the kill margin, SIGKILL."""
         assert self._preempt is not None and self._preempt.preemption is not None
@@ -233,7 +231,7 @@ class Supervisor:
     def _result(
         self,
         outcome: Outcome,
-        slots: list[_Slot],
+        slots: list[Slot],
         event: JobEvent | None = None,
         signum: int | None = None,
     ) -> RoundResult:
@@ -242,14 +240,14 @@ class Supervisor:
 
     def _tick(
         self,
-        slots: list[_Slot],
+        slots: list[Slot],
         streams: dict[int, LogStream],
         selector: PipeSelector,
         poll: Callable[[], JobEvent | None],
         on_tick: OnTick,
     ) -> RoundResult | None:
         """The caller's checks, then the rendezvous: the round's result if either ends it."""
-        running = _running(slots)
+        running = running_workers(slots)
         if on_tick(running):
             self._stop(slots, streams, selector, signal.SIGTERM)
             return self._result(Outcome.STOPPED, slots)
@@ -275,101 +273,30 @@ class Supervisor:
         plan: RoundPlan,
         selector: PipeSelector,
         streams: dict[int, LogStream],
-        slots: list[_Slot],
+        slots: list[Slot],
     ) -> None:
         """Start ``worker`` into ``slots``; a limit reached on the way (descriptors,
         processes, threads) raises ``StartFailed``, which ends the round."""
         try:
-            self._start_one(worker, plan, selector, streams, slots)
+            with contextlib.suppress(OSError):  # a full disk: its LogFile says so, the job goes on
+                make_dirs(worker.log_dir)  # a symlink planted on the way is refused, not followed
+            proc = self._launch(worker)
+            self._guardian.watch(proc.pid)  # the worker leads its own process group
+            if self._fence is not None:
+                self._fence.guard(proc.pid)  # killed at once if the node has fenced already
+            slot = Slot(worker, proc, [])
+            slots.append(slot)  # from here on, stopped with the others whatever fails below
+            selector.register(proc.exit_fd, selectors.EVENT_READ, slot)
+            wire_logs(slot, plan, selector, streams, self._console, self._duplicate_filters)
         except (OSError, RuntimeError) as exc:
             failed = start_failed(worker.global_rank, exc)
             if failed is None:
                 raise
             raise failed from None
 
-    def _start_one(
-        self,
-        worker: WorkerPlan,
-        plan: RoundPlan,
-        selector: PipeSelector,
-        streams: dict[int, LogStream],
-        slots: list[_Slot],
-    ) -> None:
-        with contextlib.suppress(OSError):  # a full disk: its LogFile says so, the job goes on
-            make_dirs(worker.log_dir)  # a symlink planted on the way is refused, not followed
-        proc = self._launch(worker)
-        self._guardian.watch(proc.pid)  # the worker leads its own process group
-        if self._fence is not None:
-            self._fence.guard(proc.pid)  # killed at once if the node has fenced already
-        slot = _Slot(worker, proc, [])
-        slots.append(slot)  # from here on, stopped with the others whatever fails below
-        selector.register(proc.exit_fd, selectors.EVENT_READ, slot)
-        prefix = worker.console_prefix.encode()
-        for index, (name, fd, path) in enumerate(
-            (
-                ("stdout", proc.stdout_fd, worker.stdout_path),
-                ("stderr", proc.stderr_fd, worker.stderr_path),
-            )
-        ):
-            handle = LogFile(path, selector.wake)
-            slot.files.append(handle)
-            console = (
-                (self._console, index)
-                if self._console is not None and name in worker.console_streams
-                else None
-            )
-            duplicate = None
-            if self._duplicate_filters[index]:
-                dup = LogFile(plan.attempt_dir / f"filtered_{name}.log", selector.wake)
-                slot.files.append(dup)
-                duplicate = (dup, self._duplicate_filters[index])
-            os.set_blocking(fd, False)
-            streams[fd] = LogStream(fd, handle, prefix, console, duplicate)
-            selector.register(fd, selectors.EVENT_READ, streams[fd])
-            slot.streams.append(streams[fd])
-
-    def _handle_events(
-        self,
-        events: list[tuple[selectors.SelectorKey, int]],
-        slots: list[_Slot],
-        streams: dict[int, LogStream],
-        selector: PipeSelector,
-        stopping: bool,
-    ) -> None:
-        for key, _ in events:
-            data = key.data
-            if isinstance(data, LogStream):
-                if not data.pump():
-                    selector.unregister(data.fd)
-                    del streams[data.fd]
-            elif isinstance(data, _Slot):
-                selector.unregister(key.fd)
-                data.exit = self._record_exit(data, data.proc.reap(), stopping)
-
-    def _record_exit(self, slot: _Slot, returncode: int, stopping: bool) -> WorkerExit:
-        noticed = self._wall_clock()
-        return WorkerExit(
-            rank=slot.plan.global_rank,
-            local_rank=slot.plan.local_rank,
-            host=self._host,
-            pid=slot.proc.pid,
-            returncode=returncode,
-            time=noticed,
-            stopped_by_launcher=(stopping and returncode != 0) or self._forwarded(returncode),
-            log_dir=str(slot.plan.log_dir),
-            label=slot.plan.name,
-            monotonic=time.monotonic(),  # orders this node's exits (report.exits.causal_order)
-        )
-
-    def _forwarded(self, returncode: int) -> bool:
-        """Whether the worker died of the preemption signal phalanx forwarded to it (its
-        default action, in a program without phalanx's boot): the launcher's doing."""
-        sent = self._preempt.forwarded if self._preempt is not None else None
-        return sent is not None and returncode == -sent
-
     def _stop(
         self,
-        slots: list[_Slot],
+        slots: list[Slot],
         streams: dict[int, LogStream],
         selector: PipeSelector,
         first_signal: int,
@@ -385,35 +312,35 @@ class Supervisor:
         if not self.stop_began:
             self.stop_began = self._wall_clock()
         fenced = self._fence is not None and self._fence.reason is not None
-        self._handle_events(selector.select(0), slots, streams, selector, stopping=fenced)
+        self._reaper.handle_events(selector.select(0), slots, streams, selector, stopping=fenced)
         if grace is None:
-            grace = _KILL_WAIT if first_signal == signal.SIGKILL else self._shutdown_timeout
+            grace = KILL_WAIT if first_signal == signal.SIGKILL else self._shutdown_timeout
         if first_signal == signal.SIGTERM:
             tell_stopping(s.plan for s in slots if s.exit is None)
-        for sig, wait in ((first_signal, grace), (signal.SIGKILL, _KILL_WAIT)):
+        for sig, wait in ((first_signal, grace), (signal.SIGKILL, KILL_WAIT)):
             # Groups of exited workers too: their children may still be running.
             for slot in slots:
-                _killpg(slot.proc.pid, sig)
+                killpg(slot.proc.pid, sig)
             deadline = time.monotonic() + wait
             while any(s.exit is None for s in slots) and time.monotonic() < deadline:
                 events = selector.select(max(0.0, deadline - time.monotonic()))
-                self._handle_events(events, slots, streams, selector, stopping=True)
+                self._reaper.handle_events(events, slots, streams, selector, stopping=True)
             if sig == signal.SIGKILL or all(s.exit is not None for s in slots):
                 if sig != signal.SIGKILL:
                     for slot in slots:
-                        _killpg(slot.proc.pid, signal.SIGKILL)
+                        killpg(slot.proc.pid, signal.SIGKILL)
                 break
         for slot in slots:
             if slot.exit is None:  # SIGKILLed and still there: stuck in the kernel
-                slot.exit = self._stuck(slot)
-        self._drain(streams, selector)
+                slot.exit = self._reaper.stuck(slot)
+        drain(streams, selector)
         for slot in slots:
             if slot.exit is not None:
-                slot.exit = self._with_logs(slot.exit, slot)
+                slot.exit = with_logs(slot.exit, slot)
 
     def _reap_fenced(
         self,
-        slots: list[_Slot],
+        slots: list[Slot],
         streams: dict[int, LogStream],
         selector: PipeSelector,
     ) -> None:
@@ -424,7 +351,7 @@ class Supervisor:
         deadline = (self._fence.fired_at or time.monotonic()) + KILL_BOUND
         while any(s.exit is None for s in slots) and time.monotonic() < deadline:
             events = selector.select(max(0.0, deadline - time.monotonic()))
-            self._handle_events(events, slots, streams, selector, stopping=True)
+            self._reaper.handle_events(events, slots, streams, selector, stopping=True)
         for slot in slots:
             if slot.exit is None:
                 log.error(
@@ -434,76 +361,6 @@ class Supervisor:
                 )  # fmt: skip
         self._stop(slots, streams, selector, signal.SIGKILL)
 
-    def _drain(self, streams: dict[int, LogStream], selector: PipeSelector) -> None:
-        """Copy what is left in the pipes, bounded: a stray grandchild may hold one open.
-        What a pipe held when its workers ended is read even while its file is behind."""
-        selector.draining()
-        deadline = time.monotonic() + _DRAIN_WAIT
-        while streams and time.monotonic() < deadline:
-            for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
-                if isinstance(key.data, LogStream) and not key.data.pump():
-                    selector.unregister(key.fd)
-                    del streams[key.fd]
-
     @staticmethod
-    def _with_logs(exit_: WorkerExit, slot: _Slot) -> WorkerExit:
-        if exit_.returncode == 0:
-            return exit_
-        return replace(
-            exit_,
-            stderr_tail=tuple(slot.streams[1].tail_lines()) if len(slot.streams) > 1 else (),
-            error_message=read_error_file(slot.plan.error_file),
-        )
-
-    @staticmethod
-    def _exits(slots: list[_Slot]) -> tuple[WorkerExit, ...]:
+    def _exits(slots: list[Slot]) -> tuple[WorkerExit, ...]:
         return tuple(s.exit for s in slots if s.exit is not None)
-
-    def _kill_all(self, slots: list[_Slot]) -> None:
-        """SIGKILL every group and reap what ends within ``_KILL_WAIT``; never wait longer:
-        a process stuck in the kernel (D state) cannot be reaped until it leaves it."""
-        for slot in slots:
-            _killpg(slot.proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + _KILL_WAIT
-        while pending := [s for s in slots if s.exit is None]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                for slot in pending:
-                    slot.exit = self._stuck(slot)
-                return
-            ready, _, _ = select.select([s.proc.exit_fd for s in pending], [], [], left)
-            for slot in pending:
-                if slot.proc.exit_fd in ready:
-                    with contextlib.suppress(ChildProcessError):
-                        slot.exit = self._record_exit(slot, slot.proc.reap(), stopping=True)
-
-    def _stuck(self, slot: _Slot) -> WorkerExit:
-        """A worker that SIGKILL did not end: named in the report with its state."""
-        state = process_state(slot.proc.pid)
-        log.warning(
-            "%s (pid %d) could not be ended: still %s after SIGKILL; it is left to the kernel",
-            slot.plan.name, slot.proc.pid, state,
-        )  # fmt: skip
-        exit_ = self._record_exit(slot, -signal.SIGKILL, stopping=True)
-        return replace(exit_, stuck_state=state)
-
-
-def _running(slots: list[_Slot]) -> list[tuple[WorkerPlan, int]]:
-    return [(s.plan, s.proc.pid) for s in slots if s.exit is None]
-
-
-def process_state(pid: int) -> str:
-    """``D (disk sleep)`` and the like, from ``/proc``; ``gone`` once it is."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("State:"):
-                    return "in state " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "gone"
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)

@@ -93,6 +93,35 @@ class RoundExchange(Generic[Answer]):
             return {}
 
 
+class StackRequests(RoundExchange[str]):
+    """``StackExchange`` (``phalanx stacks``) on the round's keys: the handler gives it out."""
+
+    request_stacks = RoundExchange.request
+    stack_requests = RoundExchange.requests
+    post_stacks = RoundExchange.post
+    gather_stacks = RoundExchange.gather
+
+
+class StatusRequests(RoundExchange[bytes]):
+    """``StatusExchange`` (``phalanx status``) on the round's keys, as ``StackRequests``."""
+
+    request_status = RoundExchange.request
+    status_requests = RoundExchange.requests
+    post_status = RoundExchange.post
+    gather_status = RoundExchange.gather
+
+    def __init__(
+        self,
+        channel: Channel[bytes],
+        store_problem: Callable[[], str | None],
+        current: Callable[[], tuple[Membership, int]],
+        run_id: str,
+        spares: Callable[[], int],
+    ) -> None:
+        super().__init__(channel, store_problem, current, run_id)
+        self.spares = spares  # the heartbeat thread's last count of the next round's queue
+
+
 class CheckRecords:
     """``CheckExchange`` on the round's keys (``check/<phase>/<rank>``)."""
 
@@ -110,7 +139,7 @@ class CheckRecords:
         membership, rank = self._current()
         self._raise_if_lost()
         try:
-            self._board.post_check(membership.round, phase, rank, data)
+            self._board.answers.post_check(membership.round, phase, rank, data)
         except StoreUnavailable as exc:
             log.warning("rendezvous: could not post this node's check (%s): %s", phase, exc)
 
@@ -125,7 +154,7 @@ class CheckRecords:
             self._raise_if_lost()
             left = deadline - time.monotonic()
             try:
-                found = self._board.read_check(
+                found = self._board.answers.read_check(
                     membership.round, phase, node_ranks, max(0.0, min(left, LOST_CHECK))
                 )
             except StoreUnavailable as exc:

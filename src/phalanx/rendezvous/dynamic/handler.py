@@ -12,8 +12,14 @@ leases (etcd): see ``pulse``. Either way the node fences itself (``fence()``; se
 Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
 ``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it;
 ``failures`` returns nothing once the store counts as lost; ``judge_round`` (the job-wide
-crash-loop verdict, in ``judge``) raises as ``claim_restart`` does. Stacks requests: see
-``request_stacks`` and the methods after it.
+crash-loop verdict, in ``judge``) raises as ``claim_restart`` does. Stacks and status
+requests and the node check's records: the exchanges it gives out (``exchange``).
+
+Its parts live beside it: the exit barrier (``barrier``), the fence (``nodefence``), what a
+stopping node tells the job (``stopping``), the exchanges (``exchange``). What stays here
+(about 450 lines) is the handler's state -- this node's round, rank, what ``report_done``
+said, the wiring a ``rejoin`` renews -- and, per method, the store-loss check around one
+call into those parts; cutting it further would hand that state around.
 
 Growth: node rank 0 of each round deletes the round before the previous one (``sweep``). On
 a store that outlives the job (etcd, a ``DurableStore``) the last node to leave -- the last
@@ -27,7 +33,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError, UsageError
@@ -41,38 +47,41 @@ from phalanx.rendezvous.api import (
     StackExchange,
     StatusExchange,
 )
+from phalanx.rendezvous.dynamic.barrier import ExitBarrier
 from phalanx.rendezvous.dynamic.board import LEFT, Board
 from phalanx.rendezvous.dynamic.departure import Departure
-from phalanx.rendezvous.dynamic.exchange import Channel, CheckRecords, RoundExchange
+from phalanx.rendezvous.dynamic.exchange import (
+    Channel,
+    CheckRecords,
+    StackRequests,
+    StatusRequests,
+)
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.judge import judge
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
+from phalanx.rendezvous.dynamic.nodefence import fence_for
+from phalanx.rendezvous.dynamic.stopping import (
+    read_preemption,
+    tell_job_stopped,
+    tell_left_while_joining,
+    tell_preempted,
+)
 from phalanx.rendezvous.dynamic.sweep import sweep
 from phalanx.rendezvous.fencing import (
     Fence,
-    FenceTiming,
-    counters_timing,
-    lease_timing,
-    timing_problem,
 )
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.base import (
     KVStore,
-    LeasedStore,
     Malformed,
     RenewingStore,
     StoreUnavailable,
 )
-from phalanx.signals import signal_name
 
 log = logging.getLogger("phalanx")
-
-_ENDS_WAIT = frozenset(
-    {EventKind.PEER_FAILED, EventKind.NODE_LOST, EventKind.JOB_STOPPED, EventKind.STORE_LOST}
-)
 
 
 class DynamicRendezvous:
@@ -112,7 +121,7 @@ class DynamicRendezvous:
         self._settings = settings or RendezvousSettings()
         self._store = store
         self._shape = (min_nodes, max_nodes, worker_port, where, admit_mismatch)
-        self._fence = _fence_for(store, self._settings)
+        self._fence = fence_for(store, self._settings)
         self._addr = addr
         self._hostname = hostname or socket.gethostname()
         self._fixed_rank = fixed_rank
@@ -140,18 +149,21 @@ class DynamicRendezvous:
         self._rank: int | None = None
         self._done: bool | None = None  # what report_done said
         self._junk = False  # the join failed on a malformed reply: nothing more to tell it
-        self._barrier: tuple[bool, JobEvent | None] | None = None  # await_peers' answer
-        stacks = Channel[str]("stacks", board.request_stacks, board.post_stacks,
-                              board.collect_stacks, liveness.stack_requests,
+        self._barrier = ExitBarrier(board, self._settings, self.poll)  # await_peers' answer
+        answers = board.answers
+        stacks = Channel[str]("stacks", answers.request_stacks, answers.post_stacks,
+                              answers.collect_stacks, liveness.stack_requests,
                               liveness.saw_stack_request)  # fmt: skip
-        status = Channel[bytes]("status", board.request_status, board.post_status,
-                                board.collect_status, liveness.status_requests,
+        status = Channel[bytes]("status", answers.request_status, answers.post_status,
+                                answers.collect_status, liveness.status_requests,
                                 liveness.saw_status_request)  # fmt: skip
         self._departure = Departure(
             board, self._store, liveness, self._settings, self._hostname, node_id, run_id
         )
-        self._stacks = RoundExchange(stacks, liveness.store_problem, self._current, run_id)
-        self._status = RoundExchange(status, liveness.store_problem, self._current, run_id)
+        self._stacks = StackRequests(stacks, liveness.store_problem, self._current, run_id)
+        self._status = StatusRequests(
+            status, liveness.store_problem, self._current, run_id, liveness.spares
+        )
         self._check = CheckRecords(board, liveness.store_problem, self._current)
 
     def rejoin(self) -> bool:
@@ -266,6 +278,9 @@ class DynamicRendezvous:
             fingerprints=membership.fingerprints,
         )
 
+    def peers(self) -> DynamicRendezvous:
+        return self  # this node's side of the others: ``Peers``
+
     def fence(self) -> Fence | None:
         return self._fence
 
@@ -303,26 +318,12 @@ class DynamicRendezvous:
         membership, rank = self._current()
         if self._liveness.store_problem() is not None:
             return notice  # nobody to tell; this node still stops within its own grace
-        key = self._board.keys.round(membership.round, "preempted")
-        try:
-            job = self._board.put_first(key, notice)
-            if job.get("by") == self._node_id:
-                detail = f"node {rank} ({self._hostname}) got {notice.get('signal')}"
-                event = JobEvent(EventKind.PREEMPTED, rank, detail, dict(job))
-                self._board.post_event(membership.round, event, about=self._node_id)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not tell the other nodes of the preemption: %s", exc)
-            return notice
-        return job
+        return tell_preempted(self._board, membership, rank, self._hostname, notice)
 
     def preemption(self) -> dict[str, object] | None:
         if self._membership is None or self._liveness.store_problem() is not None:
             return None
-        try:
-            return self._board.get_json(self._board.keys.round(self._membership.round, "preempted"))
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not read whether the job was preempted: %s", exc)
-            return None
+        return read_preemption(self._board, self._membership.round)
 
     def failures(self) -> list[dict[str, object]]:
         """Empty once the store is lost: asking would only wait out its timeout again."""
@@ -361,9 +362,7 @@ class DynamicRendezvous:
         except StoreUnavailable as exc:
             raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
 
-    def report_done(
-        self, ok: bool, *, signum: int | None = None, preempted: bool = False
-    ) -> None:
+    def report_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
         if signum is not None and self._stopped_by is None:
             self._stopped_by = signum
             self._preempted = preempted
@@ -395,136 +394,37 @@ class DynamicRendezvous:
             self._stop_job()
 
     def _left_while_joining(self) -> None:
-        """Gave up before any round formed (a signal while joining): no round can form as
-        the others expect, so the job stops and every node waiting to join hears why."""
         if self._junk or self._liveness.store_problem() is not None:
             return
-        try:
-            self._board.stop(
-                f"node {self._hostname} ({self._addr}) left while joining",
-                None,
-                signum=self._stopped_by,
-                preempted=self._preempted,
-            )
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not tell the other nodes this node left: %s", exc)
+        tell_left_while_joining(
+            self._board, self._hostname, self._addr, self._stopped_by, self._preempted
+        )
 
     def _stop_job(self) -> None:
-        """Stop the job for good: no new round forms, every peer sees ``JOB_STOPPED``."""
         membership, rank = self._current()
         if self._liveness.store_problem() is not None:
             return
-        try:
-            signum = self._stopped_by
-            how = f"was stopped by {signal_name(signum)}" if signum is not None else "gave up"
-            stop = self._board.stop(
-                f"node {rank} ({self._hostname}) {how}",
-                rank,
-                signum=signum,
-                preempted=self._preempted,
-            )
-            if stop:
-                detail = f"node {rank} ({self._hostname}) stopped the job"
-                if signum is not None:
-                    detail = f"node {rank} ({self._hostname}) {how}: the job stops"
-                failure: dict[str, object] = {} if signum is None else {"signal": signum}
-                event = JobEvent(EventKind.JOB_STOPPED, rank, detail, failure)
-                self._board.post_event(membership.round, event, about=self._node_id)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not tell the other nodes the job stopped: %s", exc)
+        tell_job_stopped(
+            self._board, membership, rank, self._hostname, self._stopped_by, self._preempted
+        )
 
     def stacks(self) -> StackExchange:
-        return self  # the round's keys on the same store: see ``request_stacks`` and after
-
-    # -- StackExchange and StatusExchange (``exchange``) ------------------------------------
-    def request_stacks(self) -> int:
-        return self._stacks.request()
-
-    def stack_requests(self) -> int:
-        return self._stacks.requests()
-
-    def post_stacks(self, request: int, text: str) -> None:
-        self._stacks.post(request, text)
-
-    def gather_stacks(
-        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
-    ) -> dict[int, str]:
-        return self._stacks.gather(round, request, node_ranks, timeout)
+        return self._stacks
 
     def status_exchange(self) -> StatusExchange:
-        return self  # as ``stacks``
-
-    def request_status(self) -> int:
-        return self._status.request()
-
-    def status_requests(self) -> int:
-        return self._status.requests()
-
-    def post_status(self, request: int, data: bytes) -> None:
-        self._status.post(request, data)
-
-    def spares(self) -> int:
-        return self._liveness.spares()
-
-    def gather_status(
-        self, round: int, request: int, node_ranks: Sequence[int], timeout: float
-    ) -> dict[int, bytes]:
-        return self._status.gather(round, request, node_ranks, timeout)
+        return self._status
 
     def node_check(self) -> CheckExchange:
         return self._check
 
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
-        _, event = self._exit_barrier(interrupted)
+        _, event = self._barrier.once(self._membership, interrupted)
         return None if event is None or event.kind is EventKind.STORE_LOST else event
-
-    def _exit_barrier(
-        self, interrupted: Callable[[], bool] = lambda: False
-    ) -> tuple[bool, JobEvent | None]:
-        """``_wait_all_done`` for ``exit_barrier_timeout``, once: later calls get its answer."""
-        if self._barrier is None:
-            timeout = self._settings.exit_barrier_timeout
-            self._barrier = self._wait_all_done(timeout, interrupted)
-            all_done, event = self._barrier
-            if event is not None and event.kind is EventKind.STORE_LOST:
-                log.warning("rendezvous: leaving before every node finished: %s", event.detail)
-            elif not all_done and event is None and not interrupted():
-                log.warning(
-                    "rendezvous: not every node finished within exit_barrier_timeout=%gs; "
-                    "leaving anyway",
-                    timeout,
-                )
-        return self._barrier
 
     def wait_all_done(self, timeout: float) -> bool:
         """Block until every member of the round reported ``ok`` (True), or a peer failed,
         was lost or stopped the job, or the store was lost, or ``timeout`` passed (False)."""
-        return self._wait_all_done(timeout)[0]
-
-    def _wait_all_done(
-        self, timeout: float, interrupted: Callable[[], bool] = lambda: False
-    ) -> tuple[bool, JobEvent | None]:
-        """(all done, the event that ended the wait early: None on success, on the timeout,
-        or once ``interrupted()``, which is asked at every event check)."""
-        if self._membership is None:
-            return True, None
-        r = self._membership.round
-        key = self._board.keys.round(r, "all_ok")
-        deadline = time.monotonic() + timeout
-        try:
-            while not self._board.all_ok(r):
-                if interrupted():
-                    return False, None
-                event = self.poll()
-                if event is not None and event.kind in _ENDS_WAIT:
-                    return False, event
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False, None
-                self._board.store.wait([key], min(left, self._settings.event_interval))
-        except StoreUnavailable as exc:
-            return False, JobEvent(EventKind.STORE_LOST, detail=str(exc))
-        return True, None
+        return self._barrier.wait(self._membership, timeout)[0]
 
     def shutdown(self) -> None:
         if self._closed:
@@ -551,28 +451,7 @@ class DynamicRendezvous:
             return
         if self._liveness.store_problem() is not None:
             return
-        self._departure.leave(self._membership, self._rank, self._done, self._exit_barrier)
-
-
-def fence_timing(store: KVStore, settings: RendezvousSettings) -> FenceTiming | None:
-    """How a node on ``store`` proves it is alive, for fencing: its lease's renewals, or its
-    heartbeats; None for a leased store that does not say when it renewed."""
-    if isinstance(store, RenewingStore):
-        return lease_timing(store.lease_ttl)
-    if isinstance(store, LeasedStore):
-        return None
-    return counters_timing(settings.heartbeat_interval, settings.heartbeat_timeout)
-
-
-def _fence_for(store: KVStore, settings: RendezvousSettings) -> Fence | None:
-    """The node's fence (no I/O: a leased store is only told to report its renewals)."""
-    timing = fence_timing(store, settings)
-    if timing is None:
-        return None
-    if (problem := timing_problem(timing)) is not None:
-        raise UsageError(problem)
-    fence = Fence(timing)
-    if isinstance(store, RenewingStore):
-        store.on_renewed(fence.proved_alive, timing.beat)
-    return fence
-
+        membership = self._membership
+        self._departure.leave(
+            membership, self._rank, self._done, lambda: self._barrier.once(membership)
+        )

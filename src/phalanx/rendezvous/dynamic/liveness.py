@@ -31,11 +31,8 @@ and beats while the node joins, so the heartbeats that prove the node alive (to 
 closes, when the others may start watching it, until the node leaves.
 
 On a store that can open a second handle on itself (``TwinnedStore``: the agent store)
-both threads use handles of their own whose calls are bounded by ``call_bound`` rather
-than ``read_timeout``: a call caught in TCP's retransmission backoff on a lossy link is
-given up and the next goes out on a fresh connection. Such a timeout is no error: the
-store counts as lost only when nothing it was asked (a beat included) got an answer for
-``heartbeat_timeout``, or calls failed with errors for two heartbeats in a row.
+both threads use handles of their own whose calls are bounded by ``call_bound``; when the
+store counts as lost is ``health.StoreHealth``'s to say.
 """
 
 from __future__ import annotations
@@ -51,6 +48,7 @@ from dataclasses import dataclass
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.beat import Beater
 from phalanx.rendezvous.dynamic.board import Board
+from phalanx.rendezvous.dynamic.health import StoreHealth, call_bound
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.dynamic.pulse import Counters, Verdict, pulse_for
 from phalanx.rendezvous.fencing import Fence
@@ -72,14 +70,6 @@ class _View:
     rank: int
 
 
-def call_bound(settings: RendezvousSettings) -> float:
-    """Seconds one call of the heartbeat or watch thread may take: a quarter of
-    ``heartbeat_timeout`` (at least a heartbeat interval, at most ``read_timeout``), so a
-    stuck call is given up several times over before the store would count as silent."""
-    bound = max(settings.heartbeat_interval, settings.heartbeat_timeout / 4)
-    return min(settings.read_timeout, bound)
-
-
 class Liveness:
     def __init__(
         self,
@@ -95,6 +85,7 @@ class Liveness:
         self._clock = clock
         self._fence = fence
         bound = call_bound(settings)
+        self._health = StoreHealth(settings, clock)
         self._twins: list[KVStore] = []
         beat_store: KVStore | None = None
         if isinstance(board.store, TwinnedStore):
@@ -119,14 +110,10 @@ class Liveness:
         self._beater = Beater(
             self._pulse, settings.heartbeat_interval, bound,
             hedge if isinstance(self._pulse, Counters) else 1,
-            answered=self._answered, failed=self._failed, expelled=self._expel,
+            answered=self._health.answered, failed=self._failed, expelled=self._health.expel,
         )  # fmt: skip
         self._declared: set[str] = set()
         self._next_beat = 0.0
-        self._expelled: str | None = None  # why this node no longer counts as a member
-        self._last_ok = self._clock()
-        self._failing_since: float | None = None
-        self._last_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ring: Callable[[], None] = lambda: None
@@ -152,7 +139,7 @@ class Liveness:
         """Start the thread (once; later calls do nothing). Until the first ``follow`` it
         only beats."""
         if self._thread is None:
-            self._last_ok = self._clock()
+            self._health.answered()
             self._thread = threading.Thread(
                 target=self._run, name=f"phalanx-rdzv-{self._b.node_id[:8]}", daemon=True
             )
@@ -215,22 +202,7 @@ class Liveness:
         fenced = self._fence.reason if self._fence is not None else None
         if self._thread is None:
             return fenced
-        now = self._clock()
-        with self._lock:
-            failing, last_ok, error = self._failing_since, self._last_ok, self._last_error
-            if self._expelled is not None:
-                return self._expelled if fenced is None else f"{fenced}; {self._expelled}"
-        if fenced is not None:  # the store's side, as far as it is known yet
-            if failing is not None:
-                return f"{fenced}; the rendezvous store is unreachable: {error}"
-            if now - last_ok > self._s.heartbeat_interval:
-                return f"{fenced}; the rendezvous store has not answered for {now - last_ok:.0f} s"
-            return fenced
-        if failing is not None and now - failing >= 2 * self._s.heartbeat_interval:
-            return f"the rendezvous store is unreachable: {error}"
-        if now - last_ok > self._s.heartbeat_timeout:
-            return f"the rendezvous store has not answered for {now - last_ok:.0f} s"
-        return None
+        return self._health.problem(fenced)
 
     def fenced(self) -> bool:
         """Whether this node fenced itself (then no store call is worth its timeout)."""
@@ -243,8 +215,7 @@ class Liveness:
         thread = self._thread
         if self._fence is None or self._fence.reason is None or thread is None:
             return
-        with self._lock:
-            until = self._last_ok + self._s.heartbeat_timeout
+        until = self._health.last_ok() + self._s.heartbeat_timeout
         thread.join(timeout=max(0.0, until - self._clock()))
 
     def stop(self) -> None:
@@ -267,18 +238,15 @@ class Liveness:
                 self.tick()
             except Malformed as exc:
                 log.error("rendezvous: %s", exc)
-                with self._lock:
-                    self._expelled = str(exc)  # final: the same read would find the same junk
+                self._health.malformed(str(exc))  # final: the same read finds the same junk
             except StoreTimedOut as exc:
-                with self._lock:  # no error: the next call goes out on a fresh connection
-                    self._last_error = str(exc)
+                # No error: the next call goes out on a fresh connection.
+                self._health.timed_out(exc)
             except StoreUnavailable as exc:
                 pause = self._s.heartbeat_interval  # retry gently: each failure may log
                 self._failed(exc)
             else:
-                self._answered()
-                with self._lock:
-                    self._failing_since = None
+                self._health.recovered()
             if self.store_problem() is not None:
                 self._beater.stop(0.0)
                 self._ring()
@@ -305,22 +273,10 @@ class Liveness:
                 self._absent = (view, index)
         return True
 
-    def _answered(self) -> None:
-        with self._lock:
-            self._last_ok = self._clock()
-
     def _failed(self, exc: StoreUnavailable) -> None:
         if self._stop.is_set():
             return  # a beat that met its handle closed by ``stop``: nothing to tell
-        with self._lock:
-            self._last_error = str(exc)
-            if self._failing_since is None and not isinstance(exc, StoreTimedOut):
-                self._failing_since = self._clock()
-
-    def _expel(self, why: str) -> None:
-        with self._lock:
-            if self._expelled is None:
-                self._expelled = why
+        self._health.failed(exc)
 
     def tick(self) -> None:
         """One pass of the thread's work (events, and once per heartbeat interval the rest).
@@ -338,8 +294,8 @@ class Liveness:
             self._skip_hole(view)
         if view is None:
             return  # joining: nobody to judge yet
-        requests = self._b.stack_requests(view.membership.round)
-        statuses = self._b.status_requests(view.membership.round)
+        requests = self._b.answers.stack_requests(view.membership.round)
+        statuses = self._b.answers.status_requests(view.membership.round)
         spares = self._b.counter(self._b.keys.round(view.membership.round + 1, "waiting"))
         with self._lock:
             if self._view is view:  # not the previous round's count after a switch

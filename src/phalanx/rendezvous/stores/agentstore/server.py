@@ -27,12 +27,12 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from phalanx.limits import raise_descriptor_limit
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
 from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address
+from phalanx.rendezvous.stores.agentstore.peer import Peer, peer_name, take_frame
 from phalanx.rendezvous.stores.agentstore.table import Park, Table
 
 log = logging.getLogger("phalanx")
@@ -44,20 +44,6 @@ _REFUSED = (
     b"this node does not know the job's rendezvous token (set the same PHALANX_RDZV_TOKEN "
     b"or --rdzv-conf token_file=PATH on every node)"
 )
-
-
-@dataclass(eq=False)
-class _Peer:
-    sock: socket.socket
-    name: str
-    nonce: bytes
-    deadline: float  # for the handshake; float("inf") once authenticated
-    authenticated: bool = False
-    inbox: bytearray = field(default_factory=bytearray)
-    outbox: bytearray = field(default_factory=bytearray)
-    waiting: float | None = None  # the deadline of its parked wait
-    closing: bool = False  # close once the outbox is sent
-    heard: bool = False  # sent at least one byte
 
 
 class StoreServer:
@@ -77,10 +63,10 @@ class StoreServer:
         self._bound = listener.getsockname()
         self._key = token.key
         self._handshake_timeout = handshake_timeout
-        self._table: Table[_Peer] = Table()
+        self._table: Table[Peer] = Table()
         self._table.data.update((k.encode(), v) for k, v in (seed or {}).items())
-        self._peers: dict[socket.socket, _Peer] = {}
-        self._deadlines: list[tuple[float, int, _Peer]] = []  # a heap; stale entries skipped
+        self._peers: dict[socket.socket, Peer] = {}
+        self._deadlines: list[tuple[float, int, Peer]] = []  # a heap; stale entries skipped
         self._order = itertools.count()
         self._refused: dict[str, int] = {}  # peer host -> refusals
         self._selector = selectors.DefaultSelector()
@@ -184,7 +170,7 @@ class StoreServer:
                 self._accept_paused_until = 0.0
                 self._selector.register(self._listener, selectors.EVENT_READ)
 
-    def _serve_peer(self, peer: _Peer, mask: int) -> None:
+    def _serve_peer(self, peer: Peer, mask: int) -> None:
         try:
             if mask & selectors.EVENT_READ:
                 self._read(peer)
@@ -225,14 +211,14 @@ class StoreServer:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer = _Peer(sock, _peer_name(address), auth.new_nonce(),
+            peer = Peer(sock, peer_name(address), auth.new_nonce(),
                          time.monotonic() + self._handshake_timeout)  # fmt: skip
             self._peers[sock] = peer
             self._selector.register(sock, selectors.EVENT_READ)
             self._schedule(peer.deadline, peer)
             self._send(peer, [auth.GREETING, peer.nonce])
 
-    def _read(self, peer: _Peer) -> None:
+    def _read(self, peer: Peer) -> None:
         try:
             chunk = peer.sock.recv(_READ_CHUNK)
         except (BlockingIOError, InterruptedError):
@@ -248,18 +234,12 @@ class StoreServer:
         peer.inbox += chunk
         self._serve_inbox(peer)
 
-    def _serve_inbox(self, peer: _Peer) -> None:
+    def _serve_inbox(self, peer: Peer) -> None:
         while peer.waiting is None and not peer.closing and peer.sock in self._peers:
-            limit = wire.MAX_FRAME if peer.authenticated else wire.MAX_HANDSHAKE_FRAME
             try:
-                if len(peer.inbox) < wire.HEADER:
+                fields = take_frame(peer)
+                if fields is None:
                     return
-                length = wire.frame_length(bytes(peer.inbox[: wire.HEADER]), limit)
-                if len(peer.inbox) < wire.HEADER + length:
-                    return
-                payload = bytes(peer.inbox[wire.HEADER : wire.HEADER + length])
-                del peer.inbox[: wire.HEADER + length]
-                fields = wire.decode(payload)
             except wire.FrameError as exc:
                 if peer.authenticated:
                     self._refuse(peer, f"sent junk ({exc})", quietly=True)
@@ -271,7 +251,7 @@ class StoreServer:
             else:
                 self._handshake(peer, fields)
 
-    def _handshake(self, peer: _Peer, fields: list[bytes]) -> None:
+    def _handshake(self, peer: Peer, fields: list[bytes]) -> None:
         if len(fields) != 2 or len(fields[1]) != auth.NONCE_BYTES:
             self._refuse(peer, "sent something that is not the handshake")
             return
@@ -284,7 +264,7 @@ class StoreServer:
         peer.deadline = float("inf")
         self._send(peer, [wire.OK, auth.server_proof(self._key, peer.nonce, client_nonce)])
 
-    def _refuse(self, peer: _Peer, why: str, *, quietly: bool = False) -> None:
+    def _refuse(self, peer: Peer, why: str, *, quietly: bool = False) -> None:
         host = peer.name.rsplit(":", 1)[0]
         self._refused[host] = self._refused.get(host, 0) + 1
         if not quietly and self._refused[host] == 1:
@@ -298,7 +278,7 @@ class StoreServer:
         if not peer.outbox:
             self._drop(peer)
 
-    def _request(self, peer: _Peer, fields: list[bytes]) -> None:
+    def _request(self, peer: Peer, fields: list[bytes]) -> None:
         try:
             reply = self._table.answer(fields, peer)
         except (wire.FrameError, IndexError, ValueError, TypeError) as exc:
@@ -311,13 +291,13 @@ class StoreServer:
         for woken in self._table.woken():
             self._end_wait(woken, found=True)
 
-    def _end_wait(self, peer: _Peer, *, found: bool) -> None:
+    def _end_wait(self, peer: Peer, *, found: bool) -> None:
         self._table.cancel(peer)
         peer.waiting = None
         self._send(peer, [wire.OK, wire.TRUE if found else wire.FALSE])
         self._serve_inbox(peer)
 
-    def _schedule(self, deadline: float, peer: _Peer) -> None:
+    def _schedule(self, deadline: float, peer: Peer) -> None:
         heapq.heappush(self._deadlines, (deadline, next(self._order), peer))
 
     def _expire(self) -> None:
@@ -333,11 +313,11 @@ class StoreServer:
             elif peer.waiting == deadline:
                 self._end_wait(peer, found=False)
 
-    def _send(self, peer: _Peer, fields: list[bytes]) -> None:
+    def _send(self, peer: Peer, fields: list[bytes]) -> None:
         peer.outbox += wire.encode(fields)
         self._flush(peer)
 
-    def _flush(self, peer: _Peer) -> None:
+    def _flush(self, peer: Peer) -> None:
         if peer.sock not in self._peers:
             return
         try:
@@ -355,7 +335,7 @@ class StoreServer:
         if self._selector.get_key(peer.sock).events != events:
             self._selector.modify(peer.sock, events)
 
-    def _drop(self, peer: _Peer) -> None:
+    def _drop(self, peer: Peer) -> None:
         if self._peers.pop(peer.sock, None) is None:
             return
         if peer.authenticated:
@@ -365,10 +345,3 @@ class StoreServer:
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(peer.sock)
         peer.sock.close()
-
-
-def _peer_name(address: object) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        host, port = address[0], address[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(address)

@@ -1,0 +1,79 @@
+"""A job that ends between rounds: after a failed round, before the next forms (a node lost
+meanwhile, the store with it; a worker that cannot start), or stopped while it waits. Each
+still ends with a report, and the root cause of the last failed round is not lost."""
+
+from __future__ import annotations
+
+import logging
+from typing import NoReturn
+
+from phalanx.agent.endings import Endings
+from phalanx.agent.sofar import SoFar
+from phalanx.errors import Interrupted, PhalanxError, Preempted, RendezvousError
+from phalanx.hang.analysis import HangAnalysis
+from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
+from phalanx.report.exits import report_json
+from phalanx.supervisor.exits import WorkerExit
+
+log = logging.getLogger("phalanx")
+
+
+class Between:
+    """The ends of a job between rounds (``agent.loop.Rounds`` reaches them), written with
+    the run's ``Endings``."""
+
+    def __init__(self, ends: Endings) -> None:
+        self.ends = ends
+        self.tally = ends.tally
+
+    def keep_failure(
+        self,
+        joined: RendezvousResult,
+        exits: list[WorkerExit],
+        event: JobEvent | None,
+        hang: HangAnalysis | None,
+    ) -> None:
+        """Keep the failed round's report material, read now while the store is there: the
+        job may end before the next round forms (a node lost meanwhile, the store with it)."""
+        try:
+            records = self.ends.round_records(joined, waiting_for_hangs=False)
+        except RendezvousError:
+            records = []
+        if (
+            event is not None
+            and event.kind is EventKind.PEER_FAILED
+            and "returncode" in event.failure
+        ):
+            # The store may be gone already (its host went down after the failure): the event
+            # that told of the failure carries its record.
+            node = event.node_rank
+            if all(r.get("node_rank") != node for r in records):
+                records.append({**event.failure, "node_rank": node, "round": joined.round})
+        self.tally.failure = SoFar(joined, exits, event, hang, records)
+
+    def stopped_waiting(self, exc: Interrupted, where: str) -> NoReturn:
+        """Asked to stop (``exc``) while waiting for a round or a verdict: tell the others,
+        write the stop report (with the exits of the last failed round, if any), stop."""
+        self.ends.tell_done(False, signum=exc.signum, preempted=isinstance(exc, Preempted))
+        exits = self.tally.failure.exits if self.tally.failure is not None else []
+        self.ends.stop_report(exits, exc.signum, self.ends.events.node, exc.where or where)
+        raise exc
+
+    def cut_short(self, exc: PhalanxError, ended: str) -> NoReturn:
+        """The job ends before a round could run (``ended``: why): the next round could not
+        form, or a worker could not start. With a failed round before, its report, root
+        cause and all; without, a report of ``ended`` alone, and ``exc`` raised."""
+        if self.tally.failure is not None:
+            log.error("%s", ended)
+            last = self.tally.failure
+            self.ends.fail(
+                last.joined, last.exits, last.event, last.hang, None,
+                crash_loop=False, records=last.records, ended=ended,
+            )  # fmt: skip
+        self.ends.tell_done(False)
+        _, figures = self.ends.recovery_figures()
+        data = report_json(
+            [], self.tally.attempts, outcome="failed", reason=ended, ended=ended, recovery=figures
+        )
+        self.ends.write_report(data)
+        raise exc
