@@ -1,4 +1,7 @@
-"""The restart loop of one agent run (its ends, and their reports, are ``agent.endings``)."""
+"""The restart loop of one agent run (its ends, and their reports, are ``agent.endings``).
+
+About 370 lines on purpose: one round's steps (join, check, supervise, judge, restart or
+end) read in order here; what they call lives in ``between``, ``endings`` and ``policy``."""
 
 from __future__ import annotations
 
@@ -84,6 +87,17 @@ class Rounds:
         if self.peers is not None:  # a peer's event acted on at once, not at a tick
             self.peers.on_event(supervisor.wake)
 
+    def _round_tick(
+        self, plan: RoundPlan, joined: RendezvousResult, attempt: AttemptEvents, watch: RoundWatch
+    ) -> tuple[OnTick, StragglerWatch]:
+        """What the supervisor calls each tick of the round: the hang watch, the straggler
+        watch, the attempt's events and the status writer, in that order."""
+        peers = self.peers
+        self.status.begin(plan, joined, peers.status_exchange() if peers is not None else None)
+        checks = peers.node_check() if peers is not None else None
+        slow = StragglerWatch(self.config, joined, checks, self.events, self.run_dir)
+        return self.status.watch(attempt.watch(either(watch.tick, slow.tick))), slow
+
     def run(self) -> int:
         while True:
             joined = self._next_round()
@@ -101,11 +115,7 @@ class Rounds:
                 job=self._job_stacks(joined),
             )
             probe = OomProbe()
-            peers = self.peers
-            self.status.begin(plan, joined, peers.status_exchange() if peers is not None else None)
-            checks = peers.node_check() if peers is not None else None
-            slow = StragglerWatch(self.config, joined, checks, self.events, self.run_dir)
-            tick = self.status.watch(attempt.watch(either(watch.tick, slow.tick)))
+            tick, slow = self._round_tick(plan, joined, attempt, watch)
             preempt = self._preempt_watch(joined)
             result = self._supervise(plan, watch, tick, preempt)
             attempt.ended(result.exits)

@@ -6,6 +6,9 @@ every worker's process group, wait to a ``time.monotonic()`` deadline, SIGKILL, 
 A lost store skips the grace: SIGKILL at once. Every worker group is guarded by the node's
 fence too (``phalanx.rendezvous.fencing``), whose own thread SIGKILLs them when the node may
 have been cut off from the store for too long; the loop then reports ``STORE_LOST``.
+
+About 370 lines: the select loop and its shutdown share the round's state; a worker's slot
+and the reaping of exits are already their own modules (``slot``, ``reap``).
 """
 
 from __future__ import annotations

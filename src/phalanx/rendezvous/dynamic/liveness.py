@@ -33,6 +33,9 @@ closes, when the others may start watching it, until the node leaves.
 On a store that can open a second handle on itself (``TwinnedStore``: the agent store)
 both threads use handles of their own whose calls are bounded by ``call_bound``; when the
 store counts as lost is ``health.StoreHealth``'s to say.
+
+About 380 lines: one thread's loop whose three duties share its state (the last beat, the
+event cursor, the store's health); the health verdict and bounded calls are ``health``.
 """
 
 from __future__ import annotations
