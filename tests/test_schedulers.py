@@ -301,14 +301,16 @@ def test_mpirun_two_ranks_form_one_world(tmp_path: Path) -> None:
                "--nproc-per-node", "2")  # fmt: skip
 
 
-def test_hosts_refusing_nnodes_names_the_variable_it_came_from() -> None:
+def test_hosts_refusing_a_flag_names_the_variable_it_came_from() -> None:
     with pytest.raises(UsageError) as caught:
-        parse_config(["--hosts", "h1:1,h2:1", SCRIPT], {"PET_NNODES": "2"})
+        parse_config(["--hosts", "h1:1,h2:1", SCRIPT], {"PET_NODE_RANK": "1"})
     assert caught.value.problems == [
-        "--nnodes cannot be used with --hosts/--hostfile: the host list sets it "
-        "(it came from PET_NNODES=2)"
+        "--node-rank cannot be used with --hosts/--hostfile: the host list sets it "
+        "(it came from PET_NODE_RANK=1)"
     ]
     with pytest.raises(UsageError, match=r"the host list sets it$"):
-        parse_config(["--hosts", "h1:1", "--nnodes", "2", SCRIPT], {})
+        parse_config(["--hosts", "h1:1,h2:1", "--node-rank", "1", SCRIPT], {})
+    # --nnodes is taken with a host list (a host beyond it waits as a spare)
+    parse_config(["--hosts", "h1:1,h2:1,h3:1", "--nnodes", "2", SCRIPT], {})
     # under a scheduler, a host list reads no scheduler: its own list says it all
     assert parse_config(["--hosts", "h1:1", SCRIPT], srun_step("3", 1)).derived == ()
