@@ -14,6 +14,7 @@ from collections.abc import Callable, Generator, Iterator
 
 import pytest
 
+from support import cpuquota
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.memcluster import Cluster
 from support.netns import NetNamespaces, unavailable_reason
@@ -113,3 +114,26 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.shutdown()
+
+
+@pytest.fixture
+def quota() -> Iterator[Callable[[float], cpuquota.CpuQuota]]:
+    """``quota(fraction)``: a CPU-quota cgroup (v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``) at
+    that fraction of a core, removed after the test (the node check's and the stragglers'
+    slow node)."""
+    made: list[cpuquota.CpuQuota] = []
+
+    def make(fraction: float) -> cpuquota.CpuQuota:
+        reason = cpuquota.unavailable_reason()
+        if reason is not None:
+            pytest.skip(reason)
+        q = cpuquota.CpuQuota(fraction)
+        made.append(q)
+        q.create()
+        return q
+
+    try:
+        yield make
+    finally:
+        for q in made:
+            q.destroy()

@@ -18,7 +18,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -67,26 +67,6 @@ def check(
 def named(output: str) -> set[str]:
     """The addresses of the nodes named (node ranks follow the order of arrival)."""
     return set(NAMED.findall(output))
-
-
-@pytest.fixture
-def quota() -> Iterator[Callable[[float], cpuquota.CpuQuota]]:
-    made: list[cpuquota.CpuQuota] = []
-
-    def make(fraction: float) -> cpuquota.CpuQuota:
-        reason = cpuquota.unavailable_reason()
-        if reason is not None:
-            pytest.skip(reason)
-        q = cpuquota.CpuQuota(fraction)
-        made.append(q)
-        q.create()
-        return q
-
-    try:
-        yield make
-    finally:
-        for q in made:
-            q.destroy()
 
 
 @pytest.mark.slow

@@ -115,17 +115,26 @@ def test_a_requeued_batch_job_resumes_from_the_step_every_rank_saved(
     job_id = submitted.stdout.strip().split(";")[0]
     try:
         wait_until_training(out, lambda: batch_ended(slurm, job_id, tmp_path))
-        assert slurm.run(["scancel", "--signal=USR1", job_id]).returncode == 0
-        wait_for(lambda: slurm.job_fields(job_id).get("JobState") in ENDED, 2 * TIMEOUT, "the end")
-        fields = slurm.job_fields(job_id)
-        assert (fields["JobState"], fields["Restarts"], fields["ExitCode"]) == (
-            "COMPLETED", "1", "0:0"
-        ), f"{fields}\n{batch_output(tmp_path)}{slurm.log_tails()}"  # fmt: skip
+        requeued_once_and_completed(slurm, job_id, tmp_path)
     finally:
         slurm.run(["scancel", job_id])  # a job that went wrong must not hold the nodes
     saved = assert_one_step_saved(out)
     assert [step(out / f"resumed_{rank}") for rank in RANKS] == [saved] * 4
     wait_for(lambda: slurm.job_pids() == [], 30, "the job's processes to go")
+
+
+def requeued_once_and_completed(
+    slurm: SlurmCluster, job_id: str, tmp_path: Path
+) -> dict[str, str]:
+    """Preempt the batch job (USR1, its --preempt-signals) and wait for its end: it must have
+    been requeued once and completed. Its fields, as ``scontrol show job`` gives them."""
+    assert slurm.run(["scancel", "--signal=USR1", job_id]).returncode == 0
+    wait_for(lambda: slurm.job_fields(job_id).get("JobState") in ENDED, 2 * TIMEOUT, "the end")
+    fields = slurm.job_fields(job_id)
+    assert (fields["JobState"], fields["Restarts"], fields["ExitCode"]) == (
+        "COMPLETED", "1", "0:0"
+    ), f"{fields}\n{batch_output(tmp_path)}{slurm.log_tails()}"  # fmt: skip
+    return fields
 
 
 def batch_ended(slurm: SlurmCluster, job_id: str, tmp_path: Path) -> str | None:

@@ -17,13 +17,12 @@ import pytest
 from support.launch import wait_for
 from support.slurm import SlurmCluster, job_env, needs_slurm, running
 from test_slurm_preempt import (
-    ENDED,
     RANKS,
     REPO,
-    TIMEOUT,
     assert_one_step_saved,
     batch_ended,
     batch_output,
+    requeued_once_and_completed,
     step,
     training_step,
     wait_until_training,
@@ -65,12 +64,7 @@ def test_a_requeued_job_does_not_run_on_an_excluded_node(
         # of this test cluster has the same host name; its Slurm name tells them apart).
         excluded.write_text(json.dumps({"node": socket.gethostname(), "addr": None,
                                         "slurm": bad, "reason": "test"}) + "\n")  # fmt: skip
-        assert slurm.run(["scancel", "--signal=USR1", job_id]).returncode == 0
-        wait_for(lambda: slurm.job_fields(job_id).get("JobState") in ENDED, 2 * TIMEOUT, "the end")
-        fields = slurm.job_fields(job_id)
-        assert (fields["JobState"], fields["Restarts"], fields["ExitCode"]) == (
-            "COMPLETED", "1", "0:0"
-        ), f"{fields}\n{batch_output(tmp_path)}{slurm.log_tails()}"  # fmt: skip
+        fields = requeued_once_and_completed(slurm, job_id, tmp_path)
     finally:
         slurm.run(["scancel", job_id])
     assert fields["ExcNodeList"] == bad, fields

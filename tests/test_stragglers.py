@@ -15,7 +15,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,7 +34,7 @@ from phalanx.timeline import build, render
 from phalanx.worker import progress
 from support import cpuquota
 from support.hosts import Node
-from support.launch import worker
+from support.launch import wait_for, worker
 from test_multinode import c10d_args
 
 STEPS = 2000
@@ -177,35 +177,6 @@ def test_the_event_reaches_status_metrics_and_the_timeline_page(tmp_path: Path) 
     assert '<g class="straggler" data-kind="straggler" data-rank="2">' in render(build(seen))
 
 
-@pytest.fixture
-def quota() -> Iterator[Callable[[float], cpuquota.CpuQuota]]:
-    made: list[cpuquota.CpuQuota] = []
-
-    def make(fraction: float) -> cpuquota.CpuQuota:
-        reason = cpuquota.unavailable_reason()
-        if reason is not None:
-            pytest.skip(reason)
-        q = cpuquota.CpuQuota(fraction)
-        made.append(q)
-        q.create()
-        return q
-
-    try:
-        yield make
-    finally:
-        for q in made:
-            q.destroy()
-
-
-def wait_for(path: Path, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text():
-            return path.read_text()
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never appeared")
-
-
 def status_of(run_dir: Path) -> str:
     done = subprocess.run([sys.executable, "-m", "phalanx", "status", str(run_dir)],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -236,7 +207,9 @@ def test_a_throttled_rank_is_named_and_its_node_excluded(
         args = [*c10d_args(net, port, "1:2"), *flags, worker("straggler_train.py"), str(out), str(STEPS)]  # fmt: skip
         nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
     healthy, bad = nodes
-    slow.enter(int(wait_for(out / "pid.1", 120)))  # node 1's worker, throttled mid-run
+    pid = out / "pid.1"
+    wait_for(lambda: pid.exists() and pid.read_text(), 120, "node 1's worker's pid")
+    slow.enter(int(pid.read_text()))  # node 1's worker, throttled mid-run
     assert bad.finish(timeout=120) == EXCLUDED_EXIT_CODE, bad.stderr
     assert "(--straggler-action exclude)" in bad.stderr
     assert healthy.proc.poll() is None, "named while the job runs"
