@@ -102,17 +102,7 @@ def test_a_requeued_batch_job_resumes_from_the_step_every_rank_saved(
     (Restarts=1), its workers resume after the saved step, and the job completes."""
     out = tmp_path / "out"
     out.mkdir()
-    script = tmp_path / "job.sh"
-    script.write_text(
-        f"#!/bin/bash\nsrun {shlex.join(training_step(tmp_path, out, '--requeue'))}\n"
-    )
-    submitted = slurm.run(
-        ["sbatch", "--parsable", "--requeue", "-N2", "--ntasks-per-node=1", "--job-name=requeue",
-         f"--output={tmp_path}/slurm-%j.out", f"--chdir={REPO}", str(script)],
-        env=job_env(),
-    )  # fmt: skip
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip().split(";")[0]
+    job_id = submit_two_node_batch(slurm, tmp_path, out, ("--requeue",), "--job-name=requeue")
     try:
         wait_until_training(out, lambda: batch_ended(slurm, job_id, tmp_path))
         requeued_once_and_completed(slurm, job_id, tmp_path)
@@ -121,6 +111,22 @@ def test_a_requeued_batch_job_resumes_from_the_step_every_rank_saved(
     saved = assert_one_step_saved(out)
     assert [step(out / f"resumed_{rank}") for rank in RANKS] == [saved] * 4
     wait_for(lambda: slurm.job_pids() == [], 30, "the job's processes to go")
+
+
+def submit_two_node_batch(
+    slurm: SlurmCluster, tmp_path: Path, out: Path, flags: tuple[str, ...], *sbatch: str
+) -> str:
+    """``sbatch --requeue -N2`` of a script whose one ``srun`` step runs the training step
+    with phalanx ``flags`` on each node; its job id."""
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\nsrun {shlex.join(training_step(tmp_path, out, *flags))}\n")
+    submitted = slurm.run(
+        ["sbatch", "--parsable", "--requeue", "-N2", "--ntasks-per-node=1", *sbatch,
+         f"--output={tmp_path}/slurm-%j.out", f"--chdir={REPO}", str(script)],
+        env=job_env(),
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().split(";")[0]
 
 
 def requeued_once_and_completed(

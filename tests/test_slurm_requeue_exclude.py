@@ -7,7 +7,6 @@ other two nodes (node rank 0's ``scontrol requeuehold``, ``update ExcNodeList``,
 from __future__ import annotations
 
 import json
-import shlex
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,16 +14,15 @@ from pathlib import Path
 import pytest
 
 from support.launch import wait_for
-from support.slurm import SlurmCluster, job_env, needs_slurm, running
+from support.slurm import SlurmCluster, needs_slurm, running
 from test_slurm_preempt import (
     RANKS,
-    REPO,
     assert_one_step_saved,
     batch_ended,
     batch_output,
     requeued_once_and_completed,
     step,
-    training_step,
+    submit_two_node_batch,
     wait_until_training,
 )
 
@@ -45,15 +43,9 @@ def test_a_requeued_job_does_not_run_on_an_excluded_node(
     out.mkdir()
     excluded = tmp_path / "excluded.jsonl"
     flags = ("--requeue", "--exclude-file", str(excluded))
-    script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/bash\nsrun {shlex.join(training_step(tmp_path, out, *flags))}\n")
-    submitted = slurm.run(
-        ["sbatch", "--parsable", "--requeue", "-N2", "--ntasks-per-node=1", "--job-name=exclude",
-         "--open-mode=append", f"--output={tmp_path}/slurm-%j.out", f"--chdir={REPO}", str(script)],
-        env=job_env(),
-    )  # fmt: skip
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip().split(";")[0]
+    job_id = submit_two_node_batch(
+        slurm, tmp_path, out, flags, "--job-name=exclude", "--open-mode=append"
+    )
     try:
         wait_until_training(out, lambda: batch_ended(slurm, job_id, tmp_path))
         first = slurm.job_fields(job_id)["NodeList"]
