@@ -107,8 +107,11 @@ class Soak:
     def _agent(self, i: int) -> Node:
         self.gens[i] += 1
         name = f"n{i}g{self.gens[i]}"
+        # --preload: the trainer's torch.use_deterministic_algorithms imports
+        # torch._inductor.config, 1.1 s of every worker start here; the template does it once
         args = [*self.rdzv, "--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "1000",
-                "--stall-timeout", str(STALL), str(HERE / "soak_trainer.py"), "--config",
+                "--stall-timeout", str(STALL), "--preload", "torch._inductor.config",
+                str(HERE / "soak_trainer.py"), "--config",
                 str(self.out / "config.json"), "--output_dir", str(self.job)]  # fmt: skip
         node = Node(self.hosts, i, args, self.out / f"disk{i}", name,
                     env={"SOAK_PIDS": str(self.pids), "SOAK_NODE": str(i), "SOAK_MARKS": str(self.marks),
@@ -158,6 +161,19 @@ class Soak:
             except psutil.Error:
                 pass
         return got
+
+    def steady_sample(self, within: float = 60.0) -> dict[int, dict[str, int]]:
+        """``sample`` once the job trains again after the last fault, as the start sample is
+        taken: both ranks past their first step, the same workers for 3 s. (Taken mid-re-form,
+        the agent still held the last round's threads: 11 -> 26, gone a few seconds later.)"""
+        end = time.time() + within
+        while time.time() < end and not self.done():
+            before = self.workers()
+            time.sleep(3)
+            marked = {int(m.name.rsplit(".", 1)[1]) for m in self.marks.iterdir()}
+            if len(before) == 2 and self.workers() == before and set(before.values()) <= marked:
+                break
+        return self.sample()
 
     def store_keys(self) -> int | None:
         if self.etcd is None:
@@ -262,7 +278,7 @@ class Soak:
                   f"{record.get('skipped', '')}", flush=True)  # fmt: skip
             self.faults.append(record)
             self.keys.append(self.store_keys() or 0)
-        end_sample = self.sample()
+        end_sample = self.steady_sample()
         deadline = time.time() + self.args.minutes * 60 * 3 + 120
         while not self.done() and not self.over() and time.time() < deadline:
             self.keep_agents()

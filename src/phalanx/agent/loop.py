@@ -14,7 +14,7 @@ from pathlib import Path
 from phalanx.agent import exclusion
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
 from phalanx.agent.between import Between
-from phalanx.agent.checking import check_same_code, excludes_others, node_check
+from phalanx.agent.checking import CheckedNodes, check_same_code, excludes_others, node_check
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.policy import Step, decide, judged
@@ -82,6 +82,7 @@ class Rounds:
         self.events = self.ends.events
         self.reforms = 0  # rounds re-formed for a joining node (no restart spent)
         self._restart = False  # a restart claimed: said once its round forms
+        self.checked = CheckedNodes()  # the last round's agents: a restart's check not repeated
         self._exclude = exclusion.ExcludeAfter(config, run_dir, self.events)  # --exclude-after
         self.peers = rendezvous.peers()  # None: a single node
         if self.peers is not None:  # a peer's event acted on at once, not at a tick
@@ -217,7 +218,7 @@ class Rounds:
             seconds=round(time.monotonic() - began, 3),
         )
         check_same_code(self.config, self.rdzv, joined)
-        verdict = node_check(self.config, self.rdzv, joined, self.run_dir, self.events)
+        verdict = node_check(self.config, self.rdzv, joined, self.run_dir, self.events, self.checked)
         if verdict is not None:
             self.tally.checked = [n.line for n in verdict.named]  # the report's, the newest round's
             if excludes_others(self.config, verdict):  # they leave: form a round without them

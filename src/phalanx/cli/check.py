@@ -20,7 +20,7 @@ from phalanx.config import LaunchConfig
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
-from phalanx.nodecheck import check_round, table
+from phalanx.nodecheck import Skipped, check_round, table
 from phalanx.rundir import default_log_base
 
 # The job parser needs a program: this one is never run (it marks a check's command line,
@@ -82,8 +82,8 @@ def _check(config: LaunchConfig) -> int:
                 exchange, joined, config.node_check, Path(scratch), config.nproc_per_node
             )
             seconds = time.monotonic() - began
-        if verdict is None:
-            raise UsageError("phalanx check: a node runs with --node-check off")
+        if isinstance(verdict, Skipped):
+            raise UsageError(f"phalanx check: {verdict.reason}")
         print(
             f"node check, round {joined.round}, {joined.num_nodes} nodes (this is node "
             f"{joined.node_rank}), {seconds:.2f} s:"

@@ -289,13 +289,15 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     option(
         "node-check",
         "warn",
-        "Multi-node: check every node before every round (single-node jobs skip it): a "
+        "Multi-node: check every node before a round whose agents changed (the first round, "
+        "a node that joined, left or came back; a restart with the same agents, which "
+        "passed it, does not repeat it; single-node jobs skip it): a "
         "fixed matmul on the workers' device, a TCP test of each node's link to the next "
         "(latency, 4 MiB each way), the run and checkpoint directories writable and not "
         "full, on GPUs the device count. A node far below the round's median is named in one "
         "line (log, events, phalanx status, report.json). warn (the default): name it and "
         "start; exclude: a named node leaves the job (exit 69); off: no check. Costs about "
-        '0.2-0.5 s per round (see the README\'s "Node check").',
+        '0.2-0.5 s per round it runs in (see docs/how-to/nodes.md, "Node check").',
         choices=["off", "warn", "exclude"],
     )
     option(

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,26 @@ log = logging.getLogger("phalanx")
 
 HELLO_TIMEOUT = 60.0  # a slow node's compute probe (a node at a tenth of a core: seconds)
 RESULT_TIMEOUT = 30.0  # after the hellos: one link test each, then one write
-READY, OFF = b"1", b"off"  # the ready record of a node that checks, and of one that does not
+# The ready record of a node that checks, of one that runs with --node-check off, and of one
+# whose round has the same agents as the last round, which passed the check (a restart)
+READY, OFF, SAME = b"1", b"off", b"same"
+# Why no node checks, by the ready record that says so (one such record skips it for all)
+SKIPPED_BY = {
+    OFF: "a node runs with --node-check off",
+    SAME: "the same nodes passed it in the last round",
+}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """No node checked this round (every node skips it alike), and why."""
+
+    reason: str
+
+    @property
+    def same(self) -> bool:
+        """Skipped since the round's agents passed the check in the last round."""
+        return self.reason == SKIPPED_BY[SAME]
 
 
 def check_round(
@@ -39,15 +59,17 @@ def check_round(
     settings: CheckSettings,
     run_dir: Path,
     nproc_per_node: int,
-) -> Verdict | None:
+) -> Verdict | Skipped:
     """Run the node check with the other nodes of ``joined``; every node gets the same
-    verdict (from the same records). None when a node runs with ``--node-check off`` (it
-    says so in its ready record): then no node checks."""
+    verdict (from the same records). ``Skipped`` when a node posted a ready record that
+    skips it (``SKIPPED_BY``): then no node checks."""
     ranks = [node.node_rank for node in joined.nodes]
     hosts = [(n.hostname, n.addr) for n in sorted(joined.nodes, key=lambda n: n.node_rank)]
     exchange.post_check("ready", READY)  # every node probes at once: alike, whatever is shared
-    if OFF in exchange.gather_check("ready", ranks, HELLO_TIMEOUT).values():
-        return None  # a node that does not check would never answer: nobody checks
+    readies = set(exchange.gather_check("ready", ranks, HELLO_TIMEOUT).values())
+    for skip, reason in SKIPPED_BY.items():
+        if skip in readies:  # a node that does not check would never answer: nobody checks
+            return Skipped(reason)
     facts = compute_probe(nproc_per_node)
     limits = settings.thresholds
     for path, what in ((run_dir, "the run directory"), (settings.checkpoint_dir, "the checkpoint directory")):  # fmt: skip

@@ -62,6 +62,9 @@ class RendezvousResult:
     # What each node (in ``nodes`` order) published about its code and versions
     # (``phalanx.consistency``); empty where the rendezvous carries none (one node).
     fingerprints: tuple[Mapping[str, str], ...] = ()
+    # Each member's agent (in ``nodes`` order): an id fresh for every agent process, so a
+    # node whose agent was restarted is a new member; empty where the rendezvous has none.
+    node_ids: tuple[str, ...] = ()
 
     @property
     def num_nodes(self) -> int:

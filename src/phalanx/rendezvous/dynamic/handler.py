@@ -276,6 +276,7 @@ class DynamicRendezvous:
             master_addr=addr,
             master_port=port,
             fingerprints=membership.fingerprints,
+            node_ids=membership.node_ids,
         )
 
     def peers(self) -> DynamicRendezvous:
