@@ -92,7 +92,8 @@ def attempts(node: Node) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("share", [0.2, 0.3])
+# 30 % only: a link that loses 20 % rides through as well (run once: 63 s of the suite)
+@pytest.mark.parametrize("share", [0.3])
 def test_a_lossy_link_to_the_store_slows_the_job_but_does_not_end_it(
     netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, share: float
 ) -> None:
