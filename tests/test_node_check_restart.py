@@ -1,6 +1,7 @@
 """The node check on a restart (docs/how-to/nodes.md, "Node check"): a round with the same
 agents as the last one, which passed the check, does not repeat it; new agents, or a node
-that remembers otherwise, check or skip without waiting.
+that remembers otherwise, check or skip without waiting; and a round's check leaves no
+thread behind (the chaos soak found one left per check, blocked in accept()).
 
 Two "nodes" run the agent's own ``node_check`` in two threads, with the real probes and a
 real link test on loopback; only the round's store is an in-memory stand-in (its records,
@@ -22,6 +23,7 @@ from phalanx.agent.checking import CheckedNodes, node_check
 from phalanx.cli.main import parse_config
 from phalanx.events import read_events
 from phalanx.events.log import EventLog
+from phalanx.nodecheck import link
 from phalanx.nodecheck.round import HELLO_TIMEOUT
 from phalanx.rendezvous.api import NodeInfo, RendezvousResult
 from support.launch import worker
@@ -138,6 +140,25 @@ def test_a_restart_with_the_same_agents_does_not_repeat_it_and_new_ones_do(
     run_round(config, nodes, records, 3, ("agent-a", "agent-c"))
     assert [n.checks() for n in nodes] == [[0, 2], [0, 2]], caplog.text
     assert "round 3: node check not repeated: the same 2 nodes passed it in round 2" in caplog.text
+    assert left_behind() == [], "the checks' listeners are still accepting"
+
+
+def left_behind() -> list[str]:
+    """The node check's threads still alive (its listeners' accept loops), after a grace."""
+    deadline = time.monotonic() + 5
+    while (found := [t.name for t in threading.enumerate() if t.name == "phalanx-check"]) and time.monotonic() < deadline:  # fmt: skip
+        time.sleep(0.05)
+    return found
+
+
+def test_a_listener_that_answered_a_link_test_ends_its_thread_when_closed() -> None:
+    """A real link test on loopback, then ``close``: its accepting thread is gone (closing
+    the socket alone leaves it blocked in accept() on Linux)."""
+    before = set(threading.enumerate())
+    listener = link.Listener("127.0.0.1", b"t" * 16)
+    assert link.test_link("127.0.0.1", listener.port, b"t" * 16).error == ""
+    listener.close()
+    assert left_behind() == [], [t.name for t in set(threading.enumerate()) - before]
 
 
 def test_a_node_that_would_check_sees_the_others_skip_it_and_does_not_wait(
