@@ -164,8 +164,8 @@ class Soak:
 
     def steady_sample(self, within: float = 60.0) -> dict[int, dict[str, int]]:
         """``sample`` once the job trains again after the last fault, as the start sample is
-        taken: both ranks past their first step, the same workers for 3 s. (Taken mid-re-form,
-        the agent still held the last round's threads: 11 -> 26, gone a few seconds later.)"""
+        taken: both ranks past their first step, the same workers for 3 s (a sample taken
+        mid-re-form would count the passing threads of a round's start and stop as growth)."""
         end = time.time() + within
         while time.time() < end and not self.done():
             before = self.workers()
