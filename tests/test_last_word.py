@@ -305,3 +305,42 @@ def test_etcd_node_stopped_by_sigterm_is_not_said_to_have_died(
     assert all(n.proc.poll() is not None for n in nodes), "an agent did not end"
     assert DIED not in seen, seen
     assert DIED_REASON not in nodes[0].stderr, nodes[0].stderr
+
+
+def test_a_node_that_rejoined_under_a_new_id_is_still_said_to_have_died(
+    nodes: list[Node], tmp_path: Path
+) -> None:
+    """The word names the node id, and a node that lost the store and came back is a new
+    member with a new id (``tests/test_rejoin.py``: node 0's agent, the store's host, paused
+    for longer than fence_after): its guardian must say the new one, or node 0 would wait
+    for the heartbeat timeout (and say so) instead."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    port = free_port()
+    for i in (0, 1):
+        args = [
+            "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "rejoin",
+            "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'}", "--max-restarts", "3",
+            worker("lossy_steps.py"), str(shared),
+        ]  # fmt: skip
+        nodes.append(Node(Loopback(), i, args, tmp_path, f"n{i}"))
+    wait_for(lambda: len(list(shared.glob("r[01]-0.steps"))) == 2, HANG, "both ranks to step")
+    os.kill(nodes[0].proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(9.0)  # the fault's length: > fence_after (8 s with the defaults)
+    finally:
+        os.kill(nodes[0].proc.pid, signal.SIGCONT)
+
+    def rejoined() -> bool:
+        _, _, after = nodes[1].stderr.partition("rejoining as a new member")
+        return "rendezvous 'rejoin' round" in after
+
+    wait_for(rejoined, HANG, "node 1 to rejoin as a new member, and a round to form")
+    wait_for(lambda: len(list(shared.glob("r1-[1-9].steps"))) > 0, HANG, "the new round to step")
+    killed = time.monotonic()
+    nodes[1].proc.kill()
+    wait_for(lambda: DIED_REASON in nodes[0].stderr, REFORM_WITHIN, "node 0 to hear it died")
+    print(f"node 1 (rejoined) counted lost {time.monotonic() - killed:.1f} s after its SIGKILL")
+    (shared / "stop").write_text("")
+    assert nodes[0].finish(HANG) == 0, nodes[0].stderr

@@ -55,7 +55,8 @@ def etcd(endpoints: Sequence[str], options: EtcdOptions) -> Reach:
 def word(reach: Mapping[str, Any], run_id: str, node_id: str) -> Word:
     """What the guardian needs to say that node ``node_id`` of run ``run_id`` died: the
     store's ``reach``, and this interpreter's import path (the guardian runs with ``-I -S``:
-    no site packages), phalanx's own directory first."""
+    no site packages; it puts these after its standard library), phalanx's own directory
+    first."""
     here = str(Path(__file__).resolve().parents[2])  # the directory holding ``phalanx``
     return {
         "path": [here, *(p for p in sys.path if p != here)],

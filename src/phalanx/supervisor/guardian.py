@@ -71,7 +71,9 @@ if word and not leaving:
         try:
             import json
             said = json.loads(bytes.fromhex(word.decode()))
-            sys.path[:0] = said["path"]
+            # After the standard library: a user's types.py in the agent's working directory
+            # (on its path) must not stand in for a standard module here either.
+            sys.path.extend(said["path"])
             from phalanx.rendezvous.lastword import say_died
             say_died(said)
         finally:
