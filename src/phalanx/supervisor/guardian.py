@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 
 from phalanx.credentials import worker_environment
@@ -136,6 +137,7 @@ class Guardian:
         )
         assert self._proc.stdin is not None
         self._pipe = self._proc.stdin.fileno()
+        self._lock = threading.Lock()  # a long word goes in several writes: lines whole
         os.set_inheritable(self._pipe, False)
 
     @property
@@ -143,18 +145,22 @@ class Guardian:
         return self._proc.pid
 
     def watch(self, pgid: int) -> None:
-        os.write(self._pipe, f"+{pgid}\n".encode())
+        self._send(f"+{pgid}\n")
 
     def forget(self, pgid: int) -> None:
-        os.write(self._pipe, f"-{pgid}\n".encode())
+        self._send(f"-{pgid}\n")
 
     def say(self, word: Mapping[str, object] | None) -> None:
         """What to tell the rendezvous store if the agent dies (``lastword.say_died``); None
         withdraws it. Over the pipe, never the environment: it holds the store's secret."""
         text = "" if word is None else json.dumps(word, separators=(",", ":")).encode().hex()
-        line = memoryview(f"!{text}\n".encode())
-        while line:  # a word can be longer than a pipe takes in one write (its sys.path)
-            line = line[os.write(self._pipe, line) :]
+        self._send(f"!{text}\n")
+
+    def _send(self, line: str) -> None:
+        data = memoryview(line.encode())
+        with self._lock:
+            while data:  # a word can be longer than a pipe takes in one write (its sys.path)
+                data = data[os.write(self._pipe, data) :]
 
     def close(self) -> None:
         """Stop the guardian (it kills any group still registered, then exits); the caller
