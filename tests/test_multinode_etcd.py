@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.rendezvous.dynamic.pulse import DIED_REASON
 from support.etcd_server import EtcdCluster, leader_index
 from support.hosts import Loopback, Node
 from support.launch import alive, read_pids, wait_for, worker
@@ -178,8 +179,9 @@ def start_and_kill(
     etcd: EtcdCluster, nodes: list[Node], tmp: Path, nnodes: str, killed: int
 ) -> tuple[Node, str, dict[str, dict[str, int]]]:
     """Start two agents running ``etcd_elastic.py`` (tags a, b), wait for their all-reduce,
-    SIGKILL the agent of node rank ``killed`` (only the agent: no goodbye, its lease just
-    expires); return the survivor, its tag and what each worker recorded."""
+    SIGKILL the agent of node rank ``killed`` (only the agent: no goodbye; its guardian says
+    it died, ``tests/test_last_word.py``); return the survivor, its tag and what each worker
+    recorded."""
     args = etcd_args(host_port(etcd.endpoints[0]), nnodes, "elastic", max_restarts=1)
     start(
         nodes,
@@ -206,7 +208,7 @@ def workers_gone(seen: dict[str, dict[str, int]]) -> None:
 
 
 @pytest.mark.parametrize("killed", [0, 1], ids=["store-host", "other"])
-def test_sigkilled_agent_is_lost_with_its_lease_and_the_other_goes_on_alone(
+def test_sigkilled_agent_is_lost_and_the_other_goes_on_alone(
     etcd: EtcdCluster, nodes: list[Node], tmp_path: Path, killed: int
 ) -> None:
     """``--nnodes 1:2 --max-restarts 1``: a lost node is a failure of the job, as with c10d:
@@ -214,7 +216,7 @@ def test_sigkilled_agent_is_lost_with_its_lease_and_the_other_goes_on_alone(
     store. Node ``killed`` is the one whose worker hosts that store (rank 0), or the other."""
     survivor, tag, seen = start_and_kill(etcd, nodes, tmp_path, "1:2", killed)
     assert survivor.finish(HANG) == 0, stderr_of(nodes)
-    assert f"node {killed} was lost" in survivor.stderr and "lost its lease" in survivor.stderr
+    assert f"node {killed} was lost" in survivor.stderr and DIED_REASON in survivor.stderr
     again = json.loads((tmp_path / f"{tag}-1.json").read_text())
     assert (again["node"], again["world"]) == (0, 1)
     assert again["master_port"] != seen[tag]["master_port"]

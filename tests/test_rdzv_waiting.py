@@ -9,6 +9,7 @@ import json
 import os
 import pty
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -317,7 +318,8 @@ def test_a_check_reads_the_count_and_each_of_the_first_8_names_once() -> None:
 def test_a_re_forming_round_says_it_waits_for_the_last_rounds_members(
     nodes: list[Node], tmp_path: Path
 ) -> None:
-    """Two real c10d agents run round 0 (``--nnodes 1:3``); node 1's agent is SIGKILLed and a
+    """Two real c10d agents run round 0 (``--nnodes 1:3``); node 1's agent freezes (SIGSTOP:
+    nobody says it is gone, whereas a SIGKILLed agent's guardian would, at once) and a
     third node arrives: node 0 re-forms for it at once and waits for round 0's members to
     settle -- node 1 neither rejoins nor is found lost until its heartbeats are
     heartbeat_timeout old -- and the line says that, not "waiting for the others to join or
@@ -334,7 +336,7 @@ def test_a_re_forming_round_says_it_waits_for_the_last_rounds_members(
 
     nodes += [agent(0), agent(1)]
     wait_for(lambda: len(list(shared.glob("ready*"))) == 2, HANG, "round 0's two workers")
-    nodes[1].kill()
+    os.kill(nodes[1].proc.pid, signal.SIGSTOP)  # (the nodes fixture SIGKILLs it after)
     nodes.append(agent(2))
     said: list[str] = []
 

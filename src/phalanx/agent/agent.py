@@ -164,6 +164,9 @@ class Agent:
                 template = open_template(config, self._base_env, run_dir)
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
+                peers = rendezvous.peers()
+                if peers is not None:  # if this agent dies, its guardian tells the others
+                    peers.on_last_word(guardian.say)
                 supervisor = Supervisor(
                     guardian,
                     shutdown_timeout=config.shutdown_timeout,
@@ -175,7 +178,7 @@ class Agent:
                     ),
                     duplicate_filters=filters,
                     wall_clock=wall_clock.now,
-                    fence=peers.fence() if (peers := rendezvous.peers()) is not None else None,
+                    fence=peers.fence() if peers is not None else None,
                 )
                 ends = Endings(
                     config, rendezvous, signals, run_dir, self._base_env, events, Tally(),

@@ -258,6 +258,12 @@ class Peers(Protocol):
         """Have ``ring`` called (from another thread) when ``poll`` has something new, so the
         agent acts on a peer's event at once rather than at its next tick."""
 
+    def on_last_word(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
+        """Have ``listener`` called with this node's last word (``phalanx.rendezvous.
+        lastword``: what its guardian needs to tell the others at once that its agent died),
+        now and whenever it changes (a new node id on ``rejoin``); None while it has none
+        (it hosts the store, or it is leaving on purpose)."""
+
     def rejoin(self) -> bool:
         """After this node lost the store or fenced itself (``STORE_LOST``): once the store
         answers again (within ``close_timeout``), come back as a new member for the next

@@ -6,6 +6,13 @@ pipe whose write end only the launcher has: when the launcher dies -- even by SI
 kernel closes it, the guardian reads EOF and SIGKILLs every process group it was told about.
 It starts with ``python -I -S`` (no site, no torch) so it costs a few milliseconds.
 
+When the agent died (EOF without the goodbye) and it was given the agent's *last word*
+(``say``; ``phalanx.rendezvous.lastword``), it then tells the rendezvous store that the node
+died, so the other nodes count it lost at once instead of after ``heartbeat_timeout`` or
+``lease_ttl``. Only then does it import anything (phalanx, from the agent's path), under an
+alarm: the normal guardian stays a few milliseconds, and a store that does not answer
+delays the cleanup by a few seconds at most.
+
 With a job cgroup (``phalanx.supervisor.cgroup``) it then SIGKILLs every other member of the
 cgroup but the agent -- which catches what left its process group, ``setsid`` included --
 and, when the agent died, leaves the cgroup and removes it: once the agent has finished
@@ -16,22 +23,26 @@ moment ago is still listed. Every wait is bounded.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Mapping
 
 from phalanx.credentials import worker_environment
 from phalanx.supervisor.cgroup import JobCgroup
 
-# Lines on the pipe: "+<pgid>" / "-<pgid>" (watch / forget a group), "=" (the agent is leaving
-# normally and removes its cgroup itself). EOF without "=" means the agent died.
+# Lines on the pipe: "+<pgid>" / "-<pgid>" (watch / forget a group), "!<hex of JSON>" (the
+# last word; a bare "!" withdraws it), "=" (the agent is leaving normally and removes its
+# cgroup itself). EOF without "=" means the agent died.
 _GUARDIAN_CODE = """
 import os, signal, sys, time
 agent = os.getppid()
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
           signal.SIGUSR2):
     signal.signal(s, signal.SIG_IGN)
-groups, buf, leaving = set(), b"", False
+groups, buf, leaving, word = set(), b"", False, b""
 while True:
     chunk = os.read(0, 65536)
     if not chunk:
@@ -43,6 +54,8 @@ while True:
             groups.add(int(line[1:]))
         elif line[:1] == b"-":
             groups.discard(int(line[1:]))
+        elif line[:1] == b"!":
+            word = line[1:]
         elif line == b"=":
             leaving = True
 for group in groups:
@@ -50,6 +63,24 @@ for group in groups:
         os.killpg(group, signal.SIGKILL)
     except OSError:
         pass
+if word and not leaving:
+    def _late(*_):
+        raise TimeoutError
+    signal.signal(signal.SIGALRM, _late)
+    signal.setitimer(signal.ITIMER_REAL, 6.0)  # lastword.say_died: a few 2 s steps at most
+    try:
+        try:
+            import json
+            said = json.loads(bytes.fromhex(word.decode()))
+            # After the standard library: a user's types.py in the agent's working directory
+            # (on its path) must not stand in for a standard module here either.
+            sys.path.extend(said["path"])
+            from phalanx.rendezvous.lastword import say_died
+            say_died(said)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except BaseException:
+        pass  # (the alarm may ring in the finally: the cleanup below must still run)
 if len(sys.argv) > 2:
     job, parent, me = sys.argv[1], sys.argv[2], os.getpid()
     if not leaving:
@@ -106,6 +137,7 @@ class Guardian:
         )
         assert self._proc.stdin is not None
         self._pipe = self._proc.stdin.fileno()
+        self._lock = threading.Lock()  # a long word goes in several writes: lines whole
         os.set_inheritable(self._pipe, False)
 
     @property
@@ -113,10 +145,22 @@ class Guardian:
         return self._proc.pid
 
     def watch(self, pgid: int) -> None:
-        os.write(self._pipe, f"+{pgid}\n".encode())
+        self._send(f"+{pgid}\n")
 
     def forget(self, pgid: int) -> None:
-        os.write(self._pipe, f"-{pgid}\n".encode())
+        self._send(f"-{pgid}\n")
+
+    def say(self, word: Mapping[str, object] | None) -> None:
+        """What to tell the rendezvous store if the agent dies (``lastword.say_died``); None
+        withdraws it. Over the pipe, never the environment: it holds the store's secret."""
+        text = "" if word is None else json.dumps(word, separators=(",", ":")).encode().hex()
+        self._send(f"!{text}\n")
+
+    def _send(self, line: str) -> None:
+        data = memoryview(line.encode())
+        with self._lock:
+            while data:  # a word can be longer than a pipe takes in one write (its sys.path)
+                data = data[os.write(self._pipe, data) :]
 
     def close(self) -> None:
         """Stop the guardian (it kills any group still registered, then exits); the caller

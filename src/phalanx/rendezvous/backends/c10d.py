@@ -24,6 +24,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import is_this_machine, node_address
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.backends.claim import check_store, seed
@@ -113,7 +114,8 @@ def open_handler(
     )
     check_store(store, spec.run_id, where)
     addr = node_address(options.host, options.port, spec.local_addr)
-    return DynamicRendezvous.for_spec(store, spec, settings, addr, where)
+    reach = lastword.agent_store(options.host, options.port, options.token)
+    return DynamicRendezvous.for_spec(store, spec, settings, addr, where, reach)
 
 
 BACKEND = Backend(

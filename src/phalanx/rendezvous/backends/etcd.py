@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from phalanx.errors import UsageError
+from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import node_address
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
@@ -51,7 +52,8 @@ def open_handler(
     first = urlsplit(options.endpoints[0])
     addr = node_address(first.hostname or "localhost", first.port or 2379, spec.local_addr)
     where = f"etcd at {', '.join(options.endpoints)}"
-    return DynamicRendezvous.for_spec(store, spec, settings, addr, where)
+    reach = lastword.etcd(options.endpoints, options.store)
+    return DynamicRendezvous.for_spec(store, spec, settings, addr, where, reach)
 
 
 def fencing(settings: RendezvousSettings, options: Options) -> FenceTiming:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 
+from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import node_address
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.backends.claim import check_store, seed
@@ -76,7 +77,8 @@ def open_handler(
         )
         addr = node_address(host, port, spec.local_addr)
     check_store(store, spec.run_id, where)
-    return DynamicRendezvous.for_spec(store, spec, settings, addr, where)
+    reach = lastword.agent_store(host, port, token)  # (node 0 hosts: it has no last word)
+    return DynamicRendezvous.for_spec(store, spec, settings, addr, where, reach)
 
 
 BACKEND = Backend(

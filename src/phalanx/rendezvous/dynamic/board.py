@@ -22,6 +22,9 @@ from phalanx.rendezvous.stores.base import KVStore, MalformedValue, StoreUnavail
 T = TypeVar("T")
 
 LEFT = b"left"  # heartbeat value of a node that left on purpose: watchers skip it
+# Heartbeat value written by the guardian of an agent that died (``phalanx.rendezvous.
+# lastword``): watchers count the node lost at once instead of after its liveness runs out.
+DIED = b"died"
 
 
 def encode(obj: dict[str, Any]) -> bytes:

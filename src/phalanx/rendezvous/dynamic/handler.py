@@ -34,6 +34,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError, UsageError
@@ -72,6 +73,7 @@ from phalanx.rendezvous.dynamic.sweep import sweep
 from phalanx.rendezvous.fencing import (
     Fence,
 )
+from phalanx.rendezvous.lastword import Reach, Word, word
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.base import (
@@ -106,6 +108,7 @@ class DynamicRendezvous:
         fingerprint: Mapping[str, str] | None = None,
         where: str = "",
         admit_mismatch: bool = False,
+        reach: Reach | None = None,
     ) -> None:
         """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
         ``where``: the store, as the waiting line names it.
@@ -114,7 +117,9 @@ class DynamicRendezvous:
         ``fingerprint``: what this node announces of its code and versions with every join
         (``phalanx.consistency``); each round's result carries every member's.
         ``admit_mismatch``: join a running job even when its fingerprint differs (else this
-        node is refused before the job hears of it: ``admission``)."""
+        node is refused before the job hears of it: ``admission``).
+        ``reach``: how a fresh process opens ``store`` as a client (``lastword``), for this
+        node's last word; None: it has none."""
         # The node range was checked with the spec (registry.check), once.
         if fixed_rank is not None and min_nodes != max_nodes:
             raise UsageError("static rendezvous needs a fixed --nnodes N, not MIN:MAX")
@@ -130,6 +135,9 @@ class DynamicRendezvous:
         self._preempted = False  # and whether it was a preemption
         self._closed = False
         self._ring: Callable[[], None] | None = None  # ``on_event``'s
+        # A store this node hosts dies with its agent: nobody would hear the last word.
+        self._reach = None if store.hosting else reach
+        self._heard: Callable[[Word | None], None] | None = None  # ``on_last_word``'s
         self._wire(run_id, node_id or uuid.uuid4().hex)
 
     def _wire(self, run_id: str, node_id: str) -> None:
@@ -165,6 +173,7 @@ class DynamicRendezvous:
             status, liveness.store_problem, self._current, run_id, liveness.spares
         )
         self._check = CheckRecords(board, liveness.store_problem, self._current)
+        self._tell_last_word()
 
     def rejoin(self) -> bool:
         """After this node lost the store or fenced itself: wait until the store answers
@@ -205,9 +214,10 @@ class DynamicRendezvous:
         settings: RendezvousSettings,
         addr: str,
         where: str = "",
+        reach: Reach | None = None,
     ) -> DynamicRendezvous:
         """The handler a backend opens for ``spec`` over ``store`` (``addr``: this node's, as
-        the others reach it). A static spec (a ``node_rank`` given) fixes the node count at
+        the others reach it; ``reach``: see ``__init__``). A static spec (a ``node_rank`` given) fixes the node count at
         ``max_nodes`` and this node's rank."""
         static = spec.node_rank is not None
         return cls(
@@ -222,6 +232,7 @@ class DynamicRendezvous:
             fingerprint=spec.fingerprint,
             where=where,
             admit_mismatch=spec.allow_mismatch,
+            reach=reach,
         )
 
     @property
@@ -292,6 +303,10 @@ class DynamicRendezvous:
     def on_event(self, ring: Callable[[], None]) -> None:
         self._ring = ring  # kept: a rejoin wires new heartbeats, which ring it too
         self._liveness.on_event(ring)
+
+    def on_last_word(self, listener: Callable[[Word | None], None]) -> None:
+        self._heard = listener
+        self._tell_last_word()
 
     def poll(self) -> JobEvent | None:
         problem = self._liveness.store_problem()
@@ -380,6 +395,8 @@ class DynamicRendezvous:
             return
         self._done = ok
         self._liveness.stop_beating()
+        # Leaving on purpose from here: an agent that dies now is not to be counted lost.
+        self._tell_last_word(withdrawn=True)
         membership, rank = self._membership, self._rank
         if self._liveness.store_problem() is not None:
             return  # nobody to tell; every call would only wait out the read timeout
@@ -440,6 +457,14 @@ class DynamicRendezvous:
             self._store.close()
 
     # -- internals -------------------------------------------------------------------------
+    def _tell_last_word(self, withdrawn: bool = False) -> None:
+        """Give the ``on_last_word`` listener this node's word as it stands now (none once
+        it leaves on purpose)."""
+        if self._heard is None:
+            return
+        reach: dict[str, Any] | None = None if withdrawn else self._reach
+        self._heard(None if reach is None else word(reach, self.run_id, self._node_id))
+
     def _current(self) -> tuple[Membership, int]:
         if self._membership is None or self._rank is None:
             raise RendezvousError("no rendezvous round has formed yet")

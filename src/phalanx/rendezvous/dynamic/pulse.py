@@ -2,6 +2,10 @@
 
 Both use the key ``hb/<node id>``; a node that leaves on purpose overwrites it with ``LEFT``
 (a plain write, which on etcd also unbinds it from the lease) and watchers pass over it.
+When an agent dies without leaving (SIGKILL, the OOM killer, a crash) its guardian writes
+``DIED`` there (``phalanx.rendezvous.lastword``) and watchers count the node lost at once,
+without waiting out ``heartbeat_timeout`` or ``lease_ttl``. A node that loses power, its
+link or its store connection, or freezes, has no one to say so: that still takes them.
 
 ``Counters`` work on every store (c10d, static): each heartbeat the node bumps its counter;
 a watcher that sees the value unchanged for ``heartbeat_timeout`` (timed on the watcher's
@@ -28,11 +32,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from phalanx.rendezvous.dynamic.board import LEFT, Board
+from phalanx.rendezvous.dynamic.board import DIED, LEFT, Board
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import KVStore, LeasedStore
 
 ALIVE = b"alive"  # the value of a leased liveness key (its presence is what counts)
+DIED_REASON = "died: its agent was killed or crashed (its guardian said so)"
 
 
 class Verdict(Enum):
@@ -123,6 +128,8 @@ class Counters:
         value = self._b.store.get(self._b.keys.heartbeat(node_id))
         if value == LEFT:
             return Verdict.LEFT, ""
+        if value == DIED:
+            return Verdict.LOST, DIED_REASON
         seen = self._seen.get(node_id)
         if seen is None or seen.value != value:
             # From after the read (``now`` was taken before it, maybe long before, when a
@@ -164,6 +171,8 @@ class Leases:
         value = self._store.get(self._b.keys.heartbeat(node_id))
         if value == LEFT:
             return Verdict.LEFT, ""
+        if value == DIED:
+            return Verdict.LOST, DIED_REASON
         if value is None:
             return Verdict.LOST, (
                 "lost its lease on the rendezvous store (the agent died, or could not reach "

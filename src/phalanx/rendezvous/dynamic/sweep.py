@@ -22,7 +22,7 @@ etcd with the rest of the run at the end.
 
 from __future__ import annotations
 
-from phalanx.rendezvous.dynamic.board import LEFT, Board, parsed
+from phalanx.rendezvous.dynamic.board import DIED, LEFT, Board, parsed
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.stores.base import LeasedStore
 
@@ -68,12 +68,13 @@ def _sweep_round(board: Board, r: int, watching: set[str]) -> None:
 
 
 def _forget_heartbeat(board: Board, node_id: str) -> None:
-    """Delete the liveness key of a node no current round has. A counter or ``LEFT`` can
-    go (a node still alive writes its counter again). A leased key cannot: a node pushed
-    out of two full rounds may still wait as a spare, and would read its key's absence as
-    a lapsed lease; its lease removes the key when the node ends."""
+    """Delete the liveness key of a node no current round has. A counter, ``LEFT`` or
+    ``DIED`` can go (a node still alive writes its counter again; ``LEFT`` and ``DIED`` are
+    plain writes, bound to no lease, which nothing else would remove). A leased key cannot:
+    a node pushed out of two full rounds may still wait as a spare, and would read its
+    key's absence as a lapsed lease; its lease removes the key when the node ends."""
     key = board.keys.heartbeat(node_id)
-    if isinstance(board.store, LeasedStore) and board.store.get(key) != LEFT:
+    if isinstance(board.store, LeasedStore) and board.store.get(key) not in (LEFT, DIED):
         return
     board.store.delete(key)
 

@@ -1,0 +1,105 @@
+"""The last word: what a dead agent's guardian tells the job, so it is not waited for.
+
+An agent that dies without leaving (SIGKILL, the OOM killer, a segfault) writes nothing
+more; the other nodes would count it lost only when its liveness runs out --
+``heartbeat_timeout`` (counters: c10d, static) or ``lease_ttl`` (etcd) -- and the whole job
+idles until then. Its guardian (``phalanx.supervisor.guardian``) outlives it by design and
+sees it die at once (EOF on its pipe without the goodbye line). Given the *word* -- how a
+fresh process reaches the rendezvous store as a client, and which node this is -- the
+guardian writes ``DIED`` into the node's liveness key (``say_died``) and the watchers count
+the node lost on their next look (``pulse``).
+
+A word is plain JSON data, so it travels over the guardian's private pipe. It carries the
+store's credentials (the agent store's token, etcd's password): never the guardian's
+environment, which is the workers' (``phalanx.credentials``).
+
+Only a store this node does not host has a word: a c10d or static store lives in its
+hosting agent, so when that agent dies the store dies with it, and the others learn that
+from the store itself. ``say_died`` opens the store as a client only, never hosts it.
+
+Every step of ``say_died`` is bounded (``SAY_TIMEOUT`` per connection and request) and every
+error swallowed: the guardian has its cleanup to finish, and a word that cannot be said
+leaves the old behaviour, the timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported where used: the guardian imports this module and nothing more
+    from phalanx.rendezvous.stores.agentstore.auth import Token
+    from phalanx.rendezvous.stores.base import KVStore
+    from phalanx.rendezvous.stores.etcd.conf import EtcdOptions
+
+Word = dict[str, Any]  # JSON-able
+Reach = dict[str, Any]  # how a fresh process opens the store as a client: part of a word
+
+SAY_TIMEOUT = 2.0  # seconds per connection and per request
+
+
+def agent_store(host: str, port: int, token: Token) -> Reach:
+    """How to reach the agent store (c10d, static) at ``host:port`` with ``token``."""
+    return {"store": "agent", "host": host, "port": port, "token": token.secret.hex()}
+
+
+def etcd(endpoints: Sequence[str], options: EtcdOptions) -> Reach:
+    """How to reach etcd at ``endpoints`` (base URLs) with ``options``."""
+    return {"store": "etcd", "endpoints": list(endpoints), "options": asdict(options)}
+
+
+def word(reach: Mapping[str, Any], run_id: str, node_id: str) -> Word:
+    """What the guardian needs to say that node ``node_id`` of run ``run_id`` died: the
+    store's ``reach``, and this interpreter's import path (the guardian runs with ``-I -S``:
+    no site packages; it puts these after its standard library), phalanx's own directory
+    first."""
+    here = str(Path(__file__).resolve().parents[2])  # the directory holding ``phalanx``
+    return {
+        "path": [here, *(p for p in sys.path if p != here)],
+        "reach": dict(reach),
+        "run_id": run_id,
+        "node_id": node_id,
+    }
+
+
+def say_died(word: Mapping[str, Any]) -> None:
+    """Write ``DIED`` into the liveness key of the word's node, as a client of its store.
+    Bounded (a few ``SAY_TIMEOUT``s); never raises."""
+    with contextlib.suppress(Exception):
+        from phalanx.rendezvous.dynamic.board import DIED
+        from phalanx.rendezvous.dynamic.keys import Keys
+
+        reach = word["reach"]
+        store = _OPENERS[reach["store"]](reach, word["run_id"])
+        try:
+            store.set(Keys(word["run_id"]).heartbeat(word["node_id"]), DIED)
+        finally:
+            store.close()
+
+
+def _open_agent_store(reach: Mapping[str, Any], run_id: str) -> KVStore:
+    from phalanx.rendezvous.stores.agentstore import AgentKVStore
+    from phalanx.rendezvous.stores.agentstore.auth import Token
+
+    token = Token(bytes.fromhex(reach["token"]))
+    # Connects on first use, once: no retries until a join timeout, as an agent would.
+    return AgentKVStore(reach["host"], reach["port"], token, read_timeout=SAY_TIMEOUT)
+
+
+def _open_etcd(reach: Mapping[str, Any], run_id: str) -> KVStore:
+    from phalanx.rendezvous.stores.etcd.conf import EtcdOptions, run_prefix
+    from phalanx.rendezvous.stores.etcd.store import EtcdStore
+
+    options = replace(EtcdOptions(**reach["options"]), request_timeout=SAY_TIMEOUT)
+    # A plain put grants no lease, and takes the key off the dead agent's.
+    return EtcdStore(reach["endpoints"], run_prefix(run_id), options)
+
+
+_OPENERS: dict[str, Callable[[Mapping[str, Any], str], KVStore]] = {
+    "agent": _open_agent_store,
+    "etcd": _open_etcd,
+}
