@@ -267,18 +267,23 @@ class Soak:
         first = time.time()
         time.sleep(2)  # the round's first steps: the agents' threads and files all made
         start_sample, self.keys = self.sample(), [self.store_keys() or 0]
+        # Every active agent's figures before each fault: an agent killed by the schedule is
+        # compared over the part of the run it lived (no agent of the etcd run lives it all)
+        history = [(0.0, start_sample)]
         for at, kind in plan:
             while time.time() - first < at and not self.done():
                 self.keep_agents()
                 time.sleep(0.2)
             if self.done() or self.over():
                 break
+            history.append((time.time() - first, self.sample()))
             record = self.inject(kind)
             print(f"soak: {record['at'] - first:7.1f} s {kind} {record.get('node', record.get('member', ''))} "
                   f"{record.get('skipped', '')}", flush=True)  # fmt: skip
             self.faults.append(record)
             self.keys.append(self.store_keys() or 0)
         end_sample = self.steady_sample()
+        history.append((time.time() - first, end_sample))
         deadline = time.time() + self.args.minutes * 60 * 3 + 120
         while not self.done() and not self.over() and time.time() < deadline:
             self.keep_agents()
@@ -291,7 +296,7 @@ class Soak:
             except subprocess.TimeoutExpired:
                 node.kill()
         return {"t0": t0, "first_step": first, "finished": finished, "start_sample": start_sample,
-                "end_sample": end_sample}  # fmt: skip
+                "end_sample": end_sample, "history": history}  # fmt: skip
 
     def kinds(self) -> tuple[str, ...]:
         return (
@@ -368,11 +373,8 @@ def main() -> int:
     job_ettr = None if step is None else min(1.0, args.steps * step / wall)
     main_run = figures["ettr_by_run"]
     ettr = min((r["ettr"] for r in main_run), default=None)
-    survivors = {i: s for i, s in clock["end_sample"].items()
-                 if clock["start_sample"].get(i, {}).get("gen") == s["gen"]}  # fmt: skip
-    grew = {i: s for i, s in survivors.items()
-            if s["rss"] > 1.5 * clock["start_sample"][i]["rss"] or s["fds"] > clock["start_sample"][i]["fds"] + 10
-            or s["threads"] > clock["start_sample"][i]["threads"] + 6}  # fmt: skip
+    lives = rep.agent_lives(clock["history"])
+    grew = [life for life in lives if rep.grew(life["first"], life["last"])]
     leftovers_found = any(left["processes"].values()) or bool(left["cgroups"])
     report = {
         "seed": args.seed, "backend": args.backend, "minutes": args.minutes, "every": args.every,
@@ -381,6 +383,7 @@ def main() -> int:
         "ettr_job": job_ettr, "step_s": step, "ettr_events": ettr, "by_kind": rep.by_kind(soak.faults), "figures": figures, "bit_identical": same, "checkpoints": count,
         "checkpoints_bad": bad, "leftovers": left, "store_keys": soak.keys,
         "agents_start": clock["start_sample"], "agents_end": clock["end_sample"], "agents_grew": grew,
+        "agents_compared": lives,
     }  # fmt: skip
     rep.write(out, report)
     # the page of the run that saw most (the longest-lived agent's)
@@ -405,6 +408,10 @@ def main() -> int:
         f"final weights bit-identical: {same}; checkpoints {count} loadable, bad {bad}; "
         f"leftovers {leftovers_found}; store keys {soak.keys}; agents grew {grew or 'no'}"
     )
+    print("agents compared (node, generation: seconds of the run, start -> end): " + "; ".join(
+        f"{a['node']}g{a['gen']}: {a['from_s']:.0f}-{a['to_s']:.0f} s, threads {a['first']['threads']}"
+        f"->{a['last']['threads']}, fds {a['first']['fds']}->{a['last']['fds']}, RSS "
+        f"{a['first']['rss'] >> 20}->{a['last']['rss'] >> 20} MiB" for a in lives))  # fmt: skip
     if soak.failed:
         print(f"the job ended before its last step: {soak.failed}")
     print(f"report: {out / 'report.json'}")

@@ -195,3 +195,23 @@ def by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             kinds.setdefault(f["kind"], []).append(float(f.get("downtime") or 0.0))
     return {k: {"count": len(v), "median_down": sorted(v)[len(v) // 2], "total_down": sum(v)}
             for k, v in sorted(kinds.items(), key=lambda kv: -sum(kv[1]))}  # fmt: skip
+
+
+def agent_lives(history: list[tuple[float, dict[int, dict[str, int]]]]) -> list[dict[str, Any]]:
+    """Each active agent (node, generation) seen in at least two samples, with its first and
+    last figures and when they were taken (seconds into the run), longest-lived first."""
+    seen: dict[tuple[int, int], list[tuple[float, dict[str, int]]]] = {}
+    for at, sample in history:
+        for node, figures in sample.items():
+            seen.setdefault((int(node), figures["gen"]), []).append((at, figures))
+    lives = [{"node": node, "gen": gen, "from_s": got[0][0], "to_s": got[-1][0],
+              "first": got[0][1], "last": got[-1][1]}
+             for (node, gen), got in seen.items() if len(got) > 1]  # fmt: skip
+    return sorted(lives, key=lambda life: life["from_s"] - life["to_s"])
+
+
+def grew(first: dict[str, int], last: dict[str, int]) -> bool:
+    """An agent's growth over its life: RSS by half, 10 descriptors or 6 threads (a round's
+    passing threads and files stay under that; a leak per fault does not, over 20 faults)."""
+    return (last["rss"] > 1.5 * first["rss"] or last["fds"] > first["fds"] + 10
+            or last["threads"] > first["threads"] + 6)  # fmt: skip
