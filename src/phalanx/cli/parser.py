@@ -219,7 +219,9 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "",
         "Modules the warm-start template imports besides torch, MOD[,MOD...] (e.g. "
         "numpy,transformers): imported once per node before the ranks are known, so they "
-        "must not read RANK/LOCAL_RANK or start threads when imported.",
+        "must not read RANK/LOCAL_RANK or start threads when imported. A script that calls "
+        "torch.use_deterministic_algorithms imports torch._inductor.config there, about 1 s "
+        "of every worker start and restart: preload it.",
     )
     switch(
         "spawn-owner",
