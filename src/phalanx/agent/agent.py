@@ -159,14 +159,12 @@ class Agent:
             template: Template | None = None
             rendezvous: RendezvousHandler | None = None
             try:
-                # Warm start: one template per agent run, imported while the rendezvous runs;
-                # every attempt forks from it.
+                # Warm start: one template per run, imported while the rendezvous runs
                 template = open_template(config, self._base_env, run_dir)
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
-                peers = rendezvous.peers()
-                if peers is not None:  # if this agent dies, its guardian tells the others
-                    peers.on_last_word(guardian.say)
+                if (peers := rendezvous.peers()) is not None:  # if this agent dies, its
+                    peers.on_last_word(guardian.say)  # guardian tells the others at once
                 supervisor = Supervisor(
                     guardian,
                     shutdown_timeout=config.shutdown_timeout,

@@ -24,7 +24,7 @@ from phalanx.errors import MismatchError, NodeExcluded, RendezvousError
 from phalanx.events.log import EventLog
 from phalanx.nodecheck import Action, Verdict, check_round
 from phalanx.nodecheck.round import OFF, SAME, Skipped
-from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult
+from phalanx.rendezvous.api import CheckExchange, RendezvousHandler, RendezvousResult
 
 log = logging.getLogger("phalanx")
 
@@ -59,17 +59,39 @@ def node_check(
     """Check the round's nodes (None: off, a single node, or not repeated). Every node gets
     the same verdict and says the same lines; a node named under ``exclude`` raises
     ``NodeExcluded``. ``checked``: the last round's agents; updated here."""
-    settings = config.node_check
     peers = rdzv.peers()
     if peers is None or joined.num_nodes < 2:
         checked.remember(joined, passed=False)
         return None
-    exchange = peers.node_check()
     began = time.monotonic()
+    verdict = _check(config, peers.node_check(), joined, run_dir, checked)
+    if verdict is None:
+        return None
+    if isinstance(verdict, Skipped):
+        if verdict.same:  # the others vouch for the round: its agents passed the last check
+            checked.remember(joined, passed=True)
+            log.info("round %d: node check skipped: %s", joined.round, verdict.reason)
+        else:
+            log.warning("round %d: node check skipped: %s", joined.round, verdict.reason)
+        return None
+    checked.remember(joined, passed=not verdict.named)
+    _say(config, joined, run_dir, events, verdict, round(time.monotonic() - began, 3))
+    return verdict
+
+
+def _check(
+    config: LaunchConfig,
+    exchange: CheckExchange,
+    joined: RendezvousResult,
+    run_dir: Path,
+    checked: CheckedNodes,
+) -> Verdict | Skipped | None:
+    """This node's part of the round's check (None: off, not repeated, or cut short: it says
+    so in a line)."""
     before = checked.same(joined)
     checked.remember(joined, passed=False)  # until this round's check passes
     try:
-        if settings.action is Action.OFF:
+        if config.node_check.action is Action.OFF:
             exchange.post_check("ready", OFF)  # so nodes that check do not wait for this one
             return None
         if before is not None:  # the same agents passed it: a restart (see the module's doc)
@@ -80,22 +102,24 @@ def node_check(
                 joined.round, joined.num_nodes, before,
             )  # fmt: skip
             return None
-        verdict = check_round(exchange, joined, settings, run_dir, config.nproc_per_node)
+        return check_round(exchange, joined, config.node_check, run_dir, config.nproc_per_node)
     except OSError as exc:  # no port to listen on, say: the job must not end for the check
         log.warning("node check: could not run on this node: %s", exc)
-        return None
     except RendezvousError as exc:  # the round's watch hears it too, and acts on it at once
         log.warning("round %d: node check stopped: %s", joined.round, exc)
-        return None
-    seconds = round(time.monotonic() - began, 3)
-    if isinstance(verdict, Skipped):
-        if verdict.same:  # the others vouch for the round: its agents passed the last check
-            checked.remember(joined, passed=True)
-            log.info("round %d: node check skipped: %s", joined.round, verdict.reason)
-        else:
-            log.warning("round %d: node check skipped: %s", joined.round, verdict.reason)
-        return None
-    checked.remember(joined, passed=not verdict.named)
+    return None
+
+
+def _say(
+    config: LaunchConfig,
+    joined: RendezvousResult,
+    run_dir: Path,
+    events: EventLog,
+    verdict: Verdict,
+    seconds: float,
+) -> None:
+    """The verdict in the event log and the log, the same lines on every node; under
+    ``exclude`` a node it names leaves (``NodeExcluded``)."""
     events.emit(
         "node_check",
         round=joined.round,
@@ -108,7 +132,7 @@ def node_check(
         log.warning("%s", named.line)
     if not verdict.named:
         log.info("round %d: node check passed on %d nodes (%.2f s)", joined.round, joined.num_nodes, seconds)  # fmt: skip
-    if settings.action is Action.EXCLUDE and joined.node_rank in verdict.named_ranks():
+    if config.node_check.action is Action.EXCLUDE and joined.node_rank in verdict.named_ranks():
         # Remembered as --exclude-after's are: the run directory's file and --exclude-file.
         reason = next(n.line for n in verdict.named if n.node_rank == joined.node_rank)
         node = exclusion.this_node(config.local_addr)
@@ -124,7 +148,6 @@ def node_check(
             "round without them (no restart spent)",
             ", ".join(str(rank) for rank in sorted(verdict.named_ranks())),
         )
-    return verdict
 
 
 def excludes_others(config: LaunchConfig, verdict: Verdict) -> bool:
