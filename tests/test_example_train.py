@@ -56,17 +56,22 @@ def _final_weights(out: Path) -> dict[str, torch.Tensor]:
 def torchrun_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One torchrun run of tiny.json (shared: the reference the other launch forms match)."""
     out = tmp_path_factory.mktemp("torchrun") / "out"
-    done = _run(_torchrun(TINY, out))
-    # Not retried: torchrun is the reference here, not what is tested, and a reference run
-    # that dies of torch's own exit-time abort (a Gloo thread still joinable while the
-    # interpreter finalizes: "terminate called without an active exception", SIGABRT; seen
-    # about once in twenty suite runs, under torchrun and under cold phalanx workers alike)
-    # is put on record as an expected failure with its output, not hidden by a second run.
-    # Any other failure of the reference fails the test.
+    done = _reference(_torchrun(TINY, out))
+    return out, done.stdout
+
+
+def _reference(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """A torchrun run that is the reference, not what is tested. Not retried: one that dies
+    of torch's own exit-time abort (a Gloo thread still joinable while the interpreter
+    finalizes: "terminate called without an active exception", SIGABRT; seen about once in
+    twenty suite runs, under torchrun and under cold phalanx workers alike) is put on record
+    as an expected failure with its output, not hidden by a second run. Any other failure
+    of the reference fails the test."""
+    done = _run(cmd)
     if done.returncode != 0 and TORCH_EXIT_ABORT in done.stderr:
         pytest.xfail(f"torchrun's reference run hit torch's exit-time abort: {done.stderr[-1500:]}")
     assert done.returncode == 0, done.stderr[-3000:]
-    return out, done.stdout
+    return done
 
 
 def test_tiny_config_under_torchrun(torchrun_tiny: tuple[Path, str]) -> None:
@@ -189,8 +194,7 @@ def test_killed_run_resumes_to_bit_identical_weights(tmp_path: Path) -> None:
     cfg = {**json.loads(TINY.read_text()), "steps": 400, "checkpoint_every": 20, "log_every": 100}
     config.write_text(json.dumps(cfg))
 
-    straight = _run(_torchrun(config, tmp_path / "straight"))
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    _reference(_torchrun(config, tmp_path / "straight"))  # (the CI run of 6ae53ee hit the abort here)
 
     out = tmp_path / "killed"
     proc = subprocess.Popen(
