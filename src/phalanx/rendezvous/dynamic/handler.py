@@ -34,7 +34,6 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError, UsageError
@@ -217,8 +216,8 @@ class DynamicRendezvous:
         reach: Reach | None = None,
     ) -> DynamicRendezvous:
         """The handler a backend opens for ``spec`` over ``store`` (``addr``: this node's, as
-        the others reach it; ``reach``: see ``__init__``). A static spec (a ``node_rank`` given) fixes the node count at
-        ``max_nodes`` and this node's rank."""
+        the others reach it; ``reach``: see ``__init__``). A static spec (a ``node_rank``
+        given) fixes the node count at ``max_nodes`` and this node's rank."""
         static = spec.node_rank is not None
         return cls(
             store,
@@ -462,7 +461,7 @@ class DynamicRendezvous:
         it leaves on purpose)."""
         if self._heard is None:
             return
-        reach: dict[str, Any] | None = None if withdrawn else self._reach
+        reach = None if withdrawn else self._reach
         self._heard(None if reach is None else word(reach, self.run_id, self._node_id))
 
     def _current(self) -> tuple[Membership, int]:
