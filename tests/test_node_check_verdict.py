@@ -11,6 +11,7 @@ import pytest
 from phalanx.cli.main import expanded, parse_config
 from phalanx.errors import UsageError
 from phalanx.nodecheck import Thresholds, judge, table
+from phalanx.nodecheck.link import PEER, SELF
 from support.launch import PHALANX, worker
 
 SCRIPT = worker("echo_args.py")
@@ -21,8 +22,15 @@ HOSTS = [(f"h{i}", f"10.0.0.{i + 1}") for i in range(4)]
 def record(
     compute: float = 1e7, latency: float | None = 0.1, rate: float = 1000.0, **more: Any
 ) -> dict[str, Any]:
-    link = {"latency_ms": latency, "throughput": rate, "error": ""}
+    link = {"latency_ms": latency, "throughput": rate, "error": "", "refused_by": ""}
     return {"host": "h", "device": "cpu", "compute": compute, "problems": [], "link": link, **more}
+
+
+def refused(by: str, error: str = "no answer in time") -> dict[str, Any]:
+    """The record of a node whose link could not connect: refused by ``by`` (link.PEER,
+    link.SELF)."""
+    link = {"latency_ms": None, "throughput": 0.0, "error": error, "refused_by": by}
+    return {**record(), "link": link}
 
 
 @pytest.mark.parametrize(
@@ -112,6 +120,72 @@ def test_a_missing_record_and_a_local_problem_are_named() -> None:
     shown = table(judge(HOSTS, records, Thresholds()))
     assert shown[0].split() == ["NODE", "HOST", "ADDRESS", "DEVICE", "COMPUTE", "LATENCY", "THROUGHPUT", "VERDICT"]  # fmt: skip
     assert shown[4].endswith("no answer") and shown[1].endswith("NAMED")
+
+
+def test_a_node_without_a_round_trip_on_either_link_is_named() -> None:
+    """Node 2's both links (1->2, 2->3) connected but finished no round trip: it is named,
+    and its neighbours, each with one good link, are not."""
+    records = {i: record() for i in range(4)}
+    records[1] = record(latency=None)
+    records[2] = record(latency=None)
+    lines = named(records)
+    assert list(lines) == [2], lines
+    assert lines[2] == [
+        "node check: node 2 (h2, 10.0.0.3) has a slow or lossy network: latency no round trip "
+        "in time, median 0.1 ms (named over 10x the median and 20 ms above it)"
+    ]
+
+
+PEER_LINE = (
+    "node check: node {to} (h{to}, 10.0.0.{to1}) refused the link from node {of} (h{of}, "
+    "10.0.0.{of1}): no connection within 3 s (no answer in time); its workers would not be "
+    "reached either (a firewall that drops connections to it?)"
+)
+SELF_LINE = (
+    "node check: node {of} (h{of}, 10.0.0.{of1}) could not open the link to node {to} (h{to}, "
+    "10.0.0.{to1}) ([Errno 1] Operation not permitted); its workers could not reach the "
+    "others either (its firewall or routes?)"
+)
+
+
+def line(template: str, of: int, to: int) -> str:
+    return template.format(of=of, to=to, of1=of + 1, to1=to + 1)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "bad", "by", "expected"),
+    [
+        # two nodes: 0 -> 1 refused by 1 while 1 -> 0 worked (a one-way firewall on 1)
+        (2, {0: PEER}, "", {1: [line(PEER_LINE, 0, 1)]}),
+        (2, {1: PEER}, "", {0: [line(PEER_LINE, 1, 0)]}),
+        # this node's own kernel would not send it: the node it came from is named
+        (2, {0: SELF}, "[Errno 1] Operation not permitted", {0: [line(SELF_LINE, 0, 1)]}),
+        # four nodes: 2 refuses 1's link; its own link to 3 worked, and its figures (the
+        # better link's) are fine: named all the same
+        (4, {1: PEER}, "", {2: [line(PEER_LINE, 1, 2)]}),
+        (4, {3: SELF}, "[Errno 1] Operation not permitted", {3: [line(SELF_LINE, 3, 0)]}),
+    ],
+)
+def test_a_link_that_could_not_connect_names_the_end_that_refused_it(
+    nodes: int, bad: dict[int, str], by: str, expected: dict[int, list[str]]
+) -> None:
+    records = {i: record() for i in range(nodes)}
+    for i, end in bad.items():
+        records[i] = refused(end, by or "no answer in time")
+    found: dict[int, list[str]] = {}
+    verdict = judge(HOSTS[:nodes], records, Thresholds())
+    for n in verdict.named:
+        found.setdefault(n.node_rank, []).append(n.line)
+    assert found == expected
+    (who,) = expected
+    assert table(verdict)[1 + who].endswith("NAMED")
+
+
+def test_a_refused_link_to_a_node_that_did_not_answer_names_it_once() -> None:
+    records = {0: refused(PEER)}
+    assert named(records | {2: record(), 3: record()}) == {
+        1: ["node check: node 1 (h1, 10.0.0.2) did not answer the node check in time"]
+    }
 
 
 @pytest.mark.parametrize(

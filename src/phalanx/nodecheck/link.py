@@ -10,11 +10,21 @@ takes milliseconds) does not make a healthy link look slow.
 Everything is bounded by ``LINK_DEADLINE``; what was not done by then counts as not done
 (a link that moved a quarter of the payload in the time has a quarter of the throughput).
 A connection must first send the round's random token, so a stray client is dropped.
+
+A link that could not connect by the deadline says which end refused it (``refused_by``):
+``PEER``, the listening end did not take it (no answer, a reset, unreachable: a firewall
+that drops its inbound connections), or ``SELF``, this node's own kernel would not send
+it (its firewall, no route). The workers connect to each other as this test does, so such
+a link would hang or fail their process group's start. Connecting is tried afresh every
+``CONNECT_TRY`` seconds rather than left to TCP's SYN backoff (1 s, then 2 s): a lossy
+link that loses a SYN or two still connects within the deadline, one that never answers
+does not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import struct
 import threading
@@ -25,6 +35,11 @@ PINGS = 10
 PAYLOAD = 4 << 20  # bytes each way
 TRANSFERS = 3
 LINK_DEADLINE = 3.0  # seconds for one link, connect included
+CONNECT_TRY = 0.5  # seconds one connection attempt may wait for its answer
+PEER, SELF = "peer", "self"  # which end refused a link that could not connect
+# Errors this node's own kernel gives before anything is sent: its firewall drops the SYN
+# (EPERM), it has no route (ENETUNREACH; EINVAL for a blackhole route), no such address.
+_OWN_ERRORS = frozenset({errno.EPERM, errno.EACCES, errno.ENETUNREACH, errno.EINVAL, errno.EADDRNOTAVAIL})  # fmt: skip
 _CHUNK = 64 * 1024
 _MSG = 64
 _TOKEN = 16
@@ -33,14 +48,19 @@ _TOKEN = 16
 @dataclass(frozen=True)
 class LinkResult:
     """One link's figures: mean round trip in ms (None: no round trip completed),
-    throughput in MB/s (bytes moved both ways / seconds), and what went wrong ("" none)."""
+    throughput in MB/s (bytes moved both ways / seconds), what went wrong ("" none), and
+    for a link that could not connect, the end that refused it (``PEER``, ``SELF``)."""
 
     latency_ms: float | None
     throughput: float
     error: str = ""
+    refused_by: str = ""
 
     def to_json(self) -> dict[str, object]:
-        return {"latency_ms": self.latency_ms, "throughput": self.throughput, "error": self.error}
+        return {
+            "latency_ms": self.latency_ms, "throughput": self.throughput, "error": self.error,
+            "refused_by": self.refused_by,
+        }  # fmt: skip
 
 
 class Listener:
@@ -101,7 +121,12 @@ def test_link(addr: str, port: int, token: bytes) -> LinkResult:
     trips: list[float] = []
     rates: list[float] = []
     try:
-        with socket.create_connection((addr, port), timeout=LINK_DEADLINE) as conn:
+        conn = _connect(addr, port, deadline)
+    except OSError as exc:
+        refused_by = SELF if exc.errno in _OWN_ERRORS else PEER
+        return LinkResult(None, 0.0, _why(exc), refused_by)
+    try:
+        with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _bound(conn, deadline)
             conn.sendall(token)
@@ -121,8 +146,28 @@ def test_link(addr: str, port: int, token: bytes) -> LinkResult:
                     break  # the deadline came: what moved by then is the figure
             return _result(trips, rates)
     except (OSError, EOFError) as exc:
-        why = "no answer in time" if isinstance(exc, TimeoutError) else f"{exc}"
-        return _result(trips, rates, why or type(exc).__name__)
+        return _result(trips, rates, _why(exc))
+
+
+def _connect(addr: str, port: int, deadline: float) -> socket.socket:
+    """A connection to ``addr:port`` by the deadline, tried afresh every ``CONNECT_TRY``
+    seconds (see the module's doc); raises the last attempt's error."""
+    while True:
+        began = time.monotonic()
+        try:
+            return socket.create_connection(
+                (addr, port), timeout=max(min(CONNECT_TRY, deadline - began), 0.01)
+            )
+        except OSError:
+            if time.monotonic() + 0.05 >= deadline:
+                raise
+        # An error that came at once (a reset, no route) is not retried in a tight loop
+        time.sleep(max(0.0, min(began + 0.1, deadline) - time.monotonic()))
+
+
+def _why(exc: BaseException) -> str:
+    why = "no answer in time" if isinstance(exc, TimeoutError) else f"{exc}"
+    return why or type(exc).__name__
 
 
 def _result(trips: list[float], rates: list[float], error: str = "") -> LinkResult:

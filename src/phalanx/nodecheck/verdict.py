@@ -6,6 +6,11 @@ node of the ring, and the one the node before it tested, to it): a slow or lossy
 both of its links, a neighbour of it only one. With two nodes both share one link, so a
 network fault cannot be put on either (nobody is named for it); compute and local problems
 are named from two nodes up.
+
+A link that could not connect is no figure but a refusal, and names the end that refused it
+(``link.PEER``: the node it was to; ``link.SELF``: the node it was from) whatever its other
+link did, from two nodes up: the workers connect to each other as the check does, so their
+process group would hang or fail to start.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx.check_settings import Thresholds
+from phalanx.nodecheck.link import LINK_DEADLINE, PEER, SELF
 
 
 @dataclass(frozen=True)
@@ -76,12 +82,45 @@ def judge(
         "latency_ms": _median([r.latency_ms for r in rows if r.answered]),
         "throughput": _median([r.throughput for r in rows]),
     }
+    refusals = _refusals(rows, records)
     named: list[Named] = []
     for row in rows:
         record = records.get(row.node_rank) or {}
-        lines = _lines(row, record, medians, limits, n)
+        lines = _lines(row, record, medians, limits, n) + refusals.get(row.node_rank, [])
         named += [Named(row.node_rank, row.host, row.addr, line) for line in lines]
     return Verdict(tuple(rows), medians, tuple(named))
+
+
+def _refusals(
+    rows: Sequence[Row], records: Mapping[int, Mapping[str, Any]]
+) -> dict[int, list[str]]:
+    """The lines of the links that could not connect, by the node that refused each (one
+    that did not answer the check is named for that already)."""
+    found: dict[int, list[str]] = {}
+    n = len(rows)
+    for rank, record in sorted(records.items()):
+        link = record.get("link")
+        if n < 2 or not isinstance(link, Mapping) or link.get("refused_by") not in (PEER, SELF):
+            continue
+        source, target = rows[rank], rows[(rank + 1) % n]
+        why = str(link.get("error") or "no answer")
+        if link["refused_by"] == PEER and target.answered:
+            found.setdefault(target.node_rank, []).append(
+                f"node check: {_who(target)} refused the link from {_who(source)}: no "
+                f"connection within {LINK_DEADLINE:g} s ({why}); its workers would not be "
+                "reached either (a firewall that drops connections to it?)"
+            )
+        elif link["refused_by"] == SELF:
+            found.setdefault(source.node_rank, []).append(
+                f"node check: {_who(source)} could not open the link to {_who(target)} "
+                f"({why}); its workers could not reach the others either (its firewall or "
+                "routes?)"
+            )
+    return found
+
+
+def _who(row: Row) -> str:
+    return f"node {row.node_rank} ({row.host}, {row.addr})"
 
 
 def _row(
@@ -114,7 +153,7 @@ def _lines(
     limits: Thresholds,
     n: int,
 ) -> list[str]:
-    who = f"node {row.node_rank} ({row.host}, {row.addr})"
+    who = _who(row)
     if not row.answered:
         return [f"node check: {who} did not answer the node check in time"]
     lines = [f"node check: {who}: {problem}" for problem in record.get("problems") or ()]
