@@ -1,21 +1,26 @@
 """Output faster than its log file reaches the file whole (docs/explanation/faults.md): a
 worker that writes faster than its log file is written waits on its pipe, as on a slow
 terminal; the launcher's memory stays bounded; only a file that makes no progress
-for ``STALL`` seconds is given up on, and the job goes on without it."""
+for ``STALL`` seconds is given up on, and the job goes on without it; one whose writes go
+slowly but go on is never given up, however long it takes."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
-from phalanx.supervisor.logs import STALL
+from phalanx.supervisor.logs import STALL, LogFile, finish_all
 from support.flood import long_line, numbered_lines
 from support.launch import PHALANX, wait_for, worker
 from support.tools import hang_filesystem
@@ -119,3 +124,64 @@ def test_a_log_file_stuck_under_fast_output_is_given_up_and_the_job_goes_on(
     named = sorted(line.split(" (no progress")[0].rsplit("/", 1)[1] for line in stuck)
     assert named == ["stderr.log", "stdout.log"], said  # once each: its stderr floods next
     assert "Traceback" not in said
+
+
+def _drain_slowly(fd: int, into: bytearray, every: float, done: threading.Event) -> None:
+    """Read a page from the FIFO ``fd`` (non-blocking) every ``every`` seconds until its
+    writer closes it (or ``HANG``): the slow file server the writer waits on."""
+    deadline = time.monotonic() + HANG
+    while time.monotonic() < deadline:
+        time.sleep(every)  # the slow reader itself, not a test's synchronisation
+        try:
+            page = os.read(fd, 4096)
+        except BlockingIOError:
+            continue
+        if not page:
+            break
+        into += page
+    done.set()
+
+
+def test_a_log_file_still_being_written_after_the_stall_limit_is_not_given_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real ``LogFile`` writing to a file whose every write waits in the kernel (a FIFO
+    of one page that the test reads a page from every 0.5 s, as a slow file server takes
+    it): its writes take well over ``STALL`` seconds in all but each makes progress, so the
+    file is never taken for stalled (what the pipes' reader asks while it waits on the
+    file), ``finish_all`` waits for the last byte, and nothing is said."""
+    path = tmp_path / "stdout.log"
+    os.mkfifo(path)
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    fcntl.fcntl(reader, fcntl.F_SETPIPE_SZ, 4096)
+    every = 0.5
+    pages = int(STALL / every) + 8  # about STALL + 4 s of writing
+    data = b"".join(f"{i:4095d}\n".encode() for i in range(pages))
+    received, drained = bytearray(), threading.Event()
+    drainer = threading.Thread(target=_drain_slowly, args=(reader, received, every, drained))
+    stalled: list[float] = []
+    began = time.monotonic()
+    try:
+        drainer.start()
+        with caplog.at_level(logging.WARNING, logger="phalanx"):
+            handle = LogFile(path)
+            for i in range(pages):
+                assert handle.write(data[i * 4096 : (i + 1) * 4096])
+
+            def watch() -> None:
+                while not drained.wait(every / 2):
+                    if handle.stalled():
+                        stalled.append(time.monotonic() - began)
+                        return
+
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            finish_all([handle])  # the launcher's end: closing, with most bytes still to go
+            drainer.join(HANG)
+            watcher.join(HANG)
+    finally:
+        os.close(reader)
+    assert time.monotonic() - began > STALL  # the writes did go on past the limit
+    assert stalled == [] and not handle.given_up, stalled
+    assert bytes(received) == data
+    assert [r.getMessage() for r in caplog.records] == []
