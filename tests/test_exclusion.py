@@ -15,6 +15,7 @@ from phalanx.agent.exclusion import (
     exclude,
     excluded,
     exclusion_of,
+    requeue_exclusions,
     slurm_names,
 )
 from phalanx.net import free_port
@@ -54,6 +55,16 @@ def test_under_slurm_the_slurm_name_alone_names_the_node(tmp_path: Path) -> None
     assert exclusion_of([path], NodeName("box", None, "node3")) is None
     assert json.loads(path.read_text().splitlines()[0])["slurm"] == "node2"
     assert slurm_names([path, tmp_path / "absent"]) == ["node2", "gpu-17"]
+
+
+def test_requeue_keeps_out_the_exclude_files_slurm_nodes(tmp_path: Path) -> None:
+    """``--requeue``'s list: the Slurm names of ``--exclude-file`` (none without one)."""
+    path = tmp_path / "excluded.jsonl"
+    exclude(path, NodeName("box", None, "node2"), "slow")
+    exclude(path, NodeName("box", "10.0.0.7"), "no Slurm name, an address: not a Slurm node")
+    assert requeue_exclusions(path) == ["node2"]
+    assert requeue_exclusions(None) == []
+    assert requeue_exclusions(tmp_path / "absent.jsonl") == []
 
 
 def test_node_failing_k_times_is_excluded_and_kept_out(

@@ -181,7 +181,7 @@ class Endings:
             data["recovery"] = figures
         self.write_report(data)
         if self.config.requeue and joined.node_rank == 0:
-            excluded = requeue_exclusions(self.config.exclude_file, self.run_dir)
+            excluded = requeue_exclusions(self.config.exclude_file)
             slurm.requeue(self.base_env, excluded)
         raise Preempted(signal.Signals[preemption.signal], f"preempted by {preemption.signal}")
 

@@ -122,10 +122,14 @@ def slurm_names(paths: list[Path]) -> list[str]:
     return list(names)
 
 
-def requeue_exclusions(exclude_file: Path | None, run_dir: Path) -> list[str]:
+def requeue_exclusions(exclude_file: Path | None) -> list[str]:
     """The Slurm nodes ``--requeue`` keeps out of the requeued job: those of
-    ``exclude_file`` (shared by the nodes) and of this run directory's own file."""
-    return slurm_names([p for p in (exclude_file, run_dir / FILE_NAME) if p is not None])
+    ``exclude_file`` (shared by the nodes). Not the run directory's own file: it is new
+    for each agent (``rundir.make_run_dir``) and only its agent writes it, about its own
+    node, as it leaves the job (the node check and a straggler under ``exclude``,
+    ``--exclude-after``) or as the job ends; node rank 0, the one that requeues, is then
+    gone or past its preemption, so that file never names a node here."""
+    return slurm_names([exclude_file]) if exclude_file is not None else []
 
 
 def exclusion_of(paths: list[Path], node: NodeName) -> Exclusion | None:

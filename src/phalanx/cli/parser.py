@@ -198,7 +198,7 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     switch(
         "requeue",
         "After a preemption under SLURM, node rank 0 runs 'scontrol requeue $SLURM_JOB_ID'; "
-        "nodes the exclusion files list are kept out of the requeued job (ExcNodeList).",
+        "nodes the --exclude-file lists are kept out of the requeued job (ExcNodeList).",
     )
     option(
         "shutdown-timeout",
