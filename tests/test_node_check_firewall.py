@@ -5,12 +5,15 @@ port and the replies of its own connections, so node 1 reaches node 0 but nothin
 node 1: the workers' process group would hang in its start. The link 1 -> 0 works, 0 -> 1
 cannot connect: the check names node 1 as the end that refused it, on both nodes, and
 under ``warn`` the job starts; under ``exclude`` node 1 leaves (exit 69) and node 0 goes
-on alone. Timeouts only catch hangs."""
+on alone. And a link this node's own kernel will not send (a blackhole route) is put on
+this node, not on the one it was to. Timeouts only catch hangs."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,3 +91,27 @@ def test_a_node_that_drops_inbound_connections_leaves_under_exclude(
     assert set(REFUSED.findall(nodes[1].stderr)) == {spaces.addr(1)}, nodes[1].stderr
     assert "world size 1" in nodes[0].stderr, nodes[0].stderr
     assert '"rank"' in nodes[0].stdout, nodes[0].stdout
+
+
+# The link test from inside a namespace, to an address its own routes send nowhere.
+LINK_TO = (
+    "import json, sys; from phalanx.nodecheck.link import test_link; "
+    "print(json.dumps(test_link(sys.argv[1], 9, bytes(16)).to_json()))"
+)
+
+
+def test_a_link_this_nodes_own_kernel_will_not_send_is_put_on_this_node(
+    netns: Callable[[int], NetNamespaces],
+) -> None:
+    """A blackhole route on node 0 to node 1's address: the connect fails on node 0 before a
+    packet leaves, so the link says this end refused it (``self``), not the peer."""
+    spaces = netns(2)
+    route = ["ip", "route", "add", "blackhole", f"{spaces.addr(1)}/32"]
+    subprocess.run(spaces.command(0, route), check=True, capture_output=True)
+    done = subprocess.run(
+        spaces.command(0, [sys.executable, "-c", LINK_TO, spaces.addr(1)]),
+        capture_output=True, text=True, timeout=HANG,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    link = json.loads(done.stdout)
+    assert link["refused_by"] == "self" and link["latency_ms"] is None, link
