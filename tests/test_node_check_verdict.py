@@ -144,7 +144,7 @@ PEER_LINE = (
 SELF_LINE = (
     "node check: node {of} (h{of}, 10.0.0.{of1}) could not open the link to node {to} (h{to}, "
     "10.0.0.{to1}) ([Errno 1] Operation not permitted); its workers could not reach the "
-    "others either (its firewall or routes?)"
+    "others either (its routes, or a local policy?)"
 )
 
 

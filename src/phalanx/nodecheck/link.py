@@ -14,7 +14,9 @@ A connection must first send the round's random token, so a stray client is drop
 A link that could not connect by the deadline says which end refused it (``refused_by``):
 ``PEER``, the listening end did not take it (no answer, a reset, unreachable: a firewall
 that drops its inbound connections), or ``SELF``, this node's own kernel would not send
-it (its firewall, no route). The workers connect to each other as this test does, so such
+it (no route to the peer, a blackhole route, a local policy hook). A firewall rule on this
+node's own output looks like the peer's refusal from here (a dropped SYN gets no answer, a
+rejected one a "refused"): it is put on the peer. The workers connect to each other as this test does, so such
 a link would hang or fail their process group's start. Connecting is tried afresh every
 ``CONNECT_TRY`` seconds rather than left to TCP's SYN backoff (1 s, then 2 s): a lossy
 link that loses a SYN or two still connects within the deadline, one that never answers
@@ -37,8 +39,9 @@ TRANSFERS = 3
 LINK_DEADLINE = 3.0  # seconds for one link, connect included
 CONNECT_TRY = 0.5  # seconds one connection attempt may wait for its answer
 PEER, SELF = "peer", "self"  # which end refused a link that could not connect
-# Errors this node's own kernel gives before anything is sent: its firewall drops the SYN
-# (EPERM), it has no route (ENETUNREACH; EINVAL for a blackhole route), no such address.
+# Errors this node's own kernel gives before anything is sent: no route (ENETUNREACH;
+# EINVAL for a blackhole route), no such local address, a local policy (a cgroup or LSM
+# hook: EPERM, EACCES). iptables on the output gives a timeout or ECONNREFUSED instead.
 _OWN_ERRORS = frozenset({errno.EPERM, errno.EACCES, errno.ENETUNREACH, errno.EINVAL, errno.EADDRNOTAVAIL})  # fmt: skip
 _CHUNK = 64 * 1024
 _MSG = 64

@@ -113,8 +113,8 @@ def _refusals(
         elif link["refused_by"] == SELF:
             found.setdefault(source.node_rank, []).append(
                 f"node check: {_who(source)} could not open the link to {_who(target)} "
-                f"({why}); its workers could not reach the others either (its firewall or "
-                "routes?)"
+                f"({why}); its workers could not reach the others either (its routes, or a "
+                "local policy?)"
             )
     return found
 
