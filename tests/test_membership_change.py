@@ -27,10 +27,12 @@ import pytest
 
 from phalanx.events.log import read_events
 from phalanx.net import free_port
+from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import wait_for, worker
 from support.linkfaults import deaf_to_closes
 from support.netns import NetNamespaces
+from support.tools import needs_etcd
 
 HANG = 120.0
 FLAP = 4.0  # the link's time down, as the issue found it
@@ -190,12 +192,46 @@ def test_the_lost_node_is_the_root_cause(
         if how == "frozen":
             os.kill(victim.proc.pid, signal.SIGCONT)
     assert code == 1, survivor.stderr
+    cause = _named_as_the_cause(survivor, net.addr(1))
+    print(f"{how}: root cause {cause['reason']!r}")
+
+
+def _named_as_the_cause(survivor: Node, addr: str) -> dict[str, Any]:
+    """The survivor's report names the lost node (at ``addr``) as the root cause, and its
+    event log has a ``node_lost`` event for it; returns the root cause."""
     report = json.loads(_run_file(survivor, "report.json").read_text())
-    cause = report["root_cause"]
+    cause: dict[str, Any] = report["root_cause"]
     assert report["kind"] == "node_lost", (report, survivor.stderr)
     assert cause["kind"] == "node_lost" and not cause["peer_error"], cause
-    assert f"{net.addr(1)}, node id " in report["reason"], report["reason"]
+    assert f"{addr}, node id " in report["reason"], report["reason"]
     (lost,) = _events(survivor, "node_lost")
-    assert lost["addr"] == net.addr(1) and lost["lost_node"] == cause["node_rank"], lost
+    assert lost["addr"] == addr and lost["lost_node"] == cause["node_rank"], lost
     assert lost["node_id"] and lost["node_id"] in report["reason"], (lost, report["reason"])
-    print(f"{how}: root cause {cause['reason']!r}")
+    return cause
+
+
+@needs_etcd
+def test_the_lost_node_is_the_root_cause_on_etcd(nodes: list[Node], tmp_path: Path) -> None:
+    """The same on etcd (the watcher's verdict is the same code): node 1's agent SIGKILLed,
+    lease_ttl 30, so only its guardian's last word tells in time."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    conf = (
+        "lease_ttl=30,request_timeout=4,heartbeat_interval=0.5,heartbeat_timeout=8,"
+        "last_call_timeout=1,join_timeout=60,exit_barrier_timeout=30"
+    )
+    with EtcdCluster(size=1) as etcd:
+        for i in (0, 1):
+            args = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "0",
+                    "--rdzv-backend", "etcd", "--rdzv-id", "members-etcd",
+                    "--rdzv-endpoint", etcd.endpoints[0].removeprefix("http://"),
+                    "--rdzv-conf", conf, worker("lossy_steps.py"), str(shared)]  # fmt: skip
+            nodes.append(Node(Loopback(), i, args, tmp_path, f"n{i}"))
+            if i == 0:  # node 0 first, so that it gets node rank 0
+                wait_for(lambda: "rendezvous" in nodes[0].stderr, HANG, "node 0 to reach etcd")
+        wait_for(_marked(nodes, shared, "steps", 0), HANG, "both ranks to step")
+        survivor, victim = nodes
+        _kill(victim)
+        assert survivor.finish(HANG) == 1, survivor.stderr
+    cause = _named_as_the_cause(survivor, "127.0.0.1")
+    print(f"etcd: root cause {cause['reason']!r}")
