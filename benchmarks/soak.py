@@ -7,7 +7,9 @@ trainer (``soak_trainer.py``), and one fault every ``--every`` seconds drawn fro
 (each kind once before any repeats): worker SIGKILL, worker exception, worker hang (the stall
 timeout), agent SIGKILL, node cut off (link down, then up), node frozen (SIGSTOP of its
 agent and workers, then SIGCONT), an etcd member killed and restarted, a full log disk on one
-node (a filler file fills its tmpfs, then goes). An agent that exits while the job is not
+node (a filler file fills its tmpfs, then goes), a link flap (a node's link down 4 s, up 1 s,
+three times: it loses the store and comes back as a new member, each time before its heartbeat
+runs out). An agent that exits while the job is not
 done is started again on its node (it rejoins as a spare). Writes ``report.json`` and
 ``timeline.html`` to ``--out`` and prints a table; exit 1 when an invariant fails.
 """
@@ -39,12 +41,13 @@ from support.launch import remove_job_cgroups  # noqa: E402
 from support.netns import NetNamespaces  # noqa: E402
 
 KINDS = ("worker_kill", "worker_exception", "worker_hang", "agent_kill", "node_cut",
-         "node_freeze", "etcd_member", "log_disk_full")  # fmt: skip
+         "node_freeze", "etcd_member", "log_disk_full", "link_flap")  # fmt: skip
 CONF = ("heartbeat_interval=0.5,heartbeat_timeout=6,last_call_timeout=1,join_timeout=300,"
         "exit_barrier_timeout=30")  # fmt: skip
 # etcd's own keys (a c10d agent refuses them: the c10d variant had never started)
 ETCD_CONF = "lease_ttl=4,request_timeout=3"
 HOLD = 10.0  # how long a cut, a freeze, a dead etcd member or a full disk lasts
+FLAPS, FLAP_DOWN, FLAP_UP = 3, 4.0, 1.0  # a link flap: down 4 s, up 1 s, three times
 STALL = 8  # --stall-timeout
 
 
@@ -197,6 +200,7 @@ class Soak:
             "node_cut",
             "node_freeze",
             "log_disk_full",
+            "link_flap",
         ):
             if not eligible:
                 record["skipped"] = "no worker running"
@@ -230,6 +234,12 @@ class Soak:
             self.etcd.stop_member(k)
             self._hold()
             self.etcd.restart_member(k)
+        elif kind == "link_flap":
+            for _ in range(FLAPS):
+                self.spaces.cut(n)
+                time.sleep(FLAP_DOWN)  # the fault's shape, not a wait for a condition
+                self.spaces.heal(n)
+                time.sleep(FLAP_UP)
         elif kind == "log_disk_full":
             filler = self.out / f"disk{n}" / "filler"
             subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M"], capture_output=True)

@@ -22,3 +22,14 @@ def rate_limit(spaces: NetNamespaces, i: int, rate: str) -> None:
     argv = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate,
             "burst", "16kb", "latency", "200ms"]  # fmt: skip
     subprocess.run(spaces.command(i, argv), check=True, capture_output=True)
+
+
+def deaf_to_closes(spaces: NetNamespaces, i: int, peer: str, *, on: bool) -> None:
+    """Node i hears no FIN and no RST from ``peer`` (or again, ``on=False``): a peer's
+    sockets that close say nothing, as after a link flap that lost them (TCP sends them
+    again only on its backoff: tens of seconds later) or on a transport with no close to
+    hear (NCCL over InfiniBand). Whatever else ``peer`` sends still arrives."""
+    for flags in ("FIN", "RST"):
+        match = ["-s", peer, "-p", "tcp", "--tcp-flags", flags, flags, "-j", "DROP"]
+        argv = ["iptables", "-I" if on else "-D", "INPUT", "-i", "eth0", *match]
+        subprocess.run(spaces.command(i, argv), check=True, capture_output=True)

@@ -12,7 +12,7 @@ from phalanx.agent.sofar import SoFar
 from phalanx.errors import Interrupted, PhalanxError, Preempted, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
-from phalanx.report.exits import report_json
+from phalanx.report.exits import report_json, root_cause
 from phalanx.supervisor.exits import WorkerExit
 
 log = logging.getLogger("phalanx")
@@ -25,6 +25,7 @@ class Between:
     def __init__(self, ends: Endings) -> None:
         self.ends = ends
         self.tally = ends.tally
+        self.said_lost: set[str] = set()  # node ids of the nodes ``_say_lost`` told of
 
     def keep_failure(
         self,
@@ -36,9 +37,12 @@ class Between:
         """Keep the failed round's report material, read now while the store is there: the
         job may end before the next round forms (a node lost meanwhile, the store with it)."""
         try:
-            records = self.ends.round_records(joined, waiting_for_hangs=False)
+            records = self.ends.round_records(
+                joined, waiting_for_hangs=False, explain=root_cause(exits)
+            )
         except RendezvousError:
             records = []
+        self._say_lost(joined, records, event)
         if (
             event is not None
             and event.kind is EventKind.PEER_FAILED
@@ -50,6 +54,29 @@ class Between:
             if all(r.get("node_rank") != node for r in records):
                 records.append({**event.failure, "node_rank": node, "round": joined.round})
         self.tally.failure = SoFar(joined, exits, event, hang, records)
+
+    def _say_lost(
+        self, joined: RendezvousResult, records: list[dict[str, object]], event: JobEvent | None
+    ) -> None:
+        """A ``node_lost`` event in this node's log for each node found gone from the round
+        (from its record, or the event that stopped the round), once per node."""
+        found = [r for r in records if r.get("kind") == "node_lost"]
+        if event is not None and event.kind is EventKind.NODE_LOST and event.failure:
+            found.append(event.failure)
+        for record in found:
+            node_id = record.get("node_id")
+            if node_id in self.said_lost:
+                continue
+            self.said_lost.add(str(node_id))
+            self.ends.events.emit(
+                "node_lost",
+                round=joined.round,
+                lost_node=record.get("node_rank"),
+                lost_host=record.get("hostname"),
+                addr=record.get("addr"),
+                node_id=node_id,
+                reason=record.get("reason"),
+            )
 
     def stopped_waiting(self, exc: Interrupted, where: str) -> NoReturn:
         """Asked to stop (``exc``) while waiting for a round or a verdict: tell the others,

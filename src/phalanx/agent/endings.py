@@ -36,8 +36,10 @@ from phalanx.rendezvous.api import (
     RendezvousResult,
     RoundVerdict,
 )
+from phalanx.rendezvous.settings import settings_problems
 from phalanx.report import job as jobreport
 from phalanx.report.exits import root_cause
+from phalanx.report.job import record_exits
 from phalanx.report.oom import OomProbe
 from phalanx.report.recovery import summary_lines
 from phalanx.supervisor.exits import WorkerExit
@@ -241,7 +243,7 @@ class Endings:
             known = self.rdzv.poll()  # what is known of the store by now (after a fence)
             event = known if known is not None and known.kind is EventKind.STORE_LOST else event
         if records is None:
-            records = self.records_or_kept(joined, hang is not None)
+            records = self.records_or_kept(joined, hang is not None, root_cause(exits))
         lost = None
         if event is not None and event.kind is EventKind.NODE_LOST:
             lost = jobreport.lost_node(event, joined, describe_event(event))
@@ -294,23 +296,34 @@ class Endings:
         return summary_lines(figures), figures.to_json() if figures.incidents else None
 
     def records_or_kept(
-        self, joined: RendezvousResult, waiting_for_hangs: bool
+        self, joined: RendezvousResult, waiting_for_hangs: bool, explain: WorkerExit | None = None
     ) -> list[dict[str, object]]:
         """The other nodes' records of this round; those kept from before when the store
-        cannot be read any more."""
+        cannot be read any more (``explain``: see ``round_records``)."""
         try:
-            return self.round_records(joined, waiting_for_hangs=waiting_for_hangs)
+            return self.round_records(joined, waiting_for_hangs=waiting_for_hangs, explain=explain)
         except RendezvousError:
             kept = self.tally.failure
             return kept.records if kept is not None and kept.joined.round == joined.round else []
 
     def round_records(
-        self, joined: RendezvousResult, *, waiting_for_hangs: bool
+        self,
+        joined: RendezvousResult,
+        *,
+        waiting_for_hangs: bool,
+        explain: WorkerExit | None = None,
     ) -> list[dict[str, object]]:
         """The other nodes' failure records of this round. After a hang, wait (bounded) until
-        every node has posted where its ranks were."""
-        # After a hang: as long as a peer's dump can take (``PEER_DUMP_WAIT``).
-        deadline = time.monotonic() + (PEER_DUMP_WAIT if waiting_for_hangs else 0.0)
+        every node has posted where its ranks were. ``explain``: this node's root cause; when
+        its own evidence says a peer went away (``peer_error``), wait (bounded: a few
+        heartbeats, ``cause_wait``) for the record of what did -- a peer's failure, or a
+        node found lost or dead, whose record its watcher posts within a heartbeat or so
+        of its guardian's last word -- so the report does not blame the rank that saw it."""
+        now = time.monotonic()
+        hangs_until = now + (PEER_DUMP_WAIT if waiting_for_hangs else 0.0)
+        cause_until = now + (
+            self.cause_wait() if explain is not None and explain.peer_error else 0.0
+        )
         while True:
             records = [
                 r
@@ -318,7 +331,17 @@ class Endings:
                 if r.get("round") == joined.round and r.get("node_rank") != joined.node_rank
             ]
             posted = {r.get("node_rank") for r in records if "hang" in r}
-            done = len(posted) >= joined.num_nodes - 1 or time.monotonic() >= deadline
-            if done or self.signals.pending() is not None:  # Ctrl-C: report what is here
+            now = time.monotonic()
+            hangs = len(posted) >= joined.num_nodes - 1 or now >= hangs_until
+            cause = now >= cause_until or any(not e.peer_error for e in record_exits(records))
+            if (hangs and cause) or self.signals.pending() is not None:  # Ctrl-C: report now
                 return records
             time.sleep(0.2)
+
+    def cause_wait(self) -> float:
+        """How long a peer error waits for the record of its cause: the watcher of a node
+        whose agent died judges it once per ``heartbeat_interval``, after its guardian had
+        the time to say so."""
+        conf = self.config.rdzv_conf_dict
+        settings, _ = settings_problems(conf, self.config.rdzv_backend, conf.keys())
+        return 4 * settings.heartbeat_interval + 2.0

@@ -34,6 +34,7 @@ from phalanx.rendezvous.api import (
     RoundVerdict,
 )
 from phalanx.report.exits import root_cause
+from phalanx.report.job import record_exits
 from phalanx.report.oom import OomProbe
 from phalanx.status import StatusService
 from phalanx.supervisor.exits import WorkerExit
@@ -245,7 +246,7 @@ class Rounds:
         records of the round known now (``_keep_failure``), so a node whose ranks failed only
         because a peer's did names the peer's rank and node; else the event that stopped it."""
         records = self.tally.failure.records if self.tally.failure is not None else []
-        peers = [WorkerExit.from_json(r) for r in records if "returncode" in r and "rank" in r]
+        peers = record_exits(records)
         job = root_cause([*peers, *([cause] if cause is not None else [])])
         if job is not None and job is not cause:
             return replace(AttemptFailure.of_cause(job, None, None), local=False)

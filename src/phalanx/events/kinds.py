@@ -54,6 +54,12 @@ KINDS: dict[str, tuple[str, ...]] = {
         "round", "attempt", "rank", "failed_node", "failure_kind", "reason", "exit_code", "local",
         "failed_at", "detected_at",
     ),
+    # A node found gone from the round (its heartbeat ran out, its guardian said its agent
+    # died, or it lost the rendezvous store and came back as a new member): its node rank in
+    # that round, host, address and node id, and the reason as the report gives it. Said once
+    # per node by every node that learns of it; that node is the round's root cause ahead of
+    # any rank that failed only because a peer went away.
+    "node_lost": ("round", "lost_node", "lost_host", "addr", "node_id", "reason"),
     # Every worker of the failed attempt on this node has exited (``seconds``: since the
     # failure was detected here).
     "stopped": ("round", "attempt", "seconds"),

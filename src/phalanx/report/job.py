@@ -6,7 +6,11 @@ is collateral.
 Failure records in the store are ``WorkerExit.to_json()`` (with ``kind`` and ``reason``),
 plus ``"hang"`` (that node's ``HangAnalysis``) for a hang. A node that only dumped its
 ranks because a peer found a hang posts ``{"hang": ...}`` alone, so the job-wide analysis
-can place every rank. A lost node has no record: the report makes one from the event.
+can place every rank. A node found gone from the round (lost, dead, or back as a new member
+after losing the store) has a record of its own, ``{"kind": "node_lost", ...}``, posted by
+whoever noticed (``phalanx.rendezvous.dynamic.lost``); ``record_exits`` reads it as a failure
+of kind ``node_lost``, which comes before any rank that failed with a peer error. Where that
+record was not read, the ``NODE_LOST`` event that stopped the round stands in for it.
 """
 
 from __future__ import annotations
@@ -80,29 +84,66 @@ def blame_hang(
     return marked
 
 
+def _lost_exit(
+    first: int, count: int, host: str, node_rank: int, reason: str, when: float, seq: int = 0
+) -> WorkerExit:
+    ranks = f"rank {first}" if count == 1 else f"ranks {first}-{first + count - 1}"
+    return WorkerExit(
+        rank=first,
+        local_rank=0,
+        host=host,
+        pid=0,
+        returncode=0,
+        time=when,
+        stopped_by_launcher=False,
+        label=f"node{node_rank}",
+        node_rank=node_rank,
+        kind="node_lost",
+        reason=f"{reason}; its {ranks} went with it",
+        seq=seq,
+    )
+
+
+def lost_exit(record: Mapping[str, object]) -> WorkerExit | None:
+    """The failure of a node found gone from its round, from the record the rendezvous
+    posted for it (``phalanx.rendezvous.dynamic.lost``); None for any other record."""
+    if record.get("kind") != "node_lost":
+        return None
+    first, count = record.get("first_rank"), record.get("local_world_size")
+    rank, seq, when = record.get("node_rank"), record.get("seq"), record.get("time")
+    if not (isinstance(first, int) and isinstance(count, int) and isinstance(rank, int)):
+        return None
+    return _lost_exit(
+        first, count, str(record.get("hostname", "?")), rank, str(record.get("reason", "")),
+        float(when) if isinstance(when, (int, float)) else time.time(),
+        seq if isinstance(seq, int) else 0,
+    )  # fmt: skip
+
+
+def record_exits(records: Sequence[Mapping[str, object]]) -> list[WorkerExit]:
+    """The failures among the nodes' records of a round: workers' exits, and nodes found
+    gone from it (``lost_exit``); records of a hang's whereabouts alone are left out."""
+    found = []
+    for r in records:
+        if "returncode" in r and "rank" in r:
+            found.append(WorkerExit.from_json(r))
+        elif (lost := lost_exit(r)) is not None:
+            found.append(lost)
+    return found
+
+
 def lost_node(event: JobEvent, joined: RendezvousResult, describe: str) -> WorkerExit | None:
-    """The failure record of a node that stopped heartbeating (None if it is not in the round)."""
+    """The failure of the node ``event`` (``NODE_LOST``) is about: from the record it
+    carries, else from the round's membership (None if the node is not in the round)."""
+    carried = lost_exit(event.failure)
+    if carried is not None:
+        return carried
     node = next((n for n in joined.nodes if n.node_rank == event.node_rank), None)
     if node is None:
         return None
     first = sum(n.local_world_size for n in joined.nodes if n.node_rank < node.node_rank)
-    ranks = (
-        f"rank {first}"
-        if node.local_world_size == 1
-        else (f"ranks {first}-{first + node.local_world_size - 1}")
-    )
-    return WorkerExit(
-        rank=first,
-        local_rank=0,
-        host=node.hostname,
-        pid=0,
-        returncode=0,
-        time=time.time(),
-        stopped_by_launcher=False,
-        label=f"node{node.node_rank}",
-        node_rank=node.node_rank,
-        kind="node_lost",
-        reason=f"{describe}; its {ranks} went with it",
+    return _lost_exit(
+        first, node.local_world_size, node.hostname, node.node_rank, describe, time.time()
     )
 
 
@@ -124,9 +165,7 @@ def build(
     extra: Mapping[str, object],
 ) -> JobReport:
     """One report from this node's exits and the other nodes' records of the same round."""
-    every = list(local) + [
-        WorkerExit.from_json(r) for r in records if "returncode" in r and "rank" in r
-    ]
+    every = list(local) + record_exits(records)
     analyses = []
     for record in records:
         posted = record.get("hang")
@@ -138,9 +177,18 @@ def build(
     cause = root_cause(every)
     if job_hang is not None and cause is not None and cause.kind == "hang":
         every = blame_hang(every, job_hang, cause.time, cause.seq)
-    if root_cause(every) is None and lost is not None:
-        every.append(lost)
+    known = root_cause(every)
+    if (
+        lost is not None
+        and (known is None or known.peer_error)
+        and all(e.kind != "node_lost" or e.node_rank != lost.node_rank for e in every)
+    ):
+        every.append(lost)  # (its record was not read: posted late, or the store went)
+    # A node found gone from the round is the cause ahead of any rank that failed only
+    # because a peer went away (``causal_order``: peer errors last).
     cause = root_cause(every)
+    if cause is not None and cause.kind == "node_lost" and not reason:
+        reason = cause.reason
     details = job_hang.summary() if job_hang is not None and cause and cause.kind == "hang" else []
     text = format_report(every, attempts, reason=reason if cause is None else "", details=details)
     data = report_json(

@@ -60,6 +60,7 @@ from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.judge import judge
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
+from phalanx.rendezvous.dynamic.lost import tell_rejoining
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.nodefence import fence_for
 from phalanx.rendezvous.dynamic.stopping import (
@@ -182,8 +183,10 @@ class DynamicRendezvous:
         on etcd, where the node's lease expired with it (its keys with the lease)."""
         if self._closed or isinstance(self._store, RenewingStore):
             return False
-        if self._liveness.store_problem() is None:
+        why = self._liveness.store_problem()
+        if why is None:
             return False  # not lost: nothing to come back from
+        gone = time.time() - (time.monotonic() - self._liveness.last_answer())  # (wall clock)
         self._liveness.stop()
         until = time.monotonic() + self._settings.close_timeout
         while True:
@@ -196,6 +199,9 @@ class DynamicRendezvous:
                 time.sleep(self._settings.heartbeat_interval)
         if self._fence is not None:
             self._fence.rearm()
+        if self._membership is not None and self._rank is not None:
+            # Before waiting in the next round: the old round's members stop at once.
+            tell_rejoining(self._board, self._membership, self._rank, why, gone)
         prior = self._membership, self._rank
         self._wire(self._board.keys.run_id, uuid.uuid4().hex)
         # As a member of the last round coming back: it opens the next round and joins it

@@ -48,10 +48,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.rendezvous.api import JobEvent
 from phalanx.rendezvous.dynamic.beat import Beater
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.health import StoreHealth, call_bound
+from phalanx.rendezvous.dynamic.lost import tell_lost
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.dynamic.pulse import Counters, Verdict, pulse_for
 from phalanx.rendezvous.fencing import Fence
@@ -206,6 +207,11 @@ class Liveness:
         if self._thread is None:
             return fenced
         return self._health.problem(fenced)
+
+    def last_answer(self) -> float:
+        """When (``clock``) the store last answered this node's threads: where a lost store
+        began to be lost."""
+        return self._health.last_ok()
 
     def fenced(self) -> bool:
         """Whether this node fenced itself (then no store call is worth its timeout)."""
@@ -372,11 +378,7 @@ class Liveness:
 
     def _declare_lost(self, view: _View, rank: int, why: str) -> None:
         members = view.membership
-        node = members.nodes[rank]
         self._declared.add(members.node_ids[rank])
         if not self._b.settle(members.round, rank, members.count, "lost"):
             return  # it had rejoined or left, or another watcher was first
-        detail = f"node {rank} ({node.hostname}, {node.addr}) {why}"
-        log.warning("rendezvous: %s", detail)
-        event = JobEvent(EventKind.NODE_LOST, rank, detail)
-        self._b.post_event(members.round, event, about=members.node_ids[rank])
+        log.warning("rendezvous: %s", tell_lost(self._b, members, rank, why))
