@@ -19,7 +19,9 @@ from phalanx.cli.usage import SUBCOMMAND_NAMES
 from support.launch import PHALANX
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = re.compile(r'(?P<page>(?:docs/)?[\w./-]+\.md)(?:#(?P<anchor>[\w-]+)|,? "(?P<section>[^"]+)")?')
+PAGE = re.compile(
+    r'(?P<page>(?:docs/)?[\w./-]+\.md)(?:#(?P<anchor>[\w-]+)|,? "(?P<section>[^"]+)")?'
+)
 README = re.compile(r'README(?:\'s|,)? "(?P<section>[^"]+)"')
 
 
