@@ -279,11 +279,11 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     )
     switch(
         "allow-per-node-args",
-        "Multi-node: the script's arguments differ between nodes on purpose. Without it the "
-        "nodes compare their arguments too (as a hash): a node whose arguments differ from "
-        "the running job's is refused before it joins (exit 2), so two unrelated launches "
-        "with the same --rdzv-id never merge. Give it on every node. torchrun has no such "
-        "check.",
+        "Accepted and does nothing (kept for command lines written for earlier phalanx "
+        "versions): script arguments may differ between nodes, as under torchrun; each round "
+        "whose nodes differ in them names the arguments in one line and a "
+        "script_args_differ event. The code, the files they name and the versions are "
+        "still compared (--allow-mismatch).",
     )
     option(
         "metrics-port",
