@@ -1,11 +1,14 @@
 """torchrun's classic static form on two real agents (loopback), where its ports trip a user
 (issue 42): two nodes that both take ``--node-rank 0`` (given, or torchrun's default when
-the flag is left out) are told what to change, in one line, exit 2; and ``--worker-port``
+the flag is left out) are told what to change, in one line, exit 2; ``--worker-port``
 gives the workers a known ``MASTER_PORT`` in every round, where phalanx otherwise picks a
-free one (its node 0 holds ``--master-port`` for the agents' store; see from-torchrun.md)."""
+free one (its node 0 holds ``--master-port`` for the agents' store; see from-torchrun.md);
+and nodes given script arguments of their own run, the difference said once across a
+restart (the rest of that check: ``test_multinode_consistency``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -138,3 +141,30 @@ def test_worker_port_cannot_be_the_static_stores_port(tmp_path: Path) -> None:
     assert f"--worker-port {port}: node 0's rendezvous store holds --master-port {port}" in (
         done.stderr
     )
+
+
+def test_per_node_arguments_are_said_once_while_they_hold_across_a_restart(
+    agents: Agents, tmp_path: Path
+) -> None:
+    """Each node its own ``--tag`` (torchrun runs that): the job runs, restarts once (rank 1
+    fails its first attempt), and each node says which argument differs once, not per round."""
+    port = free_port()
+    out = tmp_path / "out"
+    out.mkdir()
+    procs = [
+        agents.start(f"n{rank}", *_static(port, "--node-rank", str(rank)), "--max-restarts",
+                     "1", worker("port_rounds.py"), str(out), "--tag", f"node{rank}")
+        for rank in (0, 1)
+    ]  # fmt: skip
+    for rank, proc in enumerate(procs):
+        _, err = proc.communicate(timeout=HANG)
+        assert proc.returncode == 0, err
+        said = [line for line in err.splitlines() if "script arguments differ" in line]
+        assert said == [
+            "phalanx: round 0: script arguments differ between the nodes; each runs with its "
+            "own, as under torchrun: --tag: node0 (node 0), node1 (node 1)"
+        ], err
+        (log,) = (tmp_path / f"n{rank}.logs").rglob("events.jsonl")
+        kinds = [json.loads(line)["kind"] for line in log.read_text().splitlines()]
+        assert kinds.count("rdzv_done") == 2 and kinds.count("script_args_differ") == 1, kinds
+    assert sorted(p.name for p in out.glob("sum_*")) == ["sum_0_1", "sum_1_1"]
