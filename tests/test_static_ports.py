@@ -78,9 +78,10 @@ def test_a_second_node_0_is_told_to_give_each_node_its_own_rank(
     """The second agent of a static job that also takes node rank 0 finds the port in use:
     one line says what to change, exit 2, no traceback; the first one waits on, unharmed."""
     port = free_port()
-    first = agents.start("a", *_static(port, "--node-rank", "0"), worker("hold_until_go.py"), str(tmp_path))  # fmt: skip
+    hold = [worker("hold_until_go.py"), str(tmp_path)]
+    first = agents.start("a", *_static(port, "--node-rank", "0"), *hold)
     wait_for(lambda: _listening(port, first), HANG, "node 0's store")
-    other = agents.start("b", *_static(port, *second), worker("hold_until_go.py"), str(tmp_path))
+    other = agents.start("b", *_static(port, *second), *hold)
     _, err = other.communicate(timeout=HANG)
     assert other.returncode == 2, err
     assert "Traceback" not in err, err

@@ -43,27 +43,32 @@ def args_difference(
     rendezvous that carries none (one node) has nothing to compare."""
     if not prints:
         return None
-    pairs = [
-        (node, fp) for node, fp in zip(nodes, prints, strict=True) if fp.get(ARGS, PER_NODE) != PER_NODE
-    ]  # fmt: skip
+    published = zip(nodes, prints, strict=True)
+    pairs = sorted(
+        ((node, fp) for node, fp in published if fp.get(ARGS, PER_NODE) != PER_NODE),
+        key=lambda pair: pair[0].node_rank,
+    )
     if len({fp[ARGS] for _, fp in pairs}) < 2:
         return None
-    pairs.sort(key=lambda pair: pair[0].node_rank)
-    lists = [node_args(fp) for _, fp in pairs]
     ranks = [node.node_rank for node, _ in pairs]
+    lists = [node_args(fp) for _, fp in pairs]
+    # Each node's arguments as the event and the line show them: the hash where no list.
+    shown: list[list[str] | str] = [
+        fp[ARGS] if args is None else args for (_, fp), args in zip(pairs, lists, strict=True)
+    ]
     known = [args for args in lists if args is not None]
     if len(known) == len(lists) and len({len(args) for args in known}) == 1:
         what = _by_position(known, ranks)
     else:
-        what = _by_node([fp[ARGS] if args is None else shlex.join(args) for (_, fp), args in zip(pairs, lists, strict=True)], ranks)  # fmt: skip
+        what = _grouped([f"[{a if isinstance(a, str) else shlex.join(a)}]" for a in shown], ranks)
     line = (
-        f"round {round_}: script arguments differ between the nodes; each runs with its own, as "
-        f"under torchrun: {what}"
+        f"round {round_}: script arguments differ between the nodes; each runs with its own, "
+        f"as under torchrun: {what}"
     )
     events = [
-        {"node": node.node_rank, "host": node.hostname, "args": fp[ARGS] if args is None else args}
-        for (node, fp), args in zip(pairs, lists, strict=True)
-    ]  # fmt: skip
+        {"node": node.node_rank, "host": node.hostname, "args": args}
+        for (node, _), args in zip(pairs, shown, strict=True)
+    ]
     return ArgsDifference(line, what, events)
 
 
@@ -75,14 +80,10 @@ def _by_position(lists: list[list[str]], ranks: list[int]) -> str:
         if len(set(values)) < 2:
             continue
         before = {args[i - 1] for args in lists} if i else set()
-        flag = next(iter(before)) if len(before) == 1 and next(iter(before)).startswith("-") else ""
-        label = flag or f"argument {i + 1}"
+        flag = before.pop() if len(before) == 1 else ""
+        label = flag if flag.startswith("-") else f"argument {i + 1}"
         parts.append(f"{label}: {_grouped([shlex.quote(v) for v in values], ranks)}")
     return "; ".join(parts)
-
-
-def _by_node(shown: list[str], ranks: list[int]) -> str:
-    return _grouped([f"[{text}]" for text in shown], ranks)
 
 
 def _grouped(values: list[str], ranks: list[int]) -> str:

@@ -1,15 +1,15 @@
 """``--rdzv-backend static``: node ranks given (``--node-rank``), ``--nnodes N`` fixed.
 
-Node 0's agent hosts the coordination store (the agent store, ``stores.agentstore``: the
-job's token proved both ways on every connection) at ``--master-addr:--master-port``,
-listening on that address only; the others connect (retrying until ``join_timeout``). The
-workers cannot use that port, which the agents' store keeps while the job runs (torchrun's
-workers share its agent's ``TCPStore`` there; phalanx's agent never imports torch): node 0
-picks a free port for them every round, or ``--worker-port`` one for every round. A node
-that takes node rank 0 while another node is node 0 (the default ``--node-rank``) cannot
-listen here: a usage error saying what to change. It is the dynamic handler with ``min = max = N`` and
-fixed ranks, so a failure on any node reaches every node and restarts are job-wide --
-torchrun's static backend restarts only the failed node.
+Node 0's agent hosts the coordination store (the agent store, ``stores.agentstore``: the job's
+token proved both ways on every connection) at ``--master-addr:--master-port``, listening on
+that address only; the others connect (retrying until ``join_timeout``). The workers cannot use
+that port, which the agents' store keeps while the job runs (torchrun's workers share its
+agent's ``TCPStore`` there; phalanx's agent never imports torch): node 0 picks a free port for
+them every round, or ``--worker-port`` one for every round. A node that takes node rank 0 while
+another node is node 0 (the default ``--node-rank``) cannot listen here: a usage error saying
+what to change. It is the dynamic handler with ``min = max = N`` and fixed ranks, so a failure
+on any node reaches every node and restarts are job-wide -- torchrun's static backend restarts
+only the failed node.
 """
 
 from __future__ import annotations
