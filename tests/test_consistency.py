@@ -14,7 +14,8 @@ import pytest
 
 from phalanx.consistency import fingerprint as fpmod
 from phalanx.consistency.compare import differing_fields, mismatch_table
-from phalanx.consistency.fingerprint import Target, file_hash, node_fingerprint
+from phalanx.consistency.fingerprint import Target, args_field, file_hash, node_fingerprint
+from phalanx.consistency.perargs import args_difference
 from phalanx.rendezvous.api import NodeInfo
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from support.memcluster import Cluster, form
@@ -91,6 +92,57 @@ def test_many_nodes_show_only_the_ones_that_differ() -> None:
     rows = table.splitlines()[2:-2]
     assert [r.split()[:2] for r in rows] == [["17", "h17"]]
     assert "and 39 more node(s)" in table
+
+
+def test_script_arguments_are_no_difference_and_the_line_names_the_ones_that_differ() -> None:
+    a = {**BASE, "args": args_field(["--tag", "nodeA", "--lr", "0.1"])}
+    b = {**BASE, "args": args_field(["--tag", "nodeB", "--lr", "0.1"])}
+    assert differing_fields([a, b]) == [] and mismatch_table(NODES, [a, b], "") is None
+    differ = args_difference(NODES, [a, b], 3)
+    assert differ is not None
+    assert differ.line == (
+        "round 3: script arguments differ between the nodes; each runs with its own, as "
+        "under torchrun: --tag: nodeA (node 0), nodeB (node 1)"
+    )
+    assert differ.nodes == [
+        {"node": 0, "host": "alpha", "args": ["--tag", "nodeA", "--lr", "0.1"]},
+        {"node": 1, "host": "beta", "args": ["--tag", "nodeB", "--lr", "0.1"]},
+    ]
+    assert args_difference(NODES, [a, dict(a)], 0) is None
+    spawned = {**BASE, "args": "per-node"}  # phalanx.spawn: the node rank, by design
+    assert args_difference(NODES, [spawned, spawned], 0) is None
+
+
+def test_arguments_of_other_lengths_or_too_long_to_publish_are_named_by_node() -> None:
+    long = ["x" * 2000]
+    assert args_field(long).startswith("1 args ")  # its hash: never kilobytes in the store
+    a = {**BASE, "args": args_field(["a"])}
+    b = {**BASE, "args": args_field(["a", "b c"])}
+    c = {**BASE, "args": args_field(long)}
+    nodes = [*NODES, NodeInfo(2, "gamma", "10.0.0.3", 1)]
+    differ = args_difference(nodes, [a, b, c], 0)
+    assert differ is not None
+    assert differ.line.endswith(f": [a] (node 0), [a 'b c'] (node 1), [{c['args']}] (node 2)")
+    many = [NodeInfo(r, f"h{r}", "a", 1) for r in range(40)]
+    tags = [{**BASE, "args": args_field(["--tag", f"t{r % 2}"])} for r in range(40)]
+    differ = args_difference(many, tags, 0)
+    assert differ is not None
+    assert differ.line.endswith(
+        "--tag: t0 (node 0, 2, 4, 6, 8, 10, 12, 14 and 12 more), "
+        "t1 (node 1, 3, 5, 7, 9, 11, 13, 15 and 12 more)"
+    )
+
+
+def test_a_file_only_some_nodes_arguments_name_is_compared_among_those_only() -> None:
+    """A per-node output name whose file the last run left on its node is no difference; a
+    file two nodes both name still is, and so is one a node names but lacks."""
+    left = {**BASE, "args": args_field(["--out", "a.json"]), "file a.json": "1111"}
+    other = {**BASE, "args": args_field(["--out", "b.json"])}
+    assert differing_fields([left, other]) == []
+    lacking = {**BASE, "args": args_field(["--out", "a.json"])}
+    assert differing_fields([left, lacking]) == ["file a.json"]
+    changed = {**left, "file a.json": "2222"}
+    assert differing_fields([left, changed]) == ["file a.json"]
 
 
 def test_fingerprint_hashes_the_script_and_the_files_its_arguments_name(tmp_path: Path) -> None:

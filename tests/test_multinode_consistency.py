@@ -5,6 +5,7 @@ the field), or warn and run with --allow-mismatch."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -53,8 +54,10 @@ def start(
     checkouts: list[Path],
     *extra: str,
     env: list[dict[str, str]] | None = None,
+    tails: list[list[str]] | None = None,
 ) -> Path:
-    """Both agents (static ranks: node i in checkouts[i]); returns the marker directory."""
+    """Both agents (static ranks: node i in checkouts[i], ``tails[i]`` after its script's
+    arguments); returns the marker directory."""
     marks = tmp / "marks"
     marks.mkdir()
     port = free_port()
@@ -62,7 +65,8 @@ def start(
         args = ["--rdzv-backend", "static", "--nnodes", "2", "--node-rank", str(i),
                 "--nproc-per-node", "1", "--master-addr", net.addr(0), "--master-port",
                 str(port), "--rdzv-conf", FAST, *extra,
-                "train.py", str(marks), "--config", "configs/tiny.json"]  # fmt: skip
+                "train.py", str(marks), "--config", "configs/tiny.json",
+                *(tails[i] if tails else [])]  # fmt: skip
         own_env = {"PYTHONPATH": pythonpath(), **(env[i] if env else {})}
         nodes.append(Node(net, i, args, tmp, f"n{i}", cwd=where, env=own_env))
     return marks
@@ -123,6 +127,50 @@ def test_a_config_file_named_on_the_command_line_that_differs_stops_the_job(
         assert "(they differ in: file configs/tiny.json):" in node.stderr, node.stderr
         rows = table_rows(node.stderr)
         assert rows["1"][3] == "*" + file_hash(b / "configs" / "tiny.json")
+
+
+def test_script_arguments_that_differ_run_as_under_torchrun_and_are_named(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """An output name per node (issue 42): both run; each says in one line which argument
+    differs, and its event log has it. Node 0's output file from an earlier run, which only
+    its own arguments name, is no difference."""
+    net = hosts(2)  # type: ignore[operator]
+    checkouts = [checkout(tmp_path, "a"), checkout(tmp_path, "b")]
+    (checkouts[0] / "out_a.json").write_text("{}\n")  # left by the last run, on node 0 only
+    tails = [["--out", "out_a.json"], ["--out", "out_b.json"]]
+    marks = start(net, nodes, tmp_path, checkouts, tails=tails)
+    assert [n.finish() for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+    assert ran(marks) == [f"rank{i} {where} 2" for i, where in enumerate(checkouts)]
+    for node in nodes:
+        said = [line for line in node.stderr.splitlines() if "arguments differ" in line]
+        assert said == [
+            "phalanx: round 0: script arguments differ between the nodes; each runs with its "
+            "own, as under torchrun: --out: out_a.json (node 0), out_b.json (node 1)"
+        ], node.stderr
+        assert "differ in" not in node.stderr  # no table: the code is the same
+        (log,) = node.logs.rglob("events.jsonl")
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        (event,) = [e for e in events if e["kind"] == "script_args_differ"]
+        assert event["round"] == 0 and event["line"] == said[0].removeprefix("phalanx: ")
+        common = [str(marks), "--config", "configs/tiny.json"]
+        assert [(n["node"], n["args"]) for n in event["nodes"]] == [
+            (0, [*common, "--out", "out_a.json"]), (1, [*common, "--out", "out_b.json"])
+        ]  # fmt: skip
+
+
+def test_with_other_script_arguments_a_differing_script_is_still_refused(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    net = hosts(2)  # type: ignore[operator]
+    checkouts = [checkout(tmp_path, "a"), checkout(tmp_path, "b", script_tail="#")]
+    tails = [["--tag", "nodeA"], ["--tag", "nodeB"]]
+    marks = start(net, nodes, tmp_path, checkouts, tails=tails)
+    assert [n.finish() for n in nodes] == [2, 2], nodes[0].stderr + nodes[1].stderr
+    assert ran(marks) == []
+    for node in nodes:
+        assert "(they differ in: script):" in node.stderr, node.stderr  # not in args
+        assert "Traceback" not in node.stderr
 
 
 def test_allow_mismatch_warns_with_the_table_and_runs(

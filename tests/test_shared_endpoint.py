@@ -1,10 +1,11 @@
 """Two launches on one c10d endpoint, for real: agents, their store, their workers.
 
 A second job with another ``--rdzv-id`` is refused in one line naming both ids while the
-first runs on undisturbed; a second launch with the same id but other script arguments
+first runs on undisturbed; a second launch with the same id but another script
 (``--nnodes 1:4``, so it could have been let in) is refused before the running job hears of
-it, and with ``--allow-per-node-args`` on both the two form one world. (The warning of an
-agent started without a token: ``test_rdzv_auth``.)
+it, and one with only other script arguments joins and forms one world with it, as under
+torchrun (``--allow-per-node-args``, a no-op now, changes nothing). (The warning of an agent
+started without a token: ``test_rdzv_auth``.)
 """
 
 from __future__ import annotations
@@ -107,20 +108,22 @@ def test_another_run_id_on_a_running_jobs_endpoint_is_refused_and_the_job_finish
     assert [event["num_nodes"] for event in jobs.rounds("x")] == [1]  # never re-formed
 
 
-def test_the_same_run_id_with_other_script_arguments_is_refused_before_the_job_hears_of_it(
+def test_the_same_run_id_with_another_script_is_refused_before_the_job_hears_of_it(
     jobs: Jobs, tmp_path: Path
 ) -> None:
     port = free_port()
     first_work, second_work = _work(tmp_path, "x"), _work(tmp_path, "y")
+    other = tmp_path / "hold_until_go.py"
+    other.write_text(Path(worker("hold_until_go.py")).read_text() + "#\n")  # one byte more
     flags = _c10d(port, "shared", "1:4")
     first = jobs.start("x", *flags, worker("hold_until_go.py"), str(first_work))
     wait_for(lambda: (first_work / "ready0").exists(), HANG, "job x's worker")
-    second = jobs.start("y", *flags, worker("hold_until_go.py"), str(second_work))
+    second = jobs.start("y", *flags, str(other), str(second_work))
     code, err = _finish(second)
     assert code == 2, err
     last = err.strip().splitlines()[-1]
     assert "rendezvous 'shared': not joining the running job" in last, err
-    assert "differs in args: here 1 args" in last and "--allow-per-node-args" in last, err
+    assert "this node differs in script: here " in last and "--allow-mismatch" in last, err
     assert not list(second_work.iterdir())
     (first_work / "go").touch()
     code, err = _finish(first)
@@ -128,12 +131,13 @@ def test_the_same_run_id_with_other_script_arguments_is_refused_before_the_job_h
     assert [event["num_nodes"] for event in jobs.rounds("x")] == [1]  # never stopped to let it in
 
 
-def test_with_allow_per_node_args_two_launches_with_other_arguments_form_one_world(
-    jobs: Jobs, tmp_path: Path
+@pytest.mark.parametrize("flag", [[], ["--allow-per-node-args"]], ids=["default", "no_op_flag"])
+def test_two_launches_with_other_script_arguments_form_one_world(
+    jobs: Jobs, tmp_path: Path, flag: list[str]
 ) -> None:
     port = free_port()
     first_work, second_work = _work(tmp_path, "x"), _work(tmp_path, "y")
-    flags = [*_c10d(port, "shared", "1:4"), "--allow-per-node-args"]
+    flags = [*_c10d(port, "shared", "1:4"), *flag]
     first = jobs.start("x", *flags, worker("hold_until_go.py"), str(first_work))
     wait_for(lambda: (first_work / "ready0").exists(), HANG, "job x's worker")
     second = jobs.start("y", *flags, worker("hold_until_go.py"), str(second_work))

@@ -122,8 +122,9 @@ DIFFERENCES = {
     "abbreviations": "tests/test_torchrun_gaps.py::test_abbreviations_stop_at_the_script",
     "logs-specs": "tests/test_torchrun_gaps.py::test_logs_specs_default_runs_and_unknown_is_refused",
     "another run id": "tests/test_shared_endpoint.py::test_another_run_id_on_a_running_jobs_endpoint_is_refused_and_the_job_finishes",
-    "script arguments": "tests/test_shared_endpoint.py::test_the_same_run_id_with_other_script_arguments_is_refused_before_the_job_hears_of_it",
-    "per-node arguments": "tests/test_shared_endpoint.py::test_with_allow_per_node_args_two_launches_with_other_arguments_form_one_world",
+    "script arguments": "tests/test_multinode_consistency.py::test_script_arguments_that_differ_run_as_under_torchrun_and_are_named",
+    "another script": "tests/test_shared_endpoint.py::test_the_same_run_id_with_another_script_is_refused_before_the_job_hears_of_it",
+    "per-node arguments": "tests/test_shared_endpoint.py::test_two_launches_with_other_script_arguments_form_one_world",
 }
 
 

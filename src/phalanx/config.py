@@ -104,9 +104,6 @@ class LaunchConfig:
     # Start even when the nodes' code or versions differ (a warning with the table instead
     # of stopping the job: phalanx.consistency).
     allow_mismatch: bool = False
-    # The program's arguments may differ between nodes on purpose (--allow-per-node-args):
-    # left out of what the nodes compare (phalanx.consistency.fingerprint).
-    allow_per_node_args: bool = False
     # --hosts/--hostfile: this process is the controller, starting an agent on every host
     # over ssh (phalanx.hosts); forward_env is what they are sent, beside the job's token.
     hosts: tuple[HostSlots, ...] = ()

@@ -20,6 +20,7 @@ from pathlib import Path
 from phalanx.agent import exclusion
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
+from phalanx.consistency.perargs import args_difference
 from phalanx.errors import MismatchError, NodeExcluded, RendezvousError
 from phalanx.events.log import EventLog
 from phalanx.nodecheck import Action, Verdict, check_round
@@ -155,18 +156,36 @@ def excludes_others(config: LaunchConfig, verdict: Verdict) -> bool:
     return config.node_check.action is Action.EXCLUDE and bool(verdict.named)
 
 
+class SaidArgs:
+    """The last line this agent said about per-node script arguments: a restart among the
+    same nodes with the same arguments does not say it again."""
+
+    def __init__(self) -> None:
+        self.what = ""
+
+
 def check_same_code(
-    config: LaunchConfig, rdzv: RendezvousHandler, joined: RendezvousResult
+    config: LaunchConfig,
+    rdzv: RendezvousHandler,
+    joined: RendezvousResult,
+    events: EventLog,
+    said: SaidArgs,
 ) -> None:
     """Stop the job before any worker starts when the members' code or versions differ
     (every node computes the same table from the same records, so every node stops; the
-    others also see ``JOB_STOPPED``), or warn with the table under ``allow_mismatch``."""
+    others also see ``JOB_STOPPED``), or warn with the table under ``allow_mismatch``. Script
+    arguments that differ are no reason to stop: one line and a ``script_args_differ``
+    event name them (``consistency.perargs``), once for as long as they stay the same."""
+    differ = args_difference(joined.nodes, joined.fingerprints, joined.round)
+    if differ is not None and differ.what != said.what:
+        said.what = differ.what
+        log.info("%s", differ.line)
+        events.emit("script_args_differ", round=joined.round, line=differ.line, nodes=differ.nodes)
     hint = (
         "starting anyway (--allow-mismatch)"
         if config.allow_mismatch
         else "run the same code, files and versions on every node, or pass "
-        "--allow-mismatch (phalanx.spawn: allow_mismatch=True) to start anyway (script "
-        "arguments that differ on purpose: --allow-per-node-args on every node)"
+        "--allow-mismatch (phalanx.spawn: allow_mismatch=True) to start anyway"
     )
     table = mismatch_table(joined.nodes, joined.fingerprints, hint)
     if table is None:

@@ -14,7 +14,13 @@ from pathlib import Path
 from phalanx.agent import exclusion
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
 from phalanx.agent.between import Between
-from phalanx.agent.checking import CheckedNodes, check_same_code, excludes_others, node_check
+from phalanx.agent.checking import (
+    CheckedNodes,
+    SaidArgs,
+    check_same_code,
+    excludes_others,
+    node_check,
+)
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.policy import Step, decide, judged
@@ -84,6 +90,7 @@ class Rounds:
         self.reforms = 0  # rounds re-formed for a joining node (no restart spent)
         self._restart = False  # a restart claimed: said once its round forms
         self.checked = CheckedNodes()  # the last round's agents: a restart's check not repeated
+        self.said_args = SaidArgs()  # per-node script arguments: said once while they hold
         self._exclude = exclusion.ExcludeAfter(config, run_dir, self.events)  # --exclude-after
         self.peers = rendezvous.peers()  # None: a single node
         if self.peers is not None:  # a peer's event acted on at once, not at a tick
@@ -218,7 +225,7 @@ class Rounds:
             restart_count=joined.restart_count,
             seconds=round(time.monotonic() - began, 3),
         )
-        check_same_code(self.config, self.rdzv, joined)
+        check_same_code(self.config, self.rdzv, joined, self.events, self.said_args)
         verdict = node_check(self.config, self.rdzv, joined, self.run_dir, self.events, self.checked)
         if verdict is not None:
             self.tally.checked = [n.line for n in verdict.named]  # the report's, the newest round's

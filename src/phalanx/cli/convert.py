@@ -243,7 +243,6 @@ def to_launch(
         ),
         exclude_file=_exclude_file(ns, p),
         allow_mismatch=bool(ns.allow_mismatch),
-        allow_per_node_args=bool(ns.allow_per_node_args),
         not_applied=(*rdzv_notes, *_not_applied(ns)),
         **_metrics(ns, p),
         node_check=_node_check(ns, p), stragglers=_stragglers(ns, p),

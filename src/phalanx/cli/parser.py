@@ -159,6 +159,16 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "Port of node 0's rendezvous store (static rendezvous; default: 29500, or a free "
         "port on one node without --rdzv-endpoint, as torchrun).",
     )
+    option(
+        "worker-port",
+        None,
+        "The workers' MASTER_PORT, the same in every round, restarts included (global rank "
+        "0's store listens there). Default: a free port on rank 0's node each round, shown "
+        "in the round's line. torchrun's static form gives the workers --master-port; on "
+        "several nodes phalanx's node 0 holds that port for the agents' store all along, so "
+        "a site that opens only known ports gives this one too and opens both (Gloo and "
+        "NCCL still pick ports of their own).",
+    )
     option("local-addr", None, "Address other nodes reach this node at (default: its hostname).")
     # torchrun reads no PET_LOGS_SPECS or PET_NUMA_BINDING (plain argparse options there), so
     # a variable left in the environment must not refuse or change a job here either.
@@ -269,11 +279,11 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     )
     switch(
         "allow-per-node-args",
-        "Multi-node: the script's arguments differ between nodes on purpose. Without it the "
-        "nodes compare their arguments too (as a hash): a node whose arguments differ from "
-        "the running job's is refused before it joins (exit 2), so two unrelated launches "
-        "with the same --rdzv-id never merge. Give it on every node. torchrun has no such "
-        "check.",
+        "Accepted and does nothing (kept for command lines written for earlier phalanx "
+        "versions): script arguments may differ between nodes, as under torchrun; each round "
+        "whose nodes differ in them names the arguments in one line and a "
+        "script_args_differ event. The code, the files they name and the versions are "
+        "still compared (--allow-mismatch).",
     )
     option(
         "metrics-port",

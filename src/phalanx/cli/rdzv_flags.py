@@ -76,8 +76,29 @@ def rendezvous_flags(
         "master_addr": master_addr,
         "master_port": master_port,
         "local_addr": local_addr,
+        "worker_port": _worker_port(ns, p, backend, max_nodes, master_port),
     }
     return fields, _notes(ns, backend, given, conf)
+
+
+def _worker_port(
+    ns: argparse.Namespace, p: Problems, backend: str, max_nodes: int, master_port: int
+) -> int | None:
+    """--worker-port (None: a free port each round). Under static on several nodes node 0
+    hosts the agents' store at --master-port for the whole job: the workers need another."""
+    if ns.worker_port is None:
+        return None
+    port: int | None = p.parse(
+        lambda: parsing.parse_int(ns.worker_port, "--worker-port", minimum=1), None
+    )
+    if port is not None and port > 65535:
+        p.add(f"--worker-port: expected 1..65535, got {port}")
+    elif port == master_port and backend == "static" and max_nodes > 1 and not ns.standalone:
+        p.add(
+            f"--worker-port {port}: node 0's rendezvous store holds --master-port {port} "
+            "while the job runs; give the workers another port"
+        )
+    return port
 
 
 def _notes(

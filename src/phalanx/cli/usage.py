@@ -53,7 +53,7 @@ exit status: 0 success; the root-cause worker's exit code (128+N for signal N) o
 1 for a hang or a lost node;
 2 usage error, or the nodes run different code or versions (see --allow-mismatch);
 129/130/143 when interrupted by SIGHUP/SIGINT/SIGTERM;
-75 when preempted (--preempt-signals; see the README's "Preemption");
+75 when preempted (--preempt-signals; see docs/how-to/slurm.md, "Preemption");
 69 when the node check excluded this node (--node-check exclude)."""
 
 

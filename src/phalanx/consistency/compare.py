@@ -3,7 +3,9 @@
 Version fields (``fingerprint.VERSION_FIELDS``) are compared among the nodes that could read
 them (a CPU build has no CUDA version; that is not a difference). Content fields (the script,
 the files named on the command line) are compared on every node: a file one node lacks is
-``missing`` there.
+``missing`` there -- if that node's arguments name it; a file only other nodes' arguments
+name (an output name per node) is not compared with it. The arguments themselves are no
+difference here: nodes may run with their own (``consistency.perargs`` names them).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from phalanx.consistency.fingerprint import MISSING, VERSION_FIELDS
+from phalanx.consistency.fingerprint import ARGS, MISSING, VERSION_FIELDS, names_path
 
 MAX_ROWS = 16  # past this many nodes the table shows only those that differ
 UNKNOWN = "unknown"
@@ -32,8 +34,8 @@ class NodePlace(Protocol):
 
 def differing_fields(prints: Sequence[Mapping[str, str]]) -> list[str]:
     """The fields whose values are not all equal: versions first, then the script, then the
-    files in name order."""
-    names = {name for fp in prints for name in fp}
+    files in name order (never the arguments: see the module docstring)."""
+    names = {name for fp in prints for name in fp} - {ARGS}
     ordered = [f for f in VERSION_FIELDS if f in names]
     ordered += sorted(names - set(VERSION_FIELDS), key=lambda f: (f != "script", f))
     return [f for f in ordered if len(set(_values(prints, f)) - {UNKNOWN}) > 1]
@@ -79,8 +81,16 @@ def mismatch_table(
 
 
 def _values(prints: Sequence[Mapping[str, str]], field: str) -> list[str]:
-    absent = UNKNOWN if field in VERSION_FIELDS else MISSING
-    return [fp.get(field, absent) for fp in prints]
+    return [fp.get(field, _absent(fp, field)) for fp in prints]
+
+
+def _absent(fp: Mapping[str, str], field: str) -> str:
+    """What a node without ``field`` has there: not compared (a version it could not read, a
+    file its arguments do not name), or ``missing`` (the script, a file it names)."""
+    if field in VERSION_FIELDS:
+        return UNKNOWN
+    kind, _, path = field.partition(" ")
+    return MISSING if kind != "file" or names_path(fp, path) else UNKNOWN
 
 
 def _most_common(values: list[str]) -> str:

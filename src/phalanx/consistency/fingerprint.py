@@ -14,14 +14,18 @@ never contents):
 - ``script``: the content hash of the training script (the module's file for ``-m``, found
   as the worker's ``python -m`` would, without importing anything; the program for
   ``--no-python``), ``missing`` when there is none.
-- ``args``: the hash of the program's arguments, as given (``per-node`` under
-  ``--allow-per-node-args``, and for ``phalanx.spawn``, whose nodes are told their node rank
-  on their command lines): two unrelated launches that share an endpoint and a run id differ
-  here even when they run the same script (torchrun has no such check).
+- ``args``: the program's arguments, as given, a JSON list (``ARGS_SHOWN`` characters at
+  most; a longer list is its hash, ``N args <hash>``); ``per-node`` for ``phalanx.spawn``,
+  whose nodes are told their node rank on their command lines. Never a reason to stop:
+  nodes whose arguments differ run, as under torchrun (an output name per node), and
+  ``consistency.perargs`` names what differs. They travel only to the job's nodes, over
+  the token-authenticated store, and were on each node's command line (``ps``) already.
 - ``file ARG``: for each argument (or the value of ``--flag=VALUE``) that names a regular
   file, its content hash, keyed by the argument as written -- relative paths compare the
   same file in different checkouts. Directories are not hashed; a file over
   ``MAX_HASHED`` bytes is recorded by its size only (hashing it would delay every start).
+  A node compares it only where its own arguments name it (``names_path``): a per-node
+  output file left by the last run on one node is no difference.
 
 Hashes are sha256, cut to 16 hex digits: this catches accidents (a stale copy), it is not a
 defence against someone forging a collision.
@@ -32,10 +36,11 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import importlib.metadata
+import json
 import re
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +51,8 @@ MAX_HASHED = 64 * 1024 * 1024  # bytes; larger files are compared by size
 HASH_DIGITS = 16
 MISSING = "missing"
 PER_NODE = "per-node"
+ARGS = "args"
+ARGS_SHOWN = 1024  # characters of the JSON list; a longer one is published as its hash
 VERSION_FIELDS = ("python", "phalanx", "torch", "cuda", "nccl")
 _CUDA_LINE = re.compile(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
 
@@ -57,18 +64,15 @@ class Target:
     kind: str
     name: str
     args: tuple[str, ...] = ()
-    per_node_args: bool = False  # the arguments may differ between nodes on purpose
+    # The arguments differ between nodes by design (phalanx.spawn: the node rank): not even
+    # said, as they would be when they differ (consistency.perargs).
+    per_node_args: bool = False
 
 
 def target_of(config: LaunchConfig) -> Target:
     """The user's program of a CLI launch (``--run-path`` runs a script too)."""
     kinds = {LaunchMode.MODULE: "module", LaunchMode.NO_PYTHON: "program"}
-    return Target(
-        kinds.get(config.mode, "script"),
-        config.program,
-        config.program_args,
-        per_node_args=config.allow_per_node_args,
-    )
+    return Target(kinds.get(config.mode, "script"), config.program, config.program_args)
 
 
 def node_fingerprint(target: Target, cwd: Path | None = None) -> dict[str, str]:
@@ -77,12 +81,41 @@ def node_fingerprint(target: Target, cwd: Path | None = None) -> dict[str, str]:
     base = cwd or Path.cwd()
     found = versions()
     found["script"] = file_hash(_program_file(target, base))
-    found["args"] = PER_NODE if target.per_node_args else args_hash(target.args)
-    for arg in target.args:
-        path = arg.partition("=")[2] if arg.startswith("-") else arg
-        if path and _is_file(base / path):
+    found[ARGS] = PER_NODE if target.per_node_args else args_field(target.args)
+    for path in named_paths(target.args):
+        if _is_file(base / path):
             found[f"file {path}"] = file_hash(base / path)
     return found
+
+
+def args_field(args: Sequence[str]) -> str:
+    """The ``args`` field: the arguments as a JSON list, or their hash when that is long."""
+    shown = json.dumps(list(args), ensure_ascii=False)
+    return shown if len(shown) <= ARGS_SHOWN else args_hash(args)
+
+
+def node_args(fingerprint: Mapping[str, str]) -> list[str] | None:
+    """A node's arguments from its fingerprint (None: published as a hash, ``per-node``, by
+    an older phalanx, or not at all)."""
+    try:
+        args = json.loads(fingerprint.get(ARGS, ""))
+    except ValueError:
+        return None
+    if isinstance(args, list) and all(isinstance(arg, str) for arg in args):
+        return args
+    return None
+
+
+def named_paths(args: Sequence[str]) -> list[str]:
+    """What each argument would name as a path: itself, or the value of ``--flag=VALUE``."""
+    paths = (arg.partition("=")[2] if arg.startswith("-") else arg for arg in args)
+    return [path for path in paths if path]
+
+
+def names_path(fingerprint: Mapping[str, str], path: str) -> bool:
+    """Whether the node's arguments name ``path`` (True when they cannot be read)."""
+    args = node_args(fingerprint)
+    return args is None or path in named_paths(args)
 
 
 def versions() -> dict[str, str]:

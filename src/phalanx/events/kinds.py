@@ -34,6 +34,10 @@ KINDS: dict[str, tuple[str, ...]] = {
     # the round's medians and every node's figures (compute in multiply-adds/s, latency_ms,
     # throughput in MB/s).
     "node_check": ("round", "seconds", "named", "medians", "nodes"),
+    # The nodes' script arguments differ (they run: ``phalanx.consistency.perargs``): the
+    # line said, and every node's ``node``, ``host`` and ``args`` (a list; the hash, a
+    # string, where the list was too long to publish). Once while the difference holds.
+    "script_args_differ": ("round", "line", "nodes"),
     # This node's workers of one attempt were started (global ranks and pids).
     "workers_started": ("round", "attempt", "ranks", "pids"),
     # A worker's progress counters (``phalanx.worker.progress``), sampled by the agent.

@@ -55,7 +55,8 @@ def worker_env(
     """The whole environment of one worker: ``node_env`` plus torchrun 2.13's variables.
 
     ``TORCHELASTIC_USE_AGENT_STORE`` is ``False`` because phalanx hosts no store for the
-    workers: global rank 0 hosts it at MASTER_ADDR:MASTER_PORT (a fresh port every round).
+    workers: global rank 0 hosts it at MASTER_ADDR:MASTER_PORT (a fresh port every round,
+    or ``--worker-port`` in every round).
     That also keeps a user's own ``tcp://`` init_method working: with ``True``, torch turns
     every rank into a client and rank 0 waits for a server nobody starts.
     """

@@ -1,18 +1,24 @@
 """``--rdzv-backend static``: node ranks given (``--node-rank``), ``--nnodes N`` fixed.
 
-Node 0's agent hosts the coordination store (the agent store, ``stores.agentstore``: the
-job's token proved both ways on every connection) at ``--master-addr:--master-port``,
-listening on that address only; the others connect (retrying until ``join_timeout``). The workers do not use that port: node 0 picks a
-fresh free port for them every round. It is the dynamic handler with ``min = max = N`` and
-fixed ranks, so a failure on any node reaches every node and restarts are job-wide --
-torchrun's static backend restarts only the failed node.
+Node 0's agent hosts the coordination store (the agent store, ``stores.agentstore``: the job's
+token proved both ways on every connection) at ``--master-addr:--master-port``, listening on
+that address only; the others connect (retrying until ``join_timeout``). The workers cannot use
+that port, which the agents' store keeps while the job runs (torchrun's workers share its
+agent's ``TCPStore`` there; phalanx's agent never imports torch): node 0 picks a free port for
+them every round, or ``--worker-port`` one for every round. A node that takes node rank 0 while
+another node is node 0 (the default ``--node-rank``) cannot listen here: a usage error saying
+what to change. It is the dynamic handler with ``min = max = N`` and fixed ranks, so a failure
+on any node reaches every node and restarts are job-wide -- torchrun's static backend restarts
+only the failed node.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 
+from phalanx.errors import UsageError
 from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import node_address
 from phalanx.rendezvous.api import RendezvousHandler
@@ -62,6 +68,9 @@ def open_handler(
                 seed=seed(spec.run_id),
             )  # fmt: skip
         except OSError as exc:
+            problem = _wrong_node_0(spec, exc)
+            if problem is not None:
+                raise UsageError(problem) from None
             raise StoreUnavailable(
                 f"node 0 cannot host the rendezvous store on --master-addr {host} "
                 f"--master-port {port}: {exc.strerror or exc}"
@@ -79,6 +88,35 @@ def open_handler(
     check_store(store, spec.run_id, where)
     reach = lastword.agent_store(host, port, token)  # (node 0 hosts: it has no last word)
     return DynamicRendezvous.for_spec(store, spec, settings, addr, where, reach)
+
+
+def _wrong_node_0(spec: RendezvousSpec, exc: OSError) -> str | None:
+    """What to change when node 0 could not listen at ``--master-addr:--master-port`` for a
+    reason a command line explains (None for others: the store's error, exit 1).
+
+    A port in use or an address of another machine is almost always a node that took the
+    default ``--node-rank 0`` (torchrun's too) while another node is node 0: a usage error
+    (exit 2) found at run time, said in one line with what to change."""
+    where = (
+        f"node 0 cannot host the rendezvous store on --master-addr {spec.master_addr} "
+        f"--master-port {spec.master_port}"
+    )
+    ranks = (
+        f"give each node its own --node-rank (0 to {spec.max_nodes - 1}; it defaults to 0), "
+        "or use --rdzv-backend c10d --rdzv-endpoint HOST:PORT, which gives the ranks itself"
+    )
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"{where}: the port is in use (another node of this job started as node 0 on "
+            f"this machine?): {ranks}; if no node of this job holds the port, free it or "
+            "pick another --master-port"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"{where}: {spec.master_addr} is not an address of this machine, so this node "
+            f"is not node 0, which hosts the store there: {ranks}"
+        )
+    return None
 
 
 BACKEND = Backend(

@@ -3,8 +3,9 @@
 The same-code check (``phalanx.consistency``) runs once a round has formed, on every member,
 and stops them all: right for nodes started together, wrong for a stranger that arrives
 while a round runs -- an unrelated launch that reused the endpoint and the ``--rdzv-id``,
-or a node with a stale checkout. Its arrival alone would make the running nodes stop their
-workers to let it in (``NODE_WAITING``), and the check would then stop the whole job. So a
+or a node with a stale checkout (script arguments are not compared: a node with its own
+joins, as under torchrun, and the round names them). Its arrival alone would make the
+running nodes stop their workers to let it in (``NODE_WAITING``), and the check would then stop the whole job. So a
 node that is not a member yet first reads the members of the last round that formed and
 compares its fingerprint with theirs; if they differ it leaves at once (``MismatchError``,
 exit 2) without writing anything, and the running job never knows it came.
@@ -50,6 +51,5 @@ def check_admission(board: Board, t: int, fingerprint: Mapping[str, str]) -> Non
         f"rendezvous {board.keys.run_id!r}: not joining the running job (round {t - 1}, "
         f"{members.count} node(s), node 0 on {node.hostname} {node.addr}): this node differs "
         f"in {shown}; another job on the same endpoint and --rdzv-id? give this one its own "
-        "--rdzv-id (arguments that differ on purpose: --allow-per-node-args on every node; "
-        "other differences: --allow-mismatch)"
+        "--rdzv-id (to join anyway: --allow-mismatch)"
     )
