@@ -7,7 +7,9 @@ trainer (``soak_trainer.py``), and one fault every ``--every`` seconds drawn fro
 (each kind once before any repeats): worker SIGKILL, worker exception, worker hang (the stall
 timeout), agent SIGKILL, node cut off (link down, then up), node frozen (SIGSTOP of its
 agent and workers, then SIGCONT), an etcd member killed and restarted, a full log disk on one
-node (a filler file fills its tmpfs, then goes). An agent that exits while the job is not
+node (a filler file fills its tmpfs, then goes), a spare frozen when chosen (the waiting
+agent SIGSTOPped, a member agent SIGKILLed so that the spare is chosen, the spare SIGCONTed
+``SPARE_HOLD`` later: the restart waits for it, issue 37). An agent that exits while the job is not
 done is started again on its node (it rejoins as a spare). Writes ``report.json`` and
 ``timeline.html`` to ``--out`` and prints a table; exit 1 when an invariant fails.
 """
@@ -39,12 +41,13 @@ from support.launch import remove_job_cgroups  # noqa: E402
 from support.netns import NetNamespaces  # noqa: E402
 
 KINDS = ("worker_kill", "worker_exception", "worker_hang", "agent_kill", "node_cut",
-         "node_freeze", "etcd_member", "log_disk_full")  # fmt: skip
+         "node_freeze", "etcd_member", "log_disk_full", "spare_freeze")  # fmt: skip
 CONF = ("heartbeat_interval=0.5,heartbeat_timeout=6,last_call_timeout=1,join_timeout=300,"
         "exit_barrier_timeout=30")  # fmt: skip
 # etcd's own keys (a c10d agent refuses them: the c10d variant had never started)
 ETCD_CONF = "lease_ttl=4,request_timeout=3"
 HOLD = 10.0  # how long a cut, a freeze, a dead etcd member or a full disk lasts
+SPARE_HOLD = 5.0  # how long a spare stays frozen once chosen (below heartbeat_timeout)
 STALL = 8  # --stall-timeout
 
 
@@ -141,7 +144,10 @@ class Soak:
     def over(self) -> bool:
         """The job ended for good (its run id is closed): no agent can rejoin it."""
         for i, node in enumerate(self.nodes):
-            if node.proc.poll() is not None and b"the job stopped: round" in node.err.read_bytes():
+            err = node.err.read_bytes()  # a member's last line, or a spare's (not needed)
+            if node.proc.poll() is not None and (
+                b"the job stopped: round" in err or b"waited as a spare (round" in err
+            ):
                 self.failed = f"node {i}: " + node.err.read_text().strip().splitlines()[-1]
                 return True
         return False
@@ -197,6 +203,7 @@ class Soak:
             "node_cut",
             "node_freeze",
             "log_disk_full",
+            "spare_freeze",
         ):
             if not eligible:
                 record["skipped"] = "no worker running"
@@ -230,6 +237,8 @@ class Soak:
             self.etcd.stop_member(k)
             self._hold()
             self.etcd.restart_member(k)
+        elif kind == "spare_freeze":
+            self._spare_freeze(n, workers, record)
         elif kind == "log_disk_full":
             filler = self.out / f"disk{n}" / "filler"
             subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M"], capture_output=True)
@@ -237,6 +246,29 @@ class Soak:
             filler.unlink()
         record["ended"] = time.time()
         return record
+
+    def _spare_freeze(self, n: int, workers: dict[int, int], record: dict[str, Any]) -> None:
+        """Freeze the spare (an agent without a worker), kill member ``n``'s agent so that
+        the spare is chosen, resume the spare ``SPARE_HOLD`` later."""
+        spares = [i for i, node in enumerate(self.nodes)
+                  if i not in workers and node.proc.poll() is None]  # fmt: skip
+        if not spares:
+            record["skipped"] = "no spare waiting"
+            return
+        record["spare"] = spares[0]
+        tree = self._tree(self.nodes[spares[0]].proc.pid)  # its agent and guardian
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGSTOP)
+        try:
+            os.kill(self.nodes[n].proc.pid, signal.SIGKILL)
+            end = time.time() + SPARE_HOLD
+            while time.time() < end and not self.done():
+                time.sleep(0.2)
+        finally:
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGCONT)
 
     def _hold(self) -> None:
         end = time.time() + HOLD
@@ -299,8 +331,11 @@ class Soak:
                 "end_sample": end_sample, "history": history}  # fmt: skip
 
     def kinds(self) -> tuple[str, ...]:
+        chosen = tuple(self.args.kinds.split(",")) if self.args.kinds else KINDS
         return (
-            KINDS if self.args.backend == "etcd" else tuple(k for k in KINDS if k != "etcd_member")
+            chosen
+            if self.args.backend == "etcd"
+            else tuple(k for k in chosen if k != "etcd_member")
         )
 
     def leftovers(self) -> dict[str, Any]:
@@ -337,6 +372,7 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=30.0, help="seconds between faults (30)")
     parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (printed)")
     parser.add_argument("--backend", choices=("etcd", "c10d"), default="etcd")
+    parser.add_argument("--kinds", default="", help="only these fault kinds (comma-separated)")
     parser.add_argument("--step-delay", type=float, default=0.05, help="seconds a step sleeps")
     parser.add_argument("--steps", type=int, default=0, help="default: --minutes at --step-delay")
     parser.add_argument("--checkpoint-every", type=int, default=40, help="steps (40: 2 s)")
