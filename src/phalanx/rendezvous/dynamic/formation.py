@@ -57,12 +57,15 @@ class RoundFormer:
         worker_port: int | None = None,
         where: str = "",
         admit_mismatch: bool = False,
+        arriving: Callable[[], None] = lambda: None,
     ) -> None:
         """``worker_port``: the workers' master port in every round (a program that was
         given its port, ``phalanx.spawn``); None: node 0 picks a free port each round.
         ``where``: the store, as the waiting line names it.
         ``admit_mismatch``: join a running job whose code or arguments differ from this
-        node's (``admission``; --allow-mismatch)."""
+        node's (``admission``; --allow-mismatch).
+        ``arriving``: called just before this node takes its slot in a round it was not a
+        member of the round before (its fence arms from then: ``Fence.arrived``)."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -71,6 +74,7 @@ class RoundFormer:
         self._clock = clock
         self._worker_port = worker_port
         self._admit_mismatch = admit_mismatch
+        self._arriving = arriving
         self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock, where=where)
         self._queue = QueuedNodes(board, settings, clock)
         self._was_spare = False  # this join waited as a spare (round t-1 ran at MAX)
@@ -106,6 +110,7 @@ class RoundFormer:
                     self._queue_for(t, me)  # round t-1 runs without us: wait for the next
                     queued.add(t)
                 deadline = self._wait_open(t, deadline)
+                self._arriving()
             slot = self._b.store.add(self._keys.round(t, "joined"), 1)
             if slot > self._max:  # full: queue for the next round
                 rejoining = False
