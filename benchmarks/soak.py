@@ -47,7 +47,9 @@ CONF = ("heartbeat_interval=0.5,heartbeat_timeout=6,last_call_timeout=1,join_tim
 # etcd's own keys (a c10d agent refuses them: the c10d variant had never started)
 ETCD_CONF = "lease_ttl=4,request_timeout=3"
 HOLD = 10.0  # how long a cut, a freeze, a dead etcd member or a full disk lasts
-SPARE_HOLD = 5.0  # how long a spare stays frozen once chosen (below heartbeat_timeout)
+# How long a spare stays frozen once chosen: below what counts it lost (c10d: heartbeat_timeout
+# 6 s; etcd: lease_ttl 4 s, from its last renewal), so the restart round waits for it.
+SPARE_HOLD = {"c10d": 5.0, "etcd": 2.5}
 STALL = 8  # --stall-timeout
 
 
@@ -262,7 +264,7 @@ class Soak:
                 p.send_signal(signal.SIGSTOP)
         try:
             os.kill(self.nodes[n].proc.pid, signal.SIGKILL)
-            end = time.time() + SPARE_HOLD
+            end = time.time() + SPARE_HOLD[self.args.backend]
             while time.time() < end and not self.done():
                 time.sleep(0.2)
         finally:

@@ -64,8 +64,9 @@ class RoundFormer:
         ``where``: the store, as the waiting line names it.
         ``admit_mismatch``: join a running job whose code or arguments differ from this
         node's (``admission``; --allow-mismatch).
-        ``arriving``: called just before this node takes its slot in a round it was not a
-        member of the round before (its fence arms from then: ``Fence.arrived``)."""
+        ``arriving``: called just before this node takes a slot as a newcomer, not as a
+        member of the round before (a fresh node's or a spare's fence arms from then:
+        ``Fence.arrived``)."""
         self._b = board
         self._keys = board.keys
         self._s = settings

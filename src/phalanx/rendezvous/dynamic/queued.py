@@ -72,6 +72,7 @@ class QueuedNodes:
         self._b.store.set(self._b.keys.queued(t, place), node_id.encode())
 
     def count(self, t: int) -> int:
+        """How many nodes queued for round ``t`` (those that died since included)."""
         return self._b.read_int(self._b.keys.round(t, "waiting"))
 
     def live(self, t: int, queued: int) -> int:
