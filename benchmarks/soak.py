@@ -9,7 +9,9 @@ timeout), agent SIGKILL, node cut off (link down, then up), node frozen (SIGSTOP
 agent and workers, then SIGCONT), an etcd member killed and restarted, a full log disk on one
 node (a filler file fills its tmpfs, then goes), a link flap (a node's link down 4 s, up 1 s,
 three times: it loses the store and comes back as a new member, each time before its heartbeat
-runs out). An agent that exits while the job is not
+runs out), a spare frozen when chosen (the waiting agent SIGSTOPped, a member agent SIGKILLed
+so that the spare is chosen, the spare SIGCONTed ``SPARE_HOLD`` later: the restart waits for
+it). An agent that exits while the job is not
 done is started again on its node (it rejoins as a spare). Writes ``report.json`` and
 ``timeline.html`` to ``--out`` and prints a table; exit 1 when an invariant fails.
 """
@@ -41,13 +43,16 @@ from support.launch import remove_job_cgroups  # noqa: E402
 from support.netns import NetNamespaces  # noqa: E402
 
 KINDS = ("worker_kill", "worker_exception", "worker_hang", "agent_kill", "node_cut",
-         "node_freeze", "etcd_member", "log_disk_full", "link_flap")  # fmt: skip
+         "node_freeze", "etcd_member", "log_disk_full", "link_flap", "spare_freeze")  # fmt: skip
 CONF = ("heartbeat_interval=0.5,heartbeat_timeout=6,last_call_timeout=1,join_timeout=300,"
         "exit_barrier_timeout=30")  # fmt: skip
 # etcd's own keys (a c10d agent refuses them: the c10d variant had never started)
 ETCD_CONF = "lease_ttl=4,request_timeout=3"
 HOLD = 10.0  # how long a cut, a freeze, a dead etcd member or a full disk lasts
 FLAPS, FLAP_DOWN, FLAP_UP = 3, 4.0, 1.0  # a link flap: down 4 s, up 1 s, three times
+# How long a spare stays frozen once chosen: below what counts it lost (c10d: heartbeat_timeout
+# 6 s; etcd: lease_ttl 4 s, from its last renewal), so the restart round waits for it.
+SPARE_HOLD = {"c10d": 5.0, "etcd": 2.5}
 STALL = 8  # --stall-timeout
 
 
@@ -144,7 +149,10 @@ class Soak:
     def over(self) -> bool:
         """The job ended for good (its run id is closed): no agent can rejoin it."""
         for i, node in enumerate(self.nodes):
-            if node.proc.poll() is not None and b"the job stopped: round" in node.err.read_bytes():
+            err = node.err.read_bytes()  # a member's last line, or a spare's (not needed)
+            if node.proc.poll() is not None and (
+                b"the job stopped: round" in err or b"waited as a spare (round" in err
+            ):
                 self.failed = f"node {i}: " + node.err.read_text().strip().splitlines()[-1]
                 return True
         return False
@@ -201,6 +209,7 @@ class Soak:
             "node_freeze",
             "log_disk_full",
             "link_flap",
+            "spare_freeze",
         ):
             if not eligible:
                 record["skipped"] = "no worker running"
@@ -240,6 +249,8 @@ class Soak:
                 time.sleep(FLAP_DOWN)  # the fault's shape, not a wait for a condition
                 self.spaces.heal(n)
                 time.sleep(FLAP_UP)
+        elif kind == "spare_freeze":
+            self._spare_freeze(n, workers, record)
         elif kind == "log_disk_full":
             filler = self.out / f"disk{n}" / "filler"
             subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M"], capture_output=True)
@@ -247,6 +258,29 @@ class Soak:
             filler.unlink()
         record["ended"] = time.time()
         return record
+
+    def _spare_freeze(self, n: int, workers: dict[int, int], record: dict[str, Any]) -> None:
+        """Freeze the spare (an agent without a worker), kill member ``n``'s agent so that
+        the spare is chosen, resume the spare ``SPARE_HOLD`` later."""
+        spares = [i for i, node in enumerate(self.nodes)
+                  if i not in workers and node.proc.poll() is None]  # fmt: skip
+        if not spares:
+            record["skipped"] = "no spare waiting"
+            return
+        record["spare"] = spares[0]
+        tree = self._tree(self.nodes[spares[0]].proc.pid)  # its agent and guardian
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGSTOP)
+        try:
+            os.kill(self.nodes[n].proc.pid, signal.SIGKILL)
+            end = time.time() + SPARE_HOLD[self.args.backend]
+            while time.time() < end and not self.done():
+                time.sleep(0.2)
+        finally:
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGCONT)
 
     def _hold(self) -> None:
         end = time.time() + HOLD
@@ -309,8 +343,11 @@ class Soak:
                 "end_sample": end_sample, "history": history}  # fmt: skip
 
     def kinds(self) -> tuple[str, ...]:
+        chosen = tuple(self.args.kinds.split(",")) if self.args.kinds else KINDS
         return (
-            KINDS if self.args.backend == "etcd" else tuple(k for k in KINDS if k != "etcd_member")
+            chosen
+            if self.args.backend == "etcd"
+            else tuple(k for k in chosen if k != "etcd_member")
         )
 
     def leftovers(self) -> dict[str, Any]:
@@ -347,6 +384,7 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=30.0, help="seconds between faults (30)")
     parser.add_argument("--seed", type=int, default=None, help="the schedule's seed (printed)")
     parser.add_argument("--backend", choices=("etcd", "c10d"), default="etcd")
+    parser.add_argument("--kinds", default="", help="only these fault kinds (comma-separated)")
     parser.add_argument("--step-delay", type=float, default=0.05, help="seconds a step sleeps")
     parser.add_argument("--steps", type=int, default=0, help="default: --minutes at --step-delay")
     parser.add_argument("--checkpoint-every", type=int, default=40, help="steps (40: 2 s)")

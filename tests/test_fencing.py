@@ -204,6 +204,30 @@ def test_a_fence_that_stood_down_kills_nothing(
     assert fence.reason is None and proc.poll() is None
 
 
+def test_a_spare_paused_while_it_waited_arms_its_fence_only_when_it_arrives(
+    sleepers: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    """A node that is no member yet stands its fence down while it waits: beats then arm
+    nothing, so a pause past fence_after fires nothing; ``arrived`` arms it from that moment,
+    and it still fires when the proofs stop after it (a fake clock: the thread never runs)."""
+    now = [100.0]
+    fence = Fence(counters_timing(0.1, 2.0 + 5.0), clock=lambda: now[0])  # fence_after 5 s
+    fence.proved_alive(100.0)  # a beat before the round
+    fence.stand_down()  # waiting as a spare
+    now[0] = 110.0  # frozen 10 s, then a late beat
+    fence.proved_alive(101.0)
+    assert fence.reason is None
+    fence.arrived()  # chosen: it takes its slot at 110
+    proc = sleepers()
+    fence.guard(proc.pid)
+    now[0] = 114.0
+    fence.proved_alive(113.0)  # in time: counts from 113
+    assert fence.reason is None and proc.poll() is None
+    now[0] = 119.0
+    fence.proved_alive(118.5)  # after the deadline (118): fires
+    assert proc.wait(HANG) == -signal.SIGKILL
+
+
 def test_a_proof_that_comes_after_the_deadline_fires_the_fence(
     sleepers: Callable[[], subprocess.Popen[bytes]],
 ) -> None:

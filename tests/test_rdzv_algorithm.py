@@ -12,6 +12,9 @@ import pytest
 
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import EventKind
+from phalanx.rendezvous.dynamic.board import LEFT, Board
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
 from support.launch import wait_for
 from support.memcluster import (
     FAST,
@@ -23,7 +26,7 @@ from support.memcluster import (
     form,
     wait_event,
 )
-from support.memory_store import MemoryStore
+from support.memory_store import MemoryServer, MemoryStore
 
 
 def test_two_nodes_agree(cluster: Cluster) -> None:
@@ -275,3 +278,45 @@ def test_event_behind_a_dead_writers_hole_still_arrives(cluster: Cluster) -> Non
     dead_writer.add("phalanx/rdzv/job/r0/events", 1)  # took slot 1, died before writing it
     b.report_failure({"rank": 2, "exit_code": 9})  # lands in slot 2
     assert wait_event(a, EventKind.PEER_FAILED).failure == {"rank": 2, "exit_code": 9}
+
+
+# restart_close(joined, survivors, queued, live, (MIN, MAX), last_call_over) -> count | 0 | None
+RESTART_CLOSE = [
+    ((1, 1, 1, 1, (2, 2), False), None),  # the spare is expected: the last call runs
+    ((2, 1, 1, 1, (2, 2), False), 2),  # everyone expected is in: at once
+    ((1, 1, 1, 1, (2, 2), True), None),  # a frozen spare that still beats: waited for
+    ((1, 1, 1, 0, (2, 2), True), 0),  # the spare is lost: too few, the round fails
+    ((1, 1, 0, 0, (2, 2), True), 0),  # no spare at all: as before
+    ((2, 1, 2, 2, (2, 3), True), None),  # MIN in, a second live spare has a place: waited for
+    ((2, 1, 2, 1, (2, 3), True), 2),  # MIN in, the other spare lost: runs with 2
+    ((3, 2, 3, 3, (2, 3), True), 3),  # MAX in: queued spares beyond it are not waited for
+    ((2, 2, 3, 3, (1, 2), True), 2),  # survivors fill MAX: no spare is needed
+    ((1, 1, 2, 1, (1, 3), True), None),  # one live spare of two: the round waits for it
+]
+
+
+@pytest.mark.parametrize(("args", "closes"), RESTART_CLOSE)
+def test_restart_round_closes_as_the_rule_says(
+    args: tuple[int, int, int, int, tuple[int, int], bool], closes: int | None
+) -> None:
+    assert restart_close(*args) == closes
+
+
+def test_a_queued_node_is_live_until_its_heartbeat_is_heartbeat_timeout_old() -> None:
+    """Judged on this node's clock from its first look (no clock sync); a place taken whose
+    id never came is live as long; ``LEFT`` is not live."""
+    now = [100.0]
+    board = Board(MemoryStore(MemoryServer()), Keys("job"), "me")
+    queue = QueuedNodes(board, FAST, clock=lambda: now[0])
+    for spare in ("s1", "s2"):
+        queue.record(1, spare)
+        board.store.set(board.keys.heartbeat(spare), b"1")
+    board.store.add(board.keys.round(1, "waiting"), 1)  # a third place, its id never written
+    assert queue.count(1) == 3 and queue.live(1, 3) == 3
+    now[0] += FAST.heartbeat_timeout - 0.1
+    board.store.set(board.keys.heartbeat("s2"), b"2")  # s2 beats again; s1 stays frozen
+    assert queue.live(1, 3) == 3
+    now[0] += 0.2
+    assert queue.live(1, 3) == 1  # s1 and the hole are lost
+    board.store.set(board.keys.heartbeat("s2"), LEFT)
+    assert queue.live(1, 3) == 0

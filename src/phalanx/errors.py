@@ -52,7 +52,8 @@ class NodeExcluded(PhalanxError):
 
 class NotNeeded(PhalanxError):
     """A spare (an agent beyond ``--nnodes MAX``) waited while the job ran with all its
-    members, and the job finished without needing it: exit 0, one line (``formation``)."""
+    members, and the job ended without it -- it finished, or it failed (the members report
+    that, with its code): exit 0, one line (``formation``)."""
 
     exit_code = 0
 

@@ -14,7 +14,10 @@ so its workers are SIGKILLed and reaped at least ``MARGIN`` before any survivor 
 it lost, and a new round (and new workers of the same ranks) can only start after that.
 
 The deadline is kept by a thread of its own that does no I/O (``Fence``): a store call
-blocked in the network delays the next proof, never the fence.
+blocked in the network delays the next proof, never the fence. A node that is no member
+yet (a fresh node, a spare) stands its fence down while it waits and arms it when it
+arrives in a round (``arrived``): nobody counts it lost before then, and a spare paused
+longer than ``fence_after`` while it waited would otherwise fence itself once chosen.
 """
 
 from __future__ import annotations
@@ -157,6 +160,14 @@ class Fence:
         with self._lock:
             self._standing_down = False
             self._thread = None
+
+    def arrived(self) -> None:
+        """A node that is no member yet (a fresh node, a spare) arrives in a round, its fence
+        stood down while it waited: no member can count it lost from before now (they judge
+        it once the round has closed, after this), so a pause while it waited does not
+        count. Armed afresh, as if a write had proved it alive now."""
+        self.rearm()
+        self.proved_alive(self._clock())
 
     # -- the supervisor's side -------------------------------------------------------------
     def guard(self, pgid: int) -> None:

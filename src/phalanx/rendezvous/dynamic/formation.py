@@ -11,14 +11,19 @@ arrivals); nobody scans the membership:
    an arrival with slot >= MIN closes after the last-call window unless someone did first.
    In a later round nodes first wait until every member of round t-1 is accounted for
    (rejoined, lost, or left -- so a member still stopping its workers is waited for, not
-   dropped); then the round closes at once when every survivor and every queued newcomer
-   is in, after the last call otherwise, and fails when fewer than MIN nodes are left.
+   dropped); then the round closes at once when every survivor and every queued node
+   (spare or newcomer) is in, after the last call otherwise -- but not while a queued node
+   that still beats is missing (``queued``: a spare that hiccups when it is chosen is
+   waited for until its heartbeat is ``heartbeat_timeout`` old) -- and fails when fewer
+   than MIN nodes are left.
 3. **Membership**: slot 1 reads the n arrivals, assigns node ranks, writes ``members``
    (a deterministic result, so any node can redo it if slot 1 died). Node rank 0 picks a
    free port on its host and publishes ``master``.
 
 A node that finds the round closed without it (it came late, or beyond MAX) queues for
-the next round; if the running round has room, its members see ``NODE_WAITING``.
+the next round; if the running round has room, its members see ``NODE_WAITING``. A spare
+(it queued while the round ran with MAX members) that the job ends without -- it finished,
+or it failed -- leaves with exit 0: not needed (``NotNeeded``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
 from phalanx.rendezvous.dynamic.admission import check_admission
 from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
+from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
 from phalanx.rendezvous.settings import RendezvousSettings
 
@@ -51,12 +57,16 @@ class RoundFormer:
         worker_port: int | None = None,
         where: str = "",
         admit_mismatch: bool = False,
+        arriving: Callable[[], None] = lambda: None,
     ) -> None:
         """``worker_port``: the workers' master port in every round (a program that was
         given its port, ``phalanx.spawn``); None: node 0 picks a free port each round.
         ``where``: the store, as the waiting line names it.
         ``admit_mismatch``: join a running job whose code or arguments differ from this
-        node's (``admission``; --allow-mismatch)."""
+        node's (``admission``; --allow-mismatch).
+        ``arriving``: called just before this node takes a slot as a newcomer, not as a
+        member of the round before (a fresh node's or a spare's fence arms from then:
+        ``Fence.arrived``)."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -65,7 +75,10 @@ class RoundFormer:
         self._clock = clock
         self._worker_port = worker_port
         self._admit_mismatch = admit_mismatch
+        self._arriving = arriving
         self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock, where=where)
+        self._queue = QueuedNodes(board, settings, clock)
+        self._was_spare = False  # this join waited as a spare (round t-1 ran at MAX)
 
     def form(
         self, me: Arrival, prior: Membership | None, prior_rank: int | None
@@ -82,6 +95,7 @@ class RoundFormer:
         self, me: Arrival, prior: Membership | None, prior_rank: int | None
     ) -> tuple[Membership, int, tuple[str, int]]:
         deadline = self._clock() + self._s.join_timeout
+        self._was_spare = False
         rejoining = prior is not None and prior_rank is not None
         t = prior.round + 1 if prior is not None and rejoining else self._b.latest_round()
         queued: set[int] = set()
@@ -97,6 +111,7 @@ class RoundFormer:
                     self._queue_for(t, me)  # round t-1 runs without us: wait for the next
                     queued.add(t)
                 deadline = self._wait_open(t, deadline)
+                self._arriving()
             slot = self._b.store.add(self._keys.round(t, "joined"), 1)
             if slot > self._max:  # full: queue for the next round
                 rejoining = False
@@ -107,7 +122,7 @@ class RoundFormer:
                 self._b.settle(t - 1, prior_rank, prior.count, "rejoined")
             decision = self._await_decision(t, slot, deadline)
             if decision.failed:
-                raise RendezvousError(decision.failure)
+                raise self._ended(decision.failure)
             if slot > decision.count:  # closed without this node: queue for the next round
                 rejoining = False
                 t += 1
@@ -117,23 +132,34 @@ class RoundFormer:
             return membership, rank, self._master(membership, rank)
 
     # -- joining ---------------------------------------------------------------------------
-    def _check_stopped(self, spare: bool = False) -> None:
-        """Raise if the job stopped (``spare``: this node waited as a spare so far)."""
+    def _check_stopped(self) -> None:
+        """Raise if the job stopped."""
         stopped = self._b.stopped()
         if stopped is None:
             return
         reason, finished = stopped
         if finished:  # the tombstone of a run that succeeded (its other keys may be gone)
-            raise self._not_needed(self._b.latest_round() + 1, spare)
+            raise self._not_needed(self._b.latest_round() + 1)
         by_signal = self._b.stop_signal()
         if by_signal is not None:  # a stop or a preemption, not a failure: end as that node
             signum, preempted, where = by_signal
             if preempted:
                 raise Preempted(signum, f"preempted on {where} ({reason})", where)
             raise Interrupted(signum, where)
-        raise RendezvousError(
-            f"rendezvous {shown_run_id(self._keys.run_id)}: the job stopped: {reason} ({_SINGLE_USE})"
+        raise self._ended(
+            f"rendezvous {shown_run_id(self._keys.run_id)}: the job stopped: {reason} ({_SINGLE_USE})",
+            reason,
         )
+
+    def _ended(self, failure: str, reason: str = "") -> PhalanxError:
+        """The job ended without this node (``failure``: as a member would say it): a spare
+        was not needed, whatever the job's outcome (its members report that)."""
+        if self._was_spare:
+            return NotNeeded(
+                f"the job ended while this node waited as a spare ({reason or failure}): "
+                "not needed, nothing to run"
+            )
+        return RendezvousError(failure)
 
     def _finished(self) -> RendezvousError:
         return RendezvousError(
@@ -145,12 +171,12 @@ class RoundFormer:
         """The first round not yet closed (closed ones run, or ran, without this node)."""
         while (decision := self._b.decision(t)) is not None:
             if decision.failed:
-                raise RendezvousError(decision.failure)
+                raise self._ended(decision.failure)
             t += 1
         return t
 
     def _queue_for(self, t: int, me: Arrival) -> None:
-        self._b.store.add(self._keys.round(t, "waiting"), 1)
+        self._queue.record(t, me.node_id)
         running = self._b.decision(t - 1)
         if running is not None and not running.failed and running.count < self._max:
             event = JobEvent(
@@ -165,12 +191,13 @@ class RoundFormer:
         but this node's place) keeps waiting for the job's life; returns the join deadline
         for the rest of the round (the timeout again from now, for such a spare)."""
         key = self._keys.round(t, "open")
-        spare = waited_past = False
+        waited_past = False
         while not self._b.is_open(t):
-            self._check_stopped(spare)
+            self._check_stopped()
             spare = self._spare(t)
+            self._was_spare |= spare
             if self._b.all_ok(t - 1):
-                raise self._not_needed(t, spare)
+                raise self._not_needed(t)
             left = deadline - self._clock()
             if left <= 0 and spare:
                 deadline = self._clock() + self._s.join_timeout
@@ -192,9 +219,9 @@ class RoundFormer:
         running = self._b.decision(t - 1)
         return running is not None and not running.failed and running.count >= self._max
 
-    def _not_needed(self, t: int, spare: bool) -> PhalanxError:
+    def _not_needed(self, t: int) -> PhalanxError:
         """The job finished while this node waited for round t: a spare leaves with exit 0."""
-        if spare:
+        if self._was_spare:
             return NotNeeded(
                 f"the job finished while this node waited as a spare (round {t - 1} ran with "
                 "all its members): not needed, nothing to run"
@@ -206,36 +233,51 @@ class RoundFormer:
         if slot == self._max:
             return self._b.close(t, Decision(count=self._max))
         if t > 0:
-            settled = self._keys.round(t - 1, "all_settled")
-            decided = self._wait_decided(t, deadline, settled, deadline, settling=True)
-            if decided is not None:
-                return decided
-            if self._clock() >= deadline:
-                return self._b.close(
-                    t,
-                    Decision(
-                        failure=f"members of round {t - 1} neither rejoined nor were found "
-                        f"lost within join_timeout={self._s.join_timeout:g}s"
-                    ),
-                )
-            previous = self._b.decision(t - 1)
-            survivors = (previous.count if previous else 0) - self._b.read_int(
-                self._keys.round(t - 1, "gone")
-            )
-            waiting = self._b.read_int(self._keys.round(t, "waiting"))
-            joined = self._b.read_int(self._keys.round(t, "joined"))
-            if joined >= max(self._min, min(self._max, survivors + waiting)):
-                return self._b.close(t, Decision(count=min(joined, self._max)))
-            window_end = self._clock() + self._s.last_call_timeout
-        elif slot >= self._min:
-            window_end = self._clock() + self._s.last_call_timeout
-        else:
-            window_end = deadline
-        if (
-            decided := self._wait_decided(t, min(window_end, deadline), None, deadline)
-        ) is not None:
+            return self._await_restart(t, deadline)
+        # Round 0: MIN in, the last call; fewer, until the join deadline.
+        until = self._clock() + self._s.last_call_timeout if slot >= self._min else deadline
+        if (decided := self._wait_decided(t, min(until, deadline), None, deadline)) is not None:
             return decided
-        joined = self._b.read_int(self._keys.round(t, "joined"))
+        return self._close_with(t, self._b.read_int(self._keys.round(t, "joined")))
+
+    def _await_restart(self, t: int, deadline: float) -> Decision:
+        """Round t > 0: wait for round t-1's members to settle, then close as
+        ``restart_close`` says (checked again every heartbeat interval past the last call:
+        a queued node that still beats is on its way)."""
+        settled = self._keys.round(t - 1, "all_settled")
+        decided = self._wait_decided(t, deadline, settled, deadline, settling=True)
+        if decided is not None:
+            return decided
+        if self._clock() >= deadline:
+            return self._b.close(
+                t,
+                Decision(
+                    failure=f"members of round {t - 1} neither rejoined nor were found "
+                    f"lost within join_timeout={self._s.join_timeout:g}s"
+                ),
+            )
+        previous = self._b.decision(t - 1)
+        survivors = (previous.count if previous else 0) - self._b.read_int(
+            self._keys.round(t - 1, "gone")
+        )
+        last_call = self._clock() + self._s.last_call_timeout
+        while True:
+            now = self._clock()
+            joined = self._b.read_int(self._keys.round(t, "joined"))
+            queued = self._queue.count(t)
+            # Past the join deadline nobody is waited for; before it, the judge's clock
+            # starts at the first look (the spare's last beat was before it).
+            live = self._queue.live(t, queued) if now < deadline else 0
+            over = now >= min(last_call, deadline)
+            nodes = (self._min, self._max)
+            if restart_close(joined, survivors, queued, live, nodes, over) is not None:
+                return self._close_with(t, joined)
+            until = last_call if now < last_call else now + self._s.heartbeat_interval
+            if (decided := self._wait_decided(t, min(until, deadline), None, deadline)) is not None:
+                return decided
+
+    def _close_with(self, t: int, joined: int) -> Decision:
+        """Close round t with the ``joined`` arrivals, or fail it when they are below MIN."""
         if joined >= self._min:
             return self._b.close(t, Decision(count=min(joined, self._max)))
         if t > 0:

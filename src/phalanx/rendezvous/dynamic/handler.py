@@ -148,7 +148,7 @@ class DynamicRendezvous:
         self._board = board = Board(self._store, Keys(run_id), node_id)
         self._former = RoundFormer(
             board, self._settings, min_nodes, max_nodes, worker_port=worker_port,
-            where=where, admit_mismatch=admit_mismatch,
+            where=where, admit_mismatch=admit_mismatch, arriving=self._arriving,
         )  # fmt: skip
         self._liveness = liveness = Liveness(board, self._settings, fence=self._fence)
         if self._ring is not None:
@@ -266,6 +266,11 @@ class DynamicRendezvous:
             hosts_store=self._store.hosting,
             fingerprint=self._fingerprint,
         )
+        if self._membership is None and self._fence is not None:
+            # No member yet (a fresh node, a spare): nothing to fence while it waits, and a
+            # pause then (a spare frozen for longer than fence_after) must not count as
+            # one once it is chosen; it arms when the node arrives in a round (``_arriving``).
+            self._fence.stand_down()
         try:
             self._liveness.announce()
             self._liveness.start()  # beats while joining: see ``Liveness``
@@ -294,6 +299,11 @@ class DynamicRendezvous:
             fingerprints=membership.fingerprints,
             node_ids=membership.node_ids,
         )
+
+    def _arriving(self) -> None:
+        """This node takes a slot in a round; if it was no member before, its fence arms now."""
+        if self._membership is None and self._fence is not None:
+            self._fence.arrived()
 
     def peers(self) -> DynamicRendezvous:
         return self  # this node's side of the others: ``Peers``

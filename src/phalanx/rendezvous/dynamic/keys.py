@@ -5,7 +5,8 @@ Job-wide keys:  ``round`` (the newest opened round), ``stopped`` (someone gave u
 swept), ``sweep_from`` (the oldest round not yet swept), ``hb/<node id>`` (liveness: a heartbeat counter, or a key bound to the node's lease;
 see ``pulse``).
 Per round r, under ``r<r>/``: ``open``, ``joined`` (arrival counter), ``node/<slot>`` (an
-arrival's details), ``waiting`` (nodes queued for this round while the previous one ran),
+arrival's details), ``waiting`` (nodes queued for this round while the previous one ran) + ``queued/<n>`` (the
+node id of each, whose heartbeat a restart round judges: ``queued``),
 ``closed`` (the decision: how many arrivals are in, or why the round failed), ``members``,
 ``master``, ``fate/<rank>`` (how a member left the round: rejoined the next, lost, left),
 ``settled``/``gone``/``lost``/``all_settled`` (counting those fates), ``events`` + ``ev/<i>`` (the
@@ -92,6 +93,9 @@ class Keys:
     def node(self, r: int, slot: int) -> str:
         return self.round(r, f"node/{slot}")
 
+    def queued(self, r: int, place: int) -> str:
+        return self.round(r, f"queued/{place}")
+
     def fate(self, r: int, rank: int) -> str:
         return self.round(r, f"fate/{rank}")
 
@@ -126,14 +130,17 @@ class Keys:
         events: int,
         requests: int,
         status_requests: int = 0,
+        queued: int = 0,
     ) -> Iterator[str]:
         """Every key round ``r`` can hold, given its counters: ``slots`` arrivals, ``members``
         fates, ``events`` log entries, ``requests`` stacks requests and ``status_requests``
-        status requests (one answer per member each)."""
+        status requests (one answer per member each), ``queued`` nodes queued for it."""
         for name in self.ROUND_NAMES:
             yield self.round(r, name)
         for slot in range(1, slots + 1):
             yield self.node(r, slot)
+        for place in range(1, queued + 1):
+            yield self.queued(r, place)
         for rank in range(members):
             yield self.fate(r, rank)
             for phase in self.CHECK_PHASES:

@@ -59,6 +59,7 @@ def _sweep_round(board: Board, r: int, watching: set[str]) -> None:
         events=board.counter(keys.round(r, "events")),
         requests=board.counter(keys.round(r, "stack_requests")),
         status_requests=board.counter(keys.round(r, "status_requests")),
+        queued=board.counter(keys.round(r, "waiting")),
     )
     for key in doomed:
         board.store.delete(key)
