@@ -198,6 +198,35 @@ def test_an_endpoint_that_refuses_is_reported_while_phalanx_keeps_trying(tmp_pat
     assert "Traceback" not in done.stderr
 
 
+def test_a_port_holder_that_never_speaks_is_reported_while_the_node_waits(tmp_path: Path) -> None:
+    """A process that is not phalanx holds the endpoint's port: it listens (the kernel
+    accepts every connection into its backlog) and never says a word. The node says so every
+    5 s -- the address, that the store has not spoken, what it waits for and for how long --
+    then one line at read_timeout, exit 1 (it was a minute of silence, then that line)."""
+    with socket.create_server(("127.0.0.1", 0)) as holder:  # never accept()s, never speaks
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [*PHALANX, "--log-dir", str(tmp_path / "logs"),
+             *_c10d(f"127.0.0.1:{port}", "2", "is_host=false,read_timeout=12"),
+             worker("chatty.py"), "1"],
+            capture_output=True, text=True, timeout=HANG,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    waits = [line for line in lines if "has said nothing for" in line]
+    assert len(waits) >= 2, done.stderr  # said, and said again
+    assert waits[0].startswith(
+        f"phalanx: rendezvous: the rendezvous store at 127.0.0.1:{port} accepted the connection "
+        "but has said nothing for 5 s"
+    ), done.stderr
+    assert all("waiting for its greeting for another" in line for line in waits)
+    assert lines[-1].endswith(
+        f"127.0.0.1:{port} did not answer the handshake within 12 s (a phalanx store speaks "
+        "first: the process on that port is not one, or hangs)"
+    ), done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_junk_in_the_store_is_a_rendezvous_error_naming_the_key(tmp_path: Path) -> None:
     """A hostile (or broken) client of the c10d store writes an event that is not JSON into
     a running job: every node's heartbeat thread reads it, and each node stops its workers

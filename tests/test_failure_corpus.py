@@ -1,6 +1,7 @@
 """A corpus of real failures, each classified with the right root-cause rank in report.json:
 an exception, sys.exit(7), SIGSEGV, SIGKILL, out of memory (in a memory cgroup the test
-makes), a hang; and on two hosts a lost node and a hang whose suspect is on the other host."""
+makes), a hang, every rank raising; and on two hosts a lost node and a hang whose suspect is
+on the other host."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from phalanx.net import free_port
 from phalanx.report.oom import memory_cgroup_counter
 from support.hosts import Node
 from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
+from support.tools import hang_filesystem
 
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60"
 
@@ -50,6 +53,65 @@ def test_single_node_failures(tmp_path: Path, how: str, code: int, kind: str, re
     assert reason in str(cause["reason"])
     if how == "segv":  # faulthandler saw where: the line of ctypes.string_at(0)
         assert str(cause["reason"]).endswith("fail_how.py:18 in <module>")
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie: it has exited (its parent may not have reaped it yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _waits_on_fuse(pid: int) -> bool:
+    """Whether ``pid``'s main thread sleeps in the kernel waiting for the FUSE daemon."""
+    return Path(f"/proc/{pid}/wchan").read_text() == "request_wait_answer"
+
+
+def test_ranks_that_raise_before_phalanx_stops_them_also_failed(tmp_path: Path) -> None:
+    """Every rank raises: rank 0 first, the others while phalanx is on its way to stopping
+    them -- held there by the stop notice it writes before its SIGTERM (``--preempt-signals
+    SIGTERM``) into a run directory whose filesystem stops answering (``support/hangfs.py``),
+    until they have all exited. Each of them ended by itself, before any signal: it is in
+    ``also_failed`` with its own exception, not "stopped by phalanx (exit code 1)"."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    with hang_filesystem(tmp_path) as (logs, switch):
+        err = tmp_path / "stderr"
+        with open(err, "wb") as out:
+            launcher = subprocess.Popen(
+                [*PHALANX, "--log-dir", str(logs), "--nproc-per-node", "3",
+                 "--preempt-signals", "SIGTERM", worker("raise_when_told.py"), str(shared)],
+                stdout=subprocess.DEVNULL, stderr=out, start_new_session=True,
+            )  # fmt: skip
+        try:
+            pids = [shared / f"pid.{rank}" for rank in range(3)]
+            wait_for(lambda: all(p.exists() and p.read_text() for p in pids), 60, "3 workers")
+            first, *rest = (int(p.read_text()) for p in pids)
+            switch.touch()  # from now on the stop notice, and every write there, waits
+            (shared / "go.first").touch()
+            wait_for(lambda: _ended(first), 60, "rank 0 to raise")
+            # The agent has noticed and is held on its way to the SIGTERM: only then do the
+            # others raise (before, it would record their exits as it did rank 0's).
+            wait_for(lambda: _waits_on_fuse(launcher.pid), 60, "the agent held by the mount")
+            (shared / "go.rest").touch()
+            wait_for(lambda: all(_ended(pid) for pid in rest), 60, "ranks 1 and 2 to raise")
+            switch.unlink()
+            assert launcher.wait(60) == 1, err.read_text()
+        finally:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait(10)
+        said = err.read_text()
+        data = report(tmp_path / "backing")
+    assert data["root_cause"]["rank"] == 0, said  # type: ignore[index]
+    assert data["also_failed"] == [1, 2] and data["collateral"] == [], said
+    for rank in (1, 2):
+        (exit_,) = [e for e in data["exits"] if e["rank"] == rank]  # type: ignore[union-attr]
+        assert exit_["kind"] == "exception", exit_
+        assert exit_["reason"] == f"ValueError: rank {rank} fails on its own", exit_
+        assert f"also failed afterwards (ValueError: rank {rank} fails on its own)" in said
+    assert "stopped by phalanx" not in said
 
 
 def test_hang(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ session does.
   nohup.out): the SIGHUP stays ignored and the job runs to its end, exit 0.
 - The launcher disowned (another session; the pty only its stdout/stderr): no SIGHUP, its
   writes to the terminal fail with EIO; the job goes on without its console to its end,
-  exit 0, with every line in the log files and the loss said once in the event log.
+  exit 0, with every line in the log files, the loss said once in the event log, and its
+  report.json written.
 """
 
 from __future__ import annotations
@@ -141,7 +142,10 @@ def test_a_disowned_job_whose_terminal_closes_goes_on_without_its_console(
     assert len(said) == 1 and "Input/output error" in said[0]["reason"], said
     ends = [(e["outcome"], e["exit_code"]) for e in events() if e["kind"] == "job_end"]
     assert ends == [("succeeded", 0)]
-    assert not (_run_dir(logs) / "report.json").exists()
+    # report.json is written at every end (it was not on a success without an incident).
+    report = json.loads((_run_dir(logs) / "report.json").read_text())
+    assert report["outcome"] == "succeeded" and report["root_cause"] is None, report
+    assert [e["rank"] for e in report["exits"]] == [0], report
     lines = _stdout_lines(logs)
     assert lines[-1] == "done"
     assert lines[:-1] == [f"line {n:05d}" for n in range(len(lines) - 1)]

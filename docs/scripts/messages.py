@@ -4,10 +4,17 @@ nothing run), for the troubleshooting page and its test (``tests/test_docs.py``)
 What counts as a message, kept to rules so a new one is scanned without a list to keep:
 - the first argument of ``raise E(...)`` where E is one of phalanx's errors (``PhalanxError``
   and every class below it anywhere in src/, read from the class statements; each is printed
-  as ``phalanx: error: ...`` or ``phalanx: ...``);
-- ``raise ValueError(...)`` in the modules that read the user's input (their ValueErrors are
-  turned into usage errors: command line, environment, host lists, schedulers);
-- ``problems.append(...)``: the lists of problems a usage error prints one line each;
+  as ``phalanx: error: ...`` or ``phalanx: ...``), or a store's (``StoreUnavailable`` and its
+  family: printed after ``--rdzv-backend NAME: `` or ``rendezvous: ``);
+- an error class that words its own message (``super().__init__(f"...")`` in its
+  ``__init__``): that message, once, and not the arguments of each ``raise``;
+- ``raise f(...)`` where ``f`` is a function of phalanx that returns one of those errors:
+  the message of each error it returns;
+- ``raise ValueError(...)`` and ``raise argparse.ArgumentTypeError(...)`` in the modules that
+  read the user's input (turned into usage errors: command line, environment, host lists,
+  schedulers);
+- ``problems.append(...)``, and ``p.add(...)`` on a parameter annotated ``Problems``: the
+  lists of problems a usage error prints one line each;
 - ``log.warning(...)`` and ``log.error(...)``: the warnings and errors on stderr.
 
 A message given by name is followed to where its text is made: a local variable to its
@@ -16,7 +23,9 @@ of phalanx to that function's ``return`` values, an attribute (``decision.failur
 values given to that name (``failure=...``, ``x.failure = ...``) anywhere in src/. Each value
 found is a message of its own. Its *key* is its longest literal piece (an f-string's text
 between the ``{}``, a ``%`` format's text between its fields), whitespace collapsed, of at
-least 12 characters. The troubleshooting page must contain every key; a message with no key
+least 12 characters; with the words the message starts with (8 characters or more) when they
+are not in that piece: the page must hold them before it, in the same entry
+("--signals-to-handle: … cannot be caught" is not "--preempt-signals: … cannot be caught"). The troubleshooting page must contain every key; a message with no key
 (its text is the operating system's, or a signal's) must be in ``UNKEYED`` with the reason.
 
     python docs/scripts/messages.py    # lists the messages the page lacks, and unkeyed ones
@@ -35,11 +44,13 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "src" / "phalanx"
 PAGE = ROOT / "docs" / "troubleshooting.md"
-ROOT_ERROR = "PhalanxError"
+ROOT_ERRORS = ("PhalanxError", "StoreUnavailable")
+INPUT_ERRORS = ("ValueError", "ArgumentTypeError")
 # Where a ValueError is the user's bad input (turned into a usage error by the caller).
 INPUT_MODULES = ("cli/", "parsing.py", "hosts/", "environments/", "check_settings.py")
 LOG_LEVELS = ("warning", "error")
 MIN_KEY = 12
+MIN_PREFIX = 8  # a message's first words this long are part of its key (``_key``)
 SIGNAL = "Interrupted(signal): worded by the class from the signal ('stopped by SIGTERM')"
 STORE = "the store's own error (a refused connection, an etcd reply), after 'rendezvous: '"
 FIELD = "\0"  # where a value is filled in at run time (shown as … on the page)
@@ -65,6 +76,7 @@ UNKEYED: dict[str, str] = {
     "a callable: its lines are scanned where liveness words them",
     "rendezvous/dynamic/formation.py: f\"round {t}: {found['fail']}\"": "the failure another "
     "node wrote to the store, worded (and scanned) where it is written",
+    "cli/convert.py: problem": "straggler_problems()'s lines, scanned where they are appended",
 }
 # Texts the scan meets on the way to a message that are not messages themselves (help text
 # of --rdzv-backend, reached through an attribute with the same name as a message's).
@@ -72,6 +84,12 @@ NOT_MESSAGES = {
     "etcd v3 (torchrun's etcd-v2 name accepted)",
     "the agent store, hosted by one agent",
     "node ranks given; node 0 hosts the store",
+    # The store's name that starts a store error built only of values
+    # (``f"{self.where}: {request}: {why}"``), and a text met through ``why``'s attribute.
+    "the rendezvous store at",
+    "the rendezvous store this node hosts on",
+    "the rendezvous store this node hosts on port",
+    "no Python stack",
 }
 
 Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.Module
@@ -84,14 +102,14 @@ def _name(node: ast.expr) -> str:
 
 
 def error_classes(trees: list[ast.AST]) -> set[str]:
-    """``PhalanxError`` and the classes that derive from it, directly or not."""
+    """``ROOT_ERRORS`` and the classes that derive from them, directly or not."""
     bases = {
         node.name: {_name(b) for b in node.bases}
         for tree in trees
         for node in ast.walk(tree)
         if isinstance(node, ast.ClassDef)
     }
-    family = {ROOT_ERROR}
+    family = set(ROOT_ERRORS)
     while grown := {c for c, b in bases.items() if c not in family and b & family}:
         family |= grown
     return family
@@ -118,6 +136,10 @@ class Source:
             for p in sorted(SOURCE.rglob("*.py"))
         }
         self.errors = error_classes(list(self.trees.values()))
+        self.worded = worded_classes(list(self.trees.values()), self.errors)
+        self._tree: dict[int, ast.Module] = {
+            id(node): tree for tree in self.trees.values() for node in ast.walk(tree)
+        }
         self.module_of: dict[int, str] = {}
         self.functions: Index[ast.FunctionDef | ast.AsyncFunctionDef] = defaultdict(list)
         self.attributes: Index[tuple[ast.expr, Scope]] = defaultdict(list)
@@ -137,6 +159,10 @@ class Source:
             self.module_of[id(tree)] = module
             for node, scope in _scopes(tree):
                 self._index(module, node, scope)
+
+    def tree_of(self, node: ast.AST) -> ast.Module:
+        """The module ``node`` stands in."""
+        return self._tree[id(node)]
 
     def _index(self, module: str, node: ast.AST, scope: Scope) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -193,7 +219,9 @@ class Source:
             case ast.BinOp():
                 left = self.texts(node.left, scope, depth)
                 right = self.texts(node.right, scope, depth)
-                return [[p for text in left + right for p in text]]
+                if len(left) != 1 or len(right) != 1:  # lists added: their messages, each
+                    return left + right
+                return [left[0] + right[0]]  # one text added to another
             case ast.List() | ast.Tuple():
                 return [t for e in node.elts for t in self.texts(e, scope, depth)]
             case ast.IfExp():
@@ -276,24 +304,88 @@ def _target_names(targets: list[ast.expr]) -> set[str]:
     return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
 
 
+def worded_classes(trees: list[ast.Module], errors: set[str]) -> dict[str, tuple[ast.expr, Scope]]:
+    """The error classes that word their own message: class -> (the text its ``__init__``
+    gives ``super().__init__``, that ``__init__``)."""
+    worded: dict[str, tuple[ast.expr, Scope]] = {}
+    for tree in trees:
+        for cls in ast.walk(tree):
+            if not isinstance(cls, ast.ClassDef) or cls.name not in errors:
+                continue
+            for init in cls.body:
+                if not isinstance(init, ast.FunctionDef) or init.name != "__init__":
+                    continue
+                for call in ast.walk(init):
+                    if (
+                        isinstance(call, ast.Call)
+                        and _name(call.func) == "__init__"
+                        and call.args
+                        and isinstance(call.args[0], ast.JoinedStr)
+                    ):
+                        worded[cls.name] = (call.args[0], init)
+    return worded
+
+
+def _raised(
+    node: ast.Raise, scope: Scope, source: Source, input_module: bool
+) -> Iterator[tuple[ast.expr, Scope]]:
+    """What a ``raise`` prints: its error's first argument, or the errors a function of
+    phalanx returns (``raise _unsafe(...)``); nothing for a class that words its own."""
+    if not isinstance(node.exc, ast.Call):
+        return
+    name = _name(node.exc.func)
+    if name in source.worded:
+        return
+    if name in source.errors or (input_module and name in INPUT_ERRORS):
+        yield from ((arg, scope) for arg in node.exc.args[:1])
+        return
+    module = source.module_of[id(source.tree_of(node))]
+    for fn in source._lookup(source.functions, module, name, local=False):
+        for ret in ast.walk(fn):
+            if (
+                isinstance(ret, ast.Return)
+                and isinstance(ret.value, ast.Call)
+                and _name(ret.value.func) in source.errors
+                and ret.value.args
+            ):
+                yield ret.value.args[0], fn
+
+
+def _collects_problems(call: ast.Call, scope: Scope) -> bool:
+    """``problems.append(...)``, ``notes.append(...)``, or ``p.add(...)`` where ``p`` is a
+    parameter annotated as a ``Problems`` (the usage error's list)."""
+    if not isinstance(call.func, ast.Attribute) or not call.args:
+        return False
+    owner, verb = _name(call.func.value), call.func.attr
+    if owner in ("problems", "notes") and verb == "append":
+        return True
+    if verb != "add" or isinstance(scope, ast.Module):
+        return False
+    params = scope.args.posonlyargs + scope.args.args + scope.args.kwonlyargs
+    return any(
+        a.arg == owner
+        and a.annotation is not None
+        and ast.unparse(a.annotation).endswith("Problems")
+        for a in params
+    )
+
+
 def _message_args(
-    tree: ast.Module, input_module: bool, errors: set[str]
+    tree: ast.Module, input_module: bool, source: Source
 ) -> Iterator[tuple[ast.expr, Scope]]:
     for node, scope in _scopes(tree):
-        call = None
-        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-            name = _name(node.exc.func)
-            if name in errors or (input_module and name == "ValueError"):
-                call = node.exc
+        if isinstance(node, ast.Raise):
+            yield from _raised(node, scope, source, input_module)
+        elif isinstance(node, ast.Call) and _collects_problems(node, scope):
+            yield node.args[0], scope
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             owner, verb = _name(node.func.value), node.func.attr
-            if owner in ("problems", "notes") and verb == "append":
-                call = node
-            elif owner == "log" and verb in LOG_LEVELS and node.args:
+            if owner == "log" and verb in LOG_LEVELS and node.args:
                 # A log line is its format and what fills it: ``log.warning("%s", line)``.
                 yield ast.Tuple(elts=node.args, lineno=node.lineno), scope
-        if call is not None and call.args:
-            yield call.args[0], scope
+    for text, init in source.worded.values():
+        if source.tree_of(init) is tree:
+            yield text, init
 
 
 def _between(pieces: list[str]) -> list[str]:
@@ -311,7 +403,13 @@ def _key(pieces: list[str]) -> str | None:
     # A piece with no space is a name met on the way (a thread's, a variable's), not words.
     long = [p for p in collapsed if len(p) >= MIN_KEY and " " in p]
     if long:
-        return max(long, key=len)
+        key = max(long, key=len)
+        # "--signals-to-handle: … cannot be caught by any process": the words it starts with
+        # tell it from "--preempt-signals: … cannot be caught ...", so they are part of its key.
+        first = collapsed[0].strip() if pieces[0] != FIELD else ""
+        if len(first) >= MIN_PREFIX and first not in key:
+            return f"{first}{FIELD}{key}"
+        return key
     # Short pieces between values ("… launcher: … is not set"): the whole message, with its ….
     shown = template(pieces)
     words = shown.replace("…", "").strip(" :")
@@ -331,7 +429,7 @@ def scan() -> Found:
     source = Source()
     found = Found()
     for relative, tree in source.trees.items():
-        for arg, scope in _message_args(tree, relative.startswith(INPUT_MODULES), source.errors):
+        for arg, scope in _message_args(tree, relative.startswith(INPUT_MODULES), source):
             where = f"src/phalanx/{relative}:{arg.lineno}"
             if isinstance(arg, ast.Tuple):  # a log line: its format, or what fills a bare "%s"
                 fmt, *values = arg.elts
@@ -356,15 +454,25 @@ def messages() -> dict[str, str]:
     return scan().keys
 
 
-def missing(page: str) -> dict[str, str]:
+def on_page(key: str, text: str) -> bool:
+    """Whether ``text`` (the page, whitespace collapsed) holds the message of ``key``: its
+    words, and the words it starts with before them in the same entry when it has those."""
+    if FIELD not in key:
+        return key in text
+    first, rest = key.split(FIELD)
+    return re.search(re.escape(first) + r"[^`]*" + re.escape(rest), text) is not None
+
+
+def missing(page: str, found: Found | None = None) -> dict[str, str]:
     """The messages the page does not hold (whitespace collapsed on both sides)."""
     text = " ".join(page.split())
-    return {key: where for key, where in messages().items() if key not in text}
+    keys = (found or scan()).keys
+    return {key: where for key, where in keys.items() if not on_page(key, text)}
 
 
 if __name__ == "__main__":
     found = scan()
-    lacking = missing(PAGE.read_text())
+    lacking = missing(PAGE.read_text(), found)
     for key, where in sorted(lacking.items(), key=lambda kv: kv[1]):
         print(f"{where}: {found.shown[key]}")
     for unkeyed, where in found.unkeyed.items():

@@ -1,6 +1,6 @@
 """How an agent run ends, each end with the run's ``report.json``: success after the exit
-barrier (a report only when it recovered from something), a stop by signal, a preemption
-(exit 75), a failure (the job-wide root-cause report)."""
+barrier, a stop by signal, a preemption (exit 75), a failure (the job-wide root-cause
+report)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from phalanx.agent.describe import describe_event
 from phalanx.agent.exclusion import requeue_exclusions
 from phalanx.agent.runfiles import write_bounded
 from phalanx.agent.sofar import Tally
-from phalanx.agent.stopped import stop_report
+from phalanx.agent.stopped import stop_report, success_report
 from phalanx.config import LaunchConfig
 from phalanx.environments import slurm
 from phalanx.errors import Interrupted, JobFailed, PhalanxError, Preempted, RendezvousError
@@ -107,10 +107,7 @@ class Endings:
             lines, figures = self.recovery_figures()
             for line in lines:
                 log.info("%s", line)
-            if figures is not None or self.tally.checked:  # a report of its own: what to look at
-                data = {"attempts": self.tally.attempts, "outcome": "succeeded", "root_cause": None}
-                data["recovery"] = figures
-                self.write_report(data)
+            self.write_report(success_report(exits, self.tally.attempts, figures))
             return 0
         # The job failed elsewhere after these workers finished: it cannot restart (they
         # would not run again), so every node reports the failure and stops.

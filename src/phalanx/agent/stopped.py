@@ -1,5 +1,6 @@
 """A job asked to stop by a signal (``phalanx stop``, a scheduler's SIGTERM, Ctrl-C), on this
-node or on another: how the agent tells, and the report it writes (pure functions)."""
+node or on another: how the agent tells, and the report it writes (pure functions); and the
+report of a job that succeeded."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ def asked_to_stop(result: RoundResult) -> tuple[int, JobEvent | None] | None:
     return None
 
 
-
 def stop_report(
     exits: list[WorkerExit],
     attempts: int,
@@ -46,3 +46,13 @@ def stop_report(
         stopped_on_node=node,
         recovery=recovery,
     )
+
+
+def success_report(
+    exits: list[WorkerExit], attempts: int, recovery: dict[str, object] | None
+) -> dict[str, object]:
+    """``report.json`` of a job that succeeded: no root cause, no collateral, every exit and
+    the recovery figures (None without an incident). Written at every success, not only
+    after an incident: a script or a scheduler reads the outcome from it whatever the end."""
+    data = report_json([], attempts, outcome="succeeded", recovery=recovery)
+    return {**data, "exits": [e.to_json() for e in exits]}

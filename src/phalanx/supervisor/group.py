@@ -323,6 +323,10 @@ class Supervisor:
         for sig, wait in ((first_signal, grace), (signal.SIGKILL, KILL_WAIT)):
             # Groups of exited workers too: their children may still be running.
             for slot in slots:
+                if sig == first_signal and not fenced:
+                    # Looked at again just before its signal: all ranks that raise at once
+                    # end within the moment the lines above take, each with its own error.
+                    self._reaper.reap_if_exited(slot, selector)
                 killpg(slot.proc.pid, sig)
             deadline = time.monotonic() + wait
             while any(s.exit is None for s in slots) and time.monotonic() < deadline:

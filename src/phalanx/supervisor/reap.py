@@ -75,6 +75,17 @@ class Reaper:
             monotonic=time.monotonic(),  # orders this node's exits (report.exits.causal_order)
         )
 
+    def reap_if_exited(self, slot: Slot, selector: PipeSelector) -> None:
+        """Record ``slot``'s exit as its own if it has already ended (its exit fd readable):
+        called just before phalanx signals it, so a worker that ended before the signal is
+        never counted as stopped by phalanx."""
+        if slot.exit is not None:
+            return
+        ready, _, _ = select.select([slot.proc.exit_fd], [], [], 0)
+        if ready:
+            selector.unregister(slot.proc.exit_fd)
+            slot.exit = self.record_exit(slot, slot.proc.reap(), stopping=False)
+
     def forwarded(self, returncode: int) -> bool:
         """Whether the worker died of the preemption signal phalanx forwarded to it (its
         default action, in a program without phalanx's boot): the launcher's doing."""

@@ -15,8 +15,10 @@ final, asking again would get the same answer.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 from phalanx.rendezvous.stores.agentstore import auth, wire
@@ -30,9 +32,12 @@ from phalanx.rendezvous.stores.base import (
     StoreTimedOut,
     StoreUnavailable,
 )
-from phalanx.rendezvous.stores.reach import wait_reachable
+from phalanx.rendezvous.stores.reach import REPORT_EVERY, wait_reachable
+
+log = logging.getLogger("phalanx")
 
 _HANDSHAKE = "the handshake"
+_NOT_A_STORE = " (a phalanx store speaks first: the process on that port is not one, or hangs)"
 # Seconds a hosting handle's close waits for the other nodes to disconnect: their last reads
 # take a moment; a node that hangs or vanished without a reset must not hold the exit long.
 LINGER = 5.0
@@ -79,7 +84,7 @@ class AgentKVStore:
         may start later), and prove the token both ways once."""
         wait_reachable(host, port, connect_timeout, "the rendezvous store")
         store = cls(host, port, token, read_timeout=read_timeout)
-        store._release(store._open())
+        store._release(store._open(say_waiting=True))
         return store
 
     @classmethod
@@ -169,8 +174,9 @@ class AgentKVStore:
 
     # Connections.
 
-    def _open(self) -> socket.socket:
-        """A new connection that has passed the handshake."""
+    def _open(self, *, say_waiting: bool = False) -> socket.socket:
+        """A new connection that has passed the handshake (``say_waiting``: a line every
+        ``REPORT_EVERY`` seconds while the server stays silent, for the first connection)."""
         try:
             sock = socket.create_connection(self._address, timeout=self._read_timeout)
         except TimeoutError:
@@ -181,14 +187,16 @@ class AgentKVStore:
             raise StoreUnavailable(f"{self.where}: cannot connect ({_why(exc)})") from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._handshake(sock)
+            self._handshake(sock, say_waiting)
         except BaseException:
             sock.close()
             raise
         return sock
 
-    def _handshake(self, sock: socket.socket) -> None:
+    def _handshake(self, sock: socket.socket, say_waiting: bool = False) -> None:
         request = _HANDSHAKE
+        if say_waiting:
+            self._await_greeting(sock)
         hello = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
         if len(hello) != 2 or hello[0] != auth.GREETING or len(hello[1]) != auth.NONCE_BYTES:
             raise MalformedReply(self.where, request, "it is not a phalanx rendezvous store")
@@ -207,6 +215,37 @@ class AgentKVStore:
                 f"{self.where} did not prove the job's rendezvous token: the process serving "
                 f"that port is not this job's store, or its token differs ({HOW_TO_SET})"
             )
+
+    def _await_greeting(self, sock: socket.socket) -> None:
+        """Wait up to ``read_timeout`` for the server's first byte, saying every
+        ``REPORT_EVERY`` seconds what this node waits for: a port held by a process that
+        accepts and never speaks (not a phalanx store, or a hung one) is otherwise a minute
+        of silence. Leaves the socket's timeout at ``read_timeout``."""
+        start = time.monotonic()
+        deadline = start + self._read_timeout
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(max(0.01, min(REPORT_EVERY, left)))
+                try:
+                    sock.recv(1, socket.MSG_PEEK)  # the greeting, or the end: either is an answer
+                    return
+                except TimeoutError:
+                    if deadline - time.monotonic() > 0:
+                        log.warning(
+                            "rendezvous: %s accepted the connection but has said nothing for "
+                            "%.0f s (a phalanx store speaks first: the process on that port is "
+                            "not one, or hangs); waiting for its greeting for another %.0f s "
+                            "(read_timeout)",
+                            self.where, time.monotonic() - start, deadline - time.monotonic(),
+                        )  # fmt: skip
+                except OSError:
+                    return  # a reset: the receive below says it
+            raise StoreTimedOut(
+                f"{self.where} did not answer {_HANDSHAKE} within {self._read_timeout:g} s"
+                f"{_NOT_A_STORE}"
+            )
+        finally:
+            sock.settimeout(self._read_timeout)
 
     def _take(self) -> socket.socket:
         with self._lock:
@@ -260,11 +299,7 @@ class AgentKVStore:
         except wire.FrameError as exc:
             raise MalformedReply(self.where, request, str(exc)) from None
         except TimeoutError:
-            hint = ""
-            if request == _HANDSHAKE:
-                hint = (
-                    " (a phalanx store speaks first: the process on that port is not one, or hangs)"
-                )
+            hint = _NOT_A_STORE if request == _HANDSHAKE else ""
             raise StoreTimedOut(
                 f"{self.where} did not answer {request} within {sock.gettimeout():g} s{hint}"
             ) from None
