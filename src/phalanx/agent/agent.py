@@ -178,6 +178,7 @@ class Agent:
             guardian = Guardian(cgroup, on_lost=lambda lost: guardian_lost(events, lost))
             template: Template | None = None
             rendezvous: RendezvousHandler | None = None
+            supervisor: Supervisor | None = None
             try:
                 # Warm start: one template per run, imported while the rendezvous runs
                 template = open_template(config, self._base_env, run_dir)
@@ -186,18 +187,14 @@ class Agent:
                 if (peers := rendezvous.peers()) is not None:  # if this agent dies, its
                     peers.on_last_word(guardian.say)  # guardian tells the others at once
                 supervisor = Supervisor(
-                    guardian,
-                    shutdown_timeout=config.shutdown_timeout,
-                    monitor_interval=config.monitor_interval,
+                    guardian, shutdown_timeout=config.shutdown_timeout,
+                    monitor_interval=config.monitor_interval, console=self._console,
                     launch=template.launch if template is not None else exec_worker,
-                    console=self._console,
                     on_console_lost=lambda names, why: events.emit(
-                        "console_lost", streams=names, reason=why
-                    ),
-                    duplicate_filters=filters,
-                    wall_clock=wall_clock.now,
+                        "console_lost", streams=names, reason=why),
+                    duplicate_filters=filters, wall_clock=wall_clock.now,
                     fence=peers.fence() if peers is not None else None,
-                )
+                )  # fmt: skip
                 ends = Endings(
                     config, rendezvous, signals, run_dir, self._base_env, events, Tally(),
                     recovery,
@@ -210,6 +207,8 @@ class Agent:
             finally:
                 if template is not None:
                     template.close()
+                if supervisor is not None:
+                    supervisor.close()
                 guardian.close()
                 if cgroup is not None:
                     cgroup.leave()
