@@ -352,8 +352,9 @@ class Soak:
             self.etcd.stop()
         for i in range(3):  # the logs leave the tmpfs for the report before it goes
             disk = self.out / f"disk{i}"
+            # symlinks kept as such: a killed agent leaves its ranks' progress links dangling
             shutil.copytree(disk, self.out / "logs" / disk.name, ignore=shutil.ignore_patterns("filler"),
-                            dirs_exist_ok=True)  # fmt: skip
+                            dirs_exist_ok=True, symlinks=True)  # fmt: skip
             subprocess.run(["umount", "-l", str(disk)], capture_output=True)
         self.all_logs = [self.out / "logs" / p.relative_to(self.out) for p in self.all_logs]
         self.spaces.destroy()

@@ -16,6 +16,7 @@ import pytest
 
 from phalanx import checkpoint
 from phalanx.events.log import read_events
+from phalanx.worker import progress
 from support.launch import launched, run_phalanx, wait_for, worker
 from support.tools import fill, read_only, tiny_tmpfs
 
@@ -260,7 +261,8 @@ def test_progress_counters_whose_run_directory_fails_a_page_in_do_not_kill_the_w
     the run directory that a training worker has mapped, and each rank's ``progress``, is
     truncated to nothing, so touching a mapped page past the end raises SIGBUS. The counters
     are the agent's memory (a sealed memfd): nothing of the run directory is mapped, the
-    workers train on, the job exits 0, and the agent still reads every rank's last step.
+    workers train on, the job exits 0, and the agent still reads every rank's last step;
+    the run directory is left with plain files of the last counts.
     (Before: the mapped file itself; SIGBUS in ``phalanx.step``, and the report blamed the
     worker.)"""
     marks, logs = tmp_path / "marks", tmp_path / "logs"
@@ -290,3 +292,7 @@ def test_progress_counters_whose_run_directory_fails_a_page_in_do_not_kill_the_w
         if event["kind"] == "progress":
             steps[event["rank"]] = event["step"]
     assert steps == last, (steps, last)  # read after the workers ended, from the agent's memfd
+    for rank, step in last.items():  # the run left behind: plain files with the last counts
+        counters = run_dir / "attempt_0" / f"rank_{rank}" / progress.FILE_NAME
+        reading = progress.read(str(counters))
+        assert not counters.is_symlink() and reading is not None and reading[1] == step

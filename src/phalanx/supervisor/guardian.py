@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import select
 import subprocess
@@ -248,8 +249,12 @@ class Guardian:
         return GuardianLost(dead.pid, ended, None, f"{MAX_REPLACEMENTS} replaced already")
 
     def _tell(self, lost: GuardianLost | None) -> None:
-        if lost is not None:
+        if lost is None:
+            return
+        try:
             self._on_lost(lost)  # outside the lock: the caller may log, emit, write
+        except Exception:  # a bug there must not end the watching thread or the agent
+            logging.getLogger("phalanx").exception("guardian: telling of a lost guardian failed")
 
     def _watch(self) -> None:
         """Replace the guardian as soon as it dies (its pidfd becomes readable)."""
