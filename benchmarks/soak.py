@@ -11,8 +11,9 @@ node (a filler file fills its tmpfs, then goes), a link flap (a node's link down
 three times: it loses the store and comes back as a new member, each time before its heartbeat
 runs out), a spare frozen when chosen (the waiting agent SIGSTOPped, a member agent SIGKILLed
 so that the spare is chosen, the spare SIGCONTed ``SPARE_HOLD`` later: the restart waits for
-it). An agent that exits while the job is not
-done is started again on its node (it rejoins as a spare). Writes ``report.json`` and
+it), one node's guardian SIGKILLed (the job must go on untouched: a new guardian, no failure,
+no restart). An agent that exits while the job is not done is started again on its node (it
+rejoins as a spare). Writes ``report.json`` and
 ``timeline.html`` to ``--out`` and prints a table; exit 1 when an invariant fails.
 """
 
@@ -43,7 +44,8 @@ from support.launch import remove_job_cgroups  # noqa: E402
 from support.netns import NetNamespaces  # noqa: E402
 
 KINDS = ("worker_kill", "worker_exception", "worker_hang", "agent_kill", "node_cut",
-         "node_freeze", "etcd_member", "log_disk_full", "link_flap", "spare_freeze")  # fmt: skip
+         "node_freeze", "etcd_member", "log_disk_full", "link_flap", "spare_freeze",
+         "guardian_kill")  # fmt: skip
 CONF = ("heartbeat_interval=0.5,heartbeat_timeout=6,last_call_timeout=1,join_timeout=300,"
         "exit_barrier_timeout=30")  # fmt: skip
 # etcd's own keys (a c10d agent refuses them: the c10d variant had never started)
@@ -210,6 +212,7 @@ class Soak:
             "log_disk_full",
             "link_flap",
             "spare_freeze",
+            "guardian_kill",
         ):
             if not eligible:
                 record["skipped"] = "no worker running"
@@ -256,6 +259,8 @@ class Soak:
             subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M"], capture_output=True)
             self._hold()
             filler.unlink()
+        elif kind == "guardian_kill":
+            record.update(self._kill_guardian(self.nodes[n].proc.pid))
         record["ended"] = time.time()
         return record
 
@@ -281,6 +286,30 @@ class Soak:
             for p in tree:
                 with contextlib.suppress(psutil.Error):
                     p.send_signal(signal.SIGCONT)
+
+    def _kill_guardian(self, agent: int) -> dict[str, Any]:
+        """SIGKILL the agent's guardian; which pid replaced it (None: none within HOLD s)."""
+
+        def guardians() -> list[int]:
+            found = []
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(agent).children():
+                    with contextlib.suppress(psutil.Error):
+                        if child.cmdline()[1:3] == ["-I", "-S"] and child.status() != "zombie":
+                            found.append(child.pid)
+            return found
+
+        old = guardians()
+        for pid in old:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        end = time.time() + HOLD
+        while time.time() < end and not self.done():
+            new = [pid for pid in guardians() if pid not in old]
+            if new:
+                return {"guardian": old, "replaced_by": new[0]}
+            time.sleep(0.1)
+        return {"guardian": old, "replaced_by": None}
 
     def _hold(self) -> None:
         end = time.time() + HOLD
@@ -371,8 +400,9 @@ class Soak:
             self.etcd.stop()
         for i in range(3):  # the logs leave the tmpfs for the report before it goes
             disk = self.out / f"disk{i}"
+            # symlinks kept as such: a killed agent leaves its ranks' progress links dangling
             shutil.copytree(disk, self.out / "logs" / disk.name, ignore=shutil.ignore_patterns("filler"),
-                            dirs_exist_ok=True)  # fmt: skip
+                            dirs_exist_ok=True, symlinks=True)  # fmt: skip
             subprocess.run(["umount", "-l", str(disk)], capture_output=True)
         self.all_logs = [self.out / "logs" / p.relative_to(self.out) for p in self.all_logs]
         self.spaces.destroy()
@@ -424,6 +454,9 @@ def main() -> int:
     lives = rep.agent_lives(clock["history"])
     grew = [life for life in lives if rep.grew(life["first"], life["last"])]
     leftovers_found = any(left["processes"].values()) or bool(left["cgroups"])
+    # a killed guardian must cost the job nothing: replaced, and no failure in its window
+    touched = [f for f in soak.faults if f["kind"] == "guardian_kill" and "skipped" not in f
+               and ("seen_as" in f or f.get("replaced_by") is None)]  # fmt: skip
     report = {
         "seed": args.seed, "backend": args.backend, "minutes": args.minutes, "every": args.every,
         "steps": args.steps, "job_failed": soak.failed, "faults": soak.faults, "kinds": sorted({f["kind"] for f in soak.faults}),
@@ -431,7 +464,7 @@ def main() -> int:
         "ettr_job": job_ettr, "step_s": step, "ettr_events": ettr, "by_kind": rep.by_kind(soak.faults), "figures": figures, "bit_identical": same, "checkpoints": count,
         "checkpoints_bad": bad, "leftovers": left, "store_keys": soak.keys,
         "agents_start": clock["start_sample"], "agents_end": clock["end_sample"], "agents_grew": grew,
-        "agents_compared": lives,
+        "agents_compared": lives, "guardian_kills_touched": touched,
     }  # fmt: skip
     rep.write(out, report)
     # the page of the run that saw most (the longest-lived agent's)
@@ -460,10 +493,13 @@ def main() -> int:
         f"{a['node']}g{a['gen']}: {a['from_s']:.0f}-{a['to_s']:.0f} s, threads {a['first']['threads']}"
         f"->{a['last']['threads']}, fds {a['first']['fds']}->{a['last']['fds']}, RSS "
         f"{a['first']['rss'] >> 20}->{a['last']['rss'] >> 20} MiB" for a in lives))  # fmt: skip
+    if touched:
+        print(f"a killed guardian touched the job (a failure, or no new guardian): {touched}")
     if soak.failed:
         print(f"the job ended before its last step: {soak.failed}")
     print(f"report: {out / 'report.json'}")
     ok = same and not bad and not leftovers_found and not grew and report["finished"]
+    ok = ok and not touched
     return 0 if ok else 1
 
 

@@ -132,6 +132,31 @@ def test_the_guardian_of_a_sigkilled_agent_says_it_died(store: AgentKVStore) -> 
         proc.wait(10)
 
 
+def test_a_replaced_guardian_still_says_the_word(store: AgentKVStore) -> None:
+    """The guardian is SIGKILLed first: the agent starts a new one and tells it the word in
+    force (``supervisor.guardian``), which it says when the agent is SIGKILLed in turn."""
+    proc, first, key = _stand_in(store)
+    try:
+        os.kill(first, signal.SIGKILL)
+
+        def replacement() -> int | None:
+            for child in psutil.Process(proc.pid).children():
+                if child.pid != first and child.cmdline()[1:3] == ["-I", "-S"]:
+                    return child.pid
+            return None
+
+        wait_for(lambda: replacement() is not None, 10, "the guardian's replacement")
+        second = replacement()
+        assert second is not None
+        proc.kill()
+        proc.wait(10)
+        wait_for(lambda: not alive(second), 10, "the new guardian to say its word and exit")
+        assert store.get(key) == DIED
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def test_an_agent_that_leaves_normally_is_not_said_to_have_died(store: AgentKVStore) -> None:
     proc, guardian, key = _stand_in(store, "close")
     proc.communicate("", timeout=10)  # EOF: it closes its guardian ("=") and exits

@@ -62,8 +62,13 @@ def check_documented(mode: str, ours: dict[str, Any], ref: dict[str, Any], rank_
     assert ours["kernel_signals"] == ref["kernel_signals"]  # blocked and ignored: the same
     extra = {fd: path for fd, path in ours["fds"].items() if fd not in ref["fds"]}
     assert {fd: ours["fds"][fd] for fd in ref["fds"]} == ref["fds"]
-    assert sorted(Path(p).name for p in extra.values()) == ["progress", "stacks.txt"]
-    assert all(Path(p).parent.samefile(rank_dir) for p in extra.values())
+    # the progress counters: the agent's memfd (phalanx.worker.progress), mapped
+    assert sorted(p for p in extra.values() if p.startswith("/memfd:")) == [
+        "/memfd:phalanx-progress (deleted)"
+    ]
+    files = [p for p in extra.values() if not p.startswith("/memfd:")]
+    assert [Path(p).name for p in files] == ["stacks.txt"]
+    assert all(Path(p).parent.samefile(rank_dir) for p in files)
     assert (ours["gc_frozen"], ref["gc_frozen"]) == (mode == "warm", False)
     if mode == "cold":
         assert ours["native_threads"] == ref["native_threads"]

@@ -28,7 +28,7 @@ from phalanx.status.files import stop_marker
 from phalanx.supervisor.cgroup import JobCgroup
 from phalanx.supervisor.clock import WallClock
 from phalanx.supervisor.group import Supervisor
-from phalanx.supervisor.guardian import Guardian
+from phalanx.supervisor.guardian import Guardian, GuardianLost
 from phalanx.supervisor.process import exec_worker
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.supervisor.warm import Template, open_template
@@ -44,6 +44,26 @@ def configure_logging() -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+
+
+def guardian_lost(events: EventLog, lost: GuardianLost) -> None:
+    """Say once that this node's guardian died before its agent, and what guards it now."""
+    if lost.replacement is not None:
+        log.warning(
+            "the guardian (pid %d) ended (%s); a new one (pid %d) guards this node's workers",
+            lost.pid,
+            lost.ended,
+            lost.replacement,
+        )
+    else:
+        log.warning(
+            "the guardian (pid %d) ended (%s) and was not replaced (%s): if this agent is "
+            "killed now, its workers' own children may outlive it",
+            lost.pid,
+            lost.ended,
+            lost.why,
+        )
+    events.emit("guardian_lost", pid=lost.pid, ended=lost.ended, replacement=lost.replacement)
 
 
 class Agent:
@@ -155,9 +175,10 @@ class Agent:
             refuse_if_excluded(config.exclude_file, run_dir, this_node(config.local_addr))
             # Entered before anything is started, so every process of the job is born in it.
             cgroup = JobCgroup.enter(f"phalanx-{run_dir.name}") if self._contain else None
-            guardian = Guardian(cgroup)
+            guardian = Guardian(cgroup, on_lost=lambda lost: guardian_lost(events, lost))
             template: Template | None = None
             rendezvous: RendezvousHandler | None = None
+            supervisor: Supervisor | None = None
             try:
                 # Warm start: one template per run, imported while the rendezvous runs
                 template = open_template(config, self._base_env, run_dir)
@@ -166,18 +187,14 @@ class Agent:
                 if (peers := rendezvous.peers()) is not None:  # if this agent dies, its
                     peers.on_last_word(guardian.say)  # guardian tells the others at once
                 supervisor = Supervisor(
-                    guardian,
-                    shutdown_timeout=config.shutdown_timeout,
-                    monitor_interval=config.monitor_interval,
+                    guardian, shutdown_timeout=config.shutdown_timeout,
+                    monitor_interval=config.monitor_interval, console=self._console,
                     launch=template.launch if template is not None else exec_worker,
-                    console=self._console,
                     on_console_lost=lambda names, why: events.emit(
-                        "console_lost", streams=names, reason=why
-                    ),
-                    duplicate_filters=filters,
-                    wall_clock=wall_clock.now,
+                        "console_lost", streams=names, reason=why),
+                    duplicate_filters=filters, wall_clock=wall_clock.now,
                     fence=peers.fence() if peers is not None else None,
-                )
+                )  # fmt: skip
                 ends = Endings(
                     config, rendezvous, signals, run_dir, self._base_env, events, Tally(),
                     recovery,
@@ -190,6 +207,8 @@ class Agent:
             finally:
                 if template is not None:
                     template.close()
+                if supervisor is not None:
+                    supervisor.close()
                 guardian.close()
                 if cgroup is not None:
                     cgroup.leave()

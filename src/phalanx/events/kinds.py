@@ -84,6 +84,9 @@ KINDS: dict[str, tuple[str, ...]] = {
     # The launcher's console went away (a closed terminal: ``reason`` says why); the job goes
     # on, its output in the log files only (``streams``: stdout, stderr or both).
     "console_lost": ("streams", "reason"),
+    # This node's guardian (``supervisor.guardian``) died before its agent: its ``pid``, how
+    # it ``ended``, and the pid of the one that replaced it (``replacement``; null: none).
+    "guardian_lost": ("pid", "ended", "replacement"),
     # The agent run ended: ``outcome`` is succeeded, failed, interrupted or preempted.
     "job_end": ("outcome", "exit_code"),
 }

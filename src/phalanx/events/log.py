@@ -39,6 +39,7 @@ class EventLog:
         self._clock = wall_clock
         self._host = socket.gethostname()
         self._seq = 0
+        self._numbering = threading.Lock()  # emitted from helper threads too (guardian_lost)
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._lines: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write, name="phalanx-events", daemon=True)
@@ -59,18 +60,19 @@ class EventLog:
         unknown = set(fields) - set(names)
         if unknown:
             raise TypeError(f"event {kind!r} has no field(s) {sorted(unknown)}")
-        record: dict[str, Any] = {
-            "v": SCHEMA_VERSION,
-            "t": round(self._clock(), 6),
-            "mono": round(time.monotonic(), 6),
-            "seq": self._seq,
-            "node": self.node,
-            "host": self._host,
-            "kind": kind,
-        }
-        record.update({name: fields.get(name) for name in names})
-        self._seq += 1
-        self._lines.put((json.dumps(record, default=str) + "\n").encode())
+        with self._numbering:  # seq in file order, whichever thread emits
+            record: dict[str, Any] = {
+                "v": SCHEMA_VERSION,
+                "t": round(self._clock(), 6),
+                "mono": round(time.monotonic(), 6),
+                "seq": self._seq,
+                "node": self.node,
+                "host": self._host,
+                "kind": kind,
+            }
+            record.update({name: fields.get(name) for name in names})
+            self._seq += 1
+            self._lines.put((json.dumps(record, default=str) + "\n").encode())
         for listener in self._listeners:
             try:
                 listener(record)

@@ -30,6 +30,7 @@ from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.fencing import KILL_BOUND, Fence
 from phalanx.signals import signal_name
 from phalanx.supervisor.console import Console, OnLost
+from phalanx.supervisor.counters import Counters
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogStream, finish_all
@@ -109,6 +110,11 @@ class Supervisor:
         # event log's recovery figures; 0.0 when the round ended without a stop.
         self.stop_began = 0.0
         self._selector: PipeSelector | None = None  # the running round's
+        self._counters = Counters()  # every worker's progress counters, held across rounds
+
+    def close(self) -> None:
+        """After the last round: let go of the workers' progress counters."""
+        self._counters.close()
 
     def wake(self) -> None:
         """Tick now (``on_tick``, then ``poll``) rather than at the next tick: the
@@ -283,6 +289,7 @@ class Supervisor:
         try:
             with contextlib.suppress(OSError):  # a full disk: its LogFile says so, the job goes on
                 make_dirs(worker.log_dir)  # a symlink planted on the way is refused, not followed
+            self._counters.make(worker.log_dir)  # in memory, linked from there
             proc = self._launch(worker)
             self._guardian.watch(proc.pid)  # the worker leads its own process group
             if self._fence is not None:

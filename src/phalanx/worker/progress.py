@@ -1,10 +1,15 @@
 """Progress counters: a worker bumps them, its agent reads them to tell a hang from progress.
 
-Each rank has one small file, ``<rank log dir>/progress``, mapped into the worker's memory:
-bumping it is a store to memory (no syscall, no thread), and the agent reads it with one
-``pread`` per check, never touching the worker. Layout (native byte order: both sides run on
-the same machine): ``beats`` (u64, +1 on every ``heartbeat()``, ``step()`` and optimizer
-step) then ``step`` (i64, the last ``step(n)``; -1 if never called).
+Each rank's counters live in a memfd the agent makes before it starts the worker
+(``make_counters``) and holds for the rest of the run; ``<rank log dir>/progress`` is a
+symlink to it (``/proc/<agent pid>/fd/<n>``). The worker opens it through that link and maps
+it: bumping it is a store to memory (no syscall, no thread), and the agent reads it with one
+``pread`` per check through the same path, never touching the worker -- also after the
+worker ended. The memory is the kernel's, not the run directory's: a page-in cannot fail
+the way a file's can on a struggling NFS mount (SIGBUS in ``step``), and the memfd is sealed
+against shrinking, so nobody can cut it short under the mapping either. Layout (native byte
+order: both sides run on the same machine): ``beats`` (u64, +1 on every ``heartbeat()``,
+``step()`` and optimizer step) then ``step`` (i64, the last ``step(n)``; -1 if never called).
 
 Sources of beats, none of which needs user code:
 
@@ -22,21 +27,27 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import importlib.abc
 import importlib.machinery
 import mmap
 import os
+import re
+import stat
 import struct
 import sys
 import types
 from collections.abc import Sequence
 from typing import Any
 
-from phalanx.worker.nofollow import open_file
+from phalanx.worker.nofollow import open_dir
 
 FILE_NAME = "progress"
 LAYOUT = struct.Struct("=Qq")  # beats, step
 NO_STEP = -1
+MEMFD_NAME = "phalanx-progress"
+_LINK = re.compile(r"/proc/[0-9]+/fd/[0-9]+")  # what make_counters links to, nothing else
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _HOOKED_MODULE = "torch.optim.optimizer"
 
 _beats: ctypes.c_uint64 | None = None
@@ -63,31 +74,45 @@ def step(n: int) -> None:
         beats.value += 1
 
 
+def make_counters(rank_dir: str) -> int:
+    """The agent's side: a zeroed, sealed counters memfd and ``rank_dir/progress`` linked to
+    it (replacing the last one, atomically); the memfd's descriptor, which the caller holds
+    for as long as the link may be read. Raises ``OSError`` when either cannot be made (the
+    memfd is closed then)."""
+    fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.write(fd, LAYOUT.pack(0, NO_STEP))
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        where = open_dir(rank_dir)  # a symlink on the way to it is refused
+        try:
+            temporary = f"{FILE_NAME}.{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary, dir_fd=where)  # left by a write that failed half-way
+            os.symlink(f"/proc/{os.getpid()}/fd/{fd}", temporary, dir_fd=where)
+            os.replace(temporary, FILE_NAME, src_dir_fd=where, dst_dir_fd=where)
+        finally:
+            os.close(where)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_counters(rank_dir: str) -> None:
-    """Create ``rank_dir/progress`` (zeroed) and map it; the module's counters then count.
+    """Map this rank's counters (``make_counters``); the module's counters then count.
 
-    The file is written whole under a temporary name and renamed into place, so the agent
-    never sees a short file (it reads with ``pread``; a truncated mapping would fault).
-
-    Best effort: where the file cannot be made (a full log disk, a read-only or deleted run
-    directory) the worker runs anyway with counters that count nothing, says so once on its
-    stderr; the agent then cannot know this rank's progress (``read``
-    finds no file) and never takes that for "no progress" (``agent.crashloop``).
+    Best effort: where they cannot be had (the run directory could not take the link: a
+    full log disk, a read-only or deleted run directory) the worker runs anyway with
+    counters that count nothing, says so once on its stderr; the agent then cannot know
+    this rank's progress (``read`` finds no file) and never takes that for "no progress"
+    (``agent.crashloop``). Only the agent's memfd is mapped: a file in the run directory,
+    whose page-ins can fail, never is.
     """
     global _beats, _step, _map
     path = os.path.join(rank_dir, FILE_NAME)
-    temporary = f"{path}.{os.getpid()}"
     try:
-        fd = open_file(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-        try:
-            os.write(fd, LAYOUT.pack(0, NO_STEP))
-            mapped = mmap.mmap(fd, LAYOUT.size)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
+        mapped = _map_counters(path)
     except OSError as exc:
-        with contextlib.suppress(OSError):  # a half-made temporary: not left behind
-            os.unlink(temporary)
         print(
             f"phalanx: cannot write {path} ({exc.strerror or exc}): this rank runs on, "
             "its progress unknown to phalanx",
@@ -98,6 +123,27 @@ def open_counters(rank_dir: str) -> None:
     _map = mapped
     _beats = ctypes.c_uint64.from_buffer(mapped, 0)
     _step = ctypes.c_int64.from_buffer(mapped, ctypes.sizeof(ctypes.c_uint64))
+
+
+def _map_counters(path: str) -> mmap.mmap:
+    """The agent's memfd behind ``path``, mapped; ``OSError`` for anything else there."""
+    target = os.readlink(path)
+    if not _LINK.fullmatch(target):
+        raise OSError(f"not a link to phalanx's counters: {target!r}")
+    # Non-blocking: whatever the link leads to, opening it must not wait (a FIFO would).
+    fd = os.open(target, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
+        if not (
+            stat.S_ISREG(mode)
+            and size == LAYOUT.size
+            and os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{MEMFD_NAME} ")
+            and fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+        ):
+            raise OSError(f"{target} is not phalanx's counters")
+        return mmap.mmap(fd, LAYOUT.size)
+    finally:
+        os.close(fd)
 
 
 def read(path: str) -> tuple[int, int] | None:
