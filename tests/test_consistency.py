@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.agent.checking import SaidArgs
 from phalanx.consistency import fingerprint as fpmod
 from phalanx.consistency.compare import differing_fields, mismatch_table
 from phalanx.consistency.fingerprint import Target, args_field, file_hash, node_fingerprint
@@ -307,3 +308,14 @@ def test_allow_mismatch_is_a_flag_with_help_and_a_pet_fallback(tmp_path: Path) -
         check=True,
     ).stdout
     assert "--allow-mismatch" in help_text and "NCCL" in help_text
+
+
+def test_per_node_arguments_are_said_again_when_a_difference_comes_back() -> None:
+    a = {**BASE, "args": args_field(["--tag", "nodeA"])}
+    b = {**BASE, "args": args_field(["--tag", "nodeB"])}
+    said = SaidArgs()
+    differ = args_difference(NODES, [a, b], 0)
+    assert said.news(differ) is True
+    assert said.news(args_difference(NODES, [a, b], 1)) is False  # a restart, same nodes
+    assert said.news(args_difference(NODES, [a, dict(a)], 2)) is False  # they agree now
+    assert said.news(args_difference(NODES, [a, b], 3)) is True  # and differ again

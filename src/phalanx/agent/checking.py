@@ -20,7 +20,7 @@ from pathlib import Path
 from phalanx.agent import exclusion
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
-from phalanx.consistency.perargs import args_difference
+from phalanx.consistency.perargs import ArgsDifference, args_difference
 from phalanx.errors import MismatchError, NodeExcluded, RendezvousError
 from phalanx.events.log import EventLog
 from phalanx.nodecheck import Action, Verdict, check_round
@@ -163,6 +163,12 @@ class SaidArgs:
     def __init__(self) -> None:
         self.what = ""
 
+    def news(self, differ: ArgsDifference | None) -> bool:
+        """Whether ``differ`` is to be said: a difference not said since the arguments last
+        agreed (one that goes away and comes back, with other members, is said again)."""
+        said, self.what = self.what, "" if differ is None else differ.what
+        return differ is not None and differ.what != said
+
 
 def check_same_code(
     config: LaunchConfig,
@@ -177,8 +183,7 @@ def check_same_code(
     arguments that differ are no reason to stop: one line and a ``script_args_differ``
     event name them (``consistency.perargs``), once for as long as they stay the same."""
     differ = args_difference(joined.nodes, joined.fingerprints, joined.round)
-    if differ is not None and differ.what != said.what:
-        said.what = differ.what
+    if differ is not None and said.news(differ):
         log.info("%s", differ.line)
         events.emit("script_args_differ", round=joined.round, line=differ.line, nodes=differ.nodes)
     hint = (
