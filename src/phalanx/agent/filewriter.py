@@ -7,24 +7,25 @@ before it was written is written once, with the newest content (a slow disk cost
 freshness, never the caller's time). ``close`` writes what is left by a deadline, the
 report last, with whatever time remains, and says on stderr (the log) which file could not
 be written in time. Files are written whole and atomically (``replace_file``: a temporary
-file renamed into place, never through a symlink).
+file renamed into place, never through a symlink), the run directory opened once.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
 
-from phalanx.worker.nofollow import replace_file
+from phalanx.worker.nofollow import open_dir, replace_in
 
 log = logging.getLogger("phalanx")
 
 REPORT_FILE = "report.json"
 # Seconds the agent's end waits for the run directory's last writes (the event log, status
 # and these files), whatever its filesystem does: the report gets what remains of them.
-END_WRITES = 10.0
+END_WRITES = 15.0
 
 
 class RunFiles:
@@ -76,9 +77,16 @@ class RunFiles:
             return name, self._waiting.pop(name)
 
     def _run(self) -> None:
-        while (item := self._next()) is not None:
-            name, data = item
-            try:
-                replace_file(self.run_dir / name, data)
-            except OSError as exc:  # a full or read-only disk: that file is lost, not the job
-                log.warning("cannot write %s (%s)", self.run_dir / name, exc.strerror or exc)
+        dir_fd: int | None = None  # the run directory, opened once (never through a symlink)
+        try:
+            while (item := self._next()) is not None:
+                name, data = item
+                try:
+                    if dir_fd is None:
+                        dir_fd = open_dir(self.run_dir)
+                    replace_in(dir_fd, name, data)
+                except OSError as exc:  # a full or read-only disk: that file is lost, not the job
+                    log.warning("cannot write %s (%s)", self.run_dir / name, exc.strerror or exc)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
