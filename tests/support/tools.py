@@ -15,7 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,7 @@ STRACE = shutil.which("strace")  # makes one syscall fail for real (scripts/setu
 # dependency, so it is always there, and a version-manager shim (pyenv) in front of a PATH
 # entry would add variables of its own to the workers' environment.
 HANGFS = Path(__file__).parent / "hangfs.py"  # a FUSE filesystem that can stop answering
+SLOWFS = Path(__file__).parent / "slowfs.py"  # one whose every operation takes a second
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 
 needs_etcd = pytest.mark.skipif(ETCD is None, reason="etcd is not on PATH (Debian: etcd-server)")
@@ -92,19 +93,41 @@ def hang_filesystem(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """A FUSE mount (``support/hangfs.py``) that stops answering writes while
     ``<backing>/.frozen`` exists, as a hung NFS mount does: yields (mountpoint, switch).
     Thawed, unmounted and its daemon ended after, whatever happened."""
+    switch = tmp_path / "backing" / ".frozen"
+    with _fuse_mount(tmp_path, [str(HANGFS)], thaw=lambda: switch.unlink(missing_ok=True)) as mnt:
+        yield mnt, switch
+
+
+@contextlib.contextmanager
+def slow_filesystem(
+    tmp_path: Path, low: float = 0.5, high: float = 1.0
+) -> Iterator[tuple[Path, Path]]:
+    """A FUSE mount (``support/slowfs.py``) whose every operation takes ``low`` to ``high``
+    seconds while ``<backing>/.slow`` exists, as a struggling NFS server answers: yields
+    (mountpoint, switch). Unmounted and its daemon ended after, whatever happened."""
+    switch = tmp_path / "backing" / ".slow"
+    with _fuse_mount(tmp_path, [str(SLOWFS), str(low), str(high)]) as mountpoint:
+        yield mountpoint, switch
+
+
+@contextlib.contextmanager
+def _fuse_mount(
+    tmp_path: Path, program: list[str], thaw: Callable[[], None] = lambda: None
+) -> Iterator[Path]:
+    """``python PROGRAM[0] BACKING MOUNTPOINT PROGRAM[1:]``, mounted at ``tmp_path/mnt``;
+    ``thaw`` runs before the unmount (so a daemon that holds a caller can let go)."""
     backing, mountpoint = tmp_path / "backing", tmp_path / "mnt"
     backing.mkdir()
     mountpoint.mkdir()
     daemon = subprocess.Popen(
-        [sys.executable, str(HANGFS), str(backing), str(mountpoint)],
+        [sys.executable, program[0], str(backing), str(mountpoint), *program[1:]],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
-    switch = backing / ".frozen"
     try:
         wait_for(lambda: os.path.ismount(mountpoint), 60.0, "the FUSE mount")
-        yield mountpoint, switch
+        yield mountpoint
     finally:
-        switch.unlink(missing_ok=True)
+        thaw()
         subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], timeout=30, check=False)
         try:
             daemon.wait(10)

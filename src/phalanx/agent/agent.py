@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
@@ -12,6 +13,7 @@ from typing import BinaryIO
 from phalanx.agent.between import Between
 from phalanx.agent.endings import Endings
 from phalanx.agent.exclusion import refuse_if_excluded, this_node
+from phalanx.agent.filewriter import END_WRITES, RunFiles
 from phalanx.agent.loop import Rounds
 from phalanx.agent.runfiles import write_launcher_file
 from phalanx.agent.sofar import Tally
@@ -119,6 +121,7 @@ class Agent:
             tuple(word.encode() for word in config.duplicate_stderr_filters),
         )
         events = EventLog(run_dir, wall_clock.now)
+        files = RunFiles(run_dir)  # launcher.json, report.json: off the agent's thread
         if metrics is not None:
             events.listen(metrics.record)
             log.info("metrics: http://%s:%d/metrics", config.metrics_addr, metrics.port)
@@ -135,7 +138,7 @@ class Agent:
             max_restarts=config.max_restarts,
         )
         try:
-            code = self._run(run_dir, events, status, recovery, wall_clock, filters)
+            code = self._run(run_dir, files, events, status, recovery, wall_clock, filters)
         except Preempted as exc:
             events.emit("job_end", outcome="preempted", exit_code=exc.exit_code)
             raise
@@ -152,12 +155,17 @@ class Agent:
             events.emit("job_end", outcome="succeeded", exit_code=code)
             return code
         finally:
+            # The run directory may answer slowly (a struggling NFS): its last writes get a
+            # bounded time, the report (written last) whatever of it remains.
+            end = time.monotonic() + END_WRITES
             status.close()
             events.close()
+            files.close(end)
 
     def _run(
         self,
         run_dir: Path,
+        files: RunFiles,
         events: EventLog,
         status: StatusService,
         recovery: RecoveryTracker,
@@ -166,12 +174,10 @@ class Agent:
     ) -> int:
         config = self._config
         with SignalWatcher(
-            config.signals_to_handle,
-            stacks=True,
-            preempt=config.preempt_signals,
+            config.signals_to_handle, stacks=True, preempt=config.preempt_signals,
             stop_marker=stop_marker(run_dir),
-        ) as signals:
-            write_launcher_file(run_dir, signals)
+        ) as signals:  # fmt: skip
+            write_launcher_file(files, signals)
             refuse_if_excluded(config.exclude_file, run_dir, this_node(config.local_addr))
             # Entered before anything is started, so every process of the job is born in it.
             cgroup = JobCgroup.enter(f"phalanx-{run_dir.name}") if self._contain else None
@@ -197,7 +203,7 @@ class Agent:
                 )  # fmt: skip
                 ends = Endings(
                     config, rendezvous, signals, run_dir, self._base_env, events, Tally(),
-                    recovery,
+                    files, recovery,
                 )  # fmt: skip
                 rounds = Rounds(
                     config, rendezvous, supervisor, signals, run_dir, self._base_env, status,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +35,12 @@ from phalanx.supervisor.exits import WorkerExit
 from phalanx.worker import progress
 from phalanx.worker.contract import CHECKPOINT_LOG_FILE
 from phalanx.worker.nofollow import open_file
+from phalanx.worker.slowio import Answers
 
 log = logging.getLogger("phalanx")
+
+EVIDENCE_WAIT = 1.0  # seconds a restart waits for the run directory's progress evidence
+_EVIDENCE: Answers[_Evidence | str] = Answers("phalanx-evidence")
 
 # A rank's counter file, as (inode, beats): a worker makes a new file when it starts, so a
 # changed inode means the whole count is this round's.
@@ -56,7 +60,7 @@ def _read_counter(path: Path) -> _Counter | None:
         inode = os.stat(path).st_ino
     except OSError:
         return None
-    reading = progress.read(str(path))
+    reading = progress.read_now(str(path))
     return None if reading is None else (inode, reading[0])
 
 
@@ -65,50 +69,76 @@ def _counter_paths(plan: RoundPlan) -> list[Path]:
 
 
 @dataclass(frozen=True)
-class ProgressMark:
-    """This node's progress evidence when a round starts; ``progressed`` compares it with
-    the same evidence when the round has ended."""
-
+class _Evidence:
     checkpoints: int
     counters: Mapping[Path, _Counter | None]
+
+    @classmethod
+    def read(cls, plan: RoundPlan) -> _Evidence:
+        checkpoints = _count_lines(plan.run_dir / CHECKPOINT_LOG_FILE)
+        return cls(checkpoints, {path: _read_counter(path) for path in _counter_paths(plan)})
+
+
+def _asked(question: Callable[[], _Evidence | str | None]) -> _Evidence | str | None:
+    """``question()`` if the run directory answers it within ``EVIDENCE_WAIT``; else None
+    (unknown): a failure's restart never waits for a slow filesystem (``worker.slowio``)."""
+    return _EVIDENCE.ask(object(), question, EVIDENCE_WAIT, stale=False)
+
+
+@dataclass(frozen=True)
+class ProgressMark:
+    """This node's progress evidence when a round starts (None: the run directory did not
+    answer in time); ``progressed`` compares it with the same evidence when the round has
+    ended."""
+
+    evidence: _Evidence | None
 
     @classmethod
     def take(cls, plan: RoundPlan) -> ProgressMark:
         """Before the round's workers start. Counter files may be there already: an attempt
         directory is reused after a round re-formed for a scale-up."""
-        checkpoints = _count_lines(plan.run_dir / CHECKPOINT_LOG_FILE)
-        return cls(checkpoints, {path: _read_counter(path) for path in _counter_paths(plan)})
+        found = _asked(lambda: _Evidence.read(plan))
+        return cls(found if isinstance(found, _Evidence) else None)
 
     def progressed(self, plan: RoundPlan) -> bool:
         """Whether a local rank completed a checkpoint or moved its counter since ``take``;
-        also True when that cannot be known (``unrecordable``): unknown is not "none"."""
-        if self._saw_progress(plan):
+        also True when that cannot be known (``unrecordable``, or the run directory did not
+        answer within ``EVIDENCE_WAIT``): unknown is not "none"."""
+        late = f"it did not answer within {EVIDENCE_WAIT:g} s"
+        before = self.evidence
+        now = _asked(lambda: _Evidence.read(plan)) if before is not None else None
+        if not isinstance(now, _Evidence) or before is None:
+            why: str | _Evidence | None = late
+        elif _moved(before, now):
             return True
-        why = unrecordable(plan.run_dir)
-        if why is not None:
-            log.warning(
-                "the progress of this node's ranks is unknown: %s cannot be written (%s), "
-                "so their counters and checkpoint log may be missing; not taken for no "
-                "progress (no crash-loop verdict on that basis)",
-                plan.run_dir,
-                why,
-            )
-            return True
-        return False
+        else:  # "": a small write works, so an absent file means no progress
+            why = _asked(lambda: unrecordable(plan.run_dir) or "")
+            if why == "":
+                return False
+        why = why if isinstance(why, str) else late
+        log.warning(
+            "the progress of this node's ranks is unknown: %s cannot be written (%s), "
+            "so their counters and checkpoint log may be missing; not taken for no "
+            "progress (no crash-loop verdict on that basis)",
+            plan.run_dir,
+            why,
+        )
+        return True
 
-    def _saw_progress(self, plan: RoundPlan) -> bool:
-        if _count_lines(plan.run_dir / CHECKPOINT_LOG_FILE) > self.checkpoints:
-            return True
-        for path in _counter_paths(plan):
-            now, before = _read_counter(path), self.counters.get(path)
-            if now is None:
-                continue
-            if before is None or before[0] != now[0]:
-                if now[1] > 0:
-                    return True
-            elif now[1] > before[1]:
+
+def _moved(before: _Evidence, now: _Evidence) -> bool:
+    if now.checkpoints > before.checkpoints:
+        return True
+    for path, counter in now.counters.items():
+        last = before.counters.get(path)
+        if counter is None:
+            continue
+        if last is None or last[0] != counter[0]:
+            if counter[1] > 0:
                 return True
-        return False
+        elif counter[1] > last[1]:
+            return True
+    return False
 
 
 def unrecordable(run_dir: Path) -> str | None:

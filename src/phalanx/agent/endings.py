@@ -17,7 +17,7 @@ from typing import NoReturn
 from phalanx.agent import preempted
 from phalanx.agent.describe import describe_event
 from phalanx.agent.exclusion import requeue_exclusions
-from phalanx.agent.runfiles import write_bounded
+from phalanx.agent.filewriter import REPORT_FILE, RunFiles
 from phalanx.agent.sofar import Tally
 from phalanx.agent.stopped import stop_report, success_report
 from phalanx.config import LaunchConfig
@@ -62,10 +62,13 @@ class Endings:
         base_env: Mapping[str, str],
         events: EventLog,
         tally: Tally,
+        files: RunFiles,
         recovery: RecoveryTracker | None = None,
     ) -> None:
-        """``recovery``: the figures of this run's events so far (fed by ``events``), printed
-        and saved in ``report.json`` at the end when there was an incident."""
+        """``files``: the run directory's writer (``report.json`` goes through it, written
+        by the end of the agent's run); ``recovery``: the figures of this run's events so far
+        (fed by ``events``), printed and saved in ``report.json`` at the end when there was
+        an incident."""
         self.config = config
         self.rdzv = rendezvous
         self.signals = signals
@@ -73,6 +76,7 @@ class Endings:
         self.base_env = base_env
         self.events = events
         self.tally = tally
+        self.files = files
         self.recovery = recovery
 
     def tell_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
@@ -281,7 +285,7 @@ class Endings:
         """``report.json``, with the lines of the nodes the last node check named, if any."""
         if self.tally.checked:
             data = {**data, "node_check": self.tally.checked}
-        write_bounded(self.run_dir / "report.json", json.dumps(data, indent=2))
+        self.files.offer(REPORT_FILE, json.dumps(data, indent=2).encode())
 
     def recovery_figures(self) -> tuple[list[str], dict[str, object] | None]:
         """The recovery figures of this node's run so far: the lines to say (one per

@@ -26,11 +26,14 @@ from phalanx.nodecheck.link import Listener, test_link
 from phalanx.nodecheck.probes import compute_probe, directory_problem
 from phalanx.nodecheck.verdict import Verdict, judge
 from phalanx.rendezvous.api import CheckExchange, RendezvousResult
+from phalanx.worker.slowio import Answers
 
 log = logging.getLogger("phalanx")
 
 HELLO_TIMEOUT = 60.0  # a slow node's compute probe (a node at a tenth of a core: seconds)
 RESULT_TIMEOUT = 30.0  # after the hellos: one link test each, then one write
+DIRECTORY_WAIT = 2.0  # a small write into the run directory (local disk: milliseconds)
+_PROBES: Answers[str] = Answers("phalanx-check-dir")
 # The ready record of a node that checks, of one that runs with --node-check off, and of one
 # whose round has the same agents as the last round, which passed the check (a restart)
 READY, OFF, SAME = b"1", b"off", b"same"
@@ -73,7 +76,7 @@ def check_round(
     facts = compute_probe(nproc_per_node)
     limits = settings.thresholds
     for path, what in ((run_dir, "the run directory"), (settings.checkpoint_dir, "the checkpoint directory")):  # fmt: skip
-        problem = directory_problem(path, what, limits.min_free_mb) if path else None
+        problem = _bounded_probe(path, what, limits.min_free_mb) if path else None
         if problem is not None:
             facts.problems.append(problem)
     token = os.urandom(16)
@@ -122,3 +125,15 @@ def _decode(raw: bytes) -> dict[str, Any] | None:
         log.warning("node check: a malformed record in the store (ignored)")
         return None
     return data if isinstance(data, dict) else None
+
+
+def _bounded_probe(path: Path, what: str, min_free_mb: float) -> str | None:
+    """``directory_problem``, waiting at most ``DIRECTORY_WAIT`` for the filesystem: one
+    that answers slower (a struggling NFS) is named as the problem, and the check goes on."""
+    found = _PROBES.ask(
+        object(), lambda: directory_problem(path, what, min_free_mb) or "", DIRECTORY_WAIT,
+        stale=False,
+    )  # fmt: skip
+    if found is None:
+        return f"{what} {path} did not answer a small write within {DIRECTORY_WAIT:g} s"
+    return found or None

@@ -47,8 +47,11 @@ from phalanx.supervisor.slot import (
     with_logs,
 )
 from phalanx.worker.nofollow import make_dirs
+from phalanx.worker.slowio import Answers
 
 log = logging.getLogger("phalanx")
+MKDIR_WAIT = 1.0  # seconds a worker's start waits for its log directory to be made
+_DIRS: Answers[str] = Answers("phalanx-mkdir")
 _FIRST_TICK = 0.1  # seconds to the first tick of a round (then doubling to its interval)
 
 
@@ -287,8 +290,7 @@ class Supervisor:
         """Start ``worker`` into ``slots``; a limit reached on the way (descriptors,
         processes, threads) raises ``StartFailed``, which ends the round."""
         try:
-            with contextlib.suppress(OSError):  # a full disk: its LogFile says so, the job goes on
-                make_dirs(worker.log_dir)  # a symlink planted on the way is refused, not followed
+            _make_log_dir(str(worker.log_dir))
             self._counters.make(worker.log_dir)  # in memory, linked from there
             proc = self._launch(worker)
             self._guardian.watch(proc.pid)  # the worker leads its own process group
@@ -378,3 +380,18 @@ class Supervisor:
     @staticmethod
     def _exits(slots: list[Slot]) -> tuple[WorkerExit, ...]:
         return tuple(s.exit for s in slots if s.exit is not None)
+
+
+def _make_log_dir(path: str) -> None:
+    """Make a worker's log directory, waiting at most ``MKDIR_WAIT``: on a run directory that
+    answers slowly (a struggling NFS) the worker starts anyway, and its log files' writer
+    threads make the directory too before they open their file (``logs.LogFile``). A full
+    disk: its ``LogFile`` says so, the job goes on. A symlink planted on the way is refused,
+    not followed."""
+
+    def make() -> str:
+        with contextlib.suppress(OSError):
+            make_dirs(path)
+        return ""
+
+    _DIRS.ask(object(), make, MKDIR_WAIT, stale=False)

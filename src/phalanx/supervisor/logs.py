@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from phalanx.supervisor.console import Console
-from phalanx.worker.nofollow import append_to
+from phalanx.worker.nofollow import append_to, make_dirs
 
 log = logging.getLogger("phalanx")
 
@@ -95,6 +95,11 @@ class LogFile:
         with self._lock:
             self._give_up(why)
 
+    def written(self) -> bool:
+        """Whether every byte handed to it was written (or it gave up)."""
+        with self._lock:
+            return self._backlog == 0 or self._given_up
+
     @property
     def given_up(self) -> bool:
         return self._given_up
@@ -122,6 +127,9 @@ class LogFile:
 
     def _run(self) -> None:
         try:
+            # Its directory may still be on its way (``group._make_log_dir`` waits a bounded
+            # time for a slow run directory): made here too, never through a symlink.
+            make_dirs(os.path.dirname(self.name))
             handle = os.fdopen(append_to(self.name), "ab", buffering=0)
         except OSError as exc:
             self._fail(exc)
@@ -151,11 +159,15 @@ class LogFile:
 
 def finish_all(files: Iterable[LogFile]) -> None:
     """Close every file and wait for their writes to finish, as long as each makes progress;
-    one that makes none for ``STALL`` seconds is said and left to its (daemon) thread."""
+    one that makes none for ``STALL`` seconds is said and left to its (daemon) thread. A file
+    with no bytes waiting is not waited for (on a slow run directory its thread may still be
+    opening it: a worker's stop or restart does not wait for that)."""
     files = list(files)
     for handle in files:
         handle.close()
     for handle in files:
+        if handle.written():
+            continue  # nothing left to lose: a thread still opening it is not waited for
         while not handle.finished(max(0.0, handle.stall_deadline() - time.monotonic())):
             if handle.given_up:
                 break  # said already; its thread is stuck in the kernel

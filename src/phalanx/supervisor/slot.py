@@ -7,6 +7,7 @@ import contextlib
 import os
 import selectors
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.supervisor.console import Console
@@ -14,6 +15,10 @@ from phalanx.supervisor.exits import WorkerExit, read_error_file
 from phalanx.supervisor.logs import LogFile, LogStream
 from phalanx.supervisor.pipes import PipeSelector
 from phalanx.supervisor.process import RunningWorker
+from phalanx.worker.slowio import Answers
+
+ERROR_FILE_WAIT = 2.0  # seconds an exit's handling waits to read the worker's error file
+_ERRORS: Answers[str] = Answers("phalanx-error-files")
 
 
 @dataclass
@@ -68,8 +73,15 @@ def with_logs(exit_: WorkerExit, slot: Slot) -> WorkerExit:
     return replace(
         exit_,
         stderr_tail=tuple(slot.streams[1].tail_lines()) if len(slot.streams) > 1 else (),
-        error_message=read_error_file(slot.plan.error_file),
+        error_message=_error_message(slot.plan.error_file),
     )
+
+
+def _error_message(path: Path) -> str:
+    """``read_error_file``, waiting at most ``ERROR_FILE_WAIT`` for the run directory: a slow
+    one (a struggling NFS) costs the report the message (its stderr's tail is kept in memory),
+    never the reaction to the exit its time."""
+    return _ERRORS.ask(object(), lambda: read_error_file(path), ERROR_FILE_WAIT, stale=False) or ""
 
 
 def running_workers(slots: list[Slot]) -> list[tuple[WorkerPlan, int]]:

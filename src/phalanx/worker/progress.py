@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from phalanx.worker.nofollow import open_dir
+from phalanx.worker.slowio import Answers
 
 FILE_NAME = "progress"
 LAYOUT = struct.Struct("=Qq")  # beats, step
@@ -53,6 +54,8 @@ _HOOKED_MODULE = "torch.optim.optimizer"
 _beats: ctypes.c_uint64 | None = None
 _step: ctypes.c_int64 | None = None
 _map: mmap.mmap | None = None  # kept alive: the counters are views into it
+READ_WAIT = 0.2  # seconds the agent waits for a counter's reading before using the last
+_READS: Answers[tuple[int, int]] = Answers("phalanx-progress")
 
 
 def heartbeat() -> None:
@@ -147,13 +150,22 @@ def _map_counters(path: str) -> mmap.mmap:
 
 
 def read(path: str) -> tuple[int, int] | None:
-    """``(beats, step)`` from a progress file, or None when it does not exist (yet)."""
+    """``(beats, step)`` from a progress file, or None when it does not exist (yet). The
+    agent's tick calls this: a run directory that answers slowly (a struggling NFS) gives the
+    last reading known instead of holding up the agent (``worker.slowio``)."""
+    return _READS.ask(path, lambda: read_now(path), READ_WAIT)
+
+
+def read_now(path: str) -> tuple[int, int] | None:
+    """``read``, waiting for the filesystem however long it takes."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         data = os.pread(fd, LAYOUT.size, 0)
+    except OSError:
+        return None
     finally:
         os.close(fd)
     if len(data) != LAYOUT.size:

@@ -1,0 +1,58 @@
+"""``phalanx stop`` (the real CLI) while the nodes are between rounds -- a worker failed, one
+node waits for the job's verdict on the round while the other still stops its own worker
+(which ignores SIGTERM for the shutdown grace), so no restart round has formed yet -- ends
+every node as stopped: exit 143 and a ``report.json`` naming the signal on each, never the
+failed round's exit code (issue 37, item 6). Stopped on the node that hosts the c10d store
+and on the other one. Real agents on loopback (c10d)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx.net import free_port
+from support.hosts import Loopback, Node
+from support.launch import wait_for, worker
+
+HANG = 90.0
+FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=30"
+FAILED = "exit code 3 (attempt 0)"  # numbered as its directory, attempt_0
+
+
+@pytest.mark.parametrize("stubborn", [1, 0], ids=["stop-the-store-host", "stop-a-client"])
+def test_phalanx_stop_between_rounds_ends_every_node_143_with_a_report(
+    stubborn: int, nodes: list[Node], tmp_path: Path
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    net, port = Loopback(), free_port()
+    args = [
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "stopping", "--rdzv-conf", FAST,
+        "--max-restarts", "3", "--shutdown-timeout", "8", "--cold-start",
+        worker("stubborn_then_fail.py"), str(marks), str(stubborn),
+    ]  # fmt: skip
+    for i in (0, 1):
+        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
+    wait_for(lambda: any(FAILED in n.stderr for n in nodes), HANG, "a worker to fail")
+    wait_for((marks / "sigterm").exists, HANG, "the other node to stop its worker")
+    failed = next(n for n in nodes if FAILED in n.stderr)  # waits for the round's verdict
+    (run_dir,) = failed.logs.iterdir()
+    stop = subprocess.run(
+        [sys.executable, "-m", "phalanx", "stop", str(run_dir)],
+        capture_output=True, text=True, timeout=HANG, check=False,
+    )  # fmt: skip
+    assert stop.returncode == 0, stop.stderr
+    codes = [n.finish(HANG) for n in nodes]
+    said = "\n----\n".join(n.stderr for n in nodes)
+    assert codes == [128 + signal.SIGTERM] * 2, said
+    assert "Traceback" not in said and "restarting" not in said, said
+    for node in nodes:
+        (report,) = node.logs.glob("*/report.json")
+        data = json.loads(report.read_text())
+        assert (data["outcome"], data["signal"]) == ("interrupted", "SIGTERM"), data
