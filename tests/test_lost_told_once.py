@@ -44,7 +44,7 @@ class CutStore(MemoryStore):
         return super()._locked()
 
 
-def lost_told(board: Board, r: int) -> tuple[list[dict[str, object]], list[int]]:
+def lost_told(board: Board, r: int) -> tuple[list[dict[str, object]], list[int | None]]:
     """Round ``r``'s ``node_lost`` records in the failure log, and the node ranks of the
     ``NODE_LOST`` entries of its event log."""
     records = [f for f in board.failures() if f.get("kind") == "node_lost" and f["round"] == r]
