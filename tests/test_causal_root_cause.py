@@ -25,7 +25,7 @@ from phalanx.report.exits import causal_order, format_report, report_json
 from phalanx.supervisor.clock import OFFSET_ENV, WallClock
 from phalanx.supervisor.exits import WorkerExit
 from support.hosts import Loopback, Node
-from support.launch import PHALANX, wait_for, worker
+from support.launch import PHALANX, run_phalanx, wait_for, worker
 from support.slow_replies import SlowReplies
 
 GLOO_RESET = (
@@ -276,3 +276,24 @@ def _listening(port: int) -> bool:
     with socket.socket() as probe:
         probe.settimeout(0.5)
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_peer_error_on_a_node_alone_restarts_without_waiting_for_a_cause(
+    tmp_path: Path,
+) -> None:
+    """One node (``--standalone``), two ranks: rank 0 leaves early (exit 0) and rank 1 fails
+    with a peer error. No other node can post the record of a cause, so the restart does
+    not wait for one (it polled for 4 heartbeat intervals + 2 s: 242 s here, with
+    heartbeat_interval 60; the run's bound, 150 s, only catches a hang)."""
+    done = run_phalanx(
+        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+         "--rdzv-conf", "heartbeat_interval=60,heartbeat_timeout=300",
+         "--log-dir", str(tmp_path), worker("rank0_leaves_early.py")],
+        timeout=150,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("ok world=2 restart=1") == 2, done.stdout
+    # The case under test: rank 1's first failure was a peer error.
+    (log,) = tmp_path.glob("*/attempt_0/rank_1/stderr.log")
+    tail = tuple(log.read_text(errors="replace").splitlines()[-3:])
+    assert failed(1, 0, tail=tail).peer_error, tail

@@ -7,12 +7,12 @@ from __future__ import annotations
 import logging
 from typing import NoReturn
 
-from phalanx.agent.endings import Endings
+from phalanx.agent.endings import Endings, unexplained
 from phalanx.agent.sofar import SoFar
 from phalanx.errors import Interrupted, PhalanxError, Preempted, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
-from phalanx.report.exits import report_json, root_cause
+from phalanx.report.exits import report_json
 from phalanx.supervisor.exits import WorkerExit
 
 log = logging.getLogger("phalanx")
@@ -38,7 +38,7 @@ class Between:
         job may end before the next round forms (a node lost meanwhile, the store with it)."""
         try:
             records = self.ends.round_records(
-                joined, waiting_for_hangs=False, explain=root_cause(exits)
+                joined, waiting_for_hangs=False, explain=unexplained(joined, exits, event)
             )
         except RendezvousError:
             records = []

@@ -244,7 +244,9 @@ class Endings:
             known = self.rdzv.poll()  # what is known of the store by now (after a fence)
             event = known if known is not None and known.kind is EventKind.STORE_LOST else event
         if records is None:
-            records = self.records_or_kept(joined, hang is not None, root_cause(exits))
+            records = self.records_or_kept(
+                joined, hang is not None, unexplained(joined, exits, event)
+            )
         lost = None
         if event is not None and event.kind is EventKind.NODE_LOST:
             lost = jobreport.lost_node(event, joined, describe_event(event))
@@ -315,11 +317,13 @@ class Endings:
         explain: WorkerExit | None = None,
     ) -> list[dict[str, object]]:
         """The other nodes' failure records of this round. After a hang, wait (bounded) until
-        every node has posted where its ranks were. ``explain``: this node's root cause; when
-        its own evidence says a peer went away (``peer_error``), wait (bounded: a few
-        heartbeats, ``cause_wait``) for the record of what did -- a peer's failure, or a
-        node found lost or dead, whose record its watcher posts within a heartbeat or so
-        of its guardian's last word -- so the report does not blame the rank that saw it."""
+        every node has posted where its ranks were. ``explain``: this node's root cause
+        (``unexplained``); when its own evidence says a peer went away (``peer_error``), wait
+        (bounded: a few heartbeats, ``cause_wait``) for the record of what did -- a peer's
+        failure, or a node found lost or dead, whose record its watcher posts within a
+        heartbeat or so of its guardian's last word -- so the report does not blame the rank
+        that saw it. The wait ends as soon as such a record is in, or every other node of
+        the round posted a record of its own (none was lost: nothing more will come)."""
         now = time.monotonic()
         hangs_until = now + (PEER_DUMP_WAIT if waiting_for_hangs else 0.0)
         cause_until = now + (
@@ -334,7 +338,12 @@ class Endings:
             posted = {r.get("node_rank") for r in records if "hang" in r}
             now = time.monotonic()
             hangs = len(posted) >= joined.num_nodes - 1 or now >= hangs_until
-            cause = now >= cause_until or any(not e.peer_error for e in record_exits(records))
+            told = {r.get("node_rank") for r in records if "returncode" in r}
+            cause = (
+                now >= cause_until
+                or len(told) >= joined.num_nodes - 1
+                or any(not e.peer_error for e in record_exits(records))
+            )
             if (hangs and cause) or self.signals.pending() is not None:  # Ctrl-C: report now
                 return records
             time.sleep(0.2)
@@ -346,3 +355,18 @@ class Endings:
         conf = self.config.rdzv_conf_dict
         settings, _ = settings_problems(conf, self.config.rdzv_backend, conf.keys())
         return 4 * settings.heartbeat_interval + 2.0
+
+
+def unexplained(
+    joined: RendezvousResult, exits: list[WorkerExit], event: JobEvent | None
+) -> WorkerExit | None:
+    """This node's root cause when only another node's record can explain it
+    (``Endings.round_records`` waits for one): a peer error, in a round of several nodes
+    that no event ended. None otherwise, and nothing is waited for: an event carries its
+    own cause (a peer's failure record, a node found lost, a lost store, a stop), and a
+    node alone has no peer to post one (a rank that ended early: "Connection closed by
+    peer" on the others)."""
+    cause = root_cause(exits)
+    if cause is None or not cause.peer_error or joined.num_nodes < 2 or event is not None:
+        return None
+    return cause

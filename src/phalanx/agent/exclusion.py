@@ -25,7 +25,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.config import LaunchConfig
@@ -33,7 +33,7 @@ from phalanx.errors import NodeExcluded
 from phalanx.events.log import EventLog
 from phalanx.rendezvous.api import RendezvousResult
 from phalanx.report.exits import root_cause
-from phalanx.supervisor.exits import WorkerExit
+from phalanx.report.job import record_exits
 
 log = logging.getLogger("phalanx")
 
@@ -188,12 +188,15 @@ def cause_is_here(records: list[dict[str, object]], round_: int, node_rank: int)
     """Whether the job-wide root cause of round ``round_`` (``report.exits.root_cause`` of
     every node's failure records, in the store's order) is a worker of node ``node_rank``."""
     # The records come oldest first, in the store's order: that is their sequence number.
-    exits = [
-        replace(WorkerExit.from_json(r), seq=r.get("seq") or index)  # type: ignore[arg-type]
+    # ``record_exits`` reads them as the report does: a node found lost in the round (its
+    # ``node_lost`` record) is the cause ahead of this node's ranks that failed only
+    # because it went (``peer_error``), so a survivor's streak does not grow for it.
+    ordered = [
+        {**r, "seq": r.get("seq") or index}
         for index, r in enumerate(records, 1)
-        if r.get("round") == round_ and "returncode" in r and "rank" in r
+        if r.get("round") == round_
     ]
-    cause = root_cause(exits)
+    cause = root_cause(record_exits(ordered))
     return cause is not None and cause.node_rank == node_rank
 
 

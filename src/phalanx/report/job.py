@@ -122,13 +122,20 @@ def lost_exit(record: Mapping[str, object]) -> WorkerExit | None:
 
 def record_exits(records: Sequence[Mapping[str, object]]) -> list[WorkerExit]:
     """The failures among the nodes' records of a round: workers' exits, and nodes found
-    gone from it (``lost_exit``); records of a hang's whereabouts alone are left out."""
+    gone from it (``lost_exit``); records of a hang's whereabouts alone are left out. A node
+    found lost counts once per round, by the first of its records in the store's order: its
+    watcher and the node itself, back from a cut longer than ``heartbeat_timeout``, may
+    both have posted one."""
     found = []
+    told: set[tuple[object, object]] = set()  # (round, node id) of the lost nodes so far
     for r in records:
         if "returncode" in r and "rank" in r:
             found.append(WorkerExit.from_json(r))
         elif (lost := lost_exit(r)) is not None:
-            found.append(lost)
+            key = (r.get("round"), r.get("node_id") or lost.node_rank)
+            if key not in told:
+                told.add(key)
+                found.append(lost)
     return found
 
 

@@ -52,7 +52,7 @@ from phalanx.rendezvous.api import JobEvent
 from phalanx.rendezvous.dynamic.beat import Beater
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.health import StoreHealth, call_bound
-from phalanx.rendezvous.dynamic.lost import tell_lost
+from phalanx.rendezvous.dynamic.lost import Untold
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.dynamic.pulse import Counters, Verdict, pulse_for
 from phalanx.rendezvous.fencing import Fence
@@ -117,6 +117,7 @@ class Liveness:
             answered=self._health.answered, failed=self._failed, expelled=self._health.expel,
         )  # fmt: skip
         self._declared: set[str] = set()
+        self._untold: list[Untold] = []  # (the thread's own) settled as lost, not yet told
         self._next_beat = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -303,6 +304,7 @@ class Liveness:
             self._skip_hole(view)
         if view is None:
             return  # joining: nobody to judge yet
+        self._tell_untold(view)  # a post that failed on an earlier tick
         requests = self._b.answers.stack_requests(view.membership.round)
         statuses = self._b.answers.status_requests(view.membership.round)
         spares = self._b.counter(self._b.keys.round(view.membership.round + 1, "waiting"))
@@ -381,4 +383,15 @@ class Liveness:
         self._declared.add(members.node_ids[rank])
         if not self._b.settle(members.round, rank, members.count, "lost"):
             return  # it had rejoined or left, or another watcher was first
-        log.warning("rendezvous: %s", tell_lost(self._b, members, rank, why))
+        self._untold.append(Untold(members, rank, why))
+        self._tell_untold(view)
+
+    def _tell_untold(self, view: _View) -> None:
+        """Tell the round of the members this node settled as lost. Its place is settled,
+        so no other watcher will: a post that fails (``StoreUnavailable``, raised) is kept
+        and finished on a later tick, or the others would wait in a collective with the
+        lost node's ranks until their transport gave up. Dropped once the round is left."""
+        self._untold = [u for u in self._untold if u.membership is view.membership]
+        while self._untold:
+            log.warning("rendezvous: %s", self._untold[0].tell(self._b))
+            self._untold.pop(0)

@@ -53,18 +53,38 @@ def lost_record(
     }
 
 
+class Untold:
+    """Member ``rank`` of ``membership`` found gone (``why``, ``since``: see
+    ``lost_record``), to be told to its round: its record, then ``NODE_LOST``. ``tell``
+    may fail part way (a store call timed out); called again, it posts only what is left,
+    so a watcher whose post failed tells the round on its next tick, and once."""
+
+    def __init__(
+        self, membership: Membership, rank: int, why: str, since: float | None = None
+    ) -> None:
+        self.membership, self.rank = membership, rank
+        self.record = lost_record(membership, rank, why, since)
+        self._seq: int | None = None  # the record's sequence number, once it is posted
+
+    def tell(self, board: Board) -> str:
+        """Post what is not posted yet; returns the event's detail. Store errors propagate
+        (``StoreUnavailable``): call again to finish."""
+        if self._seq is None:
+            self._seq = board.add_failure(self.record)
+        detail = str(self.record["reason"])
+        event = JobEvent(EventKind.NODE_LOST, self.rank, detail, {**self.record, "seq": self._seq})
+        about = self.membership.node_ids[self.rank]
+        board.post_event(self.membership.round, event, about=about)
+        return detail
+
+
 def tell_lost(
     board: Board, membership: Membership, rank: int, why: str, since: float | None = None
 ) -> str:
     """Post member ``rank``'s record (``since``: see ``lost_record``) and ``NODE_LOST``
     about it in its round; returns the event's detail. Store errors propagate
     (``StoreUnavailable``)."""
-    record = lost_record(membership, rank, why, since)
-    seq = board.add_failure(record)
-    detail = str(record["reason"])
-    event = JobEvent(EventKind.NODE_LOST, rank, detail, {**record, "seq": seq})
-    board.post_event(membership.round, event, about=membership.node_ids[rank])
-    return detail
+    return Untold(membership, rank, why, since).tell(board)
 
 
 def tell_rejoining(
@@ -77,9 +97,15 @@ def tell_rejoining(
     and say nothing, and the others would wait in a collective with its dead ranks until a
     transport timeout (minutes with Gloo, up to half an hour with NCCL). A store error here
     is only logged: the store that answered a moment ago failed again, and the restart
-    claim that comes next meets it too (and ends this node's part)."""
+    claim that comes next meets it too (and ends this node's part).
+
+    Its old place is settled as rejoined first, and only that settles who tells: a node
+    gone longer than ``heartbeat_timeout`` was found lost by its watcher, who told the
+    round already (its record and ``NODE_LOST``); a second of each would name it twice."""
     how = f"lost the rendezvous store ({why or 'fenced'}) and rejoins as a new member"
     try:
+        if not board.settle(membership.round, rank, membership.count, "rejoined"):
+            return  # found lost (and told) by its watcher while it was away
         tell_lost(board, membership, rank, how, since)
     except StoreUnavailable as exc:
         log.warning("rendezvous: could not tell the other nodes this node left: %s", exc)
