@@ -228,6 +228,40 @@ def test_a_spare_paused_while_it_waited_arms_its_fence_only_when_it_arrives(
     assert proc.wait(HANG) == -signal.SIGKILL
 
 
+def test_a_stale_proof_delivered_while_a_spare_arrives_does_not_fire_the_fence(
+    sleepers: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    """A spare paused while it waited (its fence stood down) arrives in a round; at that
+    moment its beat thread delivers a proof whose write began before the pause. Whenever it
+    lands, it must not count: arming and its clock read are one step, and a proof that
+    began before it is stale (the beat thread is made to deliver it just as ``arrived``
+    reads the clock; a fake clock, so the fence's own thread never fires first)."""
+    now = [100.0]
+    late: list[threading.Thread] = []
+
+    def clock() -> float:
+        if arriving.is_set() and not late:  # the beat thread's proof, right now
+            late.append(threading.Thread(target=fence.proved_alive, args=(101.0,)))
+            late[0].start()
+            late[0].join(0.5)  # (it waits for the lock where arming holds it)
+        return now[0]
+
+    arriving = threading.Event()
+    fence = Fence(counters_timing(0.1, 2.0 + 5.0), clock=clock)  # fence_after 5 s
+    fence.proved_alive(100.0)
+    fence.stand_down()  # waiting as a spare
+    now[0] = 110.0  # frozen 10 s
+    arriving.set()
+    fence.arrived()  # chosen: it takes its slot at 110
+    late[0].join(HANG)
+    proc = sleepers()
+    fence.guard(proc.pid)
+    assert fence.reason is None and proc.poll() is None
+    now[0] = 114.0
+    fence.proved_alive(113.0)
+    assert fence.reason is None and proc.poll() is None
+
+
 def test_a_proof_that_comes_after_the_deadline_fires_the_fence(
     sleepers: Callable[[], subprocess.Popen[bytes]],
 ) -> None:

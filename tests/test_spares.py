@@ -114,3 +114,6 @@ def test_a_spare_left_behind_by_a_failed_job_is_not_needed(
     run_dir = next(spare.logs.iterdir())
     ends = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["outcome"] for e in ends if e["kind"] == "job_end"] == ["not_needed"], ends
+    report = json.loads((run_dir / "report.json").read_text())  # written at every end
+    assert (report["outcome"], report["root_cause"], report["attempts"]) == ("not_needed", None, 0)
+    assert said in report["reason"], report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -15,8 +16,9 @@ from phalanx.agent.endings import Endings
 from phalanx.agent.exclusion import refuse_if_excluded, this_node
 from phalanx.agent.filewriter import END_WRITES, RunFiles
 from phalanx.agent.loop import Rounds
-from phalanx.agent.runfiles import write_launcher_file
+from phalanx.agent.runfiles import write_bounded, write_launcher_file
 from phalanx.agent.sofar import Tally
+from phalanx.agent.stopped import not_needed_report
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted
 from phalanx.events.figures import RecoveryTracker
@@ -145,7 +147,10 @@ class Agent:
         except Interrupted as exc:
             events.emit("job_end", outcome="interrupted", exit_code=exc.exit_code)
             raise
-        except NotNeeded as exc:  # a spare the job finished without
+        except NotNeeded as exc:  # a spare the job finished without: its report says so
+            write_bounded(
+                run_dir / "report.json", json.dumps(not_needed_report(str(exc)), indent=2)
+            )
             events.emit("job_end", outcome="not_needed", exit_code=exc.exit_code)
             raise
         except PhalanxError as exc:

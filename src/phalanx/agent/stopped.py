@@ -1,6 +1,6 @@
 """A job asked to stop by a signal (``phalanx stop``, a scheduler's SIGTERM, Ctrl-C), on this
 node or on another: how the agent tells, and the report it writes (pure functions); and the
-report of a job that succeeded."""
+reports of a job that succeeded and of a spare the job ended without."""
 
 from __future__ import annotations
 
@@ -56,3 +56,10 @@ def success_report(
     after an incident: a script or a scheduler reads the outcome from it whatever the end."""
     data = report_json([], attempts, outcome="succeeded", recovery=recovery)
     return {**data, "exits": [e.to_json() for e in exits]}
+
+
+def not_needed_report(why: str) -> dict[str, object]:
+    """``report.json`` of a spare the job ended without (``NotNeeded``, exit 0): it ran no
+    worker, so no attempt, no root cause, no exits; ``reason`` says why (its one line). The
+    job's own outcome is its members' to report."""
+    return report_json([], 0, outcome="not_needed", reason=why, recovery=None)

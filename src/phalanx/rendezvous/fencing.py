@@ -112,6 +112,8 @@ class Fence:
         self._reason: str | None = None
         self._fired_at: float | None = None
         self._standing_down = False
+        # Proofs from writes that began before this are stale (``arrived``, ``rearm``).
+        self._armed_at: float | None = None
         self._changed = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -122,6 +124,8 @@ class Fence:
         with self._lock:
             if self._reason is not None or self._standing_down:
                 return
+            if self._armed_at is not None and start < self._armed_at:
+                return  # began before the fence was armed afresh: proves nothing now
             now = self._clock()
             if self._deadline is not None and now >= self._deadline:
                 killed = self._fire_locked(now)
@@ -130,11 +134,7 @@ class Fence:
                 fired = False
                 due = start + self.timing.fence_after
                 self._deadline = due if self._deadline is None else max(self._deadline, due)
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="phalanx-fence", daemon=True
-                    )
-                    self._thread.start()
+                self._start_thread_locked()
         if fired:
             self._say(killed)
         self._changed.set()
@@ -148,7 +148,37 @@ class Fence:
     def rearm(self) -> None:
         """For a node that fenced itself and then rejoined as a new member: no reason, no
         deadline, no guarded group, until its new heartbeats prove it alive again (the
-        supervisor keeps this object, so the next round's workers are guarded by it)."""
+        supervisor keeps this object, so the next round's workers are guarded by it). A
+        write that began before now proves nothing for the new member."""
+        self._reset()
+        with self._lock:
+            self._standing_down = False
+            self._armed_at = self._clock()
+
+    def arrived(self) -> None:
+        """A node that is no member yet (a fresh node, a spare) arrives in a round, its fence
+        stood down while it waited: no member can count it lost from before now (they judge
+        it once the round has closed, after this), so a pause while it waited does not
+        count. Armed afresh, as if a write had proved it alive now -- in one locked step: a
+        proof whose write began before a pause, delivered by the beat thread in between,
+        would otherwise set a deadline already past and fire the fence at once."""
+        self._reset()
+        with self._lock:
+            now = self._clock()
+            self._standing_down = False
+            self._armed_at = now
+            self._deadline = now + self.timing.fence_after
+            self._start_thread_locked()
+        self._changed.set()
+
+    @property
+    def armed(self) -> bool:
+        """The fence has a deadline and would fire when it passes (not stood down)."""
+        with self._lock:
+            return self._deadline is not None and not self._standing_down
+
+    def _reset(self) -> None:
+        """No reason, no deadline, no guarded group, no thread; left standing down."""
         thread = self._thread
         with self._lock:
             self._reason = self._fired_at = self._deadline = None
@@ -158,16 +188,12 @@ class Fence:
         if thread is not None:
             thread.join(timeout=1.0)
         with self._lock:
-            self._standing_down = False
             self._thread = None
 
-    def arrived(self) -> None:
-        """A node that is no member yet (a fresh node, a spare) arrives in a round, its fence
-        stood down while it waited: no member can count it lost from before now (they judge
-        it once the round has closed, after this), so a pause while it waited does not
-        count. Armed afresh, as if a write had proved it alive now."""
-        self.rearm()
-        self.proved_alive(self._clock())
+    def _start_thread_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="phalanx-fence", daemon=True)
+            self._thread.start()
 
     # -- the supervisor's side -------------------------------------------------------------
     def guard(self, pgid: int) -> None:

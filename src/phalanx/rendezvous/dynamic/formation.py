@@ -14,8 +14,9 @@ arrivals); nobody scans the membership:
    dropped); then the round closes at once when every survivor and every queued node
    (spare or newcomer) is in, after the last call otherwise -- but not while a queued node
    that still beats is missing (``queued``: a spare that hiccups when it is chosen is
-   waited for until its heartbeat is ``heartbeat_timeout`` old) -- and fails when fewer
-   than MIN nodes are left.
+   waited for until its heartbeat is ``heartbeat_timeout`` old, and at most
+   ``heartbeat_timeout`` past the last call) -- and fails when fewer than MIN nodes are
+   left.
 3. **Membership**: slot 1 reads the n arrivals, assigns node ranks, writes ``members``
    (a deterministic result, so any node can redo it if slot 1 died). Node rank 0 picks a
    free port on its host and publishes ``master``.
@@ -58,15 +59,18 @@ class RoundFormer:
         where: str = "",
         admit_mismatch: bool = False,
         arriving: Callable[[], None] = lambda: None,
+        standing_by: Callable[[], None] = lambda: None,
     ) -> None:
         """``worker_port``: the workers' master port in every round (a program that was
         given its port, ``phalanx.spawn``); None: node 0 picks a free port each round.
         ``where``: the store, as the waiting line names it.
         ``admit_mismatch``: join a running job whose code or arguments differ from this
         node's (``admission``; --allow-mismatch).
-        ``arriving``: called just before this node takes a slot as a newcomer, not as a
-        member of the round before (a fresh node's or a spare's fence arms from then:
-        ``Fence.arrived``)."""
+        ``standing_by``: called whenever this node goes (back) to waiting as no member of a
+        running round -- a fresh node, a spare, a member that came back too late for a
+        place, each time it loses the race for one; ``arriving``: called after that, just
+        before it takes a slot (its fence stands down while it waits and arms from then:
+        ``Fence.stand_down``, ``Fence.arrived``)."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -76,9 +80,11 @@ class RoundFormer:
         self._worker_port = worker_port
         self._admit_mismatch = admit_mismatch
         self._arriving = arriving
+        self._standing_by = standing_by
         self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock, where=where)
         self._queue = QueuedNodes(board, settings, clock)
         self._was_spare = False  # this join waited as a spare (round t-1 ran at MAX)
+        self._ran = False  # this node was a member of a round (ran workers) in this job
 
     def form(
         self, me: Arrival, prior: Membership | None, prior_rank: int | None
@@ -96,6 +102,8 @@ class RoundFormer:
     ) -> tuple[Membership, int, tuple[str, int]]:
         deadline = self._clock() + self._s.join_timeout
         self._was_spare = False
+        # A node that ran workers is never "not needed": the job's end is its to report.
+        self._ran |= prior is not None
         rejoining = prior is not None and prior_rank is not None
         t = prior.round + 1 if prior is not None and rejoining else self._b.latest_round()
         queued: set[int] = set()
@@ -104,6 +112,7 @@ class RoundFormer:
             if rejoining:
                 self._b.open_round(t)
             else:
+                self._standing_by()  # no member of a running round while it waits
                 t = self._first_undecided(t)
                 if not self._admit_mismatch:
                     check_admission(self._b, t, me.fingerprint)
@@ -195,7 +204,7 @@ class RoundFormer:
         while not self._b.is_open(t):
             self._check_stopped()
             spare = self._spare(t)
-            self._was_spare |= spare
+            self._was_spare |= spare and not self._ran
             if self._b.all_ok(t - 1):
                 raise self._not_needed(t)
             left = deadline - self._clock()
@@ -261,13 +270,17 @@ class RoundFormer:
             self._keys.round(t - 1, "gone")
         )
         last_call = self._clock() + self._s.last_call_timeout
+        # A queued node's beats come from a thread of their own: a node whose main thread
+        # is stuck (a full stderr pipe, a slow run directory) beats but never joins. One
+        # that beats joins within a heartbeat_timeout past the last call, or never will.
+        patience = min(deadline, last_call + self._s.heartbeat_timeout)
         while True:
             now = self._clock()
             joined = self._b.read_int(self._keys.round(t, "joined"))
             queued = self._queue.count(t)
-            # Past the join deadline nobody is waited for; before it, the judge's clock
-            # starts at the first look (the spare's last beat was before it).
-            live = self._queue.live(t, queued) if now < deadline else 0
+            # Past patience nobody is waited for; before it, the judge's clock starts at
+            # the first look (the spare's last beat was before it).
+            live = self._queue.live(t, queued) if now < patience else 0
             over = now >= min(last_call, deadline)
             nodes = (self._min, self._max)
             if restart_close(joined, survivors, queued, live, nodes, over) is not None:

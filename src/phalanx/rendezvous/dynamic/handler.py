@@ -149,6 +149,7 @@ class DynamicRendezvous:
         self._former = RoundFormer(
             board, self._settings, min_nodes, max_nodes, worker_port=worker_port,
             where=where, admit_mismatch=admit_mismatch, arriving=self._arriving,
+            standing_by=self._standing_by,
         )  # fmt: skip
         self._liveness = liveness = Liveness(board, self._settings, fence=self._fence)
         if self._ring is not None:
@@ -266,11 +267,6 @@ class DynamicRendezvous:
             hosts_store=self._store.hosting,
             fingerprint=self._fingerprint,
         )
-        if self._membership is None and self._fence is not None:
-            # No member yet (a fresh node, a spare): nothing to fence while it waits, and a
-            # pause then (a spare frozen for longer than fence_after) must not count as
-            # one once it is chosen; it arms when the node arrives in a round (``_arriving``).
-            self._fence.stand_down()
         try:
             self._liveness.announce()
             self._liveness.start()  # beats while joining: see ``Liveness``
@@ -300,9 +296,14 @@ class DynamicRendezvous:
             node_ids=membership.node_ids,
         )
 
+    def _standing_by(self) -> None:
+        """It waits as no member of a running round: no fence (a pause now must not count)."""
+        if self._fence is not None:
+            self._fence.stand_down()
+
     def _arriving(self) -> None:
-        """This node takes a slot in a round; if it was no member before, its fence arms now."""
-        if self._membership is None and self._fence is not None:
+        """This node, stood by, takes a slot in a round: its fence arms from now."""
+        if self._fence is not None:
             self._fence.arrived()
 
     def peers(self) -> DynamicRendezvous:

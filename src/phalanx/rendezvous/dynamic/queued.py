@@ -11,7 +11,10 @@ ended the job although the spare was back a second later. So a restart round wai
 every queued node that still beats (``restart_close``): one whose heartbeat did not change
 for ``heartbeat_timeout`` (as this node's clock times it, from its first look: no clock
 sync needed; on etcd, one whose lease lapsed), that left, or that died (its guardian said
-so) is lost and no longer waited for. The join timeout bounds the whole wait.
+so) is lost and no longer waited for. The whole wait ends ``heartbeat_timeout`` after the
+last call (within the join timeout): the beats come from a thread of their own, so a node
+whose main thread is stuck (a full stderr pipe, a slow run directory) beats on but never
+joins, and one that can join does so within that time.
 
 Cost: none while nothing is missing; while a restart round waits past its last call, one
 read of the queue counter and of each queued node's heartbeat per heartbeat interval.
