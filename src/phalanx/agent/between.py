@@ -107,9 +107,9 @@ class Between:
     def cut_short(self, exc: PhalanxError, ended: str) -> NoReturn:
         """The job ends before a round could run (``ended``: why): the next round could not
         form, or a worker could not start. With a failed round before, its report, root
-        cause and all; without, a report of ``ended`` alone, and ``exc`` raised. A job
-        another node was stopped by a signal ends as stopped by it, whatever cut it short
-        here (that node hosted the store and left with the stop)."""
+        cause and all; without, a report of ``ended`` alone, and ``exc`` raised. Once this
+        node has heard that another was stopped by a signal, it ends as stopped by that
+        signal, whatever cut it short here (that node hosted the store and left with it)."""
         heard = self.stop_heard()
         signum = stop_signal(heard)
         if heard is not None and signum is not None:
