@@ -3,7 +3,13 @@ node waits for the job's verdict on the round while the other still stops its ow
 (which ignores SIGTERM for the shutdown grace), so no restart round has formed yet -- ends
 every node as stopped: exit 143 and a ``report.json`` naming the signal on each, never the
 failed round's exit code (issue 37, item 6). Stopped on the node that hosts the c10d store
-and on the other one. Real agents on loopback (c10d)."""
+and on the other one. Real agents on loopback (c10d).
+
+The issue's "node B exits 3": the store's host is stopped while the other node's worker
+outlasts the store's linger (``heartbeat_timeout``, 4 s here, within a shutdown grace of
+20 s). That node heard the stop (``JOB_STOPPED``, with the signal) while it waited for its
+worker, but it next asked the store, which had left with the stopped node: the job's
+verdict on the round failed, and it ended with the failed round's report, exit 3."""
 
 from __future__ import annotations
 
@@ -15,18 +21,55 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.agent.stopped import asked_to_stop
 from phalanx.net import free_port
+from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.supervisor.group import Outcome, RoundResult
 from support.hosts import Loopback, Node
 from support.launch import wait_for, worker
 
 HANG = 90.0
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=30"
 FAILED = "exit code 3 (attempt 0)"  # numbered as its directory, attempt_0
+TERM = int(signal.SIGTERM)
+STOPPED = JobEvent(EventKind.JOB_STOPPED, 0, "node 0 was stopped", {"signal": TERM})
+GAVE_UP = JobEvent(EventKind.JOB_STOPPED, 0, "node 0 stopped the job")  # no signal: a failure
+PEER = JobEvent(EventKind.PEER_FAILED, 0, "workers failed on node 0", {"returncode": 3})
+LOST = JobEvent(EventKind.STORE_LOST, detail="connection refused")
 
 
-@pytest.mark.parametrize("stubborn", [1, 0], ids=["stop-the-store-host", "stop-a-client"])
+@pytest.mark.parametrize(
+    ("outcome", "event", "heard", "expected"),
+    [
+        (Outcome.FAILED, None, None, None),
+        (Outcome.REMOTE, PEER, None, None),
+        (Outcome.REMOTE, GAVE_UP, None, None),
+        (Outcome.REMOTE, STOPPED, None, (TERM, STOPPED)),
+        (Outcome.FAILED, None, STOPPED, (TERM, STOPPED)),  # its worker died with the peers
+        (Outcome.REMOTE, PEER, STOPPED, (TERM, STOPPED)),
+        (Outcome.REMOTE, LOST, STOPPED, (TERM, STOPPED)),  # the store left with the stop
+        (Outcome.REMOTE, LOST, GAVE_UP, None),
+    ],
+)
+def test_a_stop_heard_from_a_peer_ends_the_round_as_stopped(
+    outcome: Outcome,
+    event: JobEvent | None,
+    heard: JobEvent | None,
+    expected: tuple[int, JobEvent | None] | None,
+) -> None:
+    result = RoundResult(outcome, (), event)
+    assert asked_to_stop(result, heard) == expected
+    here = RoundResult(Outcome.INTERRUPTED, (), None, signum=int(signal.SIGINT))
+    assert asked_to_stop(here, heard) == (signal.SIGINT, None)  # this node's own signal first
+
+
+@pytest.mark.parametrize(
+    ("stubborn", "grace"),
+    [(1, 8), (0, 8), (1, 20)],
+    ids=["stop-the-store-host", "stop-a-client", "the-store-host-leaves-first"],
+)
 def test_phalanx_stop_between_rounds_ends_every_node_143_with_a_report(
-    stubborn: int, nodes: list[Node], tmp_path: Path
+    stubborn: int, grace: int, nodes: list[Node], tmp_path: Path
 ) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -34,7 +77,7 @@ def test_phalanx_stop_between_rounds_ends_every_node_143_with_a_report(
     args = [
         "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "stopping", "--rdzv-conf", FAST,
-        "--max-restarts", "3", "--shutdown-timeout", "8", "--cold-start",
+        "--max-restarts", "3", "--shutdown-timeout", str(grace), "--cold-start",
         worker("stubborn_then_fail.py"), str(marks), str(stubborn),
     ]  # fmt: skip
     for i in (0, 1):
@@ -42,6 +85,7 @@ def test_phalanx_stop_between_rounds_ends_every_node_143_with_a_report(
     wait_for(lambda: any(FAILED in n.stderr for n in nodes), HANG, "a worker to fail")
     wait_for((marks / "sigterm").exists, HANG, "the other node to stop its worker")
     failed = next(n for n in nodes if FAILED in n.stderr)  # waits for the round's verdict
+    failed_rank = 1 - stubborn  # its node's rank too: one worker per node
     (run_dir,) = failed.logs.iterdir()
     stop = subprocess.run(
         [sys.executable, "-m", "phalanx", "stop", str(run_dir)],
@@ -56,3 +100,4 @@ def test_phalanx_stop_between_rounds_ends_every_node_143_with_a_report(
         (report,) = node.logs.glob("*/report.json")
         data = json.loads(report.read_text())
         assert (data["outcome"], data["signal"]) == ("interrupted", "SIGTERM"), data
+        assert data["stopped_on_node"] == failed_rank, data

@@ -14,9 +14,9 @@ from typing import BinaryIO
 from phalanx.agent.between import Between
 from phalanx.agent.endings import Endings
 from phalanx.agent.exclusion import refuse_if_excluded, this_node
-from phalanx.agent.filewriter import END_WRITES, RunFiles
+from phalanx.agent.filewriter import END_WRITES, REPORT_FILE, RunFiles
 from phalanx.agent.loop import Rounds
-from phalanx.agent.runfiles import write_bounded, write_launcher_file
+from phalanx.agent.runfiles import write_launcher_file
 from phalanx.agent.sofar import Tally
 from phalanx.agent.stopped import not_needed_report
 from phalanx.config import LaunchConfig
@@ -148,9 +148,8 @@ class Agent:
             events.emit("job_end", outcome="interrupted", exit_code=exc.exit_code)
             raise
         except NotNeeded as exc:  # a spare the job finished without: its report says so
-            write_bounded(
-                run_dir / "report.json", json.dumps(not_needed_report(str(exc)), indent=2)
-            )
+            report = json.dumps(not_needed_report(str(exc)), indent=2)
+            files.offer(REPORT_FILE, report.encode())
             events.emit("job_end", outcome="not_needed", exit_code=exc.exit_code)
             raise
         except PhalanxError as exc:

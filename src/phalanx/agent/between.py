@@ -7,8 +7,10 @@ from __future__ import annotations
 import logging
 from typing import NoReturn
 
+from phalanx.agent.describe import describe_event
 from phalanx.agent.endings import Endings, unexplained
 from phalanx.agent.sofar import SoFar
+from phalanx.agent.stopped import stop_signal
 from phalanx.errors import Interrupted, PhalanxError, Preempted, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
@@ -86,10 +88,33 @@ class Between:
         self.ends.stop_report(exits, exc.signum, self.ends.events.node, exc.where or where)
         raise exc
 
+    def stop_heard(self) -> JobEvent | None:
+        """A peer's ``JOB_STOPPED`` by a signal, once heard (``Peers.stop_heard``)."""
+        peers = self.ends.rdzv.peers()
+        return peers.stop_heard() if peers is not None else None
+
+    def stopped_elsewhere(self, heard: JobEvent, signum: int) -> NoReturn:
+        """Another node was stopped by ``signum`` and told the job (``heard``): tell the
+        others this node is done, write the stop report (with the exits of the last failed
+        round, if any), end as stopped by that signal on that node."""
+        log.warning("%s", describe_event(heard))
+        self.ends.tell_done(False)
+        exits = self.tally.failure.exits if self.tally.failure is not None else []
+        where = f"node {heard.node_rank}"
+        self.ends.stop_report(exits, signum, heard.node_rank, where)
+        raise Interrupted(signum, where)
+
     def cut_short(self, exc: PhalanxError, ended: str) -> NoReturn:
         """The job ends before a round could run (``ended``: why): the next round could not
         form, or a worker could not start. With a failed round before, its report, root
-        cause and all; without, a report of ``ended`` alone, and ``exc`` raised."""
+        cause and all; without, a report of ``ended`` alone, and ``exc`` raised. Once this
+        node has heard that another was stopped by a signal, it ends as stopped by that
+        signal, whatever cut it short here (that node hosted the store and left with it)."""
+        heard = self.stop_heard()
+        signum = stop_signal(heard)
+        if heard is not None and signum is not None:
+            log.info("%s", ended)
+            self.stopped_elsewhere(heard, signum)
         if self.tally.failure is not None:
             log.error("%s", ended)
             last = self.tally.failure

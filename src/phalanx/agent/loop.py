@@ -134,7 +134,7 @@ class Rounds:
                 self.ends.preempted(joined, plan, exits, result.preemption, result.event)
             if result.outcome is Outcome.SUCCEEDED:
                 return self.ends.succeeded(joined, plan, exits)
-            stop = asked_to_stop(result)
+            stop = asked_to_stop(result, self.between.stop_heard())
             if stop is not None:  # here or on another node: the job stops, with no failure
                 self.ends.interrupted(joined, exits, *stop)
             exits, cause = self.ends.record_failure(exits, result.event, watch, probe)

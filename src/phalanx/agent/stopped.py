@@ -11,18 +11,31 @@ from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.group import Outcome, RoundResult
 
 
-def asked_to_stop(result: RoundResult) -> tuple[int, JobEvent | None] | None:
+def asked_to_stop(
+    result: RoundResult, heard: JobEvent | None = None
+) -> tuple[int, JobEvent | None] | None:
     """(the signal, None) when this node was asked to stop by a signal; (the signal, the
-    ``JOB_STOPPED`` event) when another node was and told the job; None otherwise."""
+    ``JOB_STOPPED`` event) when another node was and told the job: the event that ended
+    the round, or one ``heard`` (``Peers.stop_heard``) whatever ended it -- a worker that
+    died with its peers, the store gone with the stopped node before this node polled.
+    None otherwise."""
     if result.outcome is Outcome.INTERRUPTED:
         assert result.signum is not None
         return result.signum, None
-    event = result.event
+    for event in (result.event, heard):
+        signum = stop_signal(event)
+        if signum is not None:
+            return signum, event
+    return None
+
+
+def stop_signal(event: JobEvent | None) -> int | None:
+    """The signal of a ``JOB_STOPPED`` of a node stopped by one; None for any other event."""
     if event is None or event.kind is not EventKind.JOB_STOPPED:
         return None
     signum = event.failure.get("signal")
     if isinstance(signum, int) and not isinstance(signum, bool):
-        return signum, event
+        return signum
     return None
 
 

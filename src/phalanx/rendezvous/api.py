@@ -270,6 +270,12 @@ class Peers(Protocol):
         round; False when it cannot (no store, one that stayed out of reach, or an expired
         etcd lease). Blocks; a signal to the launcher interrupts it (the caller's)."""
 
+    def stop_heard(self) -> JobEvent | None:
+        """The ``JOB_STOPPED`` of a node that was stopped by a signal (``phalanx stop``,
+        Ctrl-C; ``failure["signal"]``), once this node has read it, whatever happened since:
+        the store's host may leave with the stop before this node asks the store again (it
+        was stopping its workers), and the job still ended by that signal. None: none heard."""
+
     def fence(self) -> Fence | None:
         """What SIGKILLs this node's workers once it may have lost the store for longer than
         the others wait (``phalanx.rendezvous.fencing``): the supervisor guards every worker

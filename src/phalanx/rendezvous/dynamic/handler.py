@@ -330,6 +330,9 @@ class DynamicRendezvous:
             return JobEvent(EventKind.STORE_LOST, detail=problem)
         return self._liveness.next_event()
 
+    def stop_heard(self) -> JobEvent | None:
+        return self._liveness.stop_heard()
+
     def report_failure(self, failure: dict[str, object]) -> int | None:
         membership, rank = self._current()
         if self._liveness.fenced():

@@ -48,7 +48,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from phalanx.rendezvous.api import JobEvent
+from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.beat import Beater
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.health import StoreHealth, call_bound
@@ -106,6 +106,9 @@ class Liveness:
         self._stack_requests = 0  # the newest stacks request of the round seen so far
         self._status_requests = 0  # the same for status requests
         self._spares = 0  # agents queued for the round after the followed one
+        # A peer's JOB_STOPPED by a signal, kept for the job's life (rounds and the store
+        # pass; the stop does not): the agent may meet the store gone before it polls it.
+        self._stop_heard: JobEvent | None = None
         proved = fence.proved_alive if fence is not None else (lambda start: None)
         self._pulse = pulse_for(board, settings, clock, proved, beat_store)
         # Counters: while a beat waits for its answer the next goes out beside it, so that
@@ -171,6 +174,11 @@ class Liveness:
     def next_event(self) -> JobEvent | None:
         with self._lock:
             return self._events.popleft() if self._events else None
+
+    def stop_heard(self) -> JobEvent | None:
+        """The ``JOB_STOPPED`` of a node stopped by a signal, once read (None: none yet)."""
+        with self._lock:
+            return self._stop_heard
 
     def stack_requests(self) -> int:
         """The newest stacks request of the followed round seen so far (0: none)."""
@@ -330,6 +338,8 @@ class Liveness:
                 self._next_event = index + 1
                 if found[0] == self._b.node_id:  # a node is not told about itself
                     continue
+                if found[1].kind is EventKind.JOB_STOPPED and "signal" in found[1].failure:
+                    self._stop_heard = self._stop_heard or found[1]
                 self._events.append(found[1])
             self._ring()
 
