@@ -38,11 +38,14 @@ def test_a_full_log_disk_does_not_stop_a_healthy_job(tmp_path: Path) -> None:
     said = [line for line in result.stderr.splitlines() if "No space left on device" in line]
     # Once per stream whose file found the disk full: stdout's always; stderr's line too
     # unless its writer thread got it in before stdout's filled the disk (their own threads).
-    # The run's own small files (status, events) may find it full too: one line each.
+    # The run's own small files (status, events, the report a success writes too) may find
+    # it full: one line each.
     files = sorted(line.split("/")[-1].split()[0] for line in said)
     logs_said = [f for f in files if f.endswith(".log")]
     assert logs_said in (["stdout.log"], ["stderr.log", "stdout.log"]), result.stderr
-    assert set(files) - set(logs_said) <= {"status.json", "events.jsonl"}, result.stderr
+    assert set(files) - set(logs_said) <= {"status.json", "events.jsonl", "report.json"}, (
+        result.stderr
+    )
     assert len(files) == len(set(files)), result.stderr  # once each
     assert "Traceback" not in result.stderr
 

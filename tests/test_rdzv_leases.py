@@ -85,7 +85,7 @@ def test_crashed_node_is_lost_when_its_lease_expires(cluster: LeasedCluster) -> 
     form(a, b)
     crash(b)
     event = wait_event(a, EventKind.NODE_LOST)
-    assert "lost its lease" in event.detail and "(b, addr-b)" in event.detail
+    assert "lost its lease" in event.detail and "(b, addr-b, node id " in event.detail
     assert a.claim_restart(1)
     alone = Join(a).result()  # b's fate is settled as lost: the round forms without it
     assert (alone.num_nodes, alone.restart_count, alone.node_rank) == (1, 1, 0)

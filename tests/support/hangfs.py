@@ -59,6 +59,14 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
     def rename(self, old: str, new: str) -> None:
         os.rename(self._path(old), self._path(new))
 
+    # Symbolic links, as the filesystems it stands in for (NFS, a local disk) have them: the
+    # progress counters are a link to the agent's memfd (``phalanx.worker.progress``).
+    def symlink(self, target: str, source: str) -> None:
+        os.symlink(source, self._path(target))
+
+    def readlink(self, path: str) -> str:
+        return os.readlink(self._path(path))
+
     def chmod(self, path: str, mode: int) -> None:
         os.chmod(self._path(path), mode)
 
