@@ -240,12 +240,17 @@ def _phalanx(config: Path, out: Path, logs: Path, *flags: str) -> list[str]:
 
 
 def _worker_holding(launcher: psutil.Process, path: Path) -> psutil.Process | None:
-    """The launcher's descendant that has ``path`` open: the worker whose progress file it is
-    (a warm worker's RANK is not in /proc/PID/environ: it was set after the fork)."""
-    for proc in launcher.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if any(f.path == str(path) for f in proc.open_files()):
-                return proc
+    """The launcher's descendant that maps the counters ``path`` leads to: the worker whose
+    progress it is (a warm worker's RANK is not in /proc/PID/environ: it was set after the
+    fork). The counters are the agent's memfd, told apart from the other ranks' by inode."""
+    with contextlib.suppress(OSError):
+        inode = str(os.stat(path).st_ino)
+        for proc in launcher.children(recursive=True):
+            with contextlib.suppress(OSError):
+                maps = Path(f"/proc/{proc.pid}/maps").read_text().splitlines()
+                # addr perms offset dev inode path: this memfd mapped (not a file of that inode)
+                if any(m.split()[4:6] == [inode, "/memfd:phalanx-progress"] for m in maps):
+                    return proc
     return None
 
 
@@ -264,7 +269,7 @@ def _kill_at(cmd: list[str], logs: Path, beats: int, attempt: str = "attempt_0")
             found = list(logs.glob(f"*/{attempt}/rank_1/progress"))
             seen = read_progress(str(found[0])) if found else None
             if seen is not None and seen[0] >= beats:
-                victim = _worker_holding(psutil.Process(proc.pid), found[0].resolve())
+                victim = _worker_holding(psutil.Process(proc.pid), found[0])
                 if victim is not None:
                     victim.kill()
                     victim.wait(30)
