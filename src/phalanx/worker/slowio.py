@@ -30,24 +30,30 @@ class Answers(Generic[T]):
         self._known: dict[Hashable, T | None] = {}
         self._name = name
         self._thread: threading.Thread | None = None
+        self._since = 0.0  # when the thread began the question it answers now (monotonic)
 
     def ask(
         self, key: Hashable, answer: Callable[[], T | None], wait: float, *, stale: bool = True
     ) -> T | None:
         """``answer()``, made in the thread, if it comes within ``wait`` seconds; else the
         last answer to ``key`` (``stale``) or None. A question still open is not asked twice,
-        and one queued behind another is not waited for (so many questions to a slow
-        filesystem cost one ``wait``, not one each)."""
-        deadline = time.monotonic() + wait
+        and one queued behind a question that has already taken longer than ``wait`` is not
+        waited for (so many questions to a slow filesystem cost one ``wait``, not one each;
+        one behind a question being answered in good time -- another agent's probe in the
+        same process, a sibling rank's reading -- waits its bound as if first)."""
+        now = time.monotonic()
+        deadline = now + wait
         with self._lock:
             if self._thread is None:  # started on first use: never before a fork
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             if key not in self._asked:
+                if not self._asked:
+                    self._since = now  # the thread takes it now (its clock starts here)
                 self._asked[key] = answer
                 self._done.notify_all()
-            if next(iter(self._asked)) != key:
-                deadline = 0.0  # behind another question: the thread is busy, it would be late
+            if next(iter(self._asked)) != key and now - self._since > wait:
+                deadline = 0.0  # behind a slow question: the thread would be late for this
             while key in self._asked and (left := deadline - time.monotonic()) > 0:
                 self._done.wait(left)
             if key in self._asked and not stale:
@@ -60,6 +66,7 @@ class Answers(Generic[T]):
                 while not self._asked:
                     self._done.wait()
                 key, answer = next(iter(self._asked.items()))
+                self._since = time.monotonic()
             value = answer()
             with self._lock:
                 self._known[key] = value
