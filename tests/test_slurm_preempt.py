@@ -51,10 +51,19 @@ def wait_until_training(out: Path, ended: Callable[[], str | None]) -> None:
     """Until every rank has done 3 steps (the workers are past torch's import and Gloo's
     setup, in the loop that asks ``phalanx.preempted()``); ``ended`` says what became of a
     job that ended first (None while it runs)."""
-    training = lambda: all(step(out / f"step_{rank}") >= 3 for rank in RANKS)  # noqa: E731
-    wait_for(lambda: training() or ended() is not None, TIMEOUT, "training")
-    if not training():
-        raise AssertionError(f"the job ended before training: {ended()}")
+    seen: dict[str, str | None] = {}
+
+    def training_or_ended() -> bool:
+        # Decided once: a worker rewrites its step file (truncated, then written), so a second
+        # look can find it empty while the job trains on.
+        if all(step(out / f"step_{rank}") >= 3 for rank in RANKS):
+            return True
+        seen["ended"] = ended()
+        return seen["ended"] is not None
+
+    wait_for(training_or_ended, TIMEOUT, "training")
+    if seen.get("ended") is not None:
+        raise AssertionError(f"the job ended before training: {seen['ended']}")
 
 
 def assert_one_step_saved(out: Path) -> int:
