@@ -16,35 +16,8 @@ import pytest
 
 from phalanx.events import read_events
 from phalanx.events.log import EVENTS_FILE
-from phalanx.net import free_port
-from support.hosts import Loopback, Node
-from support.launch import wait_for, worker
-
-HANG = 90.0
-FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=30"
-FAILED = "exit code 3 (attempt 0)"  # numbered as its directory, attempt_0
-
-
-def _start(nodes: list[Node], tmp_path: Path, stubborn: int, shutdown: int) -> tuple[Node, Node]:
-    """Two agents; rank ``stubborn`` ignores SIGTERM (for ``shutdown`` seconds), the other
-    rank exits 3. Returns (the node whose worker failed, the other) once the failure was
-    told and the other node began to stop its worker."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    net, port = Loopback(), free_port()
-    args = [
-        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lost", "--rdzv-conf", FAST,
-        "--max-restarts", "3", "--shutdown-timeout", str(shutdown), "--cold-start",
-        worker("stubborn_then_fail.py"), str(marks), str(stubborn),
-    ]  # fmt: skip
-    for i in (0, 1):
-        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
-    wait_for(lambda: any(FAILED in n.stderr for n in nodes), HANG, "a worker to fail")
-    # The other node heard of it: it is stopping its worker (which ignores the SIGTERM).
-    wait_for((marks / "sigterm").exists, HANG, "the other node to stop its worker")
-    failed = next(n for n in nodes if FAILED in n.stderr)
-    return failed, next(n for n in nodes if n is not failed)
+from support.hosts import Node
+from support.stubborn import HANG, start_between_rounds
 
 
 def _report(node: Node) -> dict[str, object]:
@@ -63,7 +36,7 @@ def test_a_node_lost_before_the_restart_round_keeps_the_root_cause(
     lost: str, nodes: list[Node], tmp_path: Path
 ) -> None:
     failing_rank = 0 if lost == "store-host" else 1  # node 0 hosts the store, runs rank 0
-    failed, left = _start(nodes, tmp_path, stubborn=1 - failing_rank, shutdown=8)
+    failed, left = start_between_rounds(nodes, tmp_path, 1 - failing_rank, 8, "lost")
     failed.kill()  # SIGKILL to its whole session: the agent and all it started
     code = left.finish(HANG)
     stderr = left.stderr
@@ -88,7 +61,7 @@ def test_a_node_stopped_while_waiting_to_restart_reports_and_ends_143(
 ) -> None:
     # Rank 1 fails; its node then waits for node 0's verdict on the round, which comes only
     # once node 0 has stopped its SIGTERM-ignoring worker (60 s): it is stopped meanwhile.
-    failed, _ = _start(nodes, tmp_path, stubborn=0, shutdown=60)
+    failed, _ = start_between_rounds(nodes, tmp_path, 0, 60, "lost")
     failed.proc.send_signal(signal.SIGTERM)  # what phalanx stop sends
     code = failed.finish(HANG)
     stderr = failed.stderr

@@ -22,15 +22,11 @@ from pathlib import Path
 import pytest
 
 from phalanx.agent.stopped import asked_to_stop
-from phalanx.net import free_port
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.supervisor.group import Outcome, RoundResult
-from support.hosts import Loopback, Node
-from support.launch import wait_for, worker
+from support.hosts import Node
+from support.stubborn import HANG, start_between_rounds
 
-HANG = 90.0
-FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=30"
-FAILED = "exit code 3 (attempt 0)"  # numbered as its directory, attempt_0
 TERM = int(signal.SIGTERM)
 STOPPED = JobEvent(EventKind.JOB_STOPPED, 0, "node 0 was stopped", {"signal": TERM})
 GAVE_UP = JobEvent(EventKind.JOB_STOPPED, 0, "node 0 stopped the job")  # no signal: a failure
@@ -71,20 +67,7 @@ def test_a_stop_heard_from_a_peer_ends_the_round_as_stopped(
 def test_phalanx_stop_between_rounds_ends_every_node_143_with_a_report(
     stubborn: int, grace: int, nodes: list[Node], tmp_path: Path
 ) -> None:
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    net, port = Loopback(), free_port()
-    args = [
-        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "stopping", "--rdzv-conf", FAST,
-        "--max-restarts", "3", "--shutdown-timeout", str(grace), "--cold-start",
-        worker("stubborn_then_fail.py"), str(marks), str(stubborn),
-    ]  # fmt: skip
-    for i in (0, 1):
-        nodes.append(Node(net, i, args, tmp_path, f"n{i}"))
-    wait_for(lambda: any(FAILED in n.stderr for n in nodes), HANG, "a worker to fail")
-    wait_for((marks / "sigterm").exists, HANG, "the other node to stop its worker")
-    failed = next(n for n in nodes if FAILED in n.stderr)  # waits for the round's verdict
+    failed, _ = start_between_rounds(nodes, tmp_path, stubborn, grace, "stopping")
     failed_rank = 1 - stubborn  # its node's rank too: one worker per node
     (run_dir,) = failed.logs.iterdir()
     stop = subprocess.run(
