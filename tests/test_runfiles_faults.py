@@ -260,9 +260,11 @@ def _run_dir_mappings(pid: int, run_dir: Path) -> list[str]:
     return sorted(set(found))
 
 
-@pytest.mark.parametrize("mode", ["warm", "cold"])
+@pytest.mark.parametrize(
+    ("mode", "fault"), [("warm", "page-in"), ("cold", "page-in"), ("warm", "unlinked")]
+)
 def test_progress_counters_whose_run_directory_fails_a_page_in_do_not_kill_the_worker(
-    tmp_path: Path, mode: str
+    tmp_path: Path, mode: str, fault: str
 ) -> None:
     """A page-in that fails (an NFS soft mount timing out) made for real: every file under
     the run directory that a training worker has mapped, and each rank's ``progress``, is
@@ -271,7 +273,9 @@ def test_progress_counters_whose_run_directory_fails_a_page_in_do_not_kill_the_w
     workers train on, the job exits 0, and the agent still reads every rank's last step;
     the run directory is left with plain files of the last counts.
     (Before: the mapped file itself; SIGBUS in ``phalanx.step``, and the report blamed the
-    worker.)"""
+    worker.) ``unlinked``: each rank's ``progress`` link is removed from the run directory
+    instead; the agent reads the counters from the descriptor it holds, not through the
+    link, so it still has every rank's last step."""
     marks, logs = tmp_path / "marks", tmp_path / "logs"
     marks.mkdir()
     args = ["--nproc-per-node", "2", "--log-dir", str(logs),
@@ -281,13 +285,13 @@ def test_progress_counters_whose_run_directory_fails_a_page_in_do_not_kill_the_w
         stepping = [marks / "stepping.0", marks / "stepping.1"]
         wait_for(lambda: all(p.exists() for p in stepping), HANG, "both ranks stepping")
         (run_dir,) = logs.iterdir()
-        for pid in (int(p.read_text()) for p in stepping):
-            for path in _run_dir_mappings(pid, run_dir):
-                with contextlib.suppress(OSError):
-                    os.truncate(path, 0)
-        for counters in run_dir.glob("attempt_0/rank_*/progress"):
-            with contextlib.suppress(OSError):  # the memfd is sealed: EPERM
-                os.truncate(counters, 0)
+        if fault == "unlinked":
+            links = list(run_dir.glob("attempt_0/rank_*/progress"))
+            assert len(links) == 2 and all(link.is_symlink() for link in links), links
+            for link in links:
+                link.unlink()
+        else:
+            _fail_page_ins(run_dir, [int(p.read_text()) for p in stepping])
         (marks / "go").touch()
         out, err = job.communicate(timeout=HANG)
     assert job.returncode == 0, err[-4000:]
@@ -303,3 +307,15 @@ def test_progress_counters_whose_run_directory_fails_a_page_in_do_not_kill_the_w
         counters = run_dir / "attempt_0" / f"rank_{rank}" / progress.FILE_NAME
         reading = progress.read(str(counters))
         assert not counters.is_symlink() and reading is not None and reading[1] == step
+
+
+def _fail_page_ins(run_dir: Path, pids: list[int]) -> None:
+    """Every file under ``run_dir`` that ``pids`` have mapped, and each rank's counters,
+    truncated to nothing."""
+    for pid in pids:
+        for path in _run_dir_mappings(pid, run_dir):
+            with contextlib.suppress(OSError):
+                os.truncate(path, 0)
+    for counters in run_dir.glob("attempt_0/rank_*/progress"):
+        with contextlib.suppress(OSError):  # the memfd is sealed: EPERM
+            os.truncate(counters, 0)

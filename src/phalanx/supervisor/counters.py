@@ -41,6 +41,7 @@ class Counters:
             return
         old = self._held.pop(key, None)
         self._held[key] = fd
+        progress.hold(key, fd)  # this agent reads them from the descriptor from now on
         if old is not None:
             os.close(old)
 
@@ -48,6 +49,7 @@ class Counters:
         """The run ended: the last counts as plain files in place of the links."""
         final = {}
         for rank_dir, fd in self._held.items():
+            progress.hold(rank_dir, None)
             try:
                 final[Path(rank_dir) / progress.FILE_NAME] = os.pread(fd, progress.LAYOUT.size, 0)
             finally:
