@@ -21,7 +21,7 @@ from pathlib import Path
 
 import scenarios  # next to this file
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 
 PY = sys.executable
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.netns import NetNamespaces
 
 SECONDS = re.compile(r"^node check, round \d+, \d+ nodes \(this is node \d+\), ([\d.]+) s:", re.M)

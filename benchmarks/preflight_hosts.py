@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from phalanx.cli.main import parse_config
+from phalanx.cli.argv import parse_config
 from phalanx.hosts.plan import build_hosts_plan
 from phalanx.hosts.preflight import preflight
 

@@ -14,9 +14,9 @@ import psutil
 import pytest
 
 from phalanx.config import LaunchConfig
-from phalanx.net import free_port
 from phalanx.plan import WorkerPlan, build_plan
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo, RendezvousResult
+from phalanx.resources.ports import free_port
 from phalanx.supervisor.group import Launch, Outcome, Supervisor
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.process import exec_worker

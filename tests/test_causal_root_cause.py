@@ -16,12 +16,12 @@ import pytest
 
 from phalanx.errors import UsageError
 from phalanx.events import read_events
-from phalanx.net import free_port
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.stores.agentstore import NO_TOKEN, AgentKVStore
 from phalanx.report.classify import classify
 from phalanx.report.exits import causal_order, format_report, report_json
+from phalanx.resources.ports import free_port
 from phalanx.supervisor.clock import OFFSET_ENV, WallClock
 from phalanx.supervisor.exits import WorkerExit
 from support.hosts import Loopback, Node

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from phalanx.supervisor.cgroup import hierarchies
 from support.freezer import frozen
 from support.launch import PHALANX, alive, run_phalanx, wait_for, worker

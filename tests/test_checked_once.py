@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.cli.main import parse_launch
+from phalanx.cli.argv import parse_launch
 from phalanx.errors import RendezvousError
-from phalanx.net import free_port
 from phalanx.rendezvous.stores.agentstore.auth import Token
 from phalanx.rendezvous.stores.agentstore.client import AgentKVStore
 from phalanx.rendezvous.stores.base import StoreUnavailable
+from phalanx.resources.ports import free_port
 from support.launch import worker
 
 SECRET = b"a-token-the-check-read-once"

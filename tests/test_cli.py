@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.cli.main import parse_config
+from phalanx.cli.argv import parse_config
 from phalanx.cli.parser import build_parser
 from phalanx.config import LaunchMode
 from phalanx.errors import UsageError

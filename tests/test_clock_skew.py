@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from phalanx.errors import REQUEUE_EXIT_CODE
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import wait_for, worker
 from support.skew import skewed_env

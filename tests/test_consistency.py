@@ -292,7 +292,7 @@ def test_files_up_to_64_mib_are_hashed() -> None:
 
 
 def test_allow_mismatch_is_a_flag_with_help_and_a_pet_fallback(tmp_path: Path) -> None:
-    from phalanx.cli.main import parse_config
+    from phalanx.cli.argv import parse_config
 
     script = str(tmp_path / "train.py")
     Path(script).write_text("")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, Node
 from support.launch import run_phalanx, worker

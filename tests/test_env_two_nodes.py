@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from phalanx.net import free_port
 from phalanx.plan import WORKER_ENV_KEYS
+from phalanx.resources.ports import free_port
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import worker
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from phalanx.credentials import ETCD_PASSWORD_ENV, worker_environment
 from phalanx.errors import UsageError
+from phalanx.rendezvous.credentials import ETCD_PASSWORD_ENV, worker_environment
 from phalanx.rendezvous.stores.etcd.conf import (
     EtcdOptions,
     credential_warnings,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from phalanx.agent.exclusion import (
+from phalanx.exclusion import (
     EXCLUDED_EXIT_CODE,
     NodeName,
     Streak,
@@ -18,7 +18,7 @@ from phalanx.agent.exclusion import (
     requeue_exclusions,
     slurm_names,
 )
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Node
 from support.launch import worker
 from test_multinode import c10d_args

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from phalanx.net import free_port
 from phalanx.report.oom import memory_cgroup_counter
+from phalanx.resources.ports import free_port
 from support.hosts import Node
 from support.launch import PHALANX, alive, run_phalanx, wait_for, worker
 from support.tools import hang_filesystem

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.net import free_port
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.pulse import Counters, Verdict
@@ -39,6 +38,7 @@ from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
 from phalanx.rendezvous.stores.etcd.conf import EtcdOptions
 from phalanx.rendezvous.stores.etcd.store import EtcdStore
+from phalanx.resources.ports import free_port
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import alive, run_phalanx, wait_for, worker

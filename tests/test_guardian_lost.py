@@ -25,7 +25,7 @@ import pytest
 
 from phalanx.events import read_events
 from phalanx.events.log import EVENTS_FILE
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from phalanx.supervisor.cgroup import hierarchies
 from support.hosts import Loopback, Node
 from support.launch import PHALANX, alive, launched, read_pids, wait_for, worker

@@ -181,7 +181,7 @@ def test_dry_run_skips_an_excluded_host_and_the_next_host_takes_its_place(
     ],
 )
 def test_flags_the_host_list_sets_are_refused_with_it(flags: list[str], flag: str) -> None:
-    from phalanx.cli.main import parse_config
+    from phalanx.cli.argv import parse_config
     from phalanx.errors import UsageError
 
     with pytest.raises(UsageError) as caught:

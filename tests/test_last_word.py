@@ -23,7 +23,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from phalanx.net import free_port
 from phalanx.rendezvous import lastword
 from phalanx.rendezvous.dynamic.board import DIED, LEFT, Board
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
@@ -33,6 +32,7 @@ from phalanx.rendezvous.dynamic.sweep import _forget_heartbeat
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
 from phalanx.rendezvous.stores.etcd.conf import run_prefix
+from phalanx.resources.ports import free_port
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import alive, wait_for, worker

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Node
 from support.launch import worker
 from test_multinode import c10d_args

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from phalanx.events.log import read_events
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import wait_for, worker

@@ -18,7 +18,7 @@ import pytest
 
 from phalanx.events import EVENTS_FILE, read_events
 from phalanx.events.metrics import MetricsServer
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.launch import PHALANX, launched, worker
 
 
@@ -149,7 +149,7 @@ def test_without_the_library_the_flag_is_refused_in_one_line(tmp_path: Path) -> 
 
 def test_the_launcher_does_not_import_the_library_without_the_flag() -> None:
     probe = (
-        "import sys; from phalanx.cli.main import parse_config; import phalanx.agent.agent; "
+        "import sys; import phalanx.cli.main; from phalanx.cli.argv import parse_config; import phalanx.agent.agent; "
         f"parse_config([{worker('steps_then_fail.py')!r}], {{}}); "
         "print('prometheus_client' in sys.modules)"
     )

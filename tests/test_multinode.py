@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from phalanx.events import read_events
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import alive, read_pids, wait_for, worker
 

@@ -17,7 +17,7 @@ import pytest
 
 import phalanx
 from phalanx.consistency.fingerprint import file_hash
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import WORKERS, port_pair, wait_for

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.events import read_events
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support import cpuquota
 from support.hosts import NamespaceHosts, Node
 from support.launch import wait_for, worker

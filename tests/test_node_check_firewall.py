@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.agent.exclusion import EXCLUDED_EXIT_CODE
-from phalanx.net import free_port
+from phalanx.exclusion import EXCLUDED_EXIT_CODE
+from phalanx.resources.ports import free_port
 from support.hosts import NamespaceHosts, Node
 from support.launch import worker
 from support.netns import NetNamespaces

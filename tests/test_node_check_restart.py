@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from phalanx.agent.checking import CheckedNodes, node_check
-from phalanx.cli.main import parse_config
+from phalanx.cli.argv import parse_config
 from phalanx.events import read_events
 from phalanx.events.log import EventLog
 from phalanx.nodecheck import link

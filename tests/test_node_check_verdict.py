@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.cli.main import expanded, parse_config
+from phalanx.cli.argv import expanded, parse_config
 from phalanx.errors import UsageError
 from phalanx.nodecheck import Thresholds, judge, table
 from phalanx.nodecheck.link import PEER, SELF

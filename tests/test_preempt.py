@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from phalanx.errors import REQUEUE_EXIT_CODE
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.launch import PHALANX, alive, end_all, read_pids, start_tree, wait_for, worker
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.cli.main import parse_config
+from phalanx.cli.argv import parse_config
 from phalanx.cli.preempt import DEFAULT_GRACE, default_signals
 from phalanx.config import LaunchConfig
 from phalanx.plan import worker_env

@@ -23,9 +23,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from phalanx.net import free_port
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.stores.agentstore import auth, wire
+from phalanx.resources.ports import free_port
 from support.launch import PHALANX, run_phalanx, wait_for, worker
 
 HANG = 120.0

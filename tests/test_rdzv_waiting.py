@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.net import free_port
 from phalanx.rendezvous.dynamic.board import Board, encode
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.waiting import Waiting, WaitingLine, waiting_text
+from phalanx.resources.ports import free_port
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, Node
 from support.launch import run_phalanx, wait_for, worker

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.events import read_events
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Node
 from support.launch import launched, run_phalanx, wait_for, worker
 from support.skew import skewed_env, stepping_env

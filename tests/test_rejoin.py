@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Loopback, Node
 from support.launch import wait_for, worker
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.errors import UsageError
-from phalanx.rundir import default_log_base, make_run_dir
+from phalanx.resources.rundir import default_log_base, make_run_dir
 from phalanx.worker.nofollow import SymlinkRefused, append_to, make_dirs, open_file, replace_file
 from support.launch import PHALANX, launched, wait_for, worker
 

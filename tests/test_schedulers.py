@@ -17,10 +17,10 @@ from types import MappingProxyType
 
 import pytest
 
-from phalanx.cli.main import parse_config
+from phalanx.cli.argv import parse_config
 from phalanx.environments import detect
 from phalanx.errors import UsageError
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.launch import PHALANX, launched, worker
 from support.schedulers import scheduler_env, slurm_job_id_with_free_port
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.launch import PHALANX, wait_for, worker
 
 HANG = 120.0

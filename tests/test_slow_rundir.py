@@ -16,7 +16,7 @@ from pathlib import Path
 from phalanx.agent.filewriter import END_WRITES
 from phalanx.events import read_events
 from phalanx.events.log import EVENTS_FILE
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Loopback, Node
 from support.launch import wait_for, worker
 from support.tools import slow_filesystem

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Node
 from support.launch import wait_for, worker
 from test_multinode import FAST, c10d_args

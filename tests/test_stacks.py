@@ -20,7 +20,7 @@ import pytest
 
 from phalanx.hang.stacks import DumpTarget, request_dumps
 from phalanx.hang.watch import odd_state
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Node
 from support.launch import launched, run_phalanx, wait_for, worker
 from support.tools import needs_py_spy

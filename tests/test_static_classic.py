@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.launch import PHALANX, worker
 
 HANG = 240  # seconds: only catches a hang

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.launch import PHALANX, wait_for, worker
 
 HANG = 180.0  # seconds: only catches a hang

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from phalanx.events import read_events, read_run_events
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Loopback, Node
 from support.launch import PHALANX, alive, launched, run_phalanx, wait_for, worker
 

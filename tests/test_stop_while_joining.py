@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.errors import REQUEUE_EXIT_CODE
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Loopback, Node
 from support.launch import wait_for, worker
 

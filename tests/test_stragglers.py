@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from phalanx.agent.exclusion import EXCLUDED_EXIT_CODE
 from phalanx.agent.stragglers import PHASE, StragglerWatch
 from phalanx.errors import NodeExcluded
 from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
-from phalanx.net import free_port
+from phalanx.exclusion import EXCLUDED_EXIT_CODE
+from phalanx.resources.ports import free_port
 from phalanx.status.node import NodeStatus
 from phalanx.straggler_settings import StragglerAction, StragglerSettings
 from phalanx.timeline import build, render

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from torch.distributed import run as torchrun
 
+from phalanx.cli.argv import expanded
 from phalanx.cli.convert import to_config
-from phalanx.cli.main import expanded
 from phalanx.cli.parser import build_parser
 from phalanx.cli.scheduler import Derivation, given_flags
 from phalanx.config import LaunchConfig

@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from phalanx.status.service import WRITE_EVERY
 from support.hosts import Node
 from support.launch import launched, wait_for, worker

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.launch import run_phalanx, worker
 
 FRAME = "=" * 78

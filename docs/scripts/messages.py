@@ -47,7 +47,7 @@ PAGE = ROOT / "docs" / "troubleshooting.md"
 ROOT_ERRORS = ("PhalanxError", "StoreUnavailable")
 INPUT_ERRORS = ("ValueError", "ArgumentTypeError")
 # Where a ValueError is the user's bad input (turned into a usage error by the caller).
-INPUT_MODULES = ("cli/", "parsing.py", "hosts/", "environments/", "check_settings.py")
+INPUT_MODULES = ("cli/", "parsing.py", "hosts/", "environments/", "nodecheck/settings.py")
 LOG_LEVELS = ("warning", "error")
 MIN_KEY = 12
 MIN_PREFIX = 8  # a message's first words this long are part of its key (``_key``)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from phalanx.check_settings import CheckSettings
+from phalanx.nodecheck.settings import CheckSettings
 from phalanx.straggler_settings import StragglerSettings
 
 
@@ -98,7 +98,7 @@ class LaunchConfig:
     stall_timeout: float | None = None
     # A node whose worker is the job's root cause this many failed rounds in a row is
     # excluded (0: never); exclusions go to the run directory's file and to exclude_file,
-    # and a node listed in exclude_file is refused at start (phalanx.agent.exclusion).
+    # and a node listed in exclude_file is refused at start (phalanx.exclusion).
     exclude_after: int = 0
     exclude_file: Path | None = None
     # Start even when the nodes' code or versions differ (a warning with the table instead

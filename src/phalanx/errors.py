@@ -1,12 +1,23 @@
-"""Error types. Every error carries the exit code the launcher should end with."""
+"""Error types. Every error carries the exit code the launcher should end with.
+
+``signal_name`` is the one spelling of a signal in these errors and in every message and
+report."""
 
 from __future__ import annotations
 
-from phalanx.signals import signal_name
+import signal
 
 # The job was preempted (asked to stop by its scheduler), not failed: sysexits' EX_TEMPFAIL,
 # "try again later", what a requeue wrapper or a scheduler's policy can key on.
 REQUEUE_EXIT_CODE = 75
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9; ``signal 64`` for a number with no name here."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 class PhalanxError(Exception):
@@ -43,7 +54,7 @@ class MismatchError(PhalanxError):
 class NodeExcluded(PhalanxError):
     """This node leaves the job, excluded: the node check named it under ``--node-check
     exclude`` (``phalanx.nodecheck``), its worker was the root cause ``--exclude-after``
-    rounds in a row, or an exclusion file lists it (``agent.exclusion``). Exit code 69,
+    rounds in a row, or an exclusion file lists it (``exclusion``). Exit code 69,
     sysexits' EX_UNAVAILABLE, "this node is not available"; the other nodes re-form without
     it where ``--nnodes MIN:MAX`` allows."""
 
@@ -98,4 +109,3 @@ def stopped_line(exc: Interrupted) -> str:
     if isinstance(exc, Preempted):
         return f"{exc}; exit {exc.exit_code} (run the job again)"
     return f"stopped by {exc}"
-

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 
 WORKERS = Path(__file__).parents[1] / "workers"
 PHALANX = [sys.executable, "-m", "phalanx"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phalanx.net import free_port
+from phalanx.resources.ports import free_port
 from support.hosts import Loopback, Node
 from support.launch import wait_for, worker
 

@@ -13,7 +13,6 @@ from typing import BinaryIO
 
 from phalanx.agent.between import Between
 from phalanx.agent.endings import Endings
-from phalanx.agent.exclusion import refuse_if_excluded, this_node
 from phalanx.agent.filewriter import END_WRITES, REPORT_FILE, RunFiles
 from phalanx.agent.loop import Rounds
 from phalanx.agent.runfiles import write_launcher_file
@@ -24,9 +23,10 @@ from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
-from phalanx.limits import raise_descriptor_limit
+from phalanx.exclusion import refuse_if_excluded, this_node
 from phalanx.rendezvous.api import RendezvousHandler
-from phalanx.rundir import make_run_dir
+from phalanx.resources.limits import raise_descriptor_limit
+from phalanx.resources.rundir import make_run_dir
 from phalanx.status import StatusService
 from phalanx.status.files import stop_marker
 from phalanx.supervisor.cgroup import JobCgroup

@@ -17,7 +17,7 @@ import logging
 import time
 from pathlib import Path
 
-from phalanx.agent import exclusion
+from phalanx import exclusion
 from phalanx.config import LaunchConfig
 from phalanx.consistency.compare import mismatch_table
 from phalanx.consistency.perargs import ArgsDifference, args_difference

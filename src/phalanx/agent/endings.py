@@ -16,7 +16,6 @@ from typing import NoReturn
 
 from phalanx.agent import preempted
 from phalanx.agent.describe import describe_event
-from phalanx.agent.exclusion import requeue_exclusions
 from phalanx.agent.filewriter import REPORT_FILE, RunFiles
 from phalanx.agent.sofar import Tally
 from phalanx.agent.stopped import stop_report, success_report
@@ -25,6 +24,7 @@ from phalanx.environments import slurm
 from phalanx.errors import Interrupted, JobFailed, PhalanxError, Preempted, RendezvousError
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
+from phalanx.exclusion import requeue_exclusions
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.stacks import PEER_DUMP_WAIT
 from phalanx.hang.watch import RoundWatch

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from phalanx.agent import exclusion
+from phalanx import exclusion
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
 from phalanx.agent.between import Between
 from phalanx.agent.checking import (
@@ -30,7 +30,6 @@ from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, RendezvousError
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.watch import RoundWatch
-from phalanx.limits import StartFailed
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import (
     EventKind,
@@ -42,6 +41,7 @@ from phalanx.rendezvous.api import (
 from phalanx.report.exits import root_cause
 from phalanx.report.job import record_exits
 from phalanx.report.oom import OomProbe
+from phalanx.resources.limits import StartFailed
 from phalanx.status import StatusService
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor

@@ -4,9 +4,9 @@ reports of a job that succeeded and of a spare the job ended without."""
 
 from __future__ import annotations
 
+from phalanx.errors import signal_name
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.report.exits import report_json
-from phalanx.signals import signal_name
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.group import Outcome, RoundResult
 

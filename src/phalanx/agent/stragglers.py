@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from phalanx.agent import exclusion
+from phalanx import exclusion
 from phalanx.config import LaunchConfig
 from phalanx.errors import NodeExcluded, RendezvousError
 from phalanx.events.log import EventLog

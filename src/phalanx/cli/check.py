@@ -16,12 +16,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from phalanx.cli.argv import expanded, parse_config
 from phalanx.config import LaunchConfig
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.hosts.run import run_hosts
 from phalanx.launch import prepare
 from phalanx.nodecheck import Skipped, check_round, table
-from phalanx.rundir import default_log_base
+from phalanx.resources.rundir import default_log_base
 
 # The job parser needs a program: this one is never run (it marks a check's command line,
 # so a ``--hosts`` check reaches every host as a check again).
@@ -51,8 +52,6 @@ def main(args: list[str]) -> int:
         return 0
     if "--dry-run" in args:
         raise UsageError("phalanx check: --dry-run has no meaning here (the check is the test)")
-    from phalanx.cli.main import expanded, parse_config  # main lists this subcommand
-
     # A --hosts check reaches each host with the program already in place.
     argv = expanded(args if args[-1:] == [PROGRAM] else [*args, "-m", PROGRAM], os.environ)
     config = parse_config(argv, os.environ)

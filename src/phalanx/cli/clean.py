@@ -22,7 +22,7 @@ from phalanx.cli.args import Parser
 from phalanx.cli.runs import listed
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.events.log import EVENTS_FILE
-from phalanx.rundir import default_log_base
+from phalanx.resources.rundir import default_log_base
 from phalanx.status.launcher import read_launcher
 from phalanx.status.view import RunView
 

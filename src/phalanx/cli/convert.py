@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import parsing
-from phalanx.check_settings import Action, CheckSettings, Thresholds
 from phalanx.cli import preempt
 from phalanx.cli.nproc import cuda_device_count as _cuda_device_count
 from phalanx.cli.nproc import resolve_nproc
@@ -30,6 +29,7 @@ from phalanx.events import metrics
 from phalanx.hosts.hostfile import parse_hosts, read_hostfile
 from phalanx.hosts.remote_env import forwarded_env, read_env_file
 from phalanx.launch import Launch, check_launch
+from phalanx.nodecheck.settings import Action, CheckSettings, Thresholds
 from phalanx.straggler_settings import (
     DEFAULT_FRACTION,
     DEFAULT_WINDOW_S,

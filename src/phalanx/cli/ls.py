@@ -18,7 +18,7 @@ from pathlib import Path
 from phalanx.cli.args import Parser
 from phalanx.cli.runs import LAST, listed, started_at
 from phalanx.errors import UsageError
-from phalanx.rundir import default_log_base
+from phalanx.resources.rundir import default_log_base
 from phalanx.status.view import RunView
 
 MOST = 50  # runs listed at most (the newest)

@@ -11,15 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import configure_logging
-from phalanx.cli import abbrev, check, clean, logs, ls, preempt, stacks, status, stop, timeline
-from phalanx.cli.convert import to_launch
+from phalanx.cli import check, clean, logs, ls, preempt, stacks, status, stop, timeline
+from phalanx.cli.argv import expanded, parse_launch
 from phalanx.cli.parser import build_parser
-from phalanx.cli.scheduler import derive
 from phalanx.cli.usage import SUBCOMMAND_NAMES, did_you_mean
-from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, JobFailed, PhalanxError, UsageError, stopped_line
 from phalanx.hosts.run import run_hosts
-from phalanx.launch import Launch
 from phalanx.plan import describe
 from phalanx.supervisor.console import settle
 
@@ -37,23 +34,6 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "check": check.main,
     "help": lambda args: help_command(args),
 }
-
-
-def parse_launch(argv: Sequence[str], environ: Mapping[str, str]) -> Launch:
-    """``argv`` (torchrun's abbreviations spelled out already: ``expanded``) as a launch."""
-    ns = build_parser(environ).parse_args(list(argv))
-    ns, derivation = derive(ns, argv, environ)
-    return to_launch(ns, environ, derivation=derivation)
-
-
-def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> LaunchConfig:
-    """``argv`` as a config (``parse_launch``'s)."""
-    return parse_launch(argv, environ).config
-
-
-def expanded(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
-    """``argv`` with the launcher's abbreviated flags spelled out (``cli.abbrev``)."""
-    return abbrev.expand(build_parser(environ), argv)
 
 
 def help_command(args: list[str]) -> int:
@@ -136,6 +116,7 @@ def _say(line: str) -> None:
     SIGHUP that ended the job) is let go, the exit code is what matters then."""
     with contextlib.suppress(OSError, ValueError):
         print(line, file=sys.stderr, flush=True)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -35,14 +35,7 @@ def rendezvous_flags(
     and the lines that say which given flags are not used (``given``: the flags the user set,
     ``cli.scheduler.given_flags``)."""
     node_rank = p.parse(lambda: parsing.parse_int(ns.node_rank, "--node-rank", minimum=0), 0)
-    port_text = ns.master_port
-    master_port = DEFAULT_MASTER_PORT
-    if port_text is not None:
-        master_port = p.parse(
-            lambda: parsing.parse_int(port_text, "--master-port", minimum=0), DEFAULT_MASTER_PORT
-        )
-        if not 0 <= master_port <= 65535:
-            p.add(f"--master-port: expected 0..65535, got {master_port}")
+    master_port = _master_port(ns.master_port, p)
     backend = str(ns.rdzv_backend).strip()
     endpoint = str(ns.rdzv_endpoint)
     master_addr = p.parse(lambda: parsing.check_host(ns.master_addr, "--master-addr"), "")
@@ -57,7 +50,7 @@ def rendezvous_flags(
                 master_addr, master_port = parsed.host, parsed.port
     if ns.standalone:
         backend = "c10d"  # torchrun's --standalone: c10d on localhost:0
-    elif backend == "static" and max_nodes == 1 and not endpoint and port_text is None:
+    elif backend == "static" and max_nodes == 1 and not endpoint and ns.master_port is None:
         backend = "c10d"  # torchrun 2.13: one node meets on localhost:0, a free port
     # (More than one node: the static backend's own check says it.)
     if node_rank >= max_nodes == 1 and backend == "static" and not ns.standalone:
@@ -79,6 +72,16 @@ def rendezvous_flags(
         "worker_port": _worker_port(ns, p, backend, max_nodes, master_port),
     }
     return fields, _notes(ns, backend, given, conf)
+
+
+def _master_port(text: str | None, p: Problems) -> int:
+    """``--master-port`` as given, or torchrun's default when it is not."""
+    if text is None:
+        return DEFAULT_MASTER_PORT
+    port = p.parse(lambda: parsing.parse_int(text, "--master-port", minimum=0), DEFAULT_MASTER_PORT)
+    if not 0 <= port <= 65535:
+        p.add(f"--master-port: expected 0..65535, got {port}")
+    return port
 
 
 def _worker_port(

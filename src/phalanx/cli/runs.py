@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from phalanx.errors import UsageError
-from phalanx.rundir import default_log_base
+from phalanx.resources.rundir import default_log_base
 from phalanx.status.view import RunView, gather, is_run_dir
 
 LAST = "last"

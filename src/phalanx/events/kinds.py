@@ -77,7 +77,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "straggler": (
         "round", "rank", "straggler_node", "straggler_host", "rate", "median", "window", "action",
     ),
-    # This node was excluded from the job (``--exclude-after``, ``--node-check exclude``, ``--straggler-action exclude``; ``agent.exclusion``).
+    # This node was excluded from the job (``--exclude-after``, ``--node-check exclude``, ``--straggler-action exclude``; ``exclusion``).
     "excluded": ("name", "reason"),
     # The scheduler said the job will be stopped (a preemption signal).
     "preempt": ("signal", "deadline"),

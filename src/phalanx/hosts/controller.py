@@ -25,11 +25,11 @@ import threading
 import time
 from types import FrameType
 
+from phalanx.errors import signal_name
 from phalanx.hosts.console import Console
 from phalanx.hosts.lifeline import BEAT, PREEMPT_LINE
 from phalanx.hosts.plan import HostPlan, HostsPlan
 from phalanx.hosts.ssh import env_line
-from phalanx.signals import signal_name
 
 SSH_LOST = 255
 AFTER_FAILURE = 60.0

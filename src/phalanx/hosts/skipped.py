@@ -8,7 +8,7 @@ has no rendezvous store a spare could wait at); without ``--nnodes`` every host 
 a member. An
 exclusion names a node by the address its agent was given (``--local-addr``: here the
 host's ssh address) or, without one, by its host name (here the name in the host list, the
-``user@`` left out): ``agent.exclusion.Exclusion.matches``.
+``user@`` left out): ``exclusion.Exclusion.matches``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.agent.exclusion import Exclusion, NodeName, exclusion_of
 from phalanx.config import HostSlots
+from phalanx.exclusion import Exclusion, NodeName, exclusion_of
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,19 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
     A flag the parser already has (TRELLIS.2's ``train.py`` defines all five itself) is kept
     as it is, with its own default and type: only the missing ones are added.
     """
-    flags: list[tuple[str, dict[str, Any]]] = [
+    # argparse has no public "has this option"; its table of option strings is the one place.
+    taken = parser._option_string_actions
+    missing = [(flag, options) for flag, options in _dist_flags() if flag not in taken]
+    if missing:
+        group = parser.add_argument_group("distributed")
+        for flag, options in missing:
+            group.add_argument(flag, **options)
+
+
+def _dist_flags() -> list[tuple[str, dict[str, Any]]]:
+    """``add_dist_args``'s flags and their options, one row each (the default ``--num_gpus``
+    read now)."""
+    return [
         ("--num_nodes", {"type": int, "default": 1, "help": "number of nodes (default: 1)"}),
         (
             "--node_rank",
@@ -90,13 +102,6 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
             },
         ),
     ]
-    # argparse has no public "has this option"; its table of option strings is the one place.
-    taken = parser._option_string_actions
-    missing = [(flag, options) for flag, options in flags if flag not in taken]
-    if missing:
-        group = parser.add_argument_group("distributed")
-        for flag, options in missing:
-            group.add_argument(flag, **options)
 
 
 def global_rank(node_rank: int, num_gpus: int, local_rank: int) -> int:

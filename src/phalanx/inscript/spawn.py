@@ -124,12 +124,8 @@ def spawn(
     difference raises ``MismatchError`` (exit code 2) on every node before any process
     starts, unless ``allow_mismatch`` (then it is a warning).
     """
-    worker_port, agents_port, problems = _ports(num_nodes, master_port, rdzv_port)
-    problems = (
-        _counts_problems(num_gpus, num_nodes, node_rank, max_restarts, stall_timeout) + problems
-    )
-    if problems:
-        raise UsageError(problems)
+    counts = (num_gpus, num_nodes, node_rank, max_restarts, stall_timeout)
+    worker_port, agents_port = _checked_ports(counts, master_port, rdzv_port)
     chosen_backend = resolve_backend(backend)
     configure_logging()
     with tempfile.TemporaryDirectory(prefix="phalanx-spawn-") as scratch:
@@ -154,11 +150,28 @@ def spawn(
         )
         env = {**os.environ, BACKEND_ENV: chosen_backend}
         if num_nodes > 1:
-            log.info(
-                "phalanx.spawn: the agents meet at %s:%d (rdzv_port); the workers' store is "
-                "%s:%d (master_port)", master_addr, agents_port, master_addr, worker_port,
-            )  # fmt: skip
+            _log_ports(master_addr, agents_port, worker_port)
         _run(config, env)
+
+
+def _checked_ports(
+    counts: tuple[int, int, int, int, float | None], master_port: int | str, rdzv_port: int | None
+) -> tuple[int, int]:
+    """(the workers' port, the agents' port): ``_ports``'s, once every argument is checked
+    (``counts``: num_gpus, num_nodes, node_rank, max_restarts, stall_timeout); raises
+    ``UsageError`` with every problem at once."""
+    worker_port, agents_port, problems = _ports(counts[1], master_port, rdzv_port)
+    problems = _counts_problems(*counts) + problems
+    if problems:
+        raise UsageError(problems)
+    return worker_port, agents_port
+
+
+def _log_ports(master_addr: str, agents_port: int, worker_port: int) -> None:
+    log.info(
+        "phalanx.spawn: the agents meet at %s:%d (rdzv_port); the workers' store is "
+        "%s:%d (master_port)", master_addr, agents_port, master_addr, worker_port,
+    )  # fmt: skip
 
 
 def _run(config: LaunchConfig, env: dict[str, str]) -> None:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phalanx.check_settings import CheckSettings
 from phalanx.nodecheck.link import Listener, test_link
 from phalanx.nodecheck.probes import compute_probe, directory_problem
+from phalanx.nodecheck.settings import CheckSettings
 from phalanx.nodecheck.verdict import Verdict, judge
 from phalanx.rendezvous.api import CheckExchange, RendezvousResult
 from phalanx.worker.slowio import Answers

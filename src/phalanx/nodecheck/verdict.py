@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx.check_settings import Thresholds
 from phalanx.nodecheck.link import LINK_DEADLINE, PEER, SELF
+from phalanx.nodecheck.settings import Thresholds
 
 
 @dataclass(frozen=True)

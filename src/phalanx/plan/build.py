@@ -12,10 +12,10 @@ from pathlib import Path
 from string import Template
 
 from phalanx.config import LaunchConfig, shown_run_id
-from phalanx.credentials import worker_environment
 from phalanx.plan.command import WorkerCommand, spawn_owner_command, worker_command
 from phalanx.plan.env import job_env, rank_dir, worker_env
 from phalanx.rendezvous.api import RendezvousResult
+from phalanx.rendezvous.credentials import worker_environment
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from phalanx.config import LaunchConfig
-from phalanx.credentials import worker_environment
 from phalanx.rendezvous.api import RendezvousResult
+from phalanx.rendezvous.credentials import worker_environment
 from phalanx.worker.contract import CHECKPOINT_LOG_ENV, CHECKPOINT_LOG_FILE, PREEMPT_SIGNALS_ENV
 
 # Variables phalanx sets for every worker (torchrun 2.13's set); everything else is inherited.
@@ -38,7 +38,7 @@ def node_env(config: LaunchConfig, base_env: Mapping[str, str]) -> dict[str, str
     """What every worker of this node shares, and so what the warm-start template is started
     with: ``base_env`` and torchrun's ``OMP_NUM_THREADS=1`` when several workers share the
     node (the OpenMP runtime reads it once, when torch loads it). The secrets phalanx reads
-    (``phalanx.credentials``) are not passed on."""
+    (``phalanx.rendezvous.credentials``) are not passed on."""
     env = worker_environment(base_env)
     if config.nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"  # torchrun's default, so N workers do not oversubscribe

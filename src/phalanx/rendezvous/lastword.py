@@ -11,7 +11,7 @@ the node lost on their next look (``pulse``).
 
 A word is plain JSON data, so it travels over the guardian's private pipe. It carries the
 store's credentials (the agent store's token, etcd's password): never the guardian's
-environment, which is the workers' (``phalanx.credentials``).
+environment, which is the workers' (``phalanx.rendezvous.credentials``).
 
 Only a store this node does not host has a word: a c10d or static store lives in its
 hosting agent, so when that agent dies the store dies with it, and the others learn that

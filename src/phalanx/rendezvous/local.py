@@ -6,8 +6,8 @@ import socket
 import uuid
 from collections.abc import Callable
 
-from phalanx.net import free_port
 from phalanx.rendezvous.api import JobEvent, NodeInfo, RendezvousResult, RoundVerdict, Signature
+from phalanx.resources.ports import free_port
 
 
 class LocalRendezvous:

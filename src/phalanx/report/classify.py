@@ -31,7 +31,7 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from phalanx.signals import signal_name
+from phalanx.errors import signal_name
 from phalanx.supervisor.exits import WorkerExit
 
 KINDS = ("exception", "exit_code", "signal", "killed", "oom", "hang", "node_lost")

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from phalanx.signals import signal_name
+from phalanx.errors import signal_name
 
 # Failures with no exit status of their own: the job exits 1 for them.
 _NO_CODE = frozenset({"hang", "node_lost"})

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import BinaryIO
 
-from phalanx.limits import start_failed
+from phalanx.errors import signal_name
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.fencing import KILL_BOUND, Fence
-from phalanx.signals import signal_name
+from phalanx.resources.limits import start_failed
 from phalanx.supervisor.console import Console, OnLost
 from phalanx.supervisor.counters import Counters
 from phalanx.supervisor.exits import WorkerExit

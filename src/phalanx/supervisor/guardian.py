@@ -42,8 +42,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from phalanx.credentials import worker_environment
-from phalanx.signals import signal_name
+from phalanx.errors import signal_name
+from phalanx.rendezvous.credentials import worker_environment
 from phalanx.supervisor.cgroup import JobCgroup
 
 MAX_REPLACEMENTS = 10  # per agent run: a guardian killed as soon as it starts is not chased

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from phalanx.errors import signal_name
 from phalanx.plan import WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
-from phalanx.signals import signal_name
 from phalanx.worker.contract import PREEMPT_NOTICE_FILE, PREEMPT_SIGNALS_ENV, STOP_NOTICE_FILE
 from phalanx.worker.nofollow import replace_file
 from phalanx.worker.preempt import NOTICE_WAIT

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from phalanx.config import LaunchConfig, LaunchMode
-from phalanx.limits import LIMIT_ERRNOS
 from phalanx.plan import WorkerPlan
 from phalanx.plan.env import node_env
+from phalanx.resources.limits import LIMIT_ERRNOS
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.worker.contract import TEMPLATE_SHIM
 from phalanx.worker.nofollow import append_to

@@ -49,7 +49,7 @@ import runpy
 import signal
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from phalanx.worker.protocol import ForkRequest
@@ -187,29 +187,25 @@ def _run_module(request: ForkRequest) -> None:
     run_as_main(request.target, True)
 
 
-def _run_boot(request: ForkRequest) -> None:
-    # What ``python -u -c BOOT_SHIM ARGS`` runs. Imported here: boot imports this module.
-    from phalanx.worker import boot
-
-    sys.argv = ["-c", *request.args]
-    boot.main(list(request.args))
-
-
-RUNNERS: dict[str, Callable[[ForkRequest], None]] = {
+# How each kind of request runs; the template adds "boot" (the worker's boot, which itself
+# runs its target through ``run_job``: this module cannot import it back).
+RUNNERS: Mapping[str, Callable[[ForkRequest], None]] = {
     "script": _run_script,
     "module": _run_module,
-    "boot": _run_boot,
 }
 
 
-def run_job(request: ForkRequest) -> None:
-    """Run the worker's code; return only when it completed (the caller then exits 0).
+def run_job(
+    request: ForkRequest, runners: Mapping[str, Callable[[ForkRequest], None]] = RUNNERS
+) -> None:
+    """Run the worker's code with ``runners[request.kind]``; return only when it completed
+    (the caller then exits 0).
 
     ``SystemExit`` propagates to the interpreter unchanged; any other exception is printed
     as python prints it and turned into exit status 1.
     """
     try:
-        RUNNERS[request.kind](request)
+        runners[request.kind](request)
     except SystemExit:
         raise
     except BaseException as exc:

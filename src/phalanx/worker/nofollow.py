@@ -1,6 +1,6 @@
 """Opening files in run directories without following a symbolic link anywhere in their path.
 
-phalanx resolves a run directory's path once, when it makes it (``phalanx.rundir``), so a
+phalanx resolves a run directory's path once, when it makes it (``phalanx.resources.rundir``), so a
 path under it that still holds a symlink has been tampered with: whoever planted one there
 (``report.json`` -> ``/etc/shadow``, ``attempt_1`` -> some other directory) would have the
 launcher, often root, write where they chose. Every component is therefore opened relative

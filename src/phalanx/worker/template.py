@@ -39,8 +39,7 @@ import time
 import traceback
 from typing import Any
 
-from phalanx.worker import become, leave
-from phalanx.worker import boot as _boot  # noqa: F401 -- every worker runs it first: import once
+from phalanx.worker import become, boot, leave  # every worker runs boot first: import once
 from phalanx.worker.protocol import ForkRequest, ProtocolError, receive, send
 
 DEFAULT_PRELOAD = ("torch",)
@@ -223,7 +222,16 @@ def main(argv: list[str]) -> None:
         signal.signal(sig, signal.SIG_IGN)
     request = server.serve()
     if request is not None:
-        leave.run_to_exit(lambda: become.run_job(request))
+        leave.run_to_exit(lambda: become.run_job(request, RUNNERS))
+
+
+def _run_boot(request: ForkRequest) -> None:
+    # What ``python -u -c BOOT_SHIM ARGS`` runs, in the forked child: the worker's boot.
+    sys.argv = ["-c", *request.args]
+    boot.main(list(request.args))
+
+
+RUNNERS = {**become.RUNNERS, "boot": _run_boot}
 
 
 if __name__ == "__main__":

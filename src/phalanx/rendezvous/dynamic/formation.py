@@ -34,7 +34,6 @@ from collections.abc import Callable
 
 from phalanx.config import shown_run_id
 from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted, RendezvousError
-from phalanx.net import free_port
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
 from phalanx.rendezvous.dynamic.admission import check_admission
 from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
@@ -42,6 +41,7 @@ from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
 from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.resources.ports import free_port
 
 # A store that outlives the job (etcd) keeps the run's state, so an id serves one job.
 _SINGLE_USE = "a run id serves one job: give a new --rdzv-id to start another"

@@ -13,10 +13,7 @@ It does every periodic store operation, so ``poll()`` never touches the network:
 - every ``heartbeat_interval`` (from a thread of its own, ``beat``: the heartbeat never
   waits behind these reads) it shows this node is alive; and it judges the next node in the
   ring (rank + 1 mod n), by heartbeat counters or, on a store with leases (etcd), by the
-  node's leased key (see ``pulse``). A node judged lost is recorded as such and
-  ``NODE_LOST`` is posted. While the next node looks quiet or lost the watcher also judges
-  the ones after it, so a run of dead nodes is found together and the ring stays covered.
-  O(1) reads per node per interval, not O(n). At the same pace it reads how many stacks
+  node's leased key (see ``pulse``; the watch and what it posts: ``ring``). At the same pace it reads how many stacks
   requests the round has had (``phalanx stacks`` on any node), for ``stack_requests()``:
   one ``get`` per heartbeat rather than per event check, since a person waits for that
   answer, not a restart; and likewise how many status requests (``phalanx status``), for
@@ -34,8 +31,8 @@ On a store that can open a second handle on itself (``TwinnedStore``: the agent 
 both threads use handles of their own whose calls are bounded by ``call_bound``; when the
 store counts as lost is ``health.StoreHealth``'s to say.
 
-About 380 lines: one thread's loop whose three duties share its state (the last beat, the
-event cursor, the store's health); the health verdict and bounded calls are ``health``.
+One thread's loop whose duties share its state (the last beat, the event cursor, the
+store's health); the health verdict and bounded calls are ``health``, the ring watch ``ring``.
 """
 
 from __future__ import annotations
@@ -52,9 +49,9 @@ from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.beat import Beater
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.health import StoreHealth, call_bound
-from phalanx.rendezvous.dynamic.lost import Untold
 from phalanx.rendezvous.dynamic.members import Membership
-from phalanx.rendezvous.dynamic.pulse import Counters, Verdict, pulse_for
+from phalanx.rendezvous.dynamic.pulse import Counters, pulse_for
+from phalanx.rendezvous.dynamic.ring import RingWatch
 from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import (
@@ -90,12 +87,7 @@ class Liveness:
         self._fence = fence
         bound = call_bound(settings)
         self._health = StoreHealth(settings, clock)
-        self._twins: list[KVStore] = []
-        beat_store: KVStore | None = None
-        if isinstance(board.store, TwinnedStore):
-            watch_store, beat_store = board.store.twin(bound), board.store.twin(bound)
-            self._twins = [watch_store, beat_store]
-            board = Board(watch_store, board.keys, board.node_id)
+        self._twins, board, beat_store = _twinned(board, bound)
         self._b = board
         self._lock = threading.Lock()
         self._view: _View | None = None
@@ -111,16 +103,8 @@ class Liveness:
         self._stop_heard: JobEvent | None = None
         proved = fence.proved_alive if fence is not None else (lambda start: None)
         self._pulse = pulse_for(board, settings, clock, proved, beat_store)
-        # Counters: while a beat waits for its answer the next goes out beside it, so that
-        # within a bound several are in flight; a lease is only read, one read at a time.
-        hedge = math.ceil(bound / settings.heartbeat_interval) + 1
-        self._beater = Beater(
-            self._pulse, settings.heartbeat_interval, bound,
-            hedge if isinstance(self._pulse, Counters) else 1,
-            answered=self._health.answered, failed=self._failed, expelled=self._health.expel,
-        )  # fmt: skip
-        self._declared: set[str] = set()
-        self._untold: list[Untold] = []  # (the thread's own) settled as lost, not yet told
+        self._beater = self._beater_for(bound)
+        self._ring_watch = RingWatch(board, self._pulse)
         self._next_beat = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -128,6 +112,16 @@ class Liveness:
         # (view, index): the last wait found that entry absent; the next read of it is skipped
         # (the next wait is woken by it instead), so a quiet round costs one call per pause.
         self._absent: tuple[_View, int] | None = None
+
+    def _beater_for(self, bound: float) -> Beater:
+        # Counters: while a beat waits for its answer the next goes out beside it, so that
+        # within a bound several are in flight; a lease is only read, one read at a time.
+        hedge = math.ceil(bound / self._s.heartbeat_interval) + 1
+        return Beater(
+            self._pulse, self._s.heartbeat_interval, bound,
+            hedge if isinstance(self._pulse, Counters) else 1,
+            answered=self._health.answered, failed=self._failed, expelled=self._health.expel,
+        )  # fmt: skip
 
     def follow(self, membership: Membership, rank: int) -> None:
         """Watch ``membership`` from now on (events and holes of earlier rounds are dropped)."""
@@ -140,7 +134,7 @@ class Liveness:
             self._status_requests = 0
             self._spares = 0
             self._pulse.follow()
-            self._declared = set()
+            self._ring_watch.follow()
             self._next_beat = 0.0
 
     def start(self) -> None:
@@ -312,7 +306,7 @@ class Liveness:
             self._skip_hole(view)
         if view is None:
             return  # joining: nobody to judge yet
-        self._tell_untold(view)  # a post that failed on an earlier tick
+        self._ring_watch.tell_untold(view.membership)  # a post that failed on an earlier tick
         requests = self._b.answers.stack_requests(view.membership.round)
         statuses = self._b.answers.status_requests(view.membership.round)
         spares = self._b.counter(self._b.keys.round(view.membership.round + 1, "waiting"))
@@ -321,7 +315,7 @@ class Liveness:
                 self._stack_requests = max(self._stack_requests, requests)
                 self._status_requests = max(self._status_requests, statuses)
                 self._spares = spares
-        self._watch(view, now)
+        self._ring_watch.watch(view.membership, view.rank, now)
 
     def _read_events(self, view: _View) -> None:
         """Queue the next event for ``poll()`` unless one is still waiting there."""
@@ -375,33 +369,11 @@ class Liveness:
                 self._next_event = index + 1
                 self._hole = None
 
-    def _watch(self, view: _View, now: float) -> None:
-        members = view.membership
-        for step in range(1, members.count):
-            rank = (view.rank + step) % members.count
-            node_id = members.node_ids[rank]
-            if node_id in self._declared:
-                continue
-            verdict, why = self._pulse.judge(node_id, now)
-            if verdict is Verdict.LOST:
-                self._declare_lost(view, rank, why)
-            elif verdict is Verdict.ALIVE:
-                return  # it watches the rest of the ring
 
-    def _declare_lost(self, view: _View, rank: int, why: str) -> None:
-        members = view.membership
-        self._declared.add(members.node_ids[rank])
-        if not self._b.settle(members.round, rank, members.count, "lost"):
-            return  # it had rejoined or left, or another watcher was first
-        self._untold.append(Untold(members, rank, why))
-        self._tell_untold(view)
-
-    def _tell_untold(self, view: _View) -> None:
-        """Tell the round of the members this node settled as lost. Its place is settled,
-        so no other watcher will: a post that fails (``StoreUnavailable``, raised) is kept
-        and finished on a later tick, or the others would wait in a collective with the
-        lost node's ranks until their transport gave up. Dropped once the round is left."""
-        self._untold = [u for u in self._untold if u.membership is view.membership]
-        while self._untold:
-            log.warning("rendezvous: %s", self._untold[0].tell(self._b))
-            self._untold.pop(0)
+def _twinned(board: Board, bound: float) -> tuple[list[KVStore], Board, KVStore | None]:
+    """(the twins, the board the thread reads, the heartbeat's store): on a store that can
+    open handles on itself, one for each thread, their calls bounded by ``bound``."""
+    if not isinstance(board.store, TwinnedStore):
+        return [], board, None
+    watch_store, beat_store = board.store.twin(bound), board.store.twin(bound)
+    return [watch_store, beat_store], Board(watch_store, board.keys, board.node_id), beat_store

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 
+from phalanx.errors import signal_name
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.stores.base import StoreUnavailable
-from phalanx.signals import signal_name
 
 log = logging.getLogger("phalanx")
 

@@ -4,7 +4,7 @@ The token is read from the file named by ``--rdzv-conf token_file=PATH`` (one tr
 newline dropped, as ``echo secret > file`` writes it) or, failing that, from the environment
 variable ``PHALANX_RDZV_TOKEN``. It is never taken from the command line: ``--rdzv-conf
 token=...`` is refused, because ``ps`` and shell history would show it. Messages name the
-key or the variable, never the value; the workers never get it (``phalanx.credentials``).
+key or the variable, never the value; the workers never get it (``phalanx.rendezvous.credentials``).
 
 Without a token the store still works (torchrun's behaviour: anyone who reaches the port can
 join); the agent says so once at start, on loopback too (any local process reaches that).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from phalanx.credentials import RDZV_TOKEN_ENV
+from phalanx.rendezvous.credentials import RDZV_TOKEN_ENV
 from phalanx.rendezvous.stores.agentstore.auth import NO_TOKEN, Token
 
 TOKEN_FILE_KEY = "token_file"

@@ -28,12 +28,12 @@ import threading
 import time
 from collections.abc import Mapping
 
-from phalanx.limits import raise_descriptor_limit
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
 from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address
 from phalanx.rendezvous.stores.agentstore.peer import Peer, peer_name, take_frame
 from phalanx.rendezvous.stores.agentstore.table import Park, Table
+from phalanx.resources.limits import raise_descriptor_limit
 
 log = logging.getLogger("phalanx")
 

@@ -19,7 +19,7 @@ Keys (torchrun's spellings of its etcd backends are accepted as aliases):
 ============================  =================================================================
 
 The password is never echoed: an error names the key (a misspelt key's value is not shown),
-the options' ``repr`` leaves it out, and the workers never get it (``phalanx.credentials``).
+the options' ``repr`` leaves it out, and the workers never get it (``phalanx.rendezvous.credentials``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from dataclasses import field as option_field  # `field` names a key's field below
 from urllib.parse import quote, urlsplit
 
-from phalanx.credentials import ETCD_PASSWORD_ENV
 from phalanx.errors import UsageError
+from phalanx.rendezvous.credentials import ETCD_PASSWORD_ENV
 from phalanx.rendezvous.settings import (
     SETTINGS_KEYS,
     known_keys,
@@ -97,17 +97,7 @@ def etcd_options_from_conf(
     ``PHALANX_ETCD_PASSWORD`` in ``environ`` (default ``os.environ``).
     """
     problems: list[str] = []
-    given: dict[str, tuple[str, str]] = {}  # field -> (spelling, value)
-    for name, value in conf.items():
-        field = _SPELLINGS.get(name)
-        if field is None:
-            if name not in rendezvous_keys:
-                # Not its value: a misspelt "pasword=..." must not print the password.
-                problems.append(unknown_key(name, "etcd", known_keys("etcd", CONF_KEYS)))
-        elif field in given:
-            problems.append(f"--rdzv-conf sets {field} twice ({given[field][0]} and {name})")
-        else:
-            given[field] = (name, value)
+    given = _given(conf, rendezvous_keys, problems)
     text = {field: value for field, (_, value) in given.items()}
 
     protocol = text.get("protocol")
@@ -139,6 +129,25 @@ def etcd_options_from_conf(
         password_source=source,
         **numbers,
     )
+
+
+def _given(
+    conf: dict[str, str], rendezvous_keys: Collection[str], problems: list[str]
+) -> dict[str, tuple[str, str]]:
+    """The etcd keys of ``conf`` by field: (the spelling given, its value); an unknown key
+    or a field given twice is added to ``problems``."""
+    given: dict[str, tuple[str, str]] = {}
+    for name, value in conf.items():
+        field = _SPELLINGS.get(name)
+        if field is None:
+            if name not in rendezvous_keys:
+                # Not its value: a misspelt "pasword=..." must not print the password.
+                problems.append(unknown_key(name, "etcd", known_keys("etcd", CONF_KEYS)))
+        elif field in given:
+            problems.append(f"--rdzv-conf sets {field} twice ({given[field][0]} and {name})")
+        else:
+            given[field] = (name, value)
+    return given
 
 
 def _password(
