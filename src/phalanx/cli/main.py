@@ -86,10 +86,12 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     argv = expanded(argv, environ)
     launch = parse_launch(argv, environ)
     config = launch.config
-    if config.hosts:
+    if config.remote.hosts:
         return run_hosts(config, argv)
     if config.dry_run:
-        settings = preempt.describe(config.preempt_signals, config.preempt_grace, config.requeue)
+        settings = preempt.describe(
+            config.recovery.preempt_signals, config.recovery.preempt_grace, config.recovery.requeue
+        )
         plan = describe(launch.dry_run_plan(environ), environ)
         print("\n".join((*config.derived, plan, settings)))
         return 0
@@ -136,6 +138,7 @@ def _say(line: str) -> None:
     SIGHUP that ended the job) is let go, the exit code is what matters then."""
     with contextlib.suppress(OSError, ValueError):
         print(line, file=sys.stderr, flush=True)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -36,13 +36,7 @@ def rendezvous_flags(
     ``cli.scheduler.given_flags``)."""
     node_rank = p.parse(lambda: parsing.parse_int(ns.node_rank, "--node-rank", minimum=0), 0)
     port_text = ns.master_port
-    master_port = DEFAULT_MASTER_PORT
-    if port_text is not None:
-        master_port = p.parse(
-            lambda: parsing.parse_int(port_text, "--master-port", minimum=0), DEFAULT_MASTER_PORT
-        )
-        if not 0 <= master_port <= 65535:
-            p.add(f"--master-port: expected 0..65535, got {master_port}")
+    master_port = _master_port(port_text, p)
     backend = str(ns.rdzv_backend).strip()
     endpoint = str(ns.rdzv_endpoint)
     master_addr = p.parse(lambda: parsing.check_host(ns.master_addr, "--master-addr"), "")
@@ -79,6 +73,16 @@ def rendezvous_flags(
         "worker_port": _worker_port(ns, p, backend, max_nodes, master_port),
     }
     return fields, _notes(ns, backend, given, conf)
+
+
+def _master_port(text: str | None, p: Problems) -> int:
+    """--master-port; not given: torchrun's default."""
+    if text is None:
+        return DEFAULT_MASTER_PORT
+    port = p.parse(lambda: parsing.parse_int(text, "--master-port", minimum=0), DEFAULT_MASTER_PORT)
+    if not 0 <= port <= 65535:
+        p.add(f"--master-port: expected 0..65535, got {port}")
+    return port
 
 
 def _worker_port(

@@ -43,15 +43,10 @@ def _default_num_gpus() -> int:
     return torch.cuda.device_count() or 1
 
 
-def add_dist_args(parser: argparse.ArgumentParser) -> None:
-    """Register TRELLIS.2's distributed flags (same names and defaults) plus ``--backend``.
-
-    ``--num_gpus`` is the number of worker processes per node: by default one per visible
-    CUDA GPU; on a machine without CUDA it counts CPU worker processes and defaults to 1.
-    A flag the parser already has (TRELLIS.2's ``train.py`` defines all five itself) is kept
-    as it is, with its own default and type: only the missing ones are added.
-    """
-    flags: list[tuple[str, dict[str, Any]]] = [
+def _dist_flags() -> list[tuple[str, dict[str, Any]]]:
+    """TRELLIS.2's five flags and ``--backend``, with their defaults (``--num_gpus``'s is
+    counted when asked)."""
+    return [
         ("--num_nodes", {"type": int, "default": 1, "help": "number of nodes (default: 1)"}),
         (
             "--node_rank",
@@ -90,6 +85,17 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
             },
         ),
     ]
+
+
+def add_dist_args(parser: argparse.ArgumentParser) -> None:
+    """Register TRELLIS.2's distributed flags (same names and defaults) plus ``--backend``.
+
+    ``--num_gpus`` is the number of worker processes per node: by default one per visible
+    CUDA GPU; on a machine without CUDA it counts CPU worker processes and defaults to 1.
+    A flag the parser already has (TRELLIS.2's ``train.py`` defines all five itself) is kept
+    as it is, with its own default and type: only the missing ones are added.
+    """
+    flags = _dist_flags()
     # argparse has no public "has this option"; its table of option strings is the one place.
     taken = parser._option_string_actions
     missing = [(flag, options) for flag, options in flags if flag not in taken]

@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.agent import configure_logging
-from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.config import (
+    ChecksConfig,
+    LaunchConfig,
+    LaunchMode,
+    LogsConfig,
+    RecoveryConfig,
+    RendezvousConfig,
+    WorkersConfig,
+)
 from phalanx.consistency.fingerprint import Target
 from phalanx.errors import Interrupted, UsageError, stopped_line
 from phalanx.inscript.dist import resolve_backend
@@ -135,22 +143,11 @@ def spawn(
     with tempfile.TemporaryDirectory(prefix="phalanx-spawn-") as scratch:
         payload = _write_payload(Path(scratch), fn, args)
         config = LaunchConfig(
-            program="phalanx.worker.spawn_entry",
-            program_args=(str(payload),),
-            mode=LaunchMode.MODULE,
-            nproc_per_node=num_gpus,
-            min_nodes=num_nodes,
-            max_nodes=num_nodes,
-            rdzv_backend="static",
-            node_rank=node_rank,
-            master_addr=master_addr,
-            master_port=agents_port or worker_port,
-            worker_port=worker_port or None,
-            max_restarts=max_restarts,
-            shutdown_timeout=shutdown_timeout,
-            stall_timeout=stall_timeout,
-            log_dir=Path(log_dir) if log_dir is not None else None,
-            allow_mismatch=allow_mismatch,
+            _workers(payload, num_gpus, shutdown_timeout),
+            _nodes(num_nodes, node_rank, master_addr, agents_port, worker_port),
+            LogsConfig(log_dir=Path(log_dir) if log_dir is not None else None),
+            ChecksConfig(stall_timeout=stall_timeout, allow_mismatch=allow_mismatch),
+            RecoveryConfig(max_restarts=max_restarts),
         )
         env = {**os.environ, BACKEND_ENV: chosen_backend}
         if num_nodes > 1:
@@ -159,6 +156,34 @@ def spawn(
                 "%s:%d (master_port)", master_addr, agents_port, master_addr, worker_port,
             )  # fmt: skip
         _run(config, env)
+
+
+def _workers(payload: Path, num_gpus: int, shutdown_timeout: float) -> WorkersConfig:
+    """Each worker runs phalanx's entry point, which unpickles ``fn`` from ``payload``."""
+    return WorkersConfig(
+        program="phalanx.worker.spawn_entry",
+        program_args=(str(payload),),
+        mode=LaunchMode.MODULE,
+        nproc_per_node=num_gpus,
+        shutdown_timeout=shutdown_timeout,
+    )
+
+
+def _nodes(
+    num_nodes: int, node_rank: int, master_addr: str, agents_port: int, worker_port: int
+) -> RendezvousConfig:
+    """A static rendezvous: the agents meet on ``agents_port`` when there is one (several
+    nodes), else on ``worker_port``; the workers' store is always on ``worker_port`` (0: a
+    free one per round)."""
+    return RendezvousConfig(
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        rdzv_backend="static",
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=agents_port or worker_port,
+        worker_port=worker_port or None,
+    )
 
 
 def _run(config: LaunchConfig, env: dict[str, str]) -> None:
