@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from phalanx.config import LaunchConfig
+from phalanx.config import LaunchConfig, WorkersConfig
 from phalanx.plan import WorkerPlan, build_plan
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo, RendezvousResult
 from phalanx.resources.ports import free_port
@@ -29,7 +29,9 @@ from support.launch import alive, wait_for, worker
 def test_a_worker_dead_before_a_peer_failure_is_handled_failed_on_its_own(
     tmp_path: Path, warm: bool
 ) -> None:
-    config = LaunchConfig(program=worker("exit_when_told.py"), program_args=(str(tmp_path),))
+    config = LaunchConfig(
+        WorkersConfig(program=worker("exit_when_told.py"), program_args=(str(tmp_path),))
+    )
     joined = RendezvousResult(
         run_id="exits", round=0, restart_count=0, node_rank=0,
         nodes=(NodeInfo(0, "localhost", "127.0.0.1", 1),),
@@ -37,7 +39,7 @@ def test_a_worker_dead_before_a_peer_failure_is_handled_failed_on_its_own(
     )  # fmt: skip
     plan = build_plan(config, joined, tmp_path / "run", dict(os.environ))
     template = (
-        Template.start(template_env(config, os.environ), (), tmp_path / "template.log")
+        Template.start(template_env(config.workers, os.environ), (), tmp_path / "template.log")
         if warm
         else None
     )

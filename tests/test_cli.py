@@ -21,13 +21,18 @@ def test_both_spellings_and_defaults() -> None:
     dashed = parse_config(["--nproc-per-node", "3", "--max-restarts", "2", SCRIPT], {})
     underscored = parse_config(["--nproc_per_node=3", "--max_restarts=2", SCRIPT], {})
     assert dashed == underscored
-    assert (dashed.nproc_per_node, dashed.max_restarts, dashed.min_nodes, dashed.max_nodes) == (
+    assert (
+        dashed.workers.nproc_per_node,
+        dashed.recovery.max_restarts,
+        dashed.rendezvous.min_nodes,
+        dashed.rendezvous.max_nodes,
+    ) == (
         3,
         2,
         1,
         1,
     )
-    assert dashed.mode is LaunchMode.SCRIPT and dashed.rdzv_backend == "c10d"
+    assert dashed.workers.mode is LaunchMode.SCRIPT and dashed.rendezvous.rdzv_backend == "c10d"
 
 
 def test_pet_environment_fallbacks() -> None:
@@ -38,20 +43,33 @@ def test_pet_environment_fallbacks() -> None:
         "PET_RDZV_ID": "job",
     }
     config = parse_config([SCRIPT], env)
-    assert (config.nproc_per_node, config.max_restarts, config.standalone, config.rdzv_id) == (
+    assert (
+        config.workers.nproc_per_node,
+        config.recovery.max_restarts,
+        config.rendezvous.standalone,
+        config.rendezvous.rdzv_id,
+    ) == (
         2,
         4,
         True,
         "job",
     )
-    assert parse_config(["--max-restarts", "1", SCRIPT], env).max_restarts == 1  # the flag wins
+    assert (
+        parse_config(["--max-restarts", "1", SCRIPT], env).recovery.max_restarts == 1
+    )  # the flag wins
 
 
 def test_nproc_per_node_cpu_and_auto_without_gpu() -> None:
     import os
 
-    assert parse_config(["--nproc-per-node", "cpu", SCRIPT], {}).nproc_per_node == os.cpu_count()
-    assert parse_config(["--nproc-per-node", "auto", SCRIPT], {}).nproc_per_node == os.cpu_count()
+    assert (
+        parse_config(["--nproc-per-node", "cpu", SCRIPT], {}).workers.nproc_per_node
+        == os.cpu_count()
+    )
+    assert (
+        parse_config(["--nproc-per-node", "auto", SCRIPT], {}).workers.nproc_per_node
+        == os.cpu_count()
+    )
     with pytest.raises(UsageError, match="no CUDA device"):
         parse_config(["--nproc-per-node", "gpu", SCRIPT], {})
 
@@ -60,8 +78,8 @@ def test_everything_after_the_script_belongs_to_it() -> None:
     config = parse_config(
         ["--nproc-per-node", "2", SCRIPT, "--nproc-per-node", "9", "-m", "--", "x"], {}
     )
-    assert config.nproc_per_node == 2
-    assert config.program_args == ("--nproc-per-node", "9", "-m", "--", "x")
+    assert config.workers.nproc_per_node == 2
+    assert config.workers.program_args == ("--nproc-per-node", "9", "-m", "--", "x")
 
 
 def test_all_problems_reported_at_once() -> None:
@@ -156,13 +174,22 @@ BAD_INPUTS = [
     (["--ssh-config", "nope", "--hosts", "h1", SCRIPT], "--ssh-config: no such file: nope"),
     (["--env", "PHX_UNSET_XYZ", "--hosts", "h1", SCRIPT], "not set in this environment"),
     (["--env-file", "absent.env", "--hosts", "h1", SCRIPT], "--env-file absent.env: cannot"),
-    (["--node-check", "maybe", SCRIPT], "invalid choice: 'maybe' (choose from 'off', 'warn', 'exclude')"),
+    (
+        ["--node-check", "maybe", SCRIPT],
+        "invalid choice: 'maybe' (choose from 'off', 'warn', 'exclude')",
+    ),
     (
         ["--node-check-thresholds", "speed=3", SCRIPT],
         "--node-check-thresholds: 'speed=3': expected key=value with a key of",
     ),
-    (["--straggler-action", "kill", SCRIPT], "invalid choice: 'kill' (choose from 'off', 'warn', 'exclude')"),
-    (["--straggler-fraction", "1.5", SCRIPT], "--straggler-fraction: expected a number between 0 and 1"),
+    (
+        ["--straggler-action", "kill", SCRIPT],
+        "invalid choice: 'kill' (choose from 'off', 'warn', 'exclude')",
+    ),
+    (
+        ["--straggler-fraction", "1.5", SCRIPT],
+        "--straggler-fraction: expected a number between 0 and 1",
+    ),
     (["--straggler-fraction", "x", SCRIPT], "--straggler-fraction: expected a number, got 'x'"),
     (["--straggler-window", "0", SCRIPT], "--straggler-window: expected seconds above 0, got 0"),
     (["--metrics-port", "x", SCRIPT], "--metrics-port: expected an integer, got 'x'"),

@@ -296,10 +296,10 @@ def test_allow_mismatch_is_a_flag_with_help_and_a_pet_fallback(tmp_path: Path) -
 
     script = str(tmp_path / "train.py")
     Path(script).write_text("")
-    assert parse_config([script], {}).allow_mismatch is False
-    assert parse_config(["--allow-mismatch", script], {}).allow_mismatch is True
-    assert parse_config(["--allow_mismatch", script], {}).allow_mismatch is True
-    assert parse_config([script], {"PET_ALLOW_MISMATCH": "1"}).allow_mismatch is True
+    assert parse_config([script], {}).checks.allow_mismatch is False
+    assert parse_config(["--allow-mismatch", script], {}).checks.allow_mismatch is True
+    assert parse_config(["--allow_mismatch", script], {}).checks.allow_mismatch is True
+    assert parse_config([script], {"PET_ALLOW_MISMATCH": "1"}).checks.allow_mismatch is True
     help_text = subprocess.run(
         [sys.executable, "-m", "phalanx", "--help"],
         capture_output=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.config import LaunchConfig
+from phalanx.config import LaunchConfig, RecoveryConfig, WorkersConfig
 from phalanx.plan import WORKER_BOOT, WORKER_ENV_KEYS, build_plan, worker_env
 from phalanx.rendezvous.api import NodeInfo, RendezvousResult
 from support.launch import run_phalanx, worker
@@ -27,7 +27,10 @@ RDZV = RendezvousResult(
 
 
 def test_worker_env_exact() -> None:
-    config = LaunchConfig(program="train.py", nproc_per_node=4, max_restarts=3, role="trainer")
+    config = LaunchConfig(
+        WorkersConfig(program="train.py", nproc_per_node=4, role="trainer"),
+        recovery=RecoveryConfig(max_restarts=3),
+    )
     env = worker_env(config, RDZV, local_rank=2, run_dir=Path("/runs/r"), base_env={"PATH": "/bin"})
     assert env == {
         "PATH": "/bin",
@@ -61,19 +64,19 @@ def test_worker_env_exact() -> None:
 def test_omp_num_threads_like_torchrun(
     base: dict[str, str], nproc: int, expected: str | None
 ) -> None:
-    config = LaunchConfig(program="t.py", nproc_per_node=nproc)
+    config = LaunchConfig(WorkersConfig(program="t.py", nproc_per_node=nproc))
     env = worker_env(config, RDZV, 0, Path("/r"), base)
     assert env.get("OMP_NUM_THREADS") == expected
 
 
 def test_virtual_local_rank_maps_visible_devices() -> None:
-    config = LaunchConfig(program="t.py", nproc_per_node=2, virtual_local_rank=True)
+    config = LaunchConfig(WorkersConfig(program="t.py", nproc_per_node=2, virtual_local_rank=True))
     env = worker_env(config, RDZV, 1, Path("/r"), {"CUDA_VISIBLE_DEVICES": "4,5"})
     assert (env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "5")
 
 
 def test_plan_ranks_and_log_paths() -> None:
-    config = LaunchConfig(program="t.py", nproc_per_node=4)
+    config = LaunchConfig(WorkersConfig(program="t.py", nproc_per_node=4))
     plan = build_plan(config, RDZV, Path("/runs/r"), {})
     assert [w.global_rank for w in plan.workers] == [4, 5, 6, 7]
     assert plan.workers[0].stdout_path == Path("/runs/r/attempt_2/rank_4/stdout.log")

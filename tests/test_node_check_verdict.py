@@ -209,6 +209,6 @@ def test_torchruns_node_abbreviation_still_means_node_rank(prefix: str) -> None:
     the prefix, must not make it ambiguous (a torchrun command line keeps working)."""
     argv = expanded([prefix, "1", "--nnodes", "2", SCRIPT], {})
     assert argv[:2] == ["--node-rank", "1"]
-    assert parse_config(argv, {}).node_rank == 1
+    assert parse_config(argv, {}).rendezvous.node_rank == 1
     with pytest.raises(UsageError, match="ambiguous option: --n could match"):
         expanded(["--n", "1", SCRIPT], {})

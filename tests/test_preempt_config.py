@@ -11,7 +11,7 @@ import pytest
 
 from phalanx.cli.argv import parse_config
 from phalanx.cli.preempt import DEFAULT_GRACE, default_signals
-from phalanx.config import LaunchConfig
+from phalanx.config import LaunchConfig, RecoveryConfig, WorkersConfig
 from phalanx.plan import worker_env
 from phalanx.rendezvous.api import NodeInfo, RendezvousResult
 from phalanx.worker.contract import PREEMPT_SIGNALS_ENV
@@ -33,7 +33,7 @@ def test_default_signals_follow_the_environment(
     environ: dict[str, str], expected: tuple[str, ...]
 ) -> None:
     assert default_signals(environ) == expected
-    assert parse_config([SCRIPT], environ).preempt_signals == expected
+    assert parse_config([SCRIPT], environ).recovery.preempt_signals == expected
 
 
 @pytest.mark.parametrize(
@@ -42,13 +42,13 @@ def test_default_signals_follow_the_environment(
 )
 def test_preempt_signals_flag_wins_over_the_default(flag: str, expected: tuple[str, ...]) -> None:
     config = parse_config(["--preempt-signals", flag, SCRIPT], {"SLURM_JOB_ID": "12"})
-    assert config.preempt_signals == expected
+    assert config.recovery.preempt_signals == expected
 
 
 def test_grace_default_and_flag() -> None:
-    assert parse_config([SCRIPT], {}).preempt_grace == DEFAULT_GRACE
-    assert parse_config(["--preempt_grace", "80", SCRIPT], {}).preempt_grace == 80.0
-    assert parse_config(["--requeue", SCRIPT], {"SLURM_JOB_ID": "1"}).requeue
+    assert parse_config([SCRIPT], {}).recovery.preempt_grace == DEFAULT_GRACE
+    assert parse_config(["--preempt_grace", "80", SCRIPT], {}).recovery.preempt_grace == 80.0
+    assert parse_config(["--requeue", SCRIPT], {"SLURM_JOB_ID": "1"}).recovery.requeue
 
 
 def test_dry_run_shows_the_preemption_settings(tmp_path: Path) -> None:
@@ -73,9 +73,12 @@ def test_dry_run_shows_the_preemption_settings(tmp_path: Path) -> None:
 
 def test_the_worker_is_told_the_signals_only_when_there_are_some() -> None:
     rdzv = RendezvousResult("job", 0, 0, 0, (NodeInfo(0, "h", "a", 1),), "a", 1)
-    plain = worker_env(LaunchConfig(program="t.py"), rdzv, 0, Path("/r"), {})
+    plain = worker_env(LaunchConfig(WorkersConfig(program="t.py")), rdzv, 0, Path("/r"), {})
     assert PREEMPT_SIGNALS_ENV not in plain
-    config = LaunchConfig(program="t.py", preempt_signals=("SIGUSR1", "SIGTERM"))
+    config = LaunchConfig(
+        WorkersConfig(program="t.py"),
+        recovery=RecoveryConfig(preempt_signals=("SIGUSR1", "SIGTERM")),
+    )
     env = worker_env(config, rdzv, 0, Path("/r"), {})
     assert env[PREEMPT_SIGNALS_ENV] == "SIGUSR1,SIGTERM"
 
@@ -84,7 +87,7 @@ def test_the_default_follows_the_scheduler_flag() -> None:
     """``--scheduler none`` reads no scheduler, so no default preemption signals either."""
     slurm = {"SLURM_JOB_ID": "12"}
     assert default_signals(slurm, "none") == ()
-    assert parse_config(["--scheduler", "none", SCRIPT], slurm).preempt_signals == ()
+    assert parse_config(["--scheduler", "none", SCRIPT], slurm).recovery.preempt_signals == ()
     pytorchjob = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "MASTER_ADDR": "m", "WORLD_SIZE": "2",
                   "RANK": "0"}  # fmt: skip
     assert default_signals(pytorchjob) == ("SIGTERM",)

@@ -132,8 +132,16 @@ def test_gpus_per_node_with_a_type() -> None:
 
 def test_trainer_pod_is_a_static_job_from_pet_variables() -> None:
     config = parse_config([SCRIPT], {**TRAINER_POD, "PET_NPROC_PER_NODE": "2"})
-    assert (config.rdzv_backend, config.max_nodes, config.node_rank) == ("static", 2, 1)
-    assert (config.master_addr, config.master_port, config.nproc_per_node) == (
+    assert (
+        config.rendezvous.rdzv_backend,
+        config.rendezvous.max_nodes,
+        config.rendezvous.node_rank,
+    ) == ("static", 2, 1)
+    assert (
+        config.rendezvous.master_addr,
+        config.rendezvous.master_port,
+        config.workers.nproc_per_node,
+    ) == (
         "t-node-0-0.t",
         29400,
         2,
@@ -148,16 +156,28 @@ def test_elastic_pytorchjob_keeps_its_backend_and_drops_the_static_facts() -> No
     env = {**pytorchjob(1), "PET_RDZV_BACKEND": "c10d", "PET_NNODES": "1:3",
            "PET_RDZV_ENDPOINT": "train-worker-0:29400"}  # fmt: skip
     config = parse_config([SCRIPT], env)
-    assert (config.rdzv_backend, config.min_nodes, config.max_nodes) == ("c10d", 1, 3)
-    assert config.rdzv_endpoint == "train-worker-0:29400"
+    assert (
+        config.rendezvous.rdzv_backend,
+        config.rendezvous.min_nodes,
+        config.rendezvous.max_nodes,
+    ) == ("c10d", 1, 3)
+    assert config.rendezvous.rdzv_endpoint == "train-worker-0:29400"
     assert config.derived == ()  # every fact came from PET_*, one source each
 
 
 def test_explicit_flags_and_pet_variables_win() -> None:
     env = {**srun_step("123456", 1), "PET_MASTER_PORT": "4444"}
     config = parse_config(["--node-rank", "0", "--master-addr", "localhost", SCRIPT], env)
-    assert (config.node_rank, config.master_addr, config.master_port) == (0, "localhost", 4444)
-    assert (config.max_nodes, config.rdzv_backend, config.rdzv_id) == (
+    assert (
+        config.rendezvous.node_rank,
+        config.rendezvous.master_addr,
+        config.rendezvous.master_port,
+    ) == (0, "localhost", 4444)
+    assert (
+        config.rendezvous.max_nodes,
+        config.rendezvous.rdzv_backend,
+        config.rendezvous.rdzv_id,
+    ) == (
         2,
         "static",
         "slurm-123456.0",
@@ -165,15 +185,15 @@ def test_explicit_flags_and_pet_variables_win() -> None:
     assert not any("--node-rank" in line or "--master" in line for line in config.derived)
     # --nnodes 1 makes it a one-node job: no static facts are used
     one = parse_config(["--nnodes", "1", SCRIPT], env)
-    assert one.max_nodes == 1 and not any("--node-rank" in line for line in one.derived)
+    assert one.rendezvous.max_nodes == 1 and not any("--node-rank" in line for line in one.derived)
     assert parse_config(["--scheduler", "none", SCRIPT], env).derived == ()
     assert parse_config(["--standalone", SCRIPT], env).derived == ()
-    assert parse_config(["--scheduler", "slurm", SCRIPT], env).max_nodes == 2
+    assert parse_config(["--scheduler", "slurm", SCRIPT], env).rendezvous.max_nodes == 2
 
 
 def test_trainer_node_rank_from_the_completion_index() -> None:
     pod = {k: v for k, v in TRAINER_POD.items() if k != "PET_NODE_RANK"}
-    assert parse_config(["--nproc-per-node", "1", SCRIPT], pod).node_rank == 1
+    assert parse_config(["--nproc-per-node", "1", SCRIPT], pod).rendezvous.node_rank == 1
 
 
 def test_batch_script_one_node_runs_and_many_nodes_are_refused() -> None:
@@ -181,27 +201,35 @@ def test_batch_script_one_node_runs_and_many_nodes_are_refused() -> None:
              "SLURM_JOB_NODELIST": "node07", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
              "SLURM_GPUS_ON_NODE": "2"}  # fmt: skip
     config = parse_config([SCRIPT], batch)
-    assert (config.max_nodes, config.nproc_per_node, config.rdzv_id) == (1, 2, "slurm-31.batch")
+    assert (
+        config.rendezvous.max_nodes,
+        config.workers.nproc_per_node,
+        config.rendezvous.rdzv_id,
+    ) == (1, 2, "slurm-31.batch")
     many = {**batch, "SLURM_JOB_NUM_NODES": "4", "SLURM_NNODES": "4"}
     with pytest.raises(UsageError, match="srun --ntasks-per-node=1 phalanx"):
         parse_config([SCRIPT], many)
-    assert parse_config(["--nnodes", "1", SCRIPT], many).max_nodes == 1
+    assert parse_config(["--nnodes", "1", SCRIPT], many).rendezvous.max_nodes == 1
 
 
 def test_mpi_rdzv_endpoint_names_the_store() -> None:
     config = parse_config(["--rdzv-endpoint", "host7:2345", SCRIPT], mpirun(1, addr=None))
-    assert (config.rdzv_backend, config.master_addr, config.master_port) == (
+    assert (
+        config.rendezvous.rdzv_backend,
+        config.rendezvous.master_addr,
+        config.rendezvous.master_port,
+    ) == (
         "static",
         "host7",
         2345,
     )
-    assert (config.node_rank, config.max_nodes) == (1, 2)
+    assert (config.rendezvous.node_rank, config.rendezvous.max_nodes) == (1, 2)
     one = {
         "OMPI_COMM_WORLD_SIZE": "1",
         "OMPI_COMM_WORLD_RANK": "0",
         "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
     }
-    assert parse_config([SCRIPT], one).max_nodes == 1  # one rank: no endpoint needed
+    assert parse_config([SCRIPT], one).rendezvous.max_nodes == 1  # one rank: no endpoint needed
 
 
 @pytest.mark.parametrize(

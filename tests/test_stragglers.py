@@ -87,7 +87,11 @@ def beat(running: list[Any], beats: list[int]) -> None:
 
 def watch(tmp: Path, action: StragglerAction, nodes: int = 1, exchange: Any = None) -> Any:
     settings = StragglerSettings(action, 0.5, 5.0)
-    config = SimpleNamespace(stragglers=settings, local_addr="10.9.0.1", exclude_file=None)
+    config = SimpleNamespace(
+        checks=SimpleNamespace(stragglers=settings),
+        rendezvous=SimpleNamespace(local_addr="10.9.0.1"),
+        recovery=SimpleNamespace(exclude_file=None),
+    )
     events = EventLog(tmp, time.time)
     seen: list[dict[str, Any]] = []
     events.listen(seen.append)
@@ -132,7 +136,9 @@ def test_healthy_ranks_and_off_name_nobody(tmp_path: Path) -> None:
 
 def test_exclude_makes_the_stragglers_own_node_leave(tmp_path: Path) -> None:
     exchange = Exchange()  # the other node (1) runs rank 1 at 20 steps/s
-    exchange.records[(PHASE, 1)] = json.dumps({"node": 1, "host": "h1", "rates": {"1": 20.0}}).encode()
+    exchange.records[(PHASE, 1)] = json.dumps(
+        {"node": 1, "host": "h1", "rates": {"1": 20.0}}
+    ).encode()
     w, clock, seen = watch(tmp_path, StragglerAction.EXCLUDE, nodes=2, exchange=exchange)
     running = ranks(tmp_path, 1)  # this node's rank 0, slow
     assert run(w, clock, running, [2], 12)  # stops its round
@@ -150,7 +156,9 @@ def test_a_straggler_that_left_first_is_named_at_the_rounds_end(tmp_path: Path) 
     exchange = Exchange()
     w, clock, seen = watch(tmp_path, StragglerAction.EXCLUDE, nodes=2, exchange=exchange)
     assert not run(w, clock, ranks(tmp_path, 1), [20], 12)  # alone: nobody to compare with
-    exchange.records[(PHASE, 1)] = json.dumps({"node": 1, "host": "h1", "rates": {"1": 2.0}}).encode()
+    exchange.records[(PHASE, 1)] = json.dumps(
+        {"node": 1, "host": "h1", "rates": {"1": 2.0}}
+    ).encode()
     w.leave()  # not this node: no NodeExcluded
     (event,) = [e for e in seen if e["kind"] == "straggler"]
     assert (event["rank"], event["straggler_node"], event["straggler_host"]) == (1, 1, "h1")
@@ -244,4 +252,8 @@ def test_a_healthy_job_names_nobody(hosts: object, nodes: list[Node], tmp_path: 
         assert node.finish(timeout=180) == 0, node.stderr
         assert "straggler" not in node.stderr
         assert not [e for e in events_of(node) if e["kind"] == "straggler"]
-    assert json.loads((out / "result.json").read_text()) == {"value": EXPECTED, "resumed": None, "world": 2}
+    assert json.loads((out / "result.json").read_text()) == {
+        "value": EXPECTED,
+        "resumed": None,
+        "world": 2,
+    }

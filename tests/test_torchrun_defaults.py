@@ -76,11 +76,11 @@ def test_every_default_is_torchruns() -> None:
 
 def _endpoint(config: LaunchConfig) -> str:
     """Where phalanx's nodes meet, in torchrun's words."""
-    if config.rdzv_backend == "static":
-        return f"{config.master_addr}:{config.master_port}"
-    if not config.is_multi_node and not config.rdzv_endpoint:
+    if config.rendezvous.rdzv_backend == "static":
+        return f"{config.rendezvous.master_addr}:{config.rendezvous.master_port}"
+    if not config.rendezvous.is_multi_node and not config.rendezvous.rdzv_endpoint:
         return "localhost:0"  # one node: a local rendezvous on a free port, as torchrun's
-    return config.rdzv_endpoint
+    return config.rendezvous.rdzv_endpoint
 
 
 CASES = [
@@ -101,16 +101,16 @@ def test_the_rendezvous_is_torchruns(argv: list[str], monkeypatch: pytest.Monkey
     own ``run()`` hands its agent, for the same command line."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torchrun's run() would set it in os.environ
     them, us = theirs(argv, monkeypatch), ours(argv)
-    assert (us.rdzv_backend, _endpoint(us)) == (them.rdzv_backend, them.rdzv_endpoint)
-    assert (us.min_nodes, us.max_nodes, us.nproc_per_node, us.max_restarts) == (
+    assert (us.rendezvous.rdzv_backend, _endpoint(us)) == (them.rdzv_backend, them.rdzv_endpoint)
+    assert (us.rendezvous.min_nodes, us.rendezvous.max_nodes, us.workers.nproc_per_node, us.recovery.max_restarts) == (
         them.min_nodes, them.max_nodes, them.nproc_per_node, them.max_restarts
     )  # fmt: skip
-    if us.rdzv_backend == "static":
-        assert us.node_rank == them.rdzv_configs["rank"]
-    assert (us.role, us.monitor_interval, us.start_method) == (
+    if us.rendezvous.rdzv_backend == "static":
+        assert us.rendezvous.node_rank == them.rdzv_configs["rank"]
+    assert (us.workers.role, us.workers.monitor_interval, us.workers.start_method) == (
         them.role, them.monitor_interval, them.start_method
     )  # fmt: skip
-    assert ",".join(us.signals_to_handle) == them.signals_to_handle
+    assert ",".join(us.workers.signals_to_handle) == them.signals_to_handle
 
 
 # The table of deliberate differences (docs/tutorials/from-torchrun.md, "Where phalanx
@@ -141,10 +141,12 @@ def test_every_difference_row_has_its_test() -> None:
 def test_shutdown_timeout_is_5_s_unless_torchrun_s_variable_says() -> None:
     """torchrun: --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s. phalanx
     reads the same two, then 5 s: a failed group is stopped sooner."""
-    assert ours([]).shutdown_timeout == 5.0
-    assert ours([], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "12"}).shutdown_timeout == 12.0
+    assert ours([]).workers.shutdown_timeout == 5.0
+    assert ours([], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "12"}).workers.shutdown_timeout == 12.0
     assert (
-        ours(["--shutdown-timeout", "7"], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "12"}).shutdown_timeout
+        ours(
+            ["--shutdown-timeout", "7"], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "12"}
+        ).workers.shutdown_timeout
         == 7.0
     )
 

@@ -16,6 +16,7 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from torch.distributed.elastic.multiprocessing import Std
 
 from phalanx.cli.convert import to_config
 from phalanx.cli.parser import build_parser
-from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.config import LaunchConfig, LaunchMode, WorkersConfig
 from support.launch import PHALANX, worker
 
 SCRIPT = worker("echo_args.py")
@@ -58,7 +59,7 @@ def std_streams(text: str, nproc: int) -> dict[int, frozenset[str]]:
 
 
 def attr(name: str) -> Held:
-    return lambda config, ns: getattr(config, name)
+    return lambda config, ns: attrgetter(name)(config)
 
 
 def same(name: str) -> Seen:
@@ -67,54 +68,54 @@ def same(name: str) -> Seen:
 
 ROWS: dict[str, Row] = {
     "nnodes": Row("2:4", lambda ns: torchrun.parse_min_max_nnodes(ns.nnodes),
-                  lambda c, ns: (c.min_nodes, c.max_nodes), extra=("--rdzv-backend", "c10d")),
+                  lambda c, ns: (c.rendezvous.min_nodes, c.rendezvous.max_nodes), extra=("--rdzv-backend", "c10d")),
     "nproc_per_node": Row("3", lambda ns: torchrun.determine_local_world_size(ns.nproc_per_node),
-                          attr("nproc_per_node")),
-    "rdzv_backend": Row("etcd-v2", same("rdzv_backend"), attr("rdzv_backend"),
+                          attr("workers.nproc_per_node")),
+    "rdzv_backend": Row("etcd-v2", same("rdzv_backend"), attr("rendezvous.rdzv_backend"),
                         extra=("--rdzv-endpoint", "localhost:2379")),
-    "rdzv_endpoint": Row("node0.example:29400", same("rdzv_endpoint"), attr("rdzv_endpoint")),
-    "rdzv_id": Row("job-7", same("rdzv_id"), attr("rdzv_id")),
+    "rdzv_endpoint": Row("node0.example:29400", same("rdzv_endpoint"), attr("rendezvous.rdzv_endpoint")),
+    "rdzv_id": Row("job-7", same("rdzv_id"), attr("rendezvous.rdzv_id")),
     "rdzv_conf": Row("join_timeout=60,last_call_timeout=5",
                      lambda ns: torchrun._parse_rendezvous_config(ns.rdzv_conf),
-                     lambda c, ns: dict(c.rdzv_conf)),
-    "standalone": Row(None, same("standalone"), attr("standalone")),
-    "max_restarts": Row("3", same("max_restarts"), attr("max_restarts")),
-    "monitor_interval": Row("0.5", same("monitor_interval"), attr("monitor_interval")),
-    "start_method": Row("fork", same("start_method"), attr("start_method")),
+                     lambda c, ns: dict(c.rendezvous.rdzv_conf)),
+    "standalone": Row(None, same("standalone"), attr("rendezvous.standalone")),
+    "max_restarts": Row("3", same("max_restarts"), attr("recovery.max_restarts")),
+    "monitor_interval": Row("0.5", same("monitor_interval"), attr("workers.monitor_interval")),
+    "start_method": Row("fork", same("start_method"), attr("workers.start_method")),
     # Namespace only: phalanx keeps no event log (null or console accepted, nothing else).
     "event_log_handler": Row("console", same("event_log_handler"),
                              lambda c, ns: ns.event_log_handler),
-    "role": Row("trainer", same("role"), attr("role")),
-    "module": Row(None, same("module"), lambda c, ns: c.mode is LaunchMode.MODULE,
+    "role": Row("trainer", same("role"), attr("workers.role")),
+    "module": Row(None, same("module"), lambda c, ns: c.workers.mode is LaunchMode.MODULE,
                   program="json.tool"),
-    "no_python": Row(None, same("no_python"), lambda c, ns: c.mode is LaunchMode.NO_PYTHON,
+    "no_python": Row(None, same("no_python"), lambda c, ns: c.workers.mode is LaunchMode.NO_PYTHON,
                      program="true"),
-    "run_path": Row(None, same("run_path"), lambda c, ns: c.mode is LaunchMode.RUN_PATH),
-    "log_dir": Row("/tmp/some dir/logs", lambda ns: Path(ns.log_dir), attr("log_dir")),
-    "redirects": Row("0:1,1:3", lambda ns: std_streams(ns.redirects, 2), attr("redirects"),
+    "run_path": Row(None, same("run_path"), lambda c, ns: c.workers.mode is LaunchMode.RUN_PATH),
+    "log_dir": Row("/tmp/some dir/logs", lambda ns: Path(ns.log_dir), attr("logs.log_dir")),
+    "redirects": Row("0:1,1:3", lambda ns: std_streams(ns.redirects, 2), attr("logs.redirects"),
                      extra=("--nproc-per-node", "2")),
     # Parsed and checked, then unused: phalanx always tees to the log files.
     "tee": Row("0:2,1:3", lambda ns: std_streams(ns.tee, 2), lambda c, ns: std_streams(ns.tee, 2),
                extra=("--nproc-per-node", "2")),
     # torchrun's config_from_args: set(map(int, value.split(","))).
     "local_ranks_filter": Row("0,2", lambda ns: set(map(int, ns.local_ranks_filter.split(","))),
-                              attr("local_ranks_filter"), extra=("--nproc-per-node", "3")),
+                              attr("logs.local_ranks_filter"), extra=("--nproc-per-node", "3")),
     "duplicate_stdout_filters": Row("loss,,x,step", same("duplicate_stdout_filters"),
-                                    lambda c, ns: list(c.duplicate_stdout_filters)),
+                                    lambda c, ns: list(c.logs.duplicate_stdout_filters)),
     "duplicate_stderr_filters": Row("error,warn", same("duplicate_stderr_filters"),
-                                    lambda c, ns: list(c.duplicate_stderr_filters)),
-    "node_rank": Row("1", same("node_rank"), attr("node_rank"), extra=("--nnodes", "2")),
-    "master_addr": Row("10.1.2.3", same("master_addr"), attr("master_addr")),
-    "master_port": Row("29601", same("master_port"), attr("master_port")),
-    "local_addr": Row("10.0.0.5", same("local_addr"), attr("local_addr")),
+                                    lambda c, ns: list(c.logs.duplicate_stderr_filters)),
+    "node_rank": Row("1", same("node_rank"), attr("rendezvous.node_rank"), extra=("--nnodes", "2")),
+    "master_addr": Row("10.1.2.3", same("master_addr"), attr("rendezvous.master_addr")),
+    "master_port": Row("29601", same("master_port"), attr("rendezvous.master_port")),
+    "local_addr": Row("10.0.0.5", same("local_addr"), attr("rendezvous.local_addr")),
     # Not carried out (test_not_applied_flags_through_the_cli): parsed the same, then an
     # unregistered --logs-specs is refused (as torchrun) and --numa-binding warns.
     "logs_specs": Row("my.plugin", same("logs_specs"), lambda c, ns: ns.logs_specs),
     "numa_binding": Row("socket", same("numa_binding"), lambda c, ns: ns.numa_binding),
     "signals_to_handle": Row("SIGTERM,SIGUSR1", lambda ns: ns.signals_to_handle.split(","),
-                             lambda c, ns: list(c.signals_to_handle)),
-    "shutdown_timeout": Row("7", same("shutdown_timeout"), attr("shutdown_timeout")),
-    "virtual_local_rank": Row(None, same("virtual_local_rank"), attr("virtual_local_rank")),
+                             lambda c, ns: list(c.workers.signals_to_handle)),
+    "shutdown_timeout": Row("7", same("shutdown_timeout"), attr("workers.shutdown_timeout")),
+    "virtual_local_rank": Row(None, same("virtual_local_rank"), attr("workers.virtual_local_rank")),
 }  # fmt: skip
 REFUSED = {"logs_specs"}  # my.plugin is registered nowhere: refused (checked through the CLI)
 
@@ -146,7 +147,7 @@ def parse_both(argv: list[str], env: dict[str, str], dest: str) -> tuple[Any, An
     theirs = torchrun.get_args_parser().parse_args(argv)
     ns = build_parser(env).parse_args(argv)
     if dest in REFUSED:
-        return row.theirs(theirs), row.ours(LaunchConfig(program=row.program), ns)
+        return row.theirs(theirs), row.ours(LaunchConfig(WorkersConfig(program=row.program)), ns)
     return row.theirs(theirs), row.ours(to_config(ns, env, lambda: 0), ns)
 
 

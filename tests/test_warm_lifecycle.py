@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.config import LaunchConfig
+from phalanx.config import WorkersConfig
 from phalanx.plan import WORKER_BOOT, WorkerCommand, WorkerPlan
 from phalanx.supervisor.warm import fork_request, template_env
 from support.launch import (
@@ -221,8 +221,8 @@ def test_fork_request_only_for_python_files_and_modules(tmp_path: Path) -> None:
 def test_template_env_is_what_every_worker_shares() -> None:
     base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "4,5"}
     env = template_env(
-        LaunchConfig(program="x.py", nproc_per_node=2, virtual_local_rank=True), base
+        WorkersConfig(program="x.py", nproc_per_node=2, virtual_local_rank=True), base
     )
     assert env == {**base, "OMP_NUM_THREADS": "1"}  # torchrun's default for several workers
-    env = template_env(LaunchConfig(program="x.py", nproc_per_node=1), {"OMP_NUM_THREADS": "3"})
+    env = template_env(WorkersConfig(program="x.py", nproc_per_node=1), {"OMP_NUM_THREADS": "3"})
     assert env == {"OMP_NUM_THREADS": "3"}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.agent import Agent
-from phalanx.config import LaunchConfig
+from phalanx.config import LaunchConfig, RendezvousConfig
 from phalanx.consistency.fingerprint import Target, node_fingerprint, target_of
 from phalanx.errors import UsageError
 from phalanx.plan import RoundPlan, build_plan
@@ -45,34 +45,35 @@ class Launch:
     def dry_run_plan(self, environ: Mapping[str, str]) -> RoundPlan:
         """This node's plan without meeting anyone: every node is assumed to have this
         node's worker count; the master port is shown as 0 (chosen per round)."""
-        config = self.config
-        node_rank = config.node_rank if config.is_multi_node else 0
-        nodes = tuple(
-            NodeInfo(rank, "<host>", "<addr>", config.nproc_per_node)
-            for rank in range(max(config.max_nodes, node_rank + 1))
+        nodes = self.config.rendezvous
+        node_rank = nodes.node_rank if nodes.is_multi_node else 0
+        nodes_info = tuple(
+            NodeInfo(rank, "<host>", "<addr>", self.config.workers.nproc_per_node)
+            for rank in range(max(nodes.max_nodes, node_rank + 1))
         )
-        if not config.is_multi_node:
-            master = "localhost"
-        else:
-            master = config.master_addr if config.rdzv_backend == "static" else "<rendezvous>"
-        result = RendezvousResult(self.run_id, 0, 0, node_rank, nodes, master, 0)
-        return build_plan(config, result, Path("<run directory>"), environ)
+        master = "localhost"
+        if nodes.is_multi_node:
+            master = nodes.master_addr if nodes.rdzv_backend == "static" else "<rendezvous>"
+        result = RendezvousResult(self.run_id, 0, 0, node_rank, nodes_info, master, 0)
+        return build_plan(self.config, result, Path("<run directory>"), environ)
 
 
-def rendezvous_spec(config: LaunchConfig) -> RendezvousSpec:
+def rendezvous_spec(nodes: RendezvousConfig, allow_mismatch: bool) -> RendezvousSpec:
+    """The rendezvous record as the backends take it (``allow_mismatch``: the nodes' code
+    may differ, a check the rendezvous makes)."""
     return RendezvousSpec(
-        backend=config.rdzv_backend,
-        run_id=config.rdzv_id,
-        min_nodes=config.min_nodes,
-        max_nodes=config.max_nodes,
-        endpoint=config.rdzv_endpoint,
-        conf=config.rdzv_conf_dict,
-        node_rank=config.node_rank if config.rdzv_backend == "static" else None,
-        master_addr=config.master_addr,
-        master_port=config.master_port,
-        local_addr=config.local_addr,
-        worker_port=config.worker_port,
-        allow_mismatch=config.allow_mismatch,
+        backend=nodes.rdzv_backend,
+        run_id=nodes.rdzv_id,
+        min_nodes=nodes.min_nodes,
+        max_nodes=nodes.max_nodes,
+        endpoint=nodes.rdzv_endpoint,
+        conf=nodes.rdzv_conf_dict,
+        node_rank=nodes.node_rank if nodes.rdzv_backend == "static" else None,
+        master_addr=nodes.master_addr,
+        master_port=nodes.master_port,
+        local_addr=nodes.local_addr,
+        worker_port=nodes.worker_port,
+        allow_mismatch=allow_mismatch,
     )
 
 
@@ -84,19 +85,19 @@ def check_launch(
     One node needs no store, so only the backend's name, the run id and the rendezvous
     settings are checked there (a bad value or an unknown key is refused wherever the job
     runs). ``checked``: as ``prepare``'s."""
-    if not config.is_multi_node:
-        problems = _one_node_problems(config)
+    if not config.rendezvous.is_multi_node:
+        problems = _one_node_problems(config.rendezvous)
         return (None if problems else _one_node(config)), problems
-    rendezvous = check(rendezvous_spec(config))
+    rendezvous = check(rendezvous_spec(config.rendezvous, config.checks.allow_mismatch))
     if rendezvous.problems:
         return None, rendezvous.problems
-    target = checked or target_of(config)
+    target = checked or target_of(config.workers)
 
     def open_multi_node() -> RendezvousHandler:
         # Hashed when the agent opens the rendezvous (never for --dry-run).
         return open_handler(rendezvous, node_fingerprint(target))
 
-    return Launch(config, config.rdzv_id, open_multi_node), []
+    return Launch(config, config.rendezvous.rdzv_id, open_multi_node), []
 
 
 def prepare(config: LaunchConfig, checked: Target | None = None) -> Launch:
@@ -109,13 +110,12 @@ def prepare(config: LaunchConfig, checked: Target | None = None) -> Launch:
     return launch
 
 
-def _one_node_problems(config: LaunchConfig) -> list[str]:
-    if (problem := backend_problem(config.rdzv_backend)) is not None:
+def _one_node_problems(nodes: RendezvousConfig) -> list[str]:
+    if (problem := backend_problem(nodes.rdzv_backend)) is not None:
         return [problem]
-    conf = config.rdzv_conf_dict
-    keys = conf_keys(config.rdzv_backend)
-    problems = settings_problems(conf, config.rdzv_backend, keys)[1]
-    if config.rdzv_id != "none" and (problem := check_run_id(config.rdzv_id)) is not None:
+    conf = nodes.rdzv_conf_dict
+    problems = settings_problems(conf, nodes.rdzv_backend, conf_keys(nodes.rdzv_backend))[1]
+    if nodes.rdzv_id != "none" and (problem := check_run_id(nodes.rdzv_id)) is not None:
         problems.append(problem)
     token_from_conf(conf, {}, problems)  # no store here, but token= is refused everywhere
     return problems
@@ -123,16 +123,15 @@ def _one_node_problems(config: LaunchConfig) -> list[str]:
 
 def _one_node(config: LaunchConfig) -> Launch:
     # One node: no store, no peers; LocalRendezvous picks a fresh port per round.
-    own_id = config.standalone or config.rdzv_id == "none"
-    run_id = str(uuid.uuid4()) if own_id else config.rdzv_id
+    nodes = config.rendezvous
+    own_id = nodes.standalone or nodes.rdzv_id == "none"
+    run_id = str(uuid.uuid4()) if own_id else nodes.rdzv_id
     first_port = None
-    if config.rdzv_backend == "static" and not config.standalone:
-        first_port = config.master_port
-    addr = "localhost" if first_port is None else config.master_addr
+    if nodes.rdzv_backend == "static" and not nodes.standalone:
+        first_port = nodes.master_port
+    addr = "localhost" if first_port is None else nodes.master_addr
     return Launch(
         config,
         run_id,
-        lambda: LocalRendezvous(
-            run_id, addr, first_port=first_port, worker_port=config.worker_port
-        ),
+        lambda: LocalRendezvous(run_id, addr, first_port=first_port, worker_port=nodes.worker_port),
     )

@@ -103,8 +103,8 @@ class Agent:
         raise_descriptor_limit()  # each worker takes several (pipes, a pidfd): soft limits are low
         # Bound first: a port in use stops the launch before anything is made or started.
         metrics = None
-        if config.metrics_port is not None:
-            metrics = MetricsServer(config.metrics_addr, config.metrics_port)
+        if config.metrics.metrics_port is not None:
+            metrics = MetricsServer(config.metrics.metrics_addr, config.metrics.metrics_port)
         try:
             return self._run_logged(metrics)
         finally:
@@ -114,19 +114,19 @@ class Agent:
     def _run_logged(self, metrics: MetricsServer | None) -> int:
         config = self._config
         wall_clock = WallClock.from_env(self._base_env)
-        run_dir = make_run_dir(config.log_dir, self._run_id)
+        run_dir = make_run_dir(config.logs.log_dir, self._run_id)
         log.info("run directory: %s", run_dir)
         for note in config.not_applied:
             log.warning("%s", note)
         filters = (
-            tuple(word.encode() for word in config.duplicate_stdout_filters),
-            tuple(word.encode() for word in config.duplicate_stderr_filters),
+            tuple(word.encode() for word in config.logs.duplicate_stdout_filters),
+            tuple(word.encode() for word in config.logs.duplicate_stderr_filters),
         )
         events = EventLog(run_dir, wall_clock.now)
         files = RunFiles(run_dir)  # launcher.json, report.json: off the agent's thread
         if metrics is not None:
             events.listen(metrics.record)
-            log.info("metrics: http://%s:%d/metrics", config.metrics_addr, metrics.port)
+            log.info("metrics: http://%s:%d/metrics", config.metrics.metrics_addr, metrics.port)
         recovery = RecoveryTracker()
         events.listen(recovery.add)
         status = StatusService(run_dir, events)
@@ -134,10 +134,10 @@ class Agent:
             "run_start",
             run_id=self._run_id,
             pid=os.getpid(),
-            min_nodes=config.min_nodes,
-            max_nodes=config.max_nodes,
-            nproc_per_node=config.nproc_per_node,
-            max_restarts=config.max_restarts,
+            min_nodes=config.rendezvous.min_nodes,
+            max_nodes=config.rendezvous.max_nodes,
+            nproc_per_node=config.workers.nproc_per_node,
+            max_restarts=config.recovery.max_restarts,
         )
         try:
             code = self._run(run_dir, files, events, status, recovery, wall_clock, filters)
@@ -178,11 +178,13 @@ class Agent:
     ) -> int:
         config = self._config
         with SignalWatcher(
-            config.signals_to_handle, stacks=True, preempt=config.preempt_signals,
+            config.workers.signals_to_handle, stacks=True, preempt=config.recovery.preempt_signals,
             stop_marker=stop_marker(run_dir),
         ) as signals:  # fmt: skip
             write_launcher_file(files, signals)
-            refuse_if_excluded(config.exclude_file, run_dir, this_node(config.local_addr))
+            refuse_if_excluded(
+                config.recovery.exclude_file, run_dir, this_node(config.rendezvous.local_addr)
+            )
             # Entered before anything is started, so every process of the job is born in it.
             cgroup = JobCgroup.enter(f"phalanx-{run_dir.name}") if self._contain else None
             guardian = Guardian(cgroup, on_lost=lambda lost: guardian_lost(events, lost))
@@ -191,14 +193,14 @@ class Agent:
             supervisor: Supervisor | None = None
             try:
                 # Warm start: one template per run, imported while the rendezvous runs
-                template = open_template(config, self._base_env, run_dir)
+                template = open_template(config.workers, self._base_env, run_dir)
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
                 if (peers := rendezvous.peers()) is not None:  # if this agent dies, its
                     peers.on_last_word(guardian.say)  # guardian tells the others at once
                 supervisor = Supervisor(
-                    guardian, shutdown_timeout=config.shutdown_timeout,
-                    monitor_interval=config.monitor_interval, console=self._console,
+                    guardian, shutdown_timeout=config.workers.shutdown_timeout,
+                    monitor_interval=config.workers.monitor_interval, console=self._console,
                     launch=template.launch if template is not None else exec_worker,
                     on_console_lost=lambda names, why: events.emit(
                         "console_lost", streams=names, reason=why),

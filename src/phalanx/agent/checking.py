@@ -92,7 +92,7 @@ def _check(
     before = checked.same(joined)
     checked.remember(joined, passed=False)  # until this round's check passes
     try:
-        if config.node_check.action is Action.OFF:
+        if config.checks.node_check.action is Action.OFF:
             exchange.post_check("ready", OFF)  # so nodes that check do not wait for this one
             return None
         if before is not None:  # the same agents passed it: a restart (see the module's doc)
@@ -103,7 +103,9 @@ def _check(
                 joined.round, joined.num_nodes, before,
             )  # fmt: skip
             return None
-        return check_round(exchange, joined, config.node_check, run_dir, config.nproc_per_node)
+        return check_round(
+            exchange, joined, config.checks.node_check, run_dir, config.workers.nproc_per_node
+        )
     except OSError as exc:  # no port to listen on, say: the job must not end for the check
         log.warning("node check: could not run on this node: %s", exc)
     except RendezvousError as exc:  # the round's watch hears it too, and acts on it at once
@@ -133,11 +135,14 @@ def _say(
         log.warning("%s", named.line)
     if not verdict.named:
         log.info("round %d: node check passed on %d nodes (%.2f s)", joined.round, joined.num_nodes, seconds)  # fmt: skip
-    if config.node_check.action is Action.EXCLUDE and joined.node_rank in verdict.named_ranks():
+    if (
+        config.checks.node_check.action is Action.EXCLUDE
+        and joined.node_rank in verdict.named_ranks()
+    ):
         # Remembered as --exclude-after's are: the run directory's file and --exclude-file.
         reason = next(n.line for n in verdict.named if n.node_rank == joined.node_rank)
-        node = exclusion.this_node(config.local_addr)
-        exclusion.record(config.exclude_file, run_dir, node, f"node check: {reason}")
+        node = exclusion.this_node(config.rendezvous.local_addr)
+        exclusion.record(config.recovery.exclude_file, run_dir, node, f"node check: {reason}")
         raise NodeExcluded(
             f"node check: this node (node {joined.node_rank}, {joined.this_node.hostname}) "
             "is excluded (--node-check exclude): it leaves the job, which goes on without "
@@ -153,7 +158,7 @@ def _say(
 
 def excludes_others(config: LaunchConfig, verdict: Verdict) -> bool:
     """Whether other nodes leave by this verdict (then the round re-forms without them)."""
-    return config.node_check.action is Action.EXCLUDE and bool(verdict.named)
+    return config.checks.node_check.action is Action.EXCLUDE and bool(verdict.named)
 
 
 class SaidArgs:
@@ -188,14 +193,14 @@ def check_same_code(
         events.emit("script_args_differ", round=joined.round, line=differ.line, nodes=differ.nodes)
     hint = (
         "starting anyway (--allow-mismatch)"
-        if config.allow_mismatch
+        if config.checks.allow_mismatch
         else "run the same code, files and versions on every node, or pass "
         "--allow-mismatch (phalanx.spawn: allow_mismatch=True) to start anyway"
     )
     table = mismatch_table(joined.nodes, joined.fingerprints, hint)
     if table is None:
         return
-    if config.allow_mismatch:
+    if config.checks.allow_mismatch:
         log.warning("round %d: %s", joined.round, table)
         return
     rdzv.report_done(False)

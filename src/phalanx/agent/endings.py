@@ -94,12 +94,14 @@ class Endings:
         (the notice is in the store before any worker is told)."""
         notice = self.rdzv.preemption()
         if notice is not None:
-            self.preempted(joined, plan, exits, from_notice(notice, self.config.preempt_grace))
+            self.preempted(
+                joined, plan, exits, from_notice(notice, self.config.recovery.preempt_grace)
+            )
         self.rdzv.report_done(True)
-        if self.config.spawn_owner:  # one process here; the ranks were its children
+        if self.config.workers.spawn_owner:  # one process here; the ranks were its children
             log.info(
                 "the spawn-owner process finished (it started this node's %d ranks)",
-                self.config.nproc_per_node,
+                self.config.workers.nproc_per_node,
             )
         else:
             log.info("all %d workers finished", len(exits))
@@ -183,8 +185,8 @@ class Endings:
         if figures is not None:
             data["recovery"] = figures
         self.write_report(data)
-        if self.config.requeue and joined.node_rank == 0:
-            excluded = requeue_exclusions(self.config.exclude_file)
+        if self.config.recovery.requeue and joined.node_rank == 0:
+            excluded = requeue_exclusions(self.config.recovery.exclude_file)
             slurm.requeue(self.base_env, excluded)
         raise Preempted(signal.Signals[preemption.signal], f"preempted by {preemption.signal}")
 
@@ -352,8 +354,8 @@ class Endings:
         """How long a peer error waits for the record of its cause: the watcher of a node
         whose agent died judges it once per ``heartbeat_interval``, after its guardian had
         the time to say so."""
-        conf = self.config.rdzv_conf_dict
-        settings, _ = settings_problems(conf, self.config.rdzv_backend, conf.keys())
+        conf = self.config.rendezvous.rdzv_conf_dict
+        settings, _ = settings_problems(conf, self.config.rendezvous.rdzv_backend, conf.keys())
         return 4 * settings.heartbeat_interval + 2.0
 
 

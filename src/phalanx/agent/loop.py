@@ -118,7 +118,7 @@ class Rounds:
             attempt = AttemptEvents(self.events, plan, joined.round, self.tally.attempts)
             watch = RoundWatch(
                 plan,
-                stall_timeout=self.config.stall_timeout,
+                stall_timeout=self.config.checks.stall_timeout,
                 requests=self.signals if self.signals.stacks_active else None,
                 check_every=self._check_every(),
                 job=self._job_stacks(joined),
@@ -146,7 +146,7 @@ class Rounds:
                 attempt.failed(
                     self._failure_events(cause, result.event, watch),
                     stop_began=self.supervisor.stop_began,
-                    stall_timeout=self.config.stall_timeout,
+                    stall_timeout=self.config.checks.stall_timeout,
                 )
             if result.preemption is not None:  # a failure during the grace: no restart
                 self.ends.fail(joined, exits, result.event, watch.hang, None, crash_loop=False)
@@ -176,7 +176,7 @@ class Rounds:
         self.events.emit(
             "restart",
             restart=joined.restart_count + 1,  # the job's count (re-forms are not)
-            max_restarts=self.config.max_restarts,
+            max_restarts=self.config.recovery.max_restarts,
             round=joined.round,
         )
         return True
@@ -188,7 +188,7 @@ class Rounds:
             reforms = f"; {self.reforms} re-form(s) for joining nodes" if self.reforms else ""
             log.warning(
                 "restarting the worker group (restart %d of %d%s)",
-                joined.restart_count, self.config.max_restarts, reforms,
+                joined.restart_count, self.config.recovery.max_restarts, reforms,
             )  # fmt: skip
             self._restart = False
 
@@ -209,7 +209,7 @@ class Rounds:
         began = time.monotonic()
         try:
             with self.signals.raising():
-                joined = self.rdzv.next_round(self.config.nproc_per_node)
+                joined = self.rdzv.next_round(self.config.workers.nproc_per_node)
         except Interrupted as exc:  # a signal here, or (``where``) the job stopped by one elsewhere
             self.between.stopped_waiting(exc, "this node, in the rendezvous")
         except RendezvousError as exc:  # a node or the store lost, a timeout: no round
@@ -226,7 +226,9 @@ class Rounds:
             seconds=round(time.monotonic() - began, 3),
         )
         check_same_code(self.config, self.rdzv, joined, self.events, self.said_args)
-        verdict = node_check(self.config, self.rdzv, joined, self.run_dir, self.events, self.checked)
+        verdict = node_check(
+            self.config, self.rdzv, joined, self.run_dir, self.events, self.checked
+        )
         if verdict is not None:
             self.tally.checked = [n.line for n in verdict.named]  # the report's, the newest round's
             if excludes_others(self.config, verdict):  # they leave: form a round without them
@@ -236,7 +238,7 @@ class Rounds:
             # A spawn owner is one process per node that starts the node's ranks itself.
             owner = (
                 " (ranks; one spawn-owner process per node starts them)"
-                if self.config.spawn_owner
+                if self.config.workers.spawn_owner
                 else ""
             )
             log.info(
@@ -272,7 +274,7 @@ class Rounds:
         """The policy's step after a failed round, with the job's verdict on the round
         when one is needed (None otherwise)."""
         verdict = None
-        budget_left = joined.restart_count < self.config.max_restarts
+        budget_left = joined.restart_count < self.config.recovery.max_restarts
         if judged(failed_here=failed_here, event=event, budget_left=budget_left):
             verdict = self._judge(mark.progressed(plan))
         step = decide(
@@ -304,12 +306,12 @@ class Rounds:
         """This node lost the store (or fenced itself): with restarts left, wait for the
         store and come back as a new member of the next round (the others count this node
         lost and spend the restart); False when it cannot, and the job ends here as before."""
-        left = self.config.max_restarts - joined.restart_count
+        left = self.config.recovery.max_restarts - joined.restart_count
         if left <= 0:
             return False
         log.warning(
             "lost the rendezvous store; rejoining the job when it answers again (%d of %d "
-            "restarts left)", left, self.config.max_restarts,
+            "restarts left)", left, self.config.recovery.max_restarts,
         )  # fmt: skip
         try:
             with self.signals.raising():
@@ -322,7 +324,7 @@ class Rounds:
 
     def _claim_restart(self) -> bool:
         try:
-            return self.rdzv.claim_restart(self.config.max_restarts)
+            return self.rdzv.claim_restart(self.config.recovery.max_restarts)
         except RendezvousError as exc:
             self.between.cut_short(exc, self._no_round(exc))
 
@@ -334,7 +336,7 @@ class Rounds:
 
     def _preempt_watch(self, joined: RendezvousResult) -> PreemptWatch:
         return PreemptWatch(
-            self.config.preempt_grace,
+            self.config.recovery.preempt_grace,
             self.rdzv.report_preemption,
             joined.node_rank,
             on_start=self._preempt_event,
@@ -359,15 +361,15 @@ class Rounds:
         interval, for the peers' events."""
         if not self.rdzv.quiet:
             return None
-        if self.config.stall_timeout:
+        if self.config.checks.stall_timeout:
             return self._check_every()
-        return max(self.config.monitor_interval, QUIET_TICK)
+        return max(self.config.workers.monitor_interval, QUIET_TICK)
 
     def _check_every(self) -> float:
         """How often progress is read: often enough to notice a stall within a tenth of the
         timeout (at most once a second), never more often than the monitor interval."""
-        timeout = self.config.stall_timeout or 0.0
-        return max(self.config.monitor_interval, min(1.0, timeout / 10))
+        timeout = self.config.checks.stall_timeout or 0.0
+        return max(self.config.workers.monitor_interval, min(1.0, timeout / 10))
 
 
 def _ended_by_preemption(result: RoundResult) -> bool:

@@ -53,7 +53,7 @@ class StragglerWatch:
         run_dir: Path,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        settings = config.stragglers
+        settings = config.checks.stragglers
         self._config, self._joined, self._events, self._run_dir = config, joined, events, run_dir
         self._action, self._fraction = settings.action, settings.fraction
         self._window = RateWindow(settings.window_s)
@@ -136,9 +136,9 @@ class StragglerWatch:
         if self._exchange is not None:  # so the others name it even once it is gone
             with contextlib.suppress(RendezvousError):
                 self._exchange.post_check(PHASE, self._record(self._mine))
-        here = exclusion.this_node(self._config.local_addr)
+        here = exclusion.this_node(self._config.rendezvous.local_addr)
         reason = f"straggler: rank {rank} at {rate:.3g} steps/s, the others' median {median:.3g}"
-        exclusion.record(self._config.exclude_file, self._run_dir, here, reason)
+        exclusion.record(self._config.recovery.exclude_file, self._run_dir, here, reason)
         self._events.emit("excluded", name=str(here), reason=reason)
         self.leaving = (
             f"this node ({here}, node {node}) is excluded (--straggler-action exclude): rank "

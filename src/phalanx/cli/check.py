@@ -55,9 +55,9 @@ def main(args: list[str]) -> int:
     # A --hosts check reaches each host with the program already in place.
     argv = expanded(args if args[-1:] == [PROGRAM] else [*args, "-m", PROGRAM], os.environ)
     config = parse_config(argv, os.environ)
-    if config.hosts:
+    if config.remote.hosts:
         return run_hosts(config, ["check", *argv])
-    if not config.is_multi_node:
+    if not config.rendezvous.is_multi_node:
         raise UsageError(
             "phalanx check compares nodes: give --hosts/--hostfile, or the job's rendezvous "
             "flags with --nnodes 2 or more"
@@ -66,19 +66,25 @@ def main(args: list[str]) -> int:
 
 
 def _check(config: LaunchConfig) -> int:
-    if "exit_barrier_timeout" not in config.rdzv_conf_dict:  # a straggler must not hold it
-        conf = (*config.rdzv_conf, ("exit_barrier_timeout", str(EXIT_BARRIER)))
-        config = replace(config, rdzv_conf=conf)
+    if (
+        "exit_barrier_timeout" not in config.rendezvous.rdzv_conf_dict
+    ):  # a straggler must not hold it
+        conf = (*config.rendezvous.rdzv_conf, ("exit_barrier_timeout", str(EXIT_BARRIER)))
+        config = replace(config, rendezvous=replace(config.rendezvous, rdzv_conf=conf))
     rdzv = prepare(config).open_rendezvous()
     try:
-        joined = rdzv.next_round(config.nproc_per_node)
+        joined = rdzv.next_round(config.workers.nproc_per_node)
         peers = rdzv.peers()
         assert peers is not None  # a multi-node rendezvous always has them
         exchange = peers.node_check()
         with tempfile.TemporaryDirectory(dir=_log_base(config)) as scratch:
             began = time.monotonic()
             verdict = check_round(
-                exchange, joined, config.node_check, Path(scratch), config.nproc_per_node
+                exchange,
+                joined,
+                config.checks.node_check,
+                Path(scratch),
+                config.workers.nproc_per_node,
             )
             seconds = time.monotonic() - began
         if isinstance(verdict, Skipped):
@@ -100,7 +106,7 @@ def _check(config: LaunchConfig) -> int:
 
 def _log_base(config: LaunchConfig) -> Path:
     """Where this node's runs go (the run directory the check writes to in a job)."""
-    base = config.log_dir or default_log_base()
+    base = config.logs.log_dir or default_log_base()
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
     return base
 

@@ -66,10 +66,12 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     argv = expanded(argv, environ)
     launch = parse_launch(argv, environ)
     config = launch.config
-    if config.hosts:
+    if config.remote.hosts:
         return run_hosts(config, argv)
     if config.dry_run:
-        settings = preempt.describe(config.preempt_signals, config.preempt_grace, config.requeue)
+        settings = preempt.describe(
+            config.recovery.preempt_signals, config.recovery.preempt_grace, config.recovery.requeue
+        )
         plan = describe(launch.dry_run_plan(environ), environ)
         print("\n".join((*config.derived, plan, settings)))
         return 0

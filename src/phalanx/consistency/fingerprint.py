@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.config import LaunchMode, WorkersConfig
 from phalanx.version import __version__
 
 MAX_HASHED = 64 * 1024 * 1024  # bytes; larger files are compared by size
@@ -69,10 +69,14 @@ class Target:
     per_node_args: bool = False
 
 
-def target_of(config: LaunchConfig) -> Target:
+def target_of(workers: WorkersConfig) -> Target:
     """The user's program of a CLI launch (``--run-path`` runs a script too)."""
     kinds = {LaunchMode.MODULE: "module", LaunchMode.NO_PYTHON: "program"}
-    return Target(kinds.get(config.mode, "script"), config.program, config.program_args)
+    return Target(
+        kinds.get(workers.mode, "script"),
+        workers.program,
+        workers.program_args,
+    )
 
 
 def node_fingerprint(target: Target, cwd: Path | None = None) -> dict[str, str]:

@@ -45,16 +45,16 @@ class ExcludeAfter:
         *,
         leave: bool,
     ) -> None:
-        k = self._config.exclude_after
+        k = self._config.recovery.exclude_after
         if k <= 0:
             return
         here = failed_here and cause_is_here(failures(), joined.round, joined.node_rank)
         self._streak = self._streak.after(here)
         if self._streak.count < k:
             return
-        node = this_node(self._config.local_addr)
+        node = this_node(self._config.rendezvous.local_addr)
         reason = f"its worker was the job's root cause in {k} failed rounds in a row"
-        record(self._config.exclude_file, self._run_dir, node, reason)
+        record(self._config.recovery.exclude_file, self._run_dir, node, reason)
         self._events.emit("excluded", name=str(node), reason=reason)
         if leave:
             raise NodeExcluded(f"this node ({node}) is excluded: {reason}; leaving the job")

@@ -98,13 +98,18 @@ def split_argv(argv: Sequence[str], script_args: int) -> tuple[list[str], list[s
 
 
 def _overrides(
-    config: LaunchConfig, entry: HostSlots, addr: str, endpoint: str, run_id: str, first: bool,
+    config: LaunchConfig,
+    entry: HostSlots,
+    addr: str,
+    endpoint: str,
+    run_id: str,
+    first: bool,
     nnodes: str,
 ) -> list[str]:
     # Who hosts: the first host, unless the user's own endpoint names where the store is
     # (then c10d's usual rule: the agent on the machine the endpoint names).
-    hosting = () if config.rdzv_endpoint else (("is_host", str(first).lower()),)
-    conf = ",".join(f"{k}={v}" for k, v in (*config.rdzv_conf, *hosting))
+    hosting = () if config.rendezvous.rdzv_endpoint else (("is_host", str(first).lower()),)
+    conf = ",".join(f"{k}={v}" for k, v in (*config.rendezvous.rdzv_conf, *hosting))
     return [
         "--nnodes", nnodes,
         "--nproc-per-node", str(entry.slots),
@@ -121,29 +126,33 @@ def build_hosts_plan(
 ) -> HostsPlan:
     """Raises ``ValueError`` when a host's ssh configuration cannot be read, or when too
     few hosts are left once the excluded ones are skipped (``hosts.skipped``)."""
-    addrs = [resolve_address(entry.host, config.ssh_config) for entry in config.hosts]
-    started, skipped = split_excluded(config.hosts, addrs, config.exclude_file)
+    addrs = [resolve_address(entry.host, config.remote.ssh_config) for entry in config.remote.hosts]
+    started, skipped = split_excluded(config.remote.hosts, addrs, config.recovery.exclude_file)
     _enough(config, len(started), skipped)
-    if config.host_nodes is not None and config.host_nodes[1] == 1:
+    if config.remote.host_nodes is not None and config.remote.host_nodes[1] == 1:
         started = started[:1]  # one node has no rendezvous store: no spare could wait at it
-    nnodes, spares = members_text(config.host_nodes, len(started))
+    nnodes, spares = members_text(config.remote.host_nodes, len(started))
     rdzv_addr, rdzv_port = started[0][1], DEFAULT_RDZV_PORT
     hosted_by = started[0][0].name
-    if config.rdzv_endpoint:
-        given = parsing.parse_endpoint(config.rdzv_endpoint)
+    if config.rendezvous.rdzv_endpoint:
+        given = parsing.parse_endpoint(config.rendezvous.rdzv_endpoint)
         rdzv_addr, rdzv_port = given.host, given.port or DEFAULT_RDZV_PORT
         hosted_by = "the agent on the machine it names"
     endpoint = f"[{rdzv_addr}]:{rdzv_port}" if ":" in rdzv_addr else f"{rdzv_addr}:{rdzv_port}"
-    run_id = config.rdzv_id if config.rdzv_id != "none" else f"phalanx-{uuid.uuid4().hex[:12]}"
-    options, program = split_argv(argv, len(config.program_args))
+    run_id = (
+        config.rendezvous.rdzv_id
+        if config.rendezvous.rdzv_id != "none"
+        else f"phalanx-{uuid.uuid4().hex[:12]}"
+    )
+    options, program = split_argv(argv, len(config.workers.program_args))
     cwd, python = os.getcwd(), sys.executable
     plans = []
     for i, (entry, addr) in enumerate(started):
         overrides = _overrides(config, entry, addr, endpoint, run_id, i == 0, nnodes)
         args = (*options, *overrides, *program)
         command = remote_command(cwd, python, REMOTE_MODULE, args)
-        plans.append(HostPlan(entry, addr, args, tuple(ssh_argv(entry.host, command, config.ssh_config))))  # fmt: skip
-    env = {**dict(config.forward_env), TOKEN_VAR: token or secrets.token_hex(16)}
+        plans.append(HostPlan(entry, addr, args, tuple(ssh_argv(entry.host, command, config.remote.ssh_config))))  # fmt: skip
+    env = {**dict(config.remote.forward_env), TOKEN_VAR: token or secrets.token_hex(16)}
     return HostsPlan(
         tuple(plans), rdzv_addr, rdzv_port, hosted_by, run_id, env, cwd, python,
         tuple(skipped), spares,
@@ -152,12 +161,12 @@ def build_hosts_plan(
 
 def _enough(config: LaunchConfig, started: int, skipped: list[Skipped]) -> None:
     """Raise ``ValueError`` when the hosts left cannot make the job (nothing is started)."""
-    needed = config.host_nodes[0] if config.host_nodes is not None else 1
+    needed = config.remote.host_nodes[0] if config.remote.host_nodes is not None else 1
     if started >= needed:
         return
     names = ", ".join(s.name for s in skipped)
     raise ValueError(
-        f"{started} host(s) left once those excluded in {config.exclude_file} are skipped "
+        f"{started} host(s) left once those excluded in {config.recovery.exclude_file} are skipped "
         f"({names}); the job needs at least {needed} (--nnodes): add hosts to the list, "
         "or remove a host's line from the exclusion file to let it in"
     )

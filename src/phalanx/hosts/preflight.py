@@ -22,13 +22,17 @@ TIMEOUT = 30.0  # per host; ssh's own ConnectTimeout is 10 s
 
 
 def _script(config: LaunchConfig) -> str | None:
-    return config.program if config.mode in (LaunchMode.SCRIPT, LaunchMode.RUN_PATH) else None
+    return (
+        config.workers.program
+        if config.workers.mode in (LaunchMode.SCRIPT, LaunchMode.RUN_PATH)
+        else None
+    )
 
 
 def _ask(plan: HostsPlan, host: HostPlan, args: Sequence[str], config: LaunchConfig) -> dict[str, Any] | str:  # fmt: skip
     """The host's facts, or the problem reaching it."""
     command = remote_command(plan.cwd, plan.python, PROBE_MODULE, args)
-    argv = ssh_argv(host.entry.host, command, config.ssh_config)
+    argv = ssh_argv(host.entry.host, command, config.remote.ssh_config)
     try:
         done = subprocess.run(argv, input=env_line(plan.env), capture_output=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -71,7 +75,7 @@ def preflight(config: LaunchConfig, plan: HostsPlan) -> list[str]:
     def check(index: int, host: HostPlan) -> list[str]:
         # The port is checked where the first host will serve it (not for an endpoint of the
         # user's own, which may be anywhere).
-        serves = index == 0 and not config.rdzv_endpoint
+        serves = index == 0 and not config.rendezvous.rdzv_endpoint
         port = [plan.rdzv_addr, str(plan.rdzv_port)] if serves else ["-", "-"]
         found = _ask(plan, host, [script or "-", *port], config)
         if isinstance(found, str):

@@ -35,4 +35,4 @@ def run_hosts(config: LaunchConfig, argv: Sequence[str]) -> int:
     problems = preflight(config, plan)
     if problems:
         raise UsageError([*problems, "pre-flight failed: nothing was started on any host"])
-    return Controller(plan, config.preempt_signals).run()
+    return Controller(plan, config.recovery.preempt_signals).run()

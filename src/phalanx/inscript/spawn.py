@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.agent import configure_logging
-from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.config import (
+    ChecksConfig,
+    LaunchConfig,
+    LaunchMode,
+    LogsConfig,
+    RecoveryConfig,
+    RendezvousConfig,
+    WorkersConfig,
+)
 from phalanx.consistency.fingerprint import Target
 from phalanx.errors import Interrupted, UsageError, stopped_line
 from phalanx.inscript.dist import resolve_backend
@@ -124,54 +132,58 @@ def spawn(
     difference raises ``MismatchError`` (exit code 2) on every node before any process
     starts, unless ``allow_mismatch`` (then it is a warning).
     """
-    counts = (num_gpus, num_nodes, node_rank, max_restarts, stall_timeout)
-    worker_port, agents_port = _checked_ports(counts, master_port, rdzv_port)
+    worker_port, agents_port, problems = _ports(num_nodes, master_port, rdzv_port)
+    problems = (
+        _counts_problems(num_gpus, num_nodes, node_rank, max_restarts, stall_timeout) + problems
+    )
+    if problems:
+        raise UsageError(problems)
     chosen_backend = resolve_backend(backend)
     configure_logging()
     with tempfile.TemporaryDirectory(prefix="phalanx-spawn-") as scratch:
         payload = _write_payload(Path(scratch), fn, args)
         config = LaunchConfig(
-            program="phalanx.worker.spawn_entry",
-            program_args=(str(payload),),
-            mode=LaunchMode.MODULE,
-            nproc_per_node=num_gpus,
-            min_nodes=num_nodes,
-            max_nodes=num_nodes,
-            rdzv_backend="static",
-            node_rank=node_rank,
-            master_addr=master_addr,
-            master_port=agents_port or worker_port,
-            worker_port=worker_port or None,
-            max_restarts=max_restarts,
-            shutdown_timeout=shutdown_timeout,
-            stall_timeout=stall_timeout,
-            log_dir=Path(log_dir) if log_dir is not None else None,
-            allow_mismatch=allow_mismatch,
+            _workers(payload, num_gpus, shutdown_timeout),
+            _nodes(num_nodes, node_rank, master_addr, agents_port, worker_port),
+            LogsConfig(log_dir=Path(log_dir) if log_dir is not None else None),
+            ChecksConfig(stall_timeout=stall_timeout, allow_mismatch=allow_mismatch),
+            RecoveryConfig(max_restarts=max_restarts),
         )
         env = {**os.environ, BACKEND_ENV: chosen_backend}
         if num_nodes > 1:
-            _log_ports(master_addr, agents_port, worker_port)
+            log.info(
+                "phalanx.spawn: the agents meet at %s:%d (rdzv_port); the workers' store is "
+                "%s:%d (master_port)", master_addr, agents_port, master_addr, worker_port,
+            )  # fmt: skip
         _run(config, env)
 
 
-def _checked_ports(
-    counts: tuple[int, int, int, int, float | None], master_port: int | str, rdzv_port: int | None
-) -> tuple[int, int]:
-    """(the workers' port, the agents' port): ``_ports``'s, once every argument is checked
-    (``counts``: num_gpus, num_nodes, node_rank, max_restarts, stall_timeout); raises
-    ``UsageError`` with every problem at once."""
-    worker_port, agents_port, problems = _ports(counts[1], master_port, rdzv_port)
-    problems = _counts_problems(*counts) + problems
-    if problems:
-        raise UsageError(problems)
-    return worker_port, agents_port
+def _workers(payload: Path, num_gpus: int, shutdown_timeout: float) -> WorkersConfig:
+    """Each worker runs phalanx's entry point, which unpickles ``fn`` from ``payload``."""
+    return WorkersConfig(
+        program="phalanx.worker.spawn_entry",
+        program_args=(str(payload),),
+        mode=LaunchMode.MODULE,
+        nproc_per_node=num_gpus,
+        shutdown_timeout=shutdown_timeout,
+    )
 
 
-def _log_ports(master_addr: str, agents_port: int, worker_port: int) -> None:
-    log.info(
-        "phalanx.spawn: the agents meet at %s:%d (rdzv_port); the workers' store is "
-        "%s:%d (master_port)", master_addr, agents_port, master_addr, worker_port,
-    )  # fmt: skip
+def _nodes(
+    num_nodes: int, node_rank: int, master_addr: str, agents_port: int, worker_port: int
+) -> RendezvousConfig:
+    """A static rendezvous: the agents meet on ``agents_port`` when there is one (several
+    nodes), else on ``worker_port``; the workers' store is always on ``worker_port`` (0: a
+    free one per round)."""
+    return RendezvousConfig(
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        rdzv_backend="static",
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=agents_port or worker_port,
+        worker_port=worker_port or None,
+    )
 
 
 def _run(config: LaunchConfig, env: dict[str, str]) -> None:

@@ -69,28 +69,33 @@ def build_plan(
     base_env: Mapping[str, str],
 ) -> RoundPlan:
     attempt_dir = run_dir / f"attempt_{rdzv.restart_count}"
-    if config.spawn_owner:
+    if config.workers.spawn_owner:
         # One process per node; it spawns the workers itself, so it gets no RANK/WORLD_SIZE
         # (a script that checks for them would think it is a worker), only the job facts.
         owner = WorkerPlan(
             local_rank=0,
             global_rank=rdzv.node_rank,
-            command=spawn_owner_command(config, rdzv),
-            env={**worker_environment(base_env), **job_env(config, rdzv, run_dir)},
+            command=spawn_owner_command(config.workers, rdzv),
+            env={**worker_environment(base_env), **job_env(config.recovery, rdzv, run_dir)},
             log_dir=attempt_dir / f"node_{rdzv.node_rank}",
-            console_streams=frozenset({"stdout", "stderr"}) - config.redirects.get(0, frozenset()),
+            console_streams=frozenset({"stdout", "stderr"})
+            - config.logs.redirects.get(0, frozenset()),
             label=f"node{rdzv.node_rank}",
         )
         return RoundPlan(
             run_dir=run_dir, attempt_dir=attempt_dir, rendezvous=rdzv, workers=(owner,)
         )
-    command = worker_command(config)
+    command = worker_command(config.workers)
     workers = []
-    for local_rank in range(config.nproc_per_node):
+    for local_rank in range(config.workers.nproc_per_node):
         rank = rdzv.rank_offset + local_rank
         log_dir = rank_dir(run_dir, rdzv.restart_count, rank)
-        shown = config.local_ranks_filter is None or local_rank in config.local_ranks_filter
-        console = frozenset({"stdout", "stderr"}) - config.redirects.get(local_rank, frozenset())
+        shown = (
+            config.logs.local_ranks_filter is None or local_rank in config.logs.local_ranks_filter
+        )
+        console = frozenset({"stdout", "stderr"}) - config.logs.redirects.get(
+            local_rank, frozenset()
+        )
         workers.append(
             WorkerPlan(
                 local_rank=local_rank,
@@ -111,10 +116,10 @@ def line_prefix(config: LaunchConfig, rank: int, local_rank: int) -> str:
     """The prefix of a worker's console lines: torchrun's template when one is set
     (``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``, substituted as torchrun does), else ""
     (the plan's default, ``[rankN]: ``)."""
-    if config.log_line_prefix_template is None:
+    if config.logs.log_line_prefix_template is None:
         return ""
-    return Template(config.log_line_prefix_template).safe_substitute(
-        role_name=config.role, rank=rank, local_rank=local_rank
+    return Template(config.logs.log_line_prefix_template).safe_substitute(
+        role_name=config.workers.role, rank=rank, local_rank=local_rank
     )
 
 

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.config import LaunchMode, WorkersConfig
 from phalanx.rendezvous.api import RendezvousResult
 from phalanx.worker.contract import BOOT_SHIM
 
@@ -53,31 +53,31 @@ class WorkerCommand:
 
 
 def worker_command(
-    config: LaunchConfig, python: str = sys.executable, *, boot: bool = True
+    workers: WorkersConfig, python: str = sys.executable, *, boot: bool = True
 ) -> WorkerCommand:
     """The command every worker runs (the same on every rank): torchrun's, with phalanx's
     worker-side code first when ``boot`` (``--no-python`` programs run as given)."""
-    args = config.program_args
-    if config.mode is LaunchMode.NO_PYTHON:
-        return WorkerCommand("program", config.program, args)
-    if config.mode is LaunchMode.MODULE:
-        return WorkerCommand("module", config.program, args, python, boot)
-    if config.mode is LaunchMode.RUN_PATH:
-        script = str(Path(config.program).resolve())
+    args = workers.program_args
+    if workers.mode is LaunchMode.NO_PYTHON:
+        return WorkerCommand("program", workers.program, args)
+    if workers.mode is LaunchMode.MODULE:
+        return WorkerCommand("module", workers.program, args, python, boot)
+    if workers.mode is LaunchMode.RUN_PATH:
+        script = str(Path(workers.program).resolve())
         return WorkerCommand("module", "phalanx.worker.run_path", (script, *args), python, boot)
-    return WorkerCommand("script", config.program, args, python, boot)
+    return WorkerCommand("script", workers.program, args, python, boot)
 
 
-def spawn_owner_command(config: LaunchConfig, rdzv: RendezvousResult) -> WorkerCommand:
+def spawn_owner_command(workers: WorkersConfig, rdzv: RendezvousResult) -> WorkerCommand:
     """The worker command plus this node's facts as flags (TRELLIS.2's names by default)."""
     facts = {
         "num_nodes": rdzv.num_nodes,
         "node_rank": rdzv.node_rank,
-        "num_gpus": config.nproc_per_node,
+        "num_gpus": workers.nproc_per_node,
         "master_addr": rdzv.master_addr,
         "master_port": rdzv.master_port,
     }
-    extra = (part for fact, flag in config.spawn_owner_flags for part in (flag, str(facts[fact])))
+    extra = (part for fact, flag in workers.spawn_owner_flags for part in (flag, str(facts[fact])))
     # The owner is not a rank (its workers are its own children): no worker-side code.
-    command = worker_command(config, boot=False)
+    command = worker_command(workers, boot=False)
     return replace(command, args=(*command.args, *extra))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from phalanx.config import LaunchConfig
+from phalanx.config import LaunchConfig, RecoveryConfig, WorkersConfig
 from phalanx.rendezvous.api import RendezvousResult
 from phalanx.rendezvous.credentials import worker_environment
 from phalanx.worker.contract import CHECKPOINT_LOG_ENV, CHECKPOINT_LOG_FILE, PREEMPT_SIGNALS_ENV
@@ -34,13 +34,13 @@ WORKER_ENV_KEYS = (
 )
 
 
-def node_env(config: LaunchConfig, base_env: Mapping[str, str]) -> dict[str, str]:
+def node_env(workers: WorkersConfig, base_env: Mapping[str, str]) -> dict[str, str]:
     """What every worker of this node shares, and so what the warm-start template is started
     with: ``base_env`` and torchrun's ``OMP_NUM_THREADS=1`` when several workers share the
     node (the OpenMP runtime reads it once, when torch loads it). The secrets phalanx reads
     (``phalanx.rendezvous.credentials``) are not passed on."""
     env = worker_environment(base_env)
-    if config.nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
+    if workers.nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"  # torchrun's default, so N workers do not oversubscribe
     return env
 
@@ -64,14 +64,14 @@ def worker_env(
     # In the rank's log directory, which is how the worker-side code finds that directory
     # (phalanx.worker.contract.rank_dir): no variable beyond torchrun's is needed for it.
     error_file = rank_dir(run_dir, rdzv.restart_count, rank) / "error.json"
-    env = node_env(config, base_env)
+    env = node_env(config.workers, base_env)
     env.update(
         RANK=str(rank),
-        LOCAL_RANK="0" if config.virtual_local_rank else str(local_rank),
+        LOCAL_RANK="0" if config.workers.virtual_local_rank else str(local_rank),
         GROUP_RANK=str(rdzv.node_rank),
         ROLE_RANK=str(rank),
-        ROLE_NAME=config.role,
-        LOCAL_WORLD_SIZE=str(config.nproc_per_node),
+        ROLE_NAME=config.workers.role,
+        LOCAL_WORLD_SIZE=str(config.workers.nproc_per_node),
         WORLD_SIZE=str(rdzv.world_size),
         GROUP_WORLD_SIZE=str(rdzv.num_nodes),
         ROLE_WORLD_SIZE=str(rdzv.world_size),
@@ -79,29 +79,33 @@ def worker_env(
         MASTER_PORT=str(rdzv.master_port),
         TORCHELASTIC_USE_AGENT_STORE=str(False),
         TORCHELASTIC_ERROR_FILE=str(error_file),
-        TORCHELASTIC_SIGNALS_TO_HANDLE=",".join(config.signals_to_handle),
+        TORCHELASTIC_SIGNALS_TO_HANDLE=",".join(config.workers.signals_to_handle),
         TORCH_NCCL_ASYNC_ERROR_HANDLING=base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     )
-    env.update(job_env(config, rdzv, run_dir))
-    if config.virtual_local_rank:
+    env.update(job_env(config.recovery, rdzv, run_dir))
+    if config.workers.virtual_local_rank:
         visible = base_env.get("CUDA_VISIBLE_DEVICES")
-        devices = visible.split(",") if visible else [str(i) for i in range(config.nproc_per_node)]
+        devices = (
+            visible.split(",")
+            if visible
+            else [str(i) for i in range(config.workers.nproc_per_node)]
+        )
         env["CUDA_VISIBLE_DEVICES"] = devices[local_rank].strip()
     return env
 
 
-def job_env(config: LaunchConfig, rdzv: RendezvousResult, run_dir: Path) -> dict[str, str]:
+def job_env(recovery: RecoveryConfig, rdzv: RendezvousResult, run_dir: Path) -> dict[str, str]:
     """What every process phalanx starts is told about the job (workers and spawn owners);
     the preemption signals only when there are some (the worker absorbs them during a
     preemption's grace: ``phalanx.worker.preempt``)."""
     env = {
         "TORCHELASTIC_RESTART_COUNT": str(rdzv.restart_count),
-        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(recovery.max_restarts),
         "TORCHELASTIC_RUN_ID": rdzv.run_id,
         CHECKPOINT_LOG_ENV: str(run_dir / CHECKPOINT_LOG_FILE),
     }
-    if config.preempt_signals:
-        env[PREEMPT_SIGNALS_ENV] = ",".join(config.preempt_signals)
+    if recovery.preempt_signals:
+        env[PREEMPT_SIGNALS_ENV] = ",".join(recovery.preempt_signals)
     return env
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from phalanx.config import LaunchConfig, LaunchMode
+from phalanx.config import LaunchMode, WorkersConfig
 from phalanx.plan import WorkerPlan
 from phalanx.plan.env import node_env
 from phalanx.resources.limits import LIMIT_ERRNOS
@@ -50,11 +50,11 @@ READY_TIMEOUT = 120.0  # importing torch on a loaded machine; a cold start would
 REPLY_TIMEOUT = 30.0  # one fork, or one exit status after the pidfd said the worker ended
 
 
-def template_env(config: LaunchConfig, base_env: Mapping[str, str]) -> dict[str, str]:
+def template_env(workers: WorkersConfig, base_env: Mapping[str, str]) -> dict[str, str]:
     """The environment all workers of this node share (``plan.env.node_env``); each fork
     request then carries the worker's whole environment. Libraries read it at import, in the
     template."""
-    return node_env(config, base_env)
+    return node_env(workers, base_env)
 
 
 def fork_request(worker: WorkerPlan, cwd: str, python: str = sys.executable) -> ForkRequest | None:
@@ -253,15 +253,15 @@ class Template:
 
 
 def open_template(
-    config: LaunchConfig, base_env: Mapping[str, str], run_dir: Path
+    workers: WorkersConfig, base_env: Mapping[str, str], run_dir: Path
 ) -> Template | None:
     """Start the template for this agent run, or None (cold start) when warm start is off,
     the mode execs programs (``--no-python``), or the process cannot be started (logged)."""
-    if not config.warm_start or config.mode not in WARM_MODES:
+    if not workers.warm_start or workers.mode not in WARM_MODES:
         return None
     try:
         return Template.start(
-            template_env(config, base_env), config.preload, run_dir / "template.log"
+            template_env(workers, base_env), workers.preload, run_dir / "template.log"
         )
     except OSError as exc:
         log.warning("warm start unavailable (%s); starting workers cold", exc)
