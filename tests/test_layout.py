@@ -23,12 +23,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("agent",),
     ("status", "timeline"),
     ("report",),
-    ("supervisor", "hang", "nodecheck"),
+    ("supervisor", "hang", "nodecheck", "stragglers"),
+    ("tick",),  # one reading of the ranks' progress per tick, fed to the watchers above
     ("plan",),
     ("rendezvous",),
     ("consistency", "events", "limits", "rundir"),
     ("config", "errors", "credentials", "net", "parsing", "environments", "worker"),
-    ("check_settings", "straggler_settings"),  # settings: plain data the config holds
+    # Settings: plain data the config holds. A feature's own settings module (a dotted name)
+    # sits here, below its package's other modules.
+    ("check_settings", "stragglers.settings"),
     ("signals", "version"),
 ]
 TIER = {package: tier for tier, row in enumerate(LAYERS) for package in row}
@@ -52,9 +55,17 @@ def imported(tree: ast.Module) -> set[str]:
 
 def package_of(module: str) -> str:
     """``phalanx.agent.loop`` -> ``agent``; ``phalanx.launch`` -> ``launch``; ``phalanx`` ->
-    ``__init__`` (the package root)."""
+    ``__init__`` (the package root); ``phalanx.stragglers.settings`` -> itself (a module
+    with a layer of its own in ``LAYERS``)."""
     parts = module.split(".")
+    if len(parts) > 2 and f"{parts[1]}.{parts[2]}" in TIER:
+        return f"{parts[1]}.{parts[2]}"
     return parts[1] if len(parts) > 1 else "__init__"
+
+
+def package_of_file(name: str) -> str:
+    """``agent/loop.py`` -> ``agent`` (``package_of`` of the module at that path)."""
+    return package_of("phalanx." + name.removesuffix(".py").replace("/", "."))
 
 
 def imported_packages(tree: ast.Module) -> set[str]:
@@ -73,9 +84,7 @@ def imported_packages(tree: ast.Module) -> set[str]:
 
 
 def test_every_package_has_a_layer() -> None:
-    packages = {
-        package_of("phalanx." + name.split("/")[0].removesuffix(".py")) for name, _ in modules()
-    }
+    packages = {package_of_file(name) for name, _ in modules()}
     assert sorted(packages - set(TIER)) == []
     assert sorted(set(TIER) - packages) == []
 
@@ -84,7 +93,7 @@ def test_imports_only_go_down_the_layers() -> None:
     upward = sorted(
         f"{name} imports {other} (layer {TIER[other]}, its own {TIER[own]})"
         for name, tree in modules()
-        for own in [package_of("phalanx." + name.split("/")[0].removesuffix(".py"))]
+        for own in [package_of_file(name)]
         for other in imported_packages(tree)
         if other != own and TIER[other] <= TIER[own]
     )
@@ -95,7 +104,7 @@ def test_the_docs_list_the_layers_in_their_order() -> None:
     text = (ROOT / "docs" / "explanation" / "design.md").read_text()
     block = text.split("## How the code is laid out", 1)[1].split("```", 2)[1]
     listed = [
-        word.removesuffix("/").removesuffix(".py")
+        word.removesuffix("/").removesuffix(".py").replace("/", ".")
         for line in block.splitlines()[2:]
         if line.startswith("  ") and not line.startswith("    ") and line.strip()
         for word in line.split("  ")[1].split()

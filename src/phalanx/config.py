@@ -7,7 +7,7 @@ from enum import Enum
 from pathlib import Path
 
 from phalanx.check_settings import CheckSettings
-from phalanx.straggler_settings import StragglerSettings
+from phalanx.stragglers.settings import StragglerSettings
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class LaunchConfig:
     # of a multi-node job (phalanx.nodecheck); a single node skips it.
     node_check: CheckSettings = field(default_factory=CheckSettings)
     # --straggler-action/-fraction/-window: ranks whose step rate stays below their peers'
-    # while training (phalanx.agent.stragglers).
+    # while training (phalanx.stragglers.watch).
     stragglers: StragglerSettings = field(default_factory=StragglerSettings)
     # torchrun flags accepted (so a torchrun command line keeps working) but not applied:
     # one line each, logged when the job starts.

@@ -30,13 +30,13 @@ from phalanx.events import metrics
 from phalanx.hosts.hostfile import parse_hosts, read_hostfile
 from phalanx.hosts.remote_env import forwarded_env, read_env_file
 from phalanx.launch import Launch, check_launch
-from phalanx.straggler_settings import (
+from phalanx.stragglers.settings import (
     DEFAULT_FRACTION,
     DEFAULT_WINDOW_S,
     StragglerAction,
     StragglerSettings,
 )
-from phalanx.straggler_settings import problems as straggler_problems
+from phalanx.stragglers.settings import problems as straggler_problems
 
 # The facts a spawn-owner process is told, with TRELLIS.2's flag names by default.
 SPAWN_OWNER_FACTS: tuple[tuple[str, str], ...] = tuple(

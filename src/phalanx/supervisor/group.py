@@ -7,8 +7,9 @@ A lost store skips the grace: SIGKILL at once. Every worker group is guarded by 
 fence too (``phalanx.rendezvous.fencing``), whose own thread SIGKILLs them when the node may
 have been cut off from the store for too long; the loop then reports ``STORE_LOST``.
 
-About 370 lines: the select loop and its shutdown share the round's state; a worker's slot
-and the reaping of exits are already their own modules (``slot``, ``reap``).
+About 390 lines: the select loop and its shutdown share the round's state; a worker's slot
+and the reaping of exits are already their own modules (``slot``, ``reap``). What the caller
+checks each tick (``on_tick``) is one callable: the agent's is ``phalanx.tick.Watchers``.
 """
 
 from __future__ import annotations
@@ -42,16 +43,13 @@ from phalanx.supervisor.signals import SignalWatcher
 from phalanx.supervisor.slot import (
     Slot,
     killpg,
+    make_log_dir,
     running_workers,
     wire_logs,
     with_logs,
 )
-from phalanx.worker.nofollow import make_dirs
-from phalanx.worker.slowio import Answers
 
 log = logging.getLogger("phalanx")
-MKDIR_WAIT = 1.0  # seconds a worker's start waits for its log directory to be made
-_DIRS: Answers[str] = Answers("phalanx-mkdir")
 _FIRST_TICK = 0.1  # seconds to the first tick of a round (then doubling to its interval)
 
 
@@ -158,17 +156,7 @@ class Supervisor:
             ramp = _FIRST_TICK
             next_poll = time.monotonic() + min(every, ramp)
             while True:
-                timeout = max(0.0, next_poll - time.monotonic())
-                bound = preempt.wait_bound() if preempt is not None else None
-                events = selector.select(timeout if bound is None else min(timeout, bound))
-                # Read before the exits: the fence's SIGKILLs are phalanx's, not failures.
-                fenced = self._fence.reason if self._fence is not None else None
-                self._reaper.handle_events(events, slots, streams, selector, bool(fenced))
-                if any(key.fd == signals.fd for key, _ in events):
-                    signals.drain()  # or select would return at once forever
-                    next_poll = 0.0  # a stacks request is answered now, not at the next tick
-                if selector.rang():
-                    next_poll = 0.0
+                next_poll, fenced = self._wait(selector, signals, slots, streams, next_poll)
                 ended = self._settle(slots, streams, selector, signals, fenced)
                 if ended is None and time.monotonic() >= next_poll:
                     ramp *= 2
@@ -177,18 +165,47 @@ class Supervisor:
                 if ended is not None:
                     return ended
         finally:
-            # Whatever happened above (even an exception in our own code), nothing survives.
-            self._reaper.kill_all(slots)
-            drain(streams, selector)
-            for slot in slots:
-                slot.proc.close()
-                self._guardian.forget(slot.proc.pid)
-                if self._fence is not None:
-                    self._fence.release(slot.proc.pid)
-            self._selector = None
-            selector.close()
-            finish_all(handle for slot in slots for handle in slot.files)
-            self._preempt = None
+            self._end_round(slots, streams, selector)
+
+    def _wait(
+        self,
+        selector: PipeSelector,
+        signals: SignalWatcher,
+        slots: list[Slot],
+        streams: dict[int, LogStream],
+        next_poll: float,
+    ) -> tuple[float, str | None]:
+        """Wait for what comes first, an event or the tick at ``next_poll``, and record the
+        exits that came. Returns when the next tick is due (0.0: at once, after a signal or
+        the rendezvous' ring) and the fence's reason if it fired."""
+        timeout = max(0.0, next_poll - time.monotonic())
+        bound = self._preempt.wait_bound() if self._preempt is not None else None
+        events = selector.select(timeout if bound is None else min(timeout, bound))
+        # Read before the exits: the fence's SIGKILLs are phalanx's, not failures.
+        fenced = self._fence.reason if self._fence is not None else None
+        self._reaper.handle_events(events, slots, streams, selector, bool(fenced))
+        if any(key.fd == signals.fd for key, _ in events):
+            signals.drain()  # or select would return at once forever
+            next_poll = 0.0  # a stacks request is answered now, not at the next tick
+        if selector.rang():
+            next_poll = 0.0
+        return next_poll, fenced
+
+    def _end_round(
+        self, slots: list[Slot], streams: dict[int, LogStream], selector: PipeSelector
+    ) -> None:
+        """Whatever ended the round (even an exception in our own code): nothing survives."""
+        self._reaper.kill_all(slots)
+        drain(streams, selector)
+        for slot in slots:
+            slot.proc.close()
+            self._guardian.forget(slot.proc.pid)
+            if self._fence is not None:
+                self._fence.release(slot.proc.pid)
+        self._selector = None
+        selector.close()
+        finish_all(handle for slot in slots for handle in slot.files)
+        self._preempt = None
 
     def _settle(
         self,
@@ -290,7 +307,7 @@ class Supervisor:
         """Start ``worker`` into ``slots``; a limit reached on the way (descriptors,
         processes, threads) raises ``StartFailed``, which ends the round."""
         try:
-            _make_log_dir(str(worker.log_dir))
+            make_log_dir(str(worker.log_dir))
             self._counters.make(worker.log_dir)  # in memory, linked from there
             proc = self._launch(worker)
             self._guardian.watch(proc.pid)  # the worker leads its own process group
@@ -380,18 +397,3 @@ class Supervisor:
     @staticmethod
     def _exits(slots: list[Slot]) -> tuple[WorkerExit, ...]:
         return tuple(s.exit for s in slots if s.exit is not None)
-
-
-def _make_log_dir(path: str) -> None:
-    """Make a worker's log directory, waiting at most ``MKDIR_WAIT``: on a run directory that
-    answers slowly (a struggling NFS) the worker starts anyway, and its log files' writer
-    threads make the directory too before they open their file (``logs.LogFile``). A full
-    disk: its ``LogFile`` says so, the job goes on. A symlink planted on the way is refused,
-    not followed."""
-
-    def make() -> str:
-        with contextlib.suppress(OSError):
-            make_dirs(path)
-        return ""
-
-    _DIRS.ask(object(), make, MKDIR_WAIT, stale=False)
