@@ -2,7 +2,8 @@
 when another node reports a hang.
 
 ``RoundWatch.see`` is one of the tick's watchers (``phalanx.tick``: it is handed each tick's
-reading of the live workers' counters); ``RoundWatch.hear`` wraps the rendezvous ``poll``. Files it writes:
+reading of the workers' counters); ``RoundWatch.hear`` wraps the rendezvous ``poll``. Files it
+writes:
 
 - ``<attempt dir>/hang_report.txt`` and ``hang_report.json``: on a hang, this node's
   analysis (``phalanx.hang.analysis``); every rank's dump is in its ``stacks.txt``;

@@ -1,16 +1,16 @@
 """The straggler watch of one round (``--straggler-action``; arithmetic in
 ``phalanx.stragglers.rates``).
 
-Every ``SAMPLE_EVERY`` seconds, a watcher of the round's tick (``phalanx.tick``), this node
-turns the tick's reading of its ranks' progress counters into rates over the window, on its
-own clock.
-Only rates travel: a multi-node round posts this node's under the node check's records
-(``CheckExchange``, phase ``"rates"``, one key per node, overwritten) and reads the others',
-from a helper thread, so the tick never waits on the store. Every node judges the same
-rates, so every node names the same straggler: one line on stderr, a ``straggler`` event
-(status, metrics and the timeline read it). Under ``exclude`` the straggler's own node
-records its exclusion (``Exclude``, as ``--exclude-after`` does), stops its workers and leaves the job
-(``NodeExcluded``, exit 69); the others see it leave and re-form without it.
+Every ``SAMPLE_EVERY`` seconds, as a watcher of the round's tick (``phalanx.tick``), this
+node turns the tick's reading of its ranks' progress counters into rates over the window, on
+its own clock. Only rates travel: a multi-node round posts this node's under the node
+check's records (``CheckExchange``, phase ``"rates"``, one key per node, overwritten) and
+reads the others', from a helper thread, so the tick never waits on the store. Every node
+judges the same rates, so every node names the same straggler: one line on stderr, a
+``straggler`` event (status, metrics and the timeline read it). Under ``exclude`` the
+straggler's own node records its exclusion (``Exclude``, as ``--exclude-after`` does), stops
+its workers and leaves the job (``NodeExcluded``, exit 69); the others see it leave and
+re-form without it.
 """
 
 from __future__ import annotations
