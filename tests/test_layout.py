@@ -27,12 +27,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("exclusion",),  # nodes kept out of the job: its streak reads the report's root cause
     ("status", "timeline"),
     ("report",),
-    ("supervisor", "hang", "nodecheck"),
+    ("supervisor", "hang", "nodecheck", "stragglers"),
+    ("tick",),  # one reading of the ranks' progress per tick, fed to the watchers above
     ("plan",),
     ("rendezvous",),
     ("consistency", "events", "resources"),
     ("config", "errors", "parsing", "environments", "worker"),
-    ("nodecheck.settings", "straggler_settings"),  # settings: plain data the config holds
+    # Settings: plain data the config holds. A feature's own settings module (a dotted name)
+    # sits here, below its package's other modules.
+    ("nodecheck.settings", "stragglers.settings"),
     ("version",),
 ]
 TIER = {package: tier for tier, row in enumerate(LAYERS) for package in row}

@@ -1,6 +1,6 @@
 """The straggler detector's arithmetic (its wiring: ``test_stragglers.py``)."""
 
-from phalanx.hang.straggler import StragglerDetector
+from phalanx.stragglers.rates import StragglerDetector
 
 
 def feed(detector: StragglerDetector, rates: dict[str, float], seconds: int) -> dict:

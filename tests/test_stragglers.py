@@ -1,4 +1,4 @@
-"""Stragglers while training (``--straggler-action``; ``agent.stragglers``).
+"""Stragglers while training (``--straggler-action``; ``stragglers.watch``).
 
 Wiring, on real progress files and a fake clock: a slow rank is named once, in one event and
 one line, with its node, rate and the median; rates from another node count; ``exclude``
@@ -22,14 +22,16 @@ from typing import Any
 
 import pytest
 
-from phalanx.agent.stragglers import PHASE, StragglerWatch
+from phalanx import exclusion
 from phalanx.errors import NodeExcluded
 from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
 from phalanx.exclusion import EXCLUDED_EXIT_CODE
 from phalanx.resources.ports import free_port
 from phalanx.status.node import NodeStatus
-from phalanx.straggler_settings import StragglerAction, StragglerSettings
+from phalanx.stragglers.settings import StragglerAction, StragglerSettings
+from phalanx.stragglers.watch import PHASE, StragglerWatch
+from phalanx.tick import Reading
 from phalanx.timeline import build, render
 from phalanx.worker import progress
 from support import cpuquota
@@ -87,16 +89,17 @@ def beat(running: list[Any], beats: list[int]) -> None:
 
 def watch(tmp: Path, action: StragglerAction, nodes: int = 1, exchange: Any = None) -> Any:
     settings = StragglerSettings(action, 0.5, 5.0)
-    config = SimpleNamespace(
-        checks=SimpleNamespace(stragglers=settings),
-        rendezvous=SimpleNamespace(local_addr="10.9.0.1"),
-        recovery=SimpleNamespace(exclude_file=None),
-    )
     events = EventLog(tmp, time.time)
     seen: list[dict[str, Any]] = []
     events.listen(seen.append)
     clock = Clock()
-    w = StragglerWatch(config, joined(nodes, 0), exchange, events, tmp, clock=clock)
+
+    def exclude(reason: str) -> str:  # as the agent's loop records it
+        here = exclusion.this_node("10.9.0.1")
+        exclusion.record(None, tmp, here, reason)
+        return str(here)
+
+    w = StragglerWatch(settings, joined(nodes, 0), exchange, events, exclude, clock=clock)
     return w, clock, seen
 
 
@@ -104,7 +107,7 @@ def run(w: Any, clock: Clock, running: list[Any], rates: list[int], seconds: int
     stop = False
     for t in range(seconds + 1):
         beat(running, [r * t for r in rates])
-        stop = w.tick(running) or stop
+        stop = w.see(Reading.take([plan for plan, _ in running], running)) or stop
         clock.now += 1.0
         if w._busy:  # the exchange's thread: let it finish, as the next tick would
             time.sleep(0.05)

@@ -1,15 +1,14 @@
 """The events of one attempt, taken from what the agent already sees.
 
-``AttemptEvents.watch`` wraps the supervisor's ``on_tick``: on its first call it records the
-started workers, then samples each rank's progress counters (``phalanx.worker.progress``)
-at most every ``PROGRESS_EVERY`` seconds, and only when they moved. ``ended`` records every
-worker's exit and one last progress sample, so the last step before a failure is exact.
+``AttemptEvents.see`` is one of the tick's watchers (``phalanx.tick``): on its first reading it
+records the started workers, then each rank's progress counters at most every
+``PROGRESS_EVERY`` seconds, and only when they moved. ``ended`` records every worker's exit
+and one last reading of the counters, so the last step before a failure is exact.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +17,10 @@ from phalanx.hang.analysis import HangAnalysis
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import JobEvent
 from phalanx.supervisor.exits import WorkerExit
+from phalanx.tick import Reading
 from phalanx.worker import progress
 
 PROGRESS_EVERY = 2.0  # seconds between samples of one rank (a timeline's resolution)
-
-Running = Sequence[tuple[WorkerPlan, int]]
 
 
 class AttemptEvents:
@@ -35,23 +33,22 @@ class AttemptEvents:
         self._next_sample = 0.0
         self._last: dict[int, tuple[int, int]] = {}  # rank -> (beats, step) last emitted
 
-    def watch(self, on_tick: Callable[[Running], bool]) -> Callable[[Running], bool]:
-        def tick(running: Running) -> bool:
-            if not self._started:
-                self._started = True
-                self._emit_started([w.global_rank for w, _ in running], [p for _, p in running])
-            if time.monotonic() >= self._next_sample:
-                self._next_sample = time.monotonic() + PROGRESS_EVERY
-                self._sample([w for w, _ in running])
-            return on_tick(running)
-
-        return tick
+    def see(self, reading: Reading) -> bool:
+        """A tick's reading (never stops the round)."""
+        running = reading.running
+        if not self._started:
+            self._started = True
+            self._emit_started([w.global_rank for w, _ in running], [p for _, p in running])
+        if reading.at >= self._next_sample:
+            self._next_sample = reading.at + PROGRESS_EVERY
+            self._sample(reading, [w for w, _ in running])
+        return False
 
     def ended(self, exits: Sequence[WorkerExit]) -> None:
         if not self._started:  # every worker ended before the first tick
             self._started = True
             self._emit_started([e.rank for e in exits], [e.pid for e in exits])
-        self._sample(list(self._plan.workers))
+        self._sample(Reading.take(self._plan.workers), self._plan.workers)
         for e in sorted(exits, key=lambda e: e.rank):
             self._events.emit(
                 "worker_exit",
@@ -112,13 +109,13 @@ class AttemptEvents:
             "workers_started", round=self._round, attempt=self._attempt, ranks=ranks, pids=pids
         )
 
-    def _sample(self, workers: Sequence[WorkerPlan]) -> None:
+    def _sample(self, reading: Reading, workers: Sequence[WorkerPlan]) -> None:
         for worker in workers:
-            reading = progress.read(str(worker.log_dir / progress.FILE_NAME))
-            if reading is None or reading == self._last.get(worker.global_rank, (0, -1)):
+            counters = reading.counters.get(worker.global_rank)
+            if counters is None or counters == self._last.get(worker.global_rank, (0, -1)):
                 continue
-            self._last[worker.global_rank] = reading
-            beats, step = reading
+            self._last[worker.global_rank] = counters
+            beats, step = counters
             self._events.emit(
                 "progress",
                 round=self._round,
@@ -126,7 +123,6 @@ class AttemptEvents:
                 step=None if step == progress.NO_STEP else step,
                 beats=beats,
             )
-
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.policy import Step, decide, judged
 from phalanx.agent.stopped import asked_to_stop
-from phalanx.agent.stragglers import StragglerWatch, either
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, RendezvousError
 from phalanx.hang.jobstacks import JobStacks
@@ -43,10 +42,12 @@ from phalanx.report.job import record_exits
 from phalanx.report.oom import OomProbe
 from phalanx.resources.limits import StartFailed
 from phalanx.status import StatusService
+from phalanx.stragglers.watch import StragglerWatch
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor
 from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
+from phalanx.tick import Watchers
 
 QUIET_TICK = 1.0  # seconds between ticks with nothing to poll and no stall timeout
 log = logging.getLogger("phalanx")
@@ -99,13 +100,20 @@ class Rounds:
     def _round_tick(
         self, plan: RoundPlan, joined: RendezvousResult, attempt: AttemptEvents, watch: RoundWatch
     ) -> tuple[OnTick, StragglerWatch]:
-        """What the supervisor calls each tick of the round: the hang watch, the straggler
-        watch, the attempt's events and the status writer, in that order."""
-        peers = self.peers
+        """What the supervisor calls each tick of the round: one reading of every rank's
+        counters, seen by the attempt's events and the status writer (every tick), then the
+        hang watch and the straggler watch (either may stop the round)."""
+        peers, config = self.peers, self.config
         self.status.begin(plan, joined, peers.status_exchange() if peers is not None else None)
         checks = peers.node_check() if peers is not None else None
-        slow = StragglerWatch(self.config, joined, checks, self.events, self.run_dir)
-        return self.status.watch(attempt.watch(either(watch.tick, slow.tick))), slow
+
+        def exclude(reason: str) -> str:
+            here = exclusion.this_node(config.rendezvous.local_addr)
+            exclusion.record(config.recovery.exclude_file, self.run_dir, here, reason)
+            return str(here)
+
+        slow = StragglerWatch(config.checks.stragglers, joined, checks, self.events, exclude)
+        return Watchers(plan.workers, [attempt, self.status, watch, slow]), slow
 
     def run(self) -> int:
         while True:

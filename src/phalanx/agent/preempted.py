@@ -16,7 +16,7 @@ from phalanx.errors import REQUEUE_EXIT_CODE
 from phalanx.plan import RoundPlan
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.preempt import Preemption
-from phalanx.worker import progress
+from phalanx.tick import Reading
 
 log = logging.getLogger("phalanx")
 _SCONTROL_TIMEOUT = 30.0
@@ -24,12 +24,7 @@ _SCONTROL_TIMEOUT = 30.0
 
 def last_step(plan: RoundPlan) -> int | None:
     """The highest ``phalanx.step(n)`` this node's ranks reached (None: none called it)."""
-    steps = []
-    for worker in plan.workers:
-        counters = progress.read(str(worker.log_dir / progress.FILE_NAME))
-        if counters is not None and counters[1] != progress.NO_STEP:
-            steps.append(counters[1])
-    return max(steps) if steps else None
+    return Reading.take(plan.workers).last_step()
 
 
 def report(

@@ -32,13 +32,13 @@ from phalanx.errors import UsageError
 from phalanx.events import metrics
 from phalanx.launch import Launch, check_launch
 from phalanx.nodecheck.settings import Action, CheckSettings, Thresholds
-from phalanx.straggler_settings import (
+from phalanx.stragglers.settings import (
     DEFAULT_FRACTION,
     DEFAULT_WINDOW_S,
     StragglerAction,
     StragglerSettings,
 )
-from phalanx.straggler_settings import problems as straggler_problems
+from phalanx.stragglers.settings import problems as straggler_problems
 
 _Problems = Problems
 

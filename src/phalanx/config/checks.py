@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from phalanx.nodecheck.settings import CheckSettings
-from phalanx.straggler_settings import StragglerSettings
+from phalanx.stragglers.settings import StragglerSettings
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class ChecksConfig:
     # of a multi-node job (phalanx.nodecheck); a single node skips it.
     node_check: CheckSettings = field(default_factory=CheckSettings)
     # --straggler-action/-fraction/-window: ranks whose step rate stays below their peers'
-    # while training (phalanx.agent.stragglers).
+    # while training (phalanx.stragglers.watch).
     stragglers: StragglerSettings = field(default_factory=StragglerSettings)
     # Start even when the nodes' code or versions differ (a warning with the table instead
     # of stopping the job: phalanx.consistency).

@@ -72,7 +72,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     # The round re-forms without spending a restart (a node joins: elastic scale-up).
     "reform": ("round", "reason"),
     # A rank whose step rate stayed below ``--straggler-fraction`` of the other ranks' median
-    # for ``window`` seconds (``agent.stragglers``): its rate and the median in steps/s, its
+    # for ``window`` seconds (``stragglers.watch``): its rate and the median in steps/s, its
     # node and host, and ``action`` (warn, exclude). Every node of the round says it.
     "straggler": (
         "round", "rank", "straggler_node", "straggler_host", "rate", "median", "window", "action",

@@ -10,7 +10,7 @@ Served: ``phalanx_restarts_total``, ``phalanx_failures_total{kind}``,
 ``phalanx_time_to_first_step_seconds`` (the last round: from the round formed to a rank's
 first step), ``phalanx_steps_per_second{rank}`` and ``phalanx_step{rank}`` (between the last
 two progress samples of a rank, taken every 2 s), ``phalanx_straggler{rank}`` (1 while the
-rank is named a straggler in the current round: ``agent.stragglers``).
+rank is named a straggler in the current round: ``stragglers.watch``).
 """
 
 from __future__ import annotations

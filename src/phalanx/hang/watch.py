@@ -1,8 +1,9 @@
 """The agent's watch over a running round: stall detection, stacks on request, and stacks
 when another node reports a hang.
 
-``RoundWatch.tick`` is the supervisor's ``on_tick`` (called every monitor interval with the
-live workers); ``RoundWatch.hear`` wraps the rendezvous ``poll``. Files it writes:
+``RoundWatch.see`` is one of the tick's watchers (``phalanx.tick``: it is handed each tick's
+reading of the workers' counters); ``RoundWatch.hear`` wraps the rendezvous ``poll``. Files it
+writes:
 
 - ``<attempt dir>/hang_report.txt`` and ``hang_report.json``: on a hang, this node's
   analysis (``phalanx.hang.analysis``); every rank's dump is in its ``stacks.txt``;
@@ -18,7 +19,7 @@ import logging
 import shutil
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -29,14 +30,12 @@ from phalanx.hang.files import write_atomic, write_stacks_file
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.stacks import DumpTarget, catches, main_thread, parse_dump, request_dumps
 from phalanx.hang.stall import StallDetector, main_thread_cpu
-from phalanx.plan import RoundPlan, WorkerPlan
+from phalanx.plan import RoundPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
-from phalanx.worker import progress
+from phalanx.tick import Reading, Running
 from phalanx.worker.contract import STACK_SIGNAL
 
 log = logging.getLogger("phalanx")
-
-Running = Sequence[tuple[WorkerPlan, int]]  # (plan, pid) of every live worker
 
 
 class StackAsks(Protocol):
@@ -69,6 +68,7 @@ class RoundWatch:
         self._detector = StallDetector(stall_timeout, clock) if stall_timeout else None
         self._next_check = clock()
         self._running: Running = ()
+        self._reading = Reading(clock())  # the last tick's
         self.host = socket.gethostname()
         self.hang: HangAnalysis | None = None
         self.peer_hang: HangAnalysis | None = None
@@ -76,9 +76,10 @@ class RoundWatch:
         self.report_path: Path | None = None
         self._texts: dict[int, str] = {}  # the last dump of each rank
 
-    def tick(self, running: Running) -> bool:
-        """Supervisor ``on_tick``: True stops the round (a stall was found and analysed)."""
-        self._running = running
+    def see(self, reading: Reading) -> bool:
+        """A tick's reading: True stops the round (a stall was found and analysed)."""
+        self._reading = reading
+        self._running = running = reading.running
         requested = self._requests is not None and self._requests.take_stack_request()
         if requested and (self._job is None or not self._job.request()):
             self.snapshot()  # a single node, or the other nodes cannot be asked
@@ -89,8 +90,8 @@ class RoundWatch:
             return False
         self._next_check = self._clock() + self._check_every
         for worker, pid in running:
-            reading = progress.read(str(worker.log_dir / progress.FILE_NAME))
-            detector.observe(worker.global_rank, reading, main_thread_cpu(pid))
+            counters = reading.counters.get(worker.global_rank)
+            detector.observe(worker.global_rank, counters, main_thread_cpu(pid))
         live = {worker.global_rank for worker, _ in running}
         stalled = [rank for rank in detector.stalled() if rank in live]  # not ranks that ended
         if not stalled:
@@ -164,7 +165,7 @@ class RoundWatch:
                 beats, step = self._detector.progress(rank)
                 idle = self._detector.idle(rank)
             else:
-                beats, step = progress.read(str(worker.log_dir / progress.FILE_NAME)) or (0, -1)
+                beats, step = self._reading.counters.get(rank) or (0, -1)
                 idle = 0.0
             states.append(
                 RankState(

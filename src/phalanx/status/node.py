@@ -3,7 +3,7 @@ already has.
 
 ``NodeStatus.hear`` is an ``EventLog`` listener: rounds, restarts, worker starts and exits,
 failures and the job's end come from the events. Steps and beats come from the ranks'
-progress counters (``phalanx.worker.progress``), read by ``sample`` (one ``pread`` per rank):
+progress counters (``phalanx.worker.progress``), as the tick read them (``sample``):
 steps/s is taken over the last ``WINDOW`` samples, and "since the last beat" from the
 last sample where the beat counter moved. ``snapshot`` is the JSON-able status.
 """
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx.plan import RoundPlan
+from phalanx.tick import Reading
 from phalanx.worker import progress
 
 STATUS_VERSION = 1
@@ -97,7 +98,6 @@ class NodeStatus:
             "spares": None,
         }  # fmt: skip
         self._ranks: dict[int, _Rank] = {}
-        self._progress_files: dict[int, str] = {}  # global rank -> its progress counters
         self._local_ranks: dict[int, int] = {}
 
     @property
@@ -110,10 +110,7 @@ class NodeStatus:
         return self._info["outcome"] is not None
 
     def attempt(self, plan: RoundPlan) -> None:
-        """The attempt about to start: where its ranks' progress counters are."""
-        self._progress_files = {
-            w.global_rank: str(w.log_dir / progress.FILE_NAME) for w in plan.workers
-        }
+        """The attempt about to start: its ranks' local ranks."""
         self._local_ranks = {w.global_rank: w.local_rank for w in plan.workers}
 
     def spares(self, count: int | None) -> None:
@@ -130,17 +127,13 @@ class NodeStatus:
         if handler is not None:
             handler(self, record)
 
-    def sample(self) -> None:
-        """Read the running ranks' progress counters (one ``pread`` each)."""
-        now = self._mono()
+    def sample(self, reading: Reading) -> None:
+        """The running ranks' progress counters, as a tick read them."""
         for rank in self._ranks.values():
-            path = self._progress_files.get(rank.rank)
-            if rank.state != "running" or path is None:
+            counters = reading.counters.get(rank.rank)
+            if rank.state != "running" or counters is None:
                 continue
-            reading = progress.read(path)
-            if reading is None:
-                continue
-            rank.saw(now, *reading)
+            rank.saw(reading.at, *counters)
 
     def snapshot(self) -> dict[str, Any]:
         now = self._mono()

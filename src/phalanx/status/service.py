@@ -4,7 +4,8 @@ when a worker starts or ends, a failure or restart happens, or the job ends), an
 answered. What only the clock moves (``updated_at``, a rank's ``since_beat``) is no change:
 an idle job's file is not rewritten, and says as of when it is true.
 
-Everything runs on the supervisor's tick, and nothing there waits: the file is written by a
+Everything runs on the round's tick (``see``, a watcher of ``phalanx.tick``: the ranks'
+progress comes from that tick's reading), and nothing there waits: the file is written by a
 thread of its own (``LatestWriter``), request files are found with one ``scandir`` a
 second, and the other nodes are asked and answered by helper threads (``exchange``). The
 events answered to other nodes are kept in memory, bounded (``EventTail``).
@@ -14,17 +15,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from phalanx.events.log import EventLog
-from phalanx.plan import RoundPlan, WorkerPlan
+from phalanx.plan import RoundPlan
 from phalanx.rendezvous.api import RendezvousResult, StatusExchange
 from phalanx.status.exchange import ANSWER_LIMIT, StatusRequests, cap_events, encode_answer
 from phalanx.status.files import STATUS_FILE
 from phalanx.status.node import NodeStatus
 from phalanx.status.writer import LatestWriter
+from phalanx.tick import Reading
 
 WRITE_EVERY = 2.0
 SCAN_EVERY = 1.0
@@ -32,9 +34,6 @@ SCAN_EVERY = 1.0
 _WRITE_NOW = frozenset(
     {"rdzv_start", "rdzv_done", "workers_started", "worker_exit", "failure", "restart", "job_end"}
 )
-
-Running = Sequence[tuple[WorkerPlan, int]]
-T = TypeVar("T")
 
 
 class EventTail:
@@ -74,6 +73,7 @@ class StatusService:
         self._next_scan = 0.0
         self._written: dict[str, Any] | None = None  # the last content offered, clock aside
         self._exchange: StatusExchange | None = None
+        self._reading: Reading | None = None  # the last tick's
         events.listen(self._hear)
 
     def begin(
@@ -84,26 +84,19 @@ class StatusService:
         self._requests.round(joined, exchange)
         self._exchange = exchange
 
-    def watch(self, on_tick: Callable[[Running], T]) -> Callable[[Running], T]:
-        """``on_tick`` (the supervisor's), then this service's share of the tick."""
-
-        def tick(running: Running) -> T:
-            answer = on_tick(running)
-            self.tick()
-            return answer
-
-        return tick
-
-    def tick(self) -> None:
+    def see(self, reading: Reading) -> bool:
+        """This service's share of the tick (``phalanx.tick``); never stops the round."""
+        self._reading = reading
         now = self._mono()
         if now >= self._next_write:
-            self.node.sample()
+            self.node.sample(reading)
             self._spares()
             self._write(changed_only=True)
         if now >= self._next_scan:
             self._next_scan = now + SCAN_EVERY
             self._requests.check_files()
         self._requests.check_peers()
+        return False
 
     def close(self) -> None:
         """The final status (the job's end), written within the report's bound."""
@@ -132,7 +125,8 @@ class StatusService:
             self.node.spares(self._exchange.spares())
 
     def _answer(self) -> bytes:
-        self.node.sample()
+        if self._reading is not None:  # asked on a tick: that tick's reading
+            self.node.sample(self._reading)
         self._spares()
         return encode_answer(self.node.snapshot(), self._tail.lines, self._tail.dropped)
 

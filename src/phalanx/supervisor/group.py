@@ -7,8 +7,9 @@ A lost store skips the grace: SIGKILL at once. Every worker group is guarded by 
 fence too (``phalanx.rendezvous.fencing``), whose own thread SIGKILLs them when the node may
 have been cut off from the store for too long; the loop then reports ``STORE_LOST``.
 
-About 370 lines: the select loop and its shutdown share the round's state; a worker's slot
-and the reaping of exits are already their own modules (``slot``, ``reap``).
+A worker's slot, the reaping of exits and the workers' stop are their own modules (``slot``,
+``reap``, ``stop``). What the caller checks each tick (``on_tick``) is one callable: the
+agent's is ``phalanx.tick.Watchers``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import BinaryIO
 from phalanx.errors import signal_name
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
-from phalanx.rendezvous.fencing import KILL_BOUND, Fence
+from phalanx.rendezvous.fencing import Fence
 from phalanx.resources.limits import start_failed
 from phalanx.supervisor.console import Console, OnLost
 from phalanx.supervisor.counters import Counters
@@ -35,23 +36,19 @@ from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogStream, finish_all
 from phalanx.supervisor.pipes import PipeSelector
-from phalanx.supervisor.preempt import Preemption, PreemptWatch, kill_margin, tell_stopping
+from phalanx.supervisor.preempt import Preemption, PreemptWatch, kill_margin
 from phalanx.supervisor.process import RunningWorker, exec_worker
-from phalanx.supervisor.reap import KILL_WAIT, Reaper, drain
+from phalanx.supervisor.reap import Reaper, drain
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.supervisor.slot import (
     Slot,
-    killpg,
+    make_log_dir,
     running_workers,
     wire_logs,
-    with_logs,
 )
-from phalanx.worker.nofollow import make_dirs
-from phalanx.worker.slowio import Answers
+from phalanx.supervisor.stop import Stopper
 
 log = logging.getLogger("phalanx")
-MKDIR_WAIT = 1.0  # seconds a worker's start waits for its log directory to be made
-_DIRS: Answers[str] = Answers("phalanx-mkdir")
 _FIRST_TICK = 0.1  # seconds to the first tick of a round (then doubling to its interval)
 
 
@@ -100,20 +97,22 @@ class Supervisor:
         ``on_console_lost``: told once when the console goes away (``supervisor.console``)."""
         self._guardian = guardian
         self._fence = fence
-        self._shutdown_timeout = shutdown_timeout
         self._monitor_interval = monitor_interval
         self._launch = launch
         self._console = Console(console, on_console_lost) if console is not None else None
         self._duplicate_filters = duplicate_filters
         self._host = host or socket.gethostname()
-        self._wall_clock = wall_clock
         self._preempt: PreemptWatch | None = None  # the running round's
         self._reaper = Reaper(self._host, wall_clock, lambda: self._preempt)
-        # Wall clock when the last round's stop began (its failure was acted on): for the
-        # event log's recovery figures; 0.0 when the round ended without a stop.
-        self.stop_began = 0.0
+        self._stopper = Stopper(self._reaper, fence, shutdown_timeout, wall_clock)
         self._selector: PipeSelector | None = None  # the running round's
         self._counters = Counters()  # every worker's progress counters, held across rounds
+
+    @property
+    def stop_began(self) -> float:
+        """Wall clock when the last round's stop began (its failure was acted on): for the
+        event log's recovery figures; 0.0 when the round ended without a stop."""
+        return self._stopper.began
 
     def close(self) -> None:
         """After the last round: let go of the workers' progress counters."""
@@ -145,7 +144,7 @@ class Supervisor:
         every = self._monitor_interval if tick_every is None else tick_every
         selector = self._selector = PipeSelector()
         selector.register(signals.fd, selectors.EVENT_READ, None)
-        self.stop_began = 0.0
+        self._stopper.began = 0.0
         slots: list[Slot] = []
         streams: dict[int, LogStream] = {}
         self._preempt = preempt
@@ -158,17 +157,7 @@ class Supervisor:
             ramp = _FIRST_TICK
             next_poll = time.monotonic() + min(every, ramp)
             while True:
-                timeout = max(0.0, next_poll - time.monotonic())
-                bound = preempt.wait_bound() if preempt is not None else None
-                events = selector.select(timeout if bound is None else min(timeout, bound))
-                # Read before the exits: the fence's SIGKILLs are phalanx's, not failures.
-                fenced = self._fence.reason if self._fence is not None else None
-                self._reaper.handle_events(events, slots, streams, selector, bool(fenced))
-                if any(key.fd == signals.fd for key, _ in events):
-                    signals.drain()  # or select would return at once forever
-                    next_poll = 0.0  # a stacks request is answered now, not at the next tick
-                if selector.rang():
-                    next_poll = 0.0
+                next_poll, fenced = self._wait(selector, signals, slots, streams, next_poll)
                 ended = self._settle(slots, streams, selector, signals, fenced)
                 if ended is None and time.monotonic() >= next_poll:
                     ramp *= 2
@@ -177,18 +166,47 @@ class Supervisor:
                 if ended is not None:
                     return ended
         finally:
-            # Whatever happened above (even an exception in our own code), nothing survives.
-            self._reaper.kill_all(slots)
-            drain(streams, selector)
-            for slot in slots:
-                slot.proc.close()
-                self._guardian.forget(slot.proc.pid)
-                if self._fence is not None:
-                    self._fence.release(slot.proc.pid)
-            self._selector = None
-            selector.close()
-            finish_all(handle for slot in slots for handle in slot.files)
-            self._preempt = None
+            self._end_round(slots, streams, selector)
+
+    def _wait(
+        self,
+        selector: PipeSelector,
+        signals: SignalWatcher,
+        slots: list[Slot],
+        streams: dict[int, LogStream],
+        next_poll: float,
+    ) -> tuple[float, str | None]:
+        """Wait for what comes first, an event or the tick at ``next_poll``, and record the
+        exits that came. Returns when the next tick is due (0.0: at once, after a signal or
+        the rendezvous' ring) and the fence's reason if it fired."""
+        timeout = max(0.0, next_poll - time.monotonic())
+        bound = self._preempt.wait_bound() if self._preempt is not None else None
+        events = selector.select(timeout if bound is None else min(timeout, bound))
+        # Read before the exits: the fence's SIGKILLs are phalanx's, not failures.
+        fenced = self._fence.reason if self._fence is not None else None
+        self._reaper.handle_events(events, slots, streams, selector, bool(fenced))
+        if any(key.fd == signals.fd for key, _ in events):
+            signals.drain()  # or select would return at once forever
+            next_poll = 0.0  # a stacks request is answered now, not at the next tick
+        if selector.rang():
+            next_poll = 0.0
+        return next_poll, fenced
+
+    def _end_round(
+        self, slots: list[Slot], streams: dict[int, LogStream], selector: PipeSelector
+    ) -> None:
+        """Whatever ended the round (even an exception in our own code): nothing survives."""
+        self._reaper.kill_all(slots)
+        drain(streams, selector)
+        for slot in slots:
+            slot.proc.close()
+            self._guardian.forget(slot.proc.pid)
+            if self._fence is not None:
+                self._fence.release(slot.proc.pid)
+        self._selector = None
+        selector.close()
+        finish_all(handle for slot in slots for handle in slot.files)
+        self._preempt = None
 
     def _settle(
         self,
@@ -202,10 +220,10 @@ class Supervisor:
         preempt = self._preempt
         signum = signals.pending()
         if signum is not None:
-            self._stop(slots, streams, selector, signum)
+            self._stopper.stop(slots, streams, selector, signum)
             return self._result(Outcome.INTERRUPTED, slots, signum=signum)
         if fenced is not None:
-            self._reap_fenced(slots, streams, selector)
+            self._stopper.reap_fenced(slots, streams, selector)
             lost = JobEvent(EventKind.STORE_LOST, detail=fenced)
             return self._result(Outcome.REMOTE, slots, event=lost)
         taken = signals.take_preempt()
@@ -217,10 +235,10 @@ class Supervisor:
             log.warning("%s again during the grace: stopping the workers now", signal_name(taken))
             return self._preempt_stop(slots, streams, selector)
         if any(s.exit is not None and s.exit.failed for s in slots):
-            self._stop(slots, streams, selector, signal.SIGTERM)
+            self._stopper.stop(slots, streams, selector, signal.SIGTERM)
             return self._result(Outcome.FAILED, slots)
         if all(s.exit is not None for s in slots):
-            self._stop(slots, streams, selector, signal.SIGKILL)  # leftover children only
+            self._stopper.stop(slots, streams, selector, signal.SIGKILL)  # leftover children only
             preempted = preempt is not None and preempt.preemption is not None
             return self._result(Outcome.PREEMPTED if preempted else Outcome.SUCCEEDED, slots)
         if preempt is not None and preempt.due():
@@ -237,7 +255,7 @@ class Supervisor:
         """End a preempted round now: SIGTERM, half the kill margin, SIGKILL."""
         assert self._preempt is not None and self._preempt.preemption is not None
         margin = kill_margin(self._preempt.preemption.grace)
-        self._stop(slots, streams, selector, signal.SIGTERM, grace=margin / 2)
+        self._stopper.stop(slots, streams, selector, signal.SIGTERM, grace=margin / 2)
         return self._result(Outcome.PREEMPTED, slots)
 
     def _result(
@@ -261,7 +279,7 @@ class Supervisor:
         """The caller's checks, then the rendezvous: the round's result if either ends it."""
         running = running_workers(slots)
         if on_tick(running):
-            self._stop(slots, streams, selector, signal.SIGTERM)
+            self._stopper.stop(slots, streams, selector, signal.SIGTERM)
             return self._result(Outcome.STOPPED, slots)
         event = poll()
         if event is None:
@@ -272,7 +290,7 @@ class Supervisor:
         # Without the store the others may re-form without this node at any moment: no
         # grace period for workers that may overlap new ones.
         gone = event.kind is EventKind.STORE_LOST
-        self._stop(slots, streams, selector, signal.SIGKILL if gone else signal.SIGTERM)
+        self._stopper.stop(slots, streams, selector, signal.SIGKILL if gone else signal.SIGTERM)
         if any(s.exit is not None and s.exit.failed for s in slots):
             # A worker had died on its own before the event was acted on: its failure is
             # this round's story, as if noticed a moment earlier.
@@ -290,7 +308,7 @@ class Supervisor:
         """Start ``worker`` into ``slots``; a limit reached on the way (descriptors,
         processes, threads) raises ``StartFailed``, which ends the round."""
         try:
-            _make_log_dir(str(worker.log_dir))
+            make_log_dir(str(worker.log_dir))
             self._counters.make(worker.log_dir)  # in memory, linked from there
             proc = self._launch(worker)
             self._guardian.watch(proc.pid)  # the worker leads its own process group
@@ -306,92 +324,6 @@ class Supervisor:
                 raise
             raise failed from None
 
-    def _stop(
-        self,
-        slots: list[Slot],
-        streams: dict[int, LogStream],
-        selector: PipeSelector,
-        first_signal: int,
-        grace: float | None = None,
-    ) -> None:
-        """Signal every group, wait to the deadline (``grace``; default the shutdown
-        timeout), then SIGKILL and wait a bounded time.
-
-        A worker whose exit is already pending (its exit fd readable: it died before this
-        signal, e.g. while the agent was busy polling or not scheduled) is recorded first, as
-        its own exit, not as one phalanx caused -- unless the fence has fired: its SIGKILLs
-        are phalanx's."""
-        if not self.stop_began:
-            self.stop_began = self._wall_clock()
-        fenced = self._fence is not None and self._fence.reason is not None
-        self._reaper.handle_events(selector.select(0), slots, streams, selector, stopping=fenced)
-        if grace is None:
-            grace = KILL_WAIT if first_signal == signal.SIGKILL else self._shutdown_timeout
-        if first_signal == signal.SIGTERM:
-            tell_stopping(s.plan for s in slots if s.exit is None)
-        for sig, wait in ((first_signal, grace), (signal.SIGKILL, KILL_WAIT)):
-            # Groups of exited workers too: their children may still be running.
-            for slot in slots:
-                if sig == first_signal and not fenced:
-                    # Looked at again just before its signal: all ranks that raise at once
-                    # end within the moment the lines above take, each with its own error.
-                    self._reaper.reap_if_exited(slot, selector)
-                killpg(slot.proc.pid, sig)
-            deadline = time.monotonic() + wait
-            while any(s.exit is None for s in slots) and time.monotonic() < deadline:
-                events = selector.select(max(0.0, deadline - time.monotonic()))
-                self._reaper.handle_events(events, slots, streams, selector, stopping=True)
-            if sig == signal.SIGKILL or all(s.exit is not None for s in slots):
-                if sig != signal.SIGKILL:
-                    for slot in slots:
-                        killpg(slot.proc.pid, signal.SIGKILL)
-                break
-        for slot in slots:
-            if slot.exit is None:  # SIGKILLed and still there: stuck in the kernel
-                slot.exit = self._reaper.stuck(slot)
-        drain(streams, selector)
-        for slot in slots:
-            if slot.exit is not None:
-                slot.exit = with_logs(slot.exit, slot)
-
-    def _reap_fenced(
-        self,
-        slots: list[Slot],
-        streams: dict[int, LogStream],
-        selector: PipeSelector,
-    ) -> None:
-        """The fence SIGKILLed the workers: reap them. One still there ``KILL_BOUND`` after
-        the kill breaks the fencing argument (the others may start its rank again while it
-        exists) and is named; then the usual SIGKILL and bounded wait."""
-        assert self._fence is not None
-        deadline = (self._fence.fired_at or time.monotonic()) + KILL_BOUND
-        while any(s.exit is None for s in slots) and time.monotonic() < deadline:
-            events = selector.select(max(0.0, deadline - time.monotonic()))
-            self._reaper.handle_events(events, slots, streams, selector, stopping=True)
-        for slot in slots:
-            if slot.exit is None:
-                log.error(
-                    "%s (pid %d) was not reaped %g s after the fence's SIGKILL: the other "
-                    "nodes may start rank %d again while it still exists",
-                    slot.plan.name, slot.proc.pid, KILL_BOUND, slot.plan.global_rank,
-                )  # fmt: skip
-        self._stop(slots, streams, selector, signal.SIGKILL)
-
     @staticmethod
     def _exits(slots: list[Slot]) -> tuple[WorkerExit, ...]:
         return tuple(s.exit for s in slots if s.exit is not None)
-
-
-def _make_log_dir(path: str) -> None:
-    """Make a worker's log directory, waiting at most ``MKDIR_WAIT``: on a run directory that
-    answers slowly (a struggling NFS) the worker starts anyway, and its log files' writer
-    threads make the directory too before they open their file (``logs.LogFile``). A full
-    disk: its ``LogFile`` says so, the job goes on. A symlink planted on the way is refused,
-    not followed."""
-
-    def make() -> str:
-        with contextlib.suppress(OSError):
-            make_dirs(path)
-        return ""
-
-    _DIRS.ask(object(), make, MKDIR_WAIT, stale=False)

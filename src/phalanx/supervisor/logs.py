@@ -127,7 +127,7 @@ class LogFile:
 
     def _run(self) -> None:
         try:
-            # Its directory may still be on its way (``group._make_log_dir`` waits a bounded
+            # Its directory may still be on its way (``slot.make_log_dir`` waits a bounded
             # time for a slow run directory): made here too, never through a symlink.
             make_dirs(os.path.dirname(self.name))
             handle = os.fdopen(append_to(self.name), "ab", buffering=0)

@@ -15,8 +15,11 @@ from phalanx.supervisor.exits import WorkerExit, read_error_file
 from phalanx.supervisor.logs import LogFile, LogStream
 from phalanx.supervisor.pipes import PipeSelector
 from phalanx.supervisor.process import RunningWorker
+from phalanx.worker.nofollow import make_dirs
 from phalanx.worker.slowio import Answers
 
+MKDIR_WAIT = 1.0  # seconds a worker's start waits for its log directory to be made
+_DIRS: Answers[str] = Answers("phalanx-mkdir")
 ERROR_FILE_WAIT = 2.0  # seconds an exit's handling waits to read the worker's error file
 _ERRORS: Answers[str] = Answers("phalanx-error-files")
 
@@ -103,3 +106,18 @@ def process_state(pid: int) -> str:
 def killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def make_log_dir(path: str) -> None:
+    """Make a worker's log directory, waiting at most ``MKDIR_WAIT``: on a run directory that
+    answers slowly (a struggling NFS) the worker starts anyway, and its log files' writer
+    threads make the directory too before they open their file (``logs.LogFile``). A full
+    disk: its ``LogFile`` says so, the job goes on. A symlink planted on the way is refused,
+    not followed."""
+
+    def make() -> str:
+        with contextlib.suppress(OSError):
+            make_dirs(path)
+        return ""
+
+    _DIRS.ask(object(), make, MKDIR_WAIT, stale=False)

@@ -1,15 +1,16 @@
 """The straggler watch of one round (``--straggler-action``; arithmetic in
-``phalanx.hang.straggler``).
+``phalanx.stragglers.rates``).
 
-Every ``SAMPLE_EVERY`` seconds, on the supervisor's tick, this node reads its ranks' progress
-counters (one ``pread`` each) and turns them into rates over the window, on its own clock.
-Only rates travel: a multi-node round posts this node's under the node check's records
-(``CheckExchange``, phase ``"rates"``, one key per node, overwritten) and reads the others',
-from a helper thread, so the tick never waits on the store. Every node judges the same
-rates, so every node names the same straggler: one line on stderr, a ``straggler`` event
-(status, metrics and the timeline read it). Under ``exclude`` the straggler's own node
-records its exclusion (as ``--exclude-after`` does), stops its workers and leaves the job
-(``NodeExcluded``, exit 69); the others see it leave and re-form without it.
+Every ``SAMPLE_EVERY`` seconds, as a watcher of the round's tick (``phalanx.tick``), this
+node turns the tick's reading of its ranks' progress counters into rates over the window, on
+its own clock. Only rates travel: a multi-node round posts this node's under the node
+check's records (``CheckExchange``, phase ``"rates"``, one key per node, overwritten) and
+reads the others', from a helper thread, so the tick never waits on the store. Every node
+judges the same rates, so every node names the same straggler: one line on stderr, a
+``straggler`` event (status, metrics and the timeline read it). Under ``exclude`` the
+straggler's own node records its exclusion (``Exclude``, as ``--exclude-after`` does), stops
+its workers and leaves the job (``NodeExcluded``, exit 69); the others see it leave and
+re-form without it.
 """
 
 from __future__ import annotations
@@ -19,42 +20,39 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 
-from phalanx import exclusion
-from phalanx.config import LaunchConfig
 from phalanx.errors import NodeExcluded, RendezvousError
 from phalanx.events.log import EventLog
-from phalanx.hang.straggler import RateWindow, judge
-from phalanx.plan import WorkerPlan
 from phalanx.rendezvous.api import CheckExchange, RendezvousResult
-from phalanx.straggler_settings import StragglerAction
-from phalanx.worker import progress
+from phalanx.stragglers.rates import RateWindow, judge
+from phalanx.stragglers.settings import StragglerAction, StragglerSettings
+from phalanx.tick import Reading
 
 log = logging.getLogger("phalanx")
 
 SAMPLE_EVERY = 1.0  # seconds between counter reads (and posts of this node's rates)
 PHASE = "rates"
 
-Running = Sequence[tuple[WorkerPlan, int]]
+# Records this node's exclusion for the reason given (the exclusion file, the run's record);
+# returns the node's name as the line and the event say it.
+Exclude = Callable[[str], str]
 
 
 class StragglerWatch:
-    """One round's watch; ``tick`` is chained on the supervisor's ``on_tick`` (True: this
-    node was named under ``exclude`` and stops its round), ``leave`` raises after it."""
+    """One round's watch; ``see`` is a watcher of the round's tick (True: this node was
+    named under ``exclude`` and stops its round), ``leave`` raises after it."""
 
     def __init__(
         self,
-        config: LaunchConfig,
+        settings: StragglerSettings,
         joined: RendezvousResult,
         exchange: CheckExchange | None,
         events: EventLog,
-        run_dir: Path,
+        exclude: Exclude,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        settings = config.checks.stragglers
-        self._config, self._joined, self._events, self._run_dir = config, joined, events, run_dir
+        self._joined, self._events, self._exclude = joined, events, exclude
         self._action, self._fraction = settings.action, settings.fraction
         self._window = RateWindow(settings.window_s)
         self._clock = clock
@@ -67,15 +65,15 @@ class StragglerWatch:
         self._mine: dict[str, float] = {}  # this node's ranks' rates, as last measured
         self.leaving: str | None = None  # why this node leaves (exclude)
 
-    def tick(self, running: Running) -> bool:
+    def see(self, reading: Reading) -> bool:
         if self._action is StragglerAction.OFF or self._clock() < self._next:
             return False
         self._next = self._clock() + SAMPLE_EVERY
         beats = {}
-        for worker, _ in running:
-            reading = progress.read(str(worker.log_dir / progress.FILE_NAME))
-            if reading is not None:
-                beats[str(worker.global_rank)] = reading[0]
+        for worker, _ in reading.running:
+            counters = reading.counters.get(worker.global_rank)
+            if counters is not None:
+                beats[str(worker.global_rank)] = counters[0]
         self._mine = mine = self._window.observe(self._clock(), beats)
         if self._exchange is not None and not self._busy:
             self._busy = True
@@ -136,10 +134,9 @@ class StragglerWatch:
         if self._exchange is not None:  # so the others name it even once it is gone
             with contextlib.suppress(RendezvousError):
                 self._exchange.post_check(PHASE, self._record(self._mine))
-        here = exclusion.this_node(self._config.rendezvous.local_addr)
         reason = f"straggler: rank {rank} at {rate:.3g} steps/s, the others' median {median:.3g}"
-        exclusion.record(self._config.recovery.exclude_file, self._run_dir, here, reason)
-        self._events.emit("excluded", name=str(here), reason=reason)
+        here = self._exclude(reason)
+        self._events.emit("excluded", name=here, reason=reason)
         self.leaving = (
             f"this node ({here}, node {node}) is excluded (--straggler-action exclude): rank "
             f"{rank} stayed below {self._fraction:g} of the others' median step rate; it leaves "
@@ -177,10 +174,3 @@ class StragglerWatch:
                 continue  # junk in the store names nobody
         with self._lock:
             self._peers = peers
-
-
-def either(
-    first: Callable[[Running], bool], second: Callable[[Running], bool]
-) -> Callable[[Running], bool]:
-    """Two ``on_tick`` checks as one: the second is skipped once the first stops the round."""
-    return lambda running: first(running) or second(running)

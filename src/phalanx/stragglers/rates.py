@@ -3,7 +3,7 @@
 Pure bookkeeping on the progress counters the agent already samples (``worker.progress``):
 ``RateWindow.observe(now, {name: beats})`` gives each name's rate over a whole window, and
 ``judge`` names who is a straggler among rates that may come from several nodes (each node
-measures its own ranks on its own clock; only rates travel). ``agent.stragglers`` wires it.
+measures its own ranks on its own clock; only rates travel). ``stragglers.watch`` wires it.
 
 Why a window and a fraction of the *median of the others*: one slow step (a checkpoint, a
 data-loader hiccup) must not name anyone, and comparing with the others' median (not the
@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from phalanx.straggler_settings import DEFAULT_FRACTION, DEFAULT_WINDOW_S
+from phalanx.stragglers.settings import DEFAULT_FRACTION, DEFAULT_WINDOW_S
 
 # A rank whose counter has not moved for this long (or a tenth of the window, if longer) is
 # waiting, not slow: a rank done with its share at a barrier, an evaluation pause; a slow

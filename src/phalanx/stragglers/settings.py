@@ -1,6 +1,6 @@
 """The straggler watch's settings (``--straggler-action``, ``--straggler-fraction``,
-``--straggler-window``): plain data the config holds; the watch is ``phalanx.hang.straggler``
-and ``phalanx.agent.stragglers``."""
+``--straggler-window``): plain data the config holds; the watch is ``phalanx.stragglers.rates``
+and ``phalanx.stragglers.watch``."""
 
 from __future__ import annotations
 
