@@ -70,45 +70,49 @@ def build_plan(
 ) -> RoundPlan:
     attempt_dir = run_dir / f"attempt_{rdzv.restart_count}"
     if config.workers.spawn_owner:
-        # One process per node; it spawns the workers itself, so it gets no RANK/WORLD_SIZE
-        # (a script that checks for them would think it is a worker), only the job facts.
-        owner = WorkerPlan(
-            local_rank=0,
-            global_rank=rdzv.node_rank,
-            command=spawn_owner_command(config.workers, rdzv),
-            env={**worker_environment(base_env), **job_env(config.recovery, rdzv, run_dir)},
-            log_dir=attempt_dir / f"node_{rdzv.node_rank}",
-            console_streams=frozenset({"stdout", "stderr"})
-            - config.logs.redirects.get(0, frozenset()),
-            label=f"node{rdzv.node_rank}",
+        workers: tuple[WorkerPlan, ...] = (_owner_plan(config, rdzv, run_dir, base_env),)
+    else:
+        workers = tuple(
+            _worker_plan(config, rdzv, run_dir, base_env, local_rank)
+            for local_rank in range(config.workers.nproc_per_node)
         )
-        return RoundPlan(
-            run_dir=run_dir, attempt_dir=attempt_dir, rendezvous=rdzv, workers=(owner,)
-        )
-    command = worker_command(config.workers)
-    workers = []
-    for local_rank in range(config.workers.nproc_per_node):
-        rank = rdzv.rank_offset + local_rank
-        log_dir = rank_dir(run_dir, rdzv.restart_count, rank)
-        shown = (
-            config.logs.local_ranks_filter is None or local_rank in config.logs.local_ranks_filter
-        )
-        console = frozenset({"stdout", "stderr"}) - config.logs.redirects.get(
-            local_rank, frozenset()
-        )
-        workers.append(
-            WorkerPlan(
-                local_rank=local_rank,
-                global_rank=rank,
-                command=command,
-                env=worker_env(config, rdzv, local_rank, run_dir, base_env),
-                log_dir=log_dir,
-                console_streams=console if shown else frozenset(),
-                prefix=line_prefix(config, rank, local_rank),
-            )
-        )
-    return RoundPlan(
-        run_dir=run_dir, attempt_dir=attempt_dir, rendezvous=rdzv, workers=tuple(workers)
+    return RoundPlan(run_dir=run_dir, attempt_dir=attempt_dir, rendezvous=rdzv, workers=workers)
+
+
+def _owner_plan(
+    config: LaunchConfig, rdzv: RendezvousResult, run_dir: Path, base_env: Mapping[str, str]
+) -> WorkerPlan:
+    """One process per node; it spawns the workers itself, so it gets no RANK/WORLD_SIZE
+    (a script that checks for them would think it is a worker), only the job facts."""
+    return WorkerPlan(
+        local_rank=0,
+        global_rank=rdzv.node_rank,
+        command=spawn_owner_command(config.workers, rdzv),
+        env={**worker_environment(base_env), **job_env(config.recovery, rdzv, run_dir)},
+        log_dir=run_dir / f"attempt_{rdzv.restart_count}" / f"node_{rdzv.node_rank}",
+        console_streams=frozenset({"stdout", "stderr"}) - config.logs.redirects.get(0, frozenset()),
+        label=f"node{rdzv.node_rank}",
+    )
+
+
+def _worker_plan(
+    config: LaunchConfig,
+    rdzv: RendezvousResult,
+    run_dir: Path,
+    base_env: Mapping[str, str],
+    local_rank: int,
+) -> WorkerPlan:
+    rank = rdzv.rank_offset + local_rank
+    shown = config.logs.local_ranks_filter is None or local_rank in config.logs.local_ranks_filter
+    console = frozenset({"stdout", "stderr"}) - config.logs.redirects.get(local_rank, frozenset())
+    return WorkerPlan(
+        local_rank=local_rank,
+        global_rank=rank,
+        command=worker_command(config.workers),
+        env=worker_env(config, rdzv, local_rank, run_dir, base_env),
+        log_dir=rank_dir(run_dir, rdzv.restart_count, rank),
+        console_streams=console if shown else frozenset(),
+        prefix=line_prefix(config, rank, local_rank),
     )
 
 
