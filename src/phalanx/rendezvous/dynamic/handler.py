@@ -46,6 +46,7 @@ from phalanx.rendezvous.api import (
     Signature,
     StackExchange,
     StatusExchange,
+    restarts_left,
 )
 from phalanx.rendezvous.dynamic.barrier import ExitBarrier
 from phalanx.rendezvous.dynamic.board import LEFT, Board
@@ -375,7 +376,7 @@ class DynamicRendezvous:
             raise RendezvousError(self._liveness.store_problem() or "fenced")
         r = membership.round
         try:
-            within = membership.restart_count < max_restarts
+            within = restarts_left(membership.restart_count, max_restarts) > 0
             finished = within and self._board.any_ok(r)
             restart = self._board.claim(r, within and not finished)
         except StoreUnavailable as exc:
@@ -457,11 +458,6 @@ class DynamicRendezvous:
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
         _, event = self._barrier.once(self._membership, interrupted)
         return None if event is None or event.kind is EventKind.STORE_LOST else event
-
-    def wait_all_done(self, timeout: float) -> bool:
-        """Block until every member of the round reported ``ok`` (True), or a peer failed,
-        was lost or stopped the job, or the store was lost, or ``timeout`` passed (False)."""
-        return self._barrier.wait(self._membership, timeout)[0]
 
     def shutdown(self) -> None:
         if self._closed:
