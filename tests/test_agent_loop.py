@@ -6,6 +6,8 @@ nothing is reported (the ``Reporter`` is not called): the value is what is check
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -16,8 +18,9 @@ import pytest
 
 from phalanx.agent.between import Between
 from phalanx.agent.endings import Endings
+from phalanx.agent.filewriter import REPORT_FILE, RunFiles
 from phalanx.agent.loop import Rounds
-from phalanx.agent.runend import RunEnd
+from phalanx.agent.runend import Reporter, RunEnd, Said
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, JobFailed, Preempted, RendezvousError
 from phalanx.events.log import EventLog
@@ -253,3 +256,40 @@ def test_a_rendezvous_closed_before_any_round_ends_with_its_error(
     end = run(rendezvous=Closing(closed_at=0)).end()
     assert end.outcome == "failed" and isinstance(end.error, RendezvousError)
     assert end.report is not None and end.report["reason"] == "the rendezvous is closed"
+
+
+def test_the_reporter_says_writes_and_returns_the_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = RunFiles(tmp_path)
+    end = RunEnd("succeeded", None, (Said("framed", None),), {"outcome": "succeeded"})
+    assert Reporter(files, {}, None).finish(end) == 0
+    files.close(time.monotonic() + 10)
+    assert capsys.readouterr().err == "framed\n"
+    assert json.loads((tmp_path / REPORT_FILE).read_text()) == {"outcome": "succeeded"}
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.said.append((record.levelno, record.getMessage()))
+
+
+def test_the_reporter_raises_the_runs_error_after_writing(tmp_path: Path) -> None:
+    files = RunFiles(tmp_path)
+    error = JobFailed("rank 0 on host: exit 3", 3)
+    end = RunEnd("failed", error, (Said("a line", logging.WARNING),), {"outcome": "failed"})
+    lines = Lines()
+    logging.getLogger("phalanx").addHandler(lines)
+    try:
+        with pytest.raises(JobFailed) as raised:
+            Reporter(files, {}, None).finish(end)
+    finally:
+        logging.getLogger("phalanx").removeHandler(lines)
+    files.close(time.monotonic() + 10)
+    assert raised.value is error and end.exit_code == 3
+    assert lines.said == [(logging.WARNING, "a line")]
+    assert json.loads((tmp_path / REPORT_FILE).read_text()) == {"outcome": "failed"}
