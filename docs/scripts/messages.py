@@ -144,6 +144,13 @@ class Source:
         self.functions: Index[ast.FunctionDef | ast.AsyncFunctionDef] = defaultdict(list)
         self.attributes: Index[tuple[ast.expr, Scope]] = defaultdict(list)
         self.calls: Index[tuple[ast.Call, Scope]] = defaultdict(list)
+        # The errors made in a ``raise`` (``_raised`` reads them; ``_made`` the others).
+        self.raised = {
+            id(node.exc)
+            for tree in self.trees.values()
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Raise) and node.exc is not None
+        }
         # A record's fields in order, so ``Named(rank, host, addr, line)`` gives ``line``.
         self.fields = {
             node.name: [
@@ -351,6 +358,16 @@ def _raised(
                 yield ret.value.args[0], fn
 
 
+def _made(node: ast.AST, source: Source) -> bool:
+    """An error of phalanx's made and not raised where it is made (``_raised`` reads those).
+    Read in ``agent/`` only: an agent run ends by returning a ``RunEnd`` that carries its
+    error to where the end is reported and the error raised (``agent.runend``)."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return False
+    name = _name(node.func)
+    return name in source.errors and name not in source.worded and id(node) not in source.raised
+
+
 def _collects_problems(call: ast.Call, scope: Scope) -> bool:
     """``problems.append(...)``, ``notes.append(...)``, or ``p.add(...)`` where ``p`` is a
     parameter annotated as a ``Problems`` (the usage error's list)."""
@@ -371,11 +388,14 @@ def _collects_problems(call: ast.Call, scope: Scope) -> bool:
 
 
 def _message_args(
-    tree: ast.Module, input_module: bool, source: Source
+    tree: ast.Module, input_module: bool, source: Source, agent_module: bool = False
 ) -> Iterator[tuple[ast.expr, Scope]]:
     for node, scope in _scopes(tree):
         if isinstance(node, ast.Raise):
             yield from _raised(node, scope, source, input_module)
+        elif agent_module and _made(node, source):  # carried by a ``RunEnd``, raised later
+            assert isinstance(node, ast.Call)
+            yield from ((arg, scope) for arg in node.args[:1])
         elif isinstance(node, ast.Call) and _collects_problems(node, scope):
             yield node.args[0], scope
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -429,7 +449,11 @@ def scan() -> Found:
     source = Source()
     found = Found()
     for relative, tree in source.trees.items():
-        for arg, scope in _message_args(tree, relative.startswith(INPUT_MODULES), source):
+        input_module, agent_module = (
+            relative.startswith(INPUT_MODULES),
+            relative.startswith("agent/"),
+        )
+        for arg, scope in _message_args(tree, input_module, source, agent_module):
             where = f"src/phalanx/{relative}:{arg.lineno}"
             if isinstance(arg, ast.Tuple):  # a log line: its format, or what fills a bare "%s"
                 fmt, *values = arg.elts

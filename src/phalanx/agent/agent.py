@@ -15,8 +15,8 @@ from phalanx.agent.between import Between
 from phalanx.agent.endings import Endings
 from phalanx.agent.filewriter import END_WRITES, REPORT_FILE, RunFiles
 from phalanx.agent.loop import Rounds
+from phalanx.agent.runend import Reporter
 from phalanx.agent.runfiles import write_launcher_file
-from phalanx.agent.sofar import Tally
 from phalanx.agent.stopped import not_needed_report
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted
@@ -24,7 +24,7 @@ from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
 from phalanx.exclusion import refuse_if_excluded, this_node
-from phalanx.rendezvous.api import RendezvousHandler
+from phalanx.rendezvous.api import Peers, RendezvousHandler
 from phalanx.resources.limits import raise_descriptor_limit
 from phalanx.resources.rundir import make_run_dir
 from phalanx.status import StatusService
@@ -38,6 +38,22 @@ from phalanx.supervisor.signals import SignalWatcher
 from phalanx.supervisor.warm import Template, open_template
 
 log = logging.getLogger("phalanx")
+
+
+def _job_end(events: EventLog, files: RunFiles, exc: PhalanxError) -> None:
+    """The ``job_end`` event of a run that ended by ``exc`` (and the report of a spare
+    the job finished without: ``NotNeeded`` ends no round, so no ``RunEnd`` wrote one)."""
+    if isinstance(exc, Preempted):
+        outcome = "preempted"
+    elif isinstance(exc, Interrupted):
+        outcome = "interrupted"
+    elif isinstance(exc, NotNeeded):
+        report = json.dumps(not_needed_report(str(exc)), indent=2)
+        files.offer(REPORT_FILE, report.encode())
+        outcome = "not_needed"
+    else:
+        outcome = "failed"
+    events.emit("job_end", outcome=outcome, exit_code=exc.exit_code)
 
 
 def configure_logging() -> None:
@@ -130,30 +146,11 @@ class Agent:
         recovery = RecoveryTracker()
         events.listen(recovery.add)
         status = StatusService(run_dir, events)
-        events.emit(
-            "run_start",
-            run_id=self._run_id,
-            pid=os.getpid(),
-            min_nodes=config.rendezvous.min_nodes,
-            max_nodes=config.rendezvous.max_nodes,
-            nproc_per_node=config.workers.nproc_per_node,
-            max_restarts=config.recovery.max_restarts,
-        )
+        self._say_start(events)
         try:
             code = self._run(run_dir, files, events, status, recovery, wall_clock, filters)
-        except Preempted as exc:
-            events.emit("job_end", outcome="preempted", exit_code=exc.exit_code)
-            raise
-        except Interrupted as exc:
-            events.emit("job_end", outcome="interrupted", exit_code=exc.exit_code)
-            raise
-        except NotNeeded as exc:  # a spare the job finished without: its report says so
-            report = json.dumps(not_needed_report(str(exc)), indent=2)
-            files.offer(REPORT_FILE, report.encode())
-            events.emit("job_end", outcome="not_needed", exit_code=exc.exit_code)
-            raise
         except PhalanxError as exc:
-            events.emit("job_end", outcome="failed", exit_code=exc.exit_code)
+            _job_end(events, files, exc)
             raise
         else:
             events.emit("job_end", outcome="succeeded", exit_code=code)
@@ -165,6 +162,18 @@ class Agent:
             status.close()
             events.close()
             files.close(end)
+
+    def _say_start(self, events: EventLog) -> None:
+        config = self._config
+        events.emit(
+            "run_start",
+            run_id=self._run_id,
+            pid=os.getpid(),
+            min_nodes=config.rendezvous.min_nodes,
+            max_nodes=config.rendezvous.max_nodes,
+            nproc_per_node=config.workers.nproc_per_node,
+            max_restarts=config.recovery.max_restarts,
+        )
 
     def _run(
         self,
@@ -198,24 +207,11 @@ class Agent:
                     rendezvous = self._open_rendezvous()
                 if (peers := rendezvous.peers()) is not None:  # if this agent dies, its
                     peers.on_last_word(guardian.say)  # guardian tells the others at once
-                supervisor = Supervisor(
-                    guardian, shutdown_timeout=config.workers.shutdown_timeout,
-                    monitor_interval=config.workers.monitor_interval, console=self._console,
-                    launch=template.launch if template is not None else exec_worker,
-                    on_console_lost=lambda names, why: events.emit(
-                        "console_lost", streams=names, reason=why),
-                    duplicate_filters=filters, wall_clock=wall_clock.now,
-                    fence=peers.fence() if peers is not None else None,
-                )  # fmt: skip
-                ends = Endings(
-                    config, rendezvous, signals, run_dir, self._base_env, events, Tally(),
-                    files, recovery,
-                )  # fmt: skip
-                rounds = Rounds(
-                    config, rendezvous, supervisor, signals, run_dir, self._base_env, status,
-                    Between(ends),
-                )  # fmt: skip
-                return rounds.run()
+                supervisor = self._supervisor(
+                    guardian, template, peers, events, filters, wall_clock
+                )
+                ends = Endings(config, rendezvous, signals, events, recovery)
+                return self._play(Between(ends), supervisor, run_dir, status, files)
             finally:
                 if template is not None:
                     template.close()
@@ -226,3 +222,40 @@ class Agent:
                     cgroup.leave()
                 if rendezvous is not None:
                     rendezvous.shutdown()
+
+    def _play(
+        self,
+        between: Between,
+        supervisor: Supervisor,
+        run_dir: Path,
+        status: StatusService,
+        files: RunFiles,
+    ) -> int:
+        """Run the rounds to their end, and report it (``agent.runend``)."""
+        config, ends = self._config, between.ends
+        rounds = Rounds(
+            config, ends.rdzv, supervisor, ends.signals, run_dir, self._base_env, status,
+            between,
+        )  # fmt: skip
+        end = rounds.run()
+        return Reporter(files, self._base_env, config.recovery.exclude_file).finish(end)
+
+    def _supervisor(
+        self,
+        guardian: Guardian,
+        template: Template | None,
+        peers: Peers | None,
+        events: EventLog,
+        filters: tuple[tuple[bytes, ...], tuple[bytes, ...]],
+        wall_clock: WallClock,
+    ) -> Supervisor:
+        config = self._config
+        return Supervisor(
+            guardian, shutdown_timeout=config.workers.shutdown_timeout,
+            monitor_interval=config.workers.monitor_interval, console=self._console,
+            launch=template.launch if template is not None else exec_worker,
+            on_console_lost=lambda names, why: events.emit(
+                "console_lost", streams=names, reason=why),
+            duplicate_filters=filters, wall_clock=wall_clock.now,
+            fence=peers.fence() if peers is not None else None,
+        )  # fmt: skip

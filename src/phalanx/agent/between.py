@@ -1,15 +1,16 @@
 """A job that ends between rounds: after a failed round, before the next forms (a node lost
 meanwhile, the store with it; a worker that cannot start), or stopped while it waits. Each
-still ends with a report, and the root cause of the last failed round is not lost."""
+still ends with a report (a ``RunEnd``), and the root cause of the last failed round is not
+lost."""
 
 from __future__ import annotations
 
 import logging
-from typing import NoReturn
 
 from phalanx.agent.describe import describe_event
 from phalanx.agent.endings import Endings, unexplained
-from phalanx.agent.sofar import SoFar
+from phalanx.agent.runend import RunEnd, with_checked
+from phalanx.agent.sofar import RunState, SoFar
 from phalanx.agent.stopped import stop_signal
 from phalanx.errors import Interrupted, PhalanxError, Preempted, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
@@ -26,7 +27,6 @@ class Between:
 
     def __init__(self, ends: Endings) -> None:
         self.ends = ends
-        self.tally = ends.tally
         self.said_lost: set[str] = set()  # node ids of the nodes ``_say_lost`` told of
 
     def keep_failure(
@@ -35,9 +35,9 @@ class Between:
         exits: list[WorkerExit],
         event: JobEvent | None,
         hang: HangAnalysis | None,
-    ) -> None:
-        """Keep the failed round's report material, read now while the store is there: the
-        job may end before the next round forms (a node lost meanwhile, the store with it)."""
+    ) -> SoFar:
+        """The failed round's report material, read now while the store is there: the job
+        may end before the next round forms (a node lost meanwhile, the store with it)."""
         try:
             records = self.ends.round_records(
                 joined, waiting_for_hangs=False, explain=unexplained(joined, exits, event)
@@ -55,7 +55,7 @@ class Between:
             node = event.node_rank
             if all(r.get("node_rank") != node for r in records):
                 records.append({**event.failure, "node_rank": node, "round": joined.round})
-        self.tally.failure = SoFar(joined, exits, event, hang, records)
+        return SoFar(joined, exits, event, hang, records)
 
     def _say_lost(
         self, joined: RendezvousResult, records: list[dict[str, object]], event: JobEvent | None
@@ -80,31 +80,31 @@ class Between:
                 reason=record.get("reason"),
             )
 
-    def stopped_waiting(self, exc: Interrupted, where: str) -> NoReturn:
+    def stopped_waiting(self, state: RunState, exc: Interrupted, where: str) -> RunEnd:
         """Asked to stop (``exc``) while waiting for a round or a verdict: tell the others,
-        write the stop report (with the exits of the last failed round, if any), stop."""
+        and end with the stop report (with the exits of the last failed round, if any)."""
         self.ends.tell_done(False, signum=exc.signum, preempted=isinstance(exc, Preempted))
-        exits = self.tally.failure.exits if self.tally.failure is not None else []
-        self.ends.stop_report(exits, exc.signum, self.ends.events.node, exc.where or where)
-        raise exc
+        exits = state.failure.exits if state.failure is not None else []
+        node = self.ends.events.node
+        return self.ends.stopped(state, exits, exc.signum, node, exc.where or where, exc)
 
     def stop_heard(self) -> JobEvent | None:
         """A peer's ``JOB_STOPPED`` by a signal, once heard (``Peers.stop_heard``)."""
         peers = self.ends.rdzv.peers()
         return peers.stop_heard() if peers is not None else None
 
-    def stopped_elsewhere(self, heard: JobEvent, signum: int) -> NoReturn:
+    def stopped_elsewhere(self, state: RunState, heard: JobEvent, signum: int) -> RunEnd:
         """Another node was stopped by ``signum`` and told the job (``heard``): tell the
-        others this node is done, write the stop report (with the exits of the last failed
-        round, if any), end as stopped by that signal on that node."""
+        others this node is done, and end as stopped by that signal on that node, with the
+        stop report (with the exits of the last failed round, if any)."""
         log.warning("%s", describe_event(heard))
         self.ends.tell_done(False)
-        exits = self.tally.failure.exits if self.tally.failure is not None else []
+        exits = state.failure.exits if state.failure is not None else []
         where = f"node {heard.node_rank}"
-        self.ends.stop_report(exits, signum, heard.node_rank, where)
-        raise Interrupted(signum, where)
+        error = Interrupted(signum, where)
+        return self.ends.stopped(state, exits, signum, heard.node_rank, where, error)
 
-    def cut_short(self, exc: PhalanxError, ended: str) -> NoReturn:
+    def cut_short(self, state: RunState, exc: PhalanxError, ended: str) -> RunEnd:
         """The job ends before a round could run (``ended``: why): the next round could not
         form, or a worker could not start. With a failed round before, its report, root
         cause and all; without, a report of ``ended`` alone, and ``exc`` raised. Once this
@@ -114,18 +114,17 @@ class Between:
         signum = stop_signal(heard)
         if heard is not None and signum is not None:
             log.info("%s", ended)
-            self.stopped_elsewhere(heard, signum)
-        if self.tally.failure is not None:
+            return self.stopped_elsewhere(state, heard, signum)
+        if state.failure is not None:
             log.error("%s", ended)
-            last = self.tally.failure
-            self.ends.fail(
-                last.joined, last.exits, last.event, last.hang, None,
+            last = state.failure
+            return self.ends.fail(
+                state, last.joined, last.exits, last.event, last.hang, None,
                 crash_loop=False, records=last.records, ended=ended,
             )  # fmt: skip
         self.ends.tell_done(False)
         _, figures = self.ends.recovery_figures()
         data = report_json(
-            [], self.tally.attempts, outcome="failed", reason=ended, ended=ended, recovery=figures
+            [], state.attempts, outcome="failed", reason=ended, ended=ended, recovery=figures
         )
-        self.ends.write_report(data)
-        raise exc
+        return RunEnd("failed", exc, (), with_checked(data, state.checked))

@@ -1,30 +1,24 @@
-"""How an agent run ends, each end with the run's ``report.json``: success after the exit
-barrier, a stop by signal, a preemption (exit 75), a failure (the job-wide root-cause
-report)."""
+"""How an agent run ends after a round, each end a ``RunEnd`` with the run's ``report.json``:
+success after the exit barrier, a stop by signal, a preemption (exit 75), a failure (the
+job-wide root-cause report). Each tells the other nodes what it must now, and returns what
+is left to say and write (``agent.runend.Reporter``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
-import sys
 import time
-from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
-from typing import NoReturn
 
 from phalanx.agent import preempted
 from phalanx.agent.describe import describe_event
-from phalanx.agent.filewriter import REPORT_FILE, RunFiles
-from phalanx.agent.sofar import Tally
+from phalanx.agent.runend import RunEnd, Said, with_checked
+from phalanx.agent.sofar import RunState
 from phalanx.agent.stopped import stop_report, success_report
 from phalanx.config import LaunchConfig
-from phalanx.environments import slurm
 from phalanx.errors import Interrupted, JobFailed, PhalanxError, Preempted, RendezvousError
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
-from phalanx.exclusion import requeue_exclusions
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.hang.stacks import PEER_DUMP_WAIT
 from phalanx.hang.watch import RoundWatch
@@ -50,33 +44,23 @@ log = logging.getLogger("phalanx")
 
 
 class Endings:
-    """The ends of an agent run; ``agent.loop.Rounds``, the loop that reaches them, keeps
-    ``tally`` (the counts and the last failure they report)."""
+    """The ends of an agent run after a round; ``agent.loop.Rounds`` reaches them with the
+    run's state so far (``RunState``: the counts and the last failure they report)."""
 
     def __init__(
         self,
         config: LaunchConfig,
         rendezvous: RendezvousHandler,
         signals: SignalWatcher,
-        run_dir: Path,
-        base_env: Mapping[str, str],
         events: EventLog,
-        tally: Tally,
-        files: RunFiles,
         recovery: RecoveryTracker | None = None,
     ) -> None:
-        """``files``: the run directory's writer (``report.json`` goes through it, written
-        by the end of the agent's run); ``recovery``: the figures of this run's events so far
-        (fed by ``events``), printed and saved in ``report.json`` at the end when there was
-        an incident."""
+        """``recovery``: the figures of this run's events so far (fed by ``events``),
+        said and saved in ``report.json`` at the end when there was an incident."""
         self.config = config
         self.rdzv = rendezvous
         self.signals = signals
-        self.run_dir = run_dir
-        self.base_env = base_env
         self.events = events
-        self.tally = tally
-        self.files = files
         self.recovery = recovery
 
     def tell_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
@@ -87,16 +71,17 @@ class Endings:
         except (PhalanxError, OSError) as exc:
             log.warning("could not tell the other nodes this node is done: %s", exc)
 
-    def succeeded(self, joined: RendezvousResult, plan: RoundPlan, exits: list[WorkerExit]) -> int:
+    def succeeded(
+        self, state: RunState, joined: RendezvousResult, plan: RoundPlan, exits: list[WorkerExit]
+    ) -> RunEnd:
         """This node's workers all finished: wait for the others (the exit barrier). Read
         first whether the job was preempted: ranks that saw another node's preemption
         through ``phalanx.preempted()``'s collective may end before this node hears of it
         (the notice is in the store before any worker is told)."""
         notice = self.rdzv.preemption()
         if notice is not None:
-            self.preempted(
-                joined, plan, exits, from_notice(notice, self.config.recovery.preempt_grace)
-            )
+            preemption = from_notice(notice, self.config.recovery.preempt_grace)
+            return self.preempted(state, joined, plan, exits, preemption)
         self.rdzv.report_done(True)
         if self.config.workers.spawn_owner:  # one process here; the ranks were its children
             log.info(
@@ -107,26 +92,25 @@ class Endings:
             log.info("all %d workers finished", len(exits))
         late = self.rdzv.await_peers(lambda: self.signals.pending() is not None)
         signum = self.signals.pending()
-        if signum is not None:
-            raise Interrupted(signum)  # while waiting for the other nodes to finish
+        if signum is not None:  # while waiting for the other nodes to finish
+            return RunEnd("interrupted", Interrupted(signum))
         if late is None:
             lines, figures = self.recovery_figures()
-            for line in lines:
-                log.info("%s", line)
-            self.write_report(success_report(exits, self.tally.attempts, figures))
-            return 0
+            report = success_report(exits, state.attempts, figures)
+            return RunEnd("succeeded", None, _info(lines), with_checked(report, state.checked))
         # The job failed elsewhere after these workers finished: it cannot restart (they
         # would not run again), so every node reports the failure and stops.
         log.warning("the job failed after this node's workers finished: %s", describe_event(late))
-        self.fail(joined, exits, late, None, None, crash_loop=False)
+        return self.fail(state, joined, exits, late, None, None, crash_loop=False)
 
     def interrupted(
         self,
+        state: RunState,
         joined: RendezvousResult,
         exits: list[WorkerExit],
         signum: int,
         event: JobEvent | None,
-    ) -> NoReturn:
+    ) -> RunEnd:
         """Asked to stop by ``signum`` (``phalanx stop``, Ctrl-C), here (``event`` None: the
         other nodes are told, and stop too) or on the node of ``event``: write the report
         (no root cause; who stopped the job) and end as interrupted by that signal."""
@@ -134,25 +118,32 @@ class Endings:
         node = joined.node_rank if event is None else event.node_rank
         if event is not None:
             log.warning("%s", describe_event(event))
-        self.stop_report(exits, signum, node, "this node" if event is None else f"node {node}")
-        raise Interrupted(signum)
+        where = "this node" if event is None else f"node {node}"
+        return self.stopped(state, exits, signum, node, where, Interrupted(signum))
 
-    def stop_report(
-        self, exits: list[WorkerExit], signum: int, node: int | None, where: str
-    ) -> None:
-        """``report.json`` of a job stopped by ``signum`` on ``where`` (no root cause)."""
+    def stopped(
+        self,
+        state: RunState,
+        exits: list[WorkerExit],
+        signum: int,
+        node: int | None,
+        where: str,
+        error: Interrupted,
+    ) -> RunEnd:
+        """A job stopped by ``signum`` on ``where``: its ``report.json`` (no root cause)."""
         _, figures = self.recovery_figures()
-        data = stop_report(exits, self.tally.attempts, signum, node, where, figures)
-        self.write_report(data)
+        data = stop_report(exits, state.attempts, signum, node, where, figures)
+        return RunEnd("interrupted", error, (), with_checked(data, state.checked))
 
     def preempted(
         self,
+        state: RunState,
         joined: RendezvousResult,
         plan: RoundPlan,
         exits: list[WorkerExit],
         preemption: Preemption,
         gone: JobEvent | None = None,
-    ) -> NoReturn:
+    ) -> RunEnd:
         """The round ended after a preemption: wait for the other nodes until the job's
         deadline at most (a failure of theirs during the grace is the job's failure; a node
         ``gone`` meanwhile ended the round: nobody to wait for), report, requeue (node rank
@@ -169,26 +160,22 @@ class Endings:
             self.rdzv.report_done(False)
         signum = self.signals.pending()
         if signum is not None:
-            raise Interrupted(signum)
+            return RunEnd("interrupted", Interrupted(signum))
         if late is not None and late.kind is EventKind.PEER_FAILED:
             log.warning("the job failed during its preemption grace: %s", describe_event(late))
-            self.fail(joined, exits, late, None, None, crash_loop=False)
+            return self.fail(state, joined, exits, late, None, None, crash_loop=False)
         if late is not None:  # a node gone or given up: the scheduler's stop, as announced
             log.warning("during the preemption grace: %s", describe_event(late))
         text, data = preempted.report(
             preemption, exits, preempted.last_step(plan), joined.node_rank
         )
-        print(text, file=sys.stderr, flush=True)
         lines, figures = self.recovery_figures()
-        for line in lines:
-            log.info("%s", line)
         if figures is not None:
             data["recovery"] = figures
-        self.write_report(data)
-        if self.config.recovery.requeue and joined.node_rank == 0:
-            excluded = requeue_exclusions(self.config.recovery.exclude_file)
-            slurm.requeue(self.base_env, excluded)
-        raise Preempted(signal.Signals[preemption.signal], f"preempted by {preemption.signal}")
+        error = Preempted(signal.Signals[preemption.signal], f"preempted by {preemption.signal}")
+        said = (Said(text, None), *_info(lines))
+        requeue = self.config.recovery.requeue and joined.node_rank == 0
+        return RunEnd("preempted", error, said, with_checked(data, state.checked), requeue)
 
     def record_failure(
         self,
@@ -196,9 +183,11 @@ class Endings:
         event: JobEvent | None,
         watch: RoundWatch,
         probe: OomProbe,
+        attempt: int,
     ) -> tuple[list[WorkerExit], WorkerExit | None]:
         """Classify this node's exits, tell the other nodes, say it; returns the exits and
-        this node's root cause (None: its workers were stopped because of ``event``)."""
+        this node's root cause (None: its workers were stopped because of ``event``). ``attempt``:
+        the round's restart count, as its attempt directory is named."""
         exits = jobreport.classify_local(exits, probe)
         if watch.hang is not None:
             exits = jobreport.blame_hang(exits, watch.hang, watch.detected_at)
@@ -216,7 +205,7 @@ class Endings:
                 cause.who,
                 cause.host,
                 cause.reason if cause.kind == "hang" else cause.describe_exit(),
-                self.tally.restart_count,
+                attempt,
                 f" [{cause.kind}]" if cause.kind else "",
             )
         elif event is not None:
@@ -228,6 +217,7 @@ class Endings:
 
     def fail(
         self,
+        state: RunState,
         joined: RendezvousResult,
         exits: list[WorkerExit],
         event: JobEvent | None,
@@ -237,17 +227,18 @@ class Endings:
         crash_loop: bool,
         records: list[dict[str, object]] | None = None,
         ended: str = "",
-    ) -> NoReturn:
-        """Print and save the job-wide report, then raise with the root cause's exit code.
-        ``records``: the other nodes' failure records, read before (None: read them now);
-        ``ended``: why the job ended, when not because of this round."""
+    ) -> RunEnd:
+        """The job-wide report, and the root cause's exit code (``JobFailed``; without a
+        cause, ``RendezvousError``). ``records``: the other nodes' failure records, read
+        before (None: read them now); ``ended``: why the job ended, when not because of
+        this round."""
         self.tell_done(False)
         if event is not None and event.kind is EventKind.STORE_LOST:
             known = self.rdzv.poll()  # what is known of the store by now (after a fence)
             event = known if known is not None and known.kind is EventKind.STORE_LOST else event
         if records is None:
             records = self.records_or_kept(
-                joined, hang is not None, unexplained(joined, exits, event)
+                state, joined, hang is not None, unexplained(joined, exits, event)
             )
         lost = None
         if event is not None and event.kind is EventKind.NODE_LOST:
@@ -256,7 +247,7 @@ class Endings:
         report = jobreport.build(
             exits,
             records,
-            self.tally.attempts,
+            state.attempts,
             local_hang=hang,
             lost=lost,
             reason=describe_event(event) if event is not None else "",
@@ -268,28 +259,10 @@ class Endings:
                 "ended": ended or None,
             },
         )
-        text = report.text + (f"\nphalanx: the job ended: {ended}" if ended else "")
-        if crash_loop and verdict is not None:
-            text += (
-                f"\nphalanx: crash loop: the same failure twice in a row ({verdict.failure}) "
-                "with no progress on any node in between (no checkpoint completed, no "
-                "optimizer step or phalanx.step/heartbeat); not spending the remaining restarts."
-            )
-        for line in lines:  # before the report, so the report (the cause, once) ends the output
-            log.info("%s", line)
-        print(text, file=sys.stderr, flush=True)
-        self.write_report(report.data)
-        cause = report.cause
-        if cause is None:
-            reason = ended or (describe_event(event) if event is not None else "")
-            raise RendezvousError(f"the job stopped: {reason or 'another node gave up'}")
-        raise JobFailed(f"{cause.who} on {cause.host}: {cause.summary}", cause.exit_code)
-
-    def write_report(self, data: dict[str, object]) -> None:
-        """``report.json``, with the lines of the nodes the last node check named, if any."""
-        if self.tally.checked:
-            data = {**data, "node_check": self.tally.checked}
-        self.files.offer(REPORT_FILE, json.dumps(data, indent=2).encode())
+        # The recovery lines before the report, so the report (the cause, once) ends the output.
+        said = (*_info(lines), Said(_failure_text(report.text, verdict, crash_loop, ended), None))
+        data = with_checked(report.data, state.checked)
+        return RunEnd("failed", _failure_error(report.cause, event, ended), said, data)
 
     def recovery_figures(self) -> tuple[list[str], dict[str, object] | None]:
         """The recovery figures of this node's run so far: the lines to say (one per
@@ -301,14 +274,18 @@ class Endings:
         return summary_lines(figures), figures.to_json() if figures.incidents else None
 
     def records_or_kept(
-        self, joined: RendezvousResult, waiting_for_hangs: bool, explain: WorkerExit | None = None
+        self,
+        state: RunState,
+        joined: RendezvousResult,
+        waiting_for_hangs: bool,
+        explain: WorkerExit | None = None,
     ) -> list[dict[str, object]]:
-        """The other nodes' records of this round; those kept from before when the store
-        cannot be read any more (``explain``: see ``round_records``)."""
+        """The other nodes' records of this round; those kept from before (``state``) when
+        the store cannot be read any more (``explain``: see ``round_records``)."""
         try:
             return self.round_records(joined, waiting_for_hangs=waiting_for_hangs, explain=explain)
         except RendezvousError:
-            kept = self.tally.failure
+            kept = state.failure
             return kept.records if kept is not None and kept.joined.round == joined.round else []
 
     def round_records(
@@ -372,3 +349,29 @@ def unexplained(
     if cause is None or not cause.peer_error or joined.num_nodes < 2 or event is not None:
         return None
     return cause
+
+
+def _info(lines: list[str]) -> tuple[Said, ...]:
+    return tuple(Said(line) for line in lines)
+
+
+def _failure_text(text: str, verdict: RoundVerdict | None, crash_loop: bool, ended: str) -> str:
+    """The framed report, with why the job ended when not because of its round, and the
+    crash loop's reason for not restarting."""
+    text += f"\nphalanx: the job ended: {ended}" if ended else ""
+    if crash_loop and verdict is not None:
+        text += (
+            f"\nphalanx: crash loop: the same failure twice in a row ({verdict.failure}) "
+            "with no progress on any node in between (no checkpoint completed, no "
+            "optimizer step or phalanx.step/heartbeat); not spending the remaining restarts."
+        )
+    return text
+
+
+def _failure_error(cause: WorkerExit | None, event: JobEvent | None, ended: str) -> PhalanxError:
+    """What a failed run raises: the root cause's exit code, or (no worker failed) a
+    stopped job."""
+    if cause is None:
+        reason = ended or (describe_event(event) if event is not None else "")
+        return RendezvousError(f"the job stopped: {reason or 'another node gave up'}")
+    return JobFailed(f"{cause.who} on {cause.host}: {cause.summary}", cause.exit_code)

@@ -1,29 +1,26 @@
-"""The restart loop of one agent run (its ends, and their reports, are ``agent.endings``).
+"""The restart loop of one agent run, a small state machine: each step takes the run's
+state so far (``RunState``) and returns the next, or how the run ended (``RunEnd``; its
+ends are ``agent.endings`` and ``agent.between``, its report ``agent.runend``).
 
-About 370 lines on purpose: one round's steps (join, check, supervise, judge, restart or
-end) read in order here; what they call lives in ``between``, ``endings`` and ``policy``."""
+One round's steps (join, check, supervise, judge, restart or end) read in order here; what
+they call lives in ``between``, ``endings`` and ``policy``."""
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from phalanx import exclusion
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
 from phalanx.agent.between import Between
-from phalanx.agent.checking import (
-    CheckedNodes,
-    SaidArgs,
-    check_same_code,
-    excludes_others,
-    node_check,
-)
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
+from phalanx.agent.joining import Joining, no_round
 from phalanx.agent.policy import Step, decide, judged
+from phalanx.agent.runend import RunEnd
+from phalanx.agent.sofar import RunState
 from phalanx.agent.stopped import asked_to_stop
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, RendezvousError
@@ -36,6 +33,7 @@ from phalanx.rendezvous.api import (
     RendezvousHandler,
     RendezvousResult,
     RoundVerdict,
+    restarts_left,
 )
 from phalanx.report.exits import root_cause
 from phalanx.report.job import record_exits
@@ -51,6 +49,20 @@ from phalanx.tick import Watchers
 
 QUIET_TICK = 1.0  # seconds between ticks with nothing to poll and no stall timeout
 log = logging.getLogger("phalanx")
+
+
+@dataclass(frozen=True)
+class Played:
+    """A round whose workers ended: what the steps after it read."""
+
+    joined: RendezvousResult
+    plan: RoundPlan
+    result: RoundResult
+    exits: list[WorkerExit]  # this node's, with its node rank
+    watch: RoundWatch
+    probe: OomProbe
+    mark: ProgressMark
+    attempt: AttemptEvents
 
 
 class Rounds:
@@ -76,7 +88,7 @@ class Rounds:
         between: Between,
     ) -> None:
         """``between``: the run's ends (its ``ends``: after a round; itself: between rounds),
-        which read the ``tally`` this loop keeps."""
+        which read the state this loop hands them."""
         self.config = config
         self.status = status
         self.rdzv = rendezvous
@@ -86,12 +98,8 @@ class Rounds:
         self.base_env = base_env
         self.between = between
         self.ends = between.ends
-        self.tally = between.tally
         self.events = self.ends.events
-        self.reforms = 0  # rounds re-formed for a joining node (no restart spent)
-        self._restart = False  # a restart claimed: said once its round forms
-        self.checked = CheckedNodes()  # the last round's agents: a restart's check not repeated
-        self.said_args = SaidArgs()  # per-node script arguments: said once while they hold
+        self.joining = Joining(config, rendezvous, signals, run_dir, self.events, between)
         self._exclude = exclusion.ExcludeAfter(config, run_dir, self.events)  # --exclude-after
         self.peers = rendezvous.peers()  # None: a single node
         if self.peers is not None:  # a peer's event acted on at once, not at a tick
@@ -115,154 +123,148 @@ class Rounds:
         slow = StragglerWatch(config.checks.stragglers, joined, checks, self.events, exclude)
         return Watchers(plan.workers, [attempt, self.status, watch, slow]), slow
 
-    def run(self) -> int:
+    def run(self) -> RunEnd:
+        """Run rounds until the run ends: each step takes the run's state and returns the
+        next one, or how the run ended."""
+        state = RunState()
         while True:
-            joined = self._next_round()
-            self._say_restart(joined)
-            plan = build_plan(self.config, joined, self.run_dir, self.base_env)
-            mark = ProgressMark.take(plan)
-            self.tally.attempts += 1
-            self.tally.restart_count = joined.restart_count
-            attempt = AttemptEvents(self.events, plan, joined.round, self.tally.attempts)
-            watch = RoundWatch(
-                plan,
-                stall_timeout=self.config.checks.stall_timeout,
-                requests=self.signals if self.signals.stacks_active else None,
-                check_every=self._check_every(),
-                job=self._job_stacks(joined),
-            )
-            probe = OomProbe()
-            tick, slow = self._round_tick(plan, joined, attempt, watch)
-            preempt = self._preempt_watch(joined)
-            result = self._supervise(plan, watch, tick, preempt)
-            attempt.ended(result.exits)
-            slow.leave()  # named a straggler under --straggler-action exclude: leaves the job
-            exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
-            if result.preemption is not None and _ended_by_preemption(result):
-                self.ends.preempted(joined, plan, exits, result.preemption, result.event)
-            if result.outcome is Outcome.SUCCEEDED:
-                return self.ends.succeeded(joined, plan, exits)
-            stop = asked_to_stop(result, self.between.stop_heard())
-            if stop is not None:  # here or on another node: the job stops, with no failure
-                self.ends.interrupted(joined, exits, *stop)
-            exits, cause = self.ends.record_failure(exits, result.event, watch, probe)
-            event = result.event.kind if result.event is not None else None
-            if cause is not None or event is not EventKind.NODE_WAITING:  # a scale-up is no failure
-                self.between.keep_failure(
-                    joined, exits, result.event, watch.hang or watch.peer_hang
-                )
-                attempt.failed(
-                    self._failure_events(cause, result.event, watch),
-                    stop_began=self.supervisor.stop_began,
-                    stall_timeout=self.config.checks.stall_timeout,
-                )
-            if result.preemption is not None:  # a failure during the grace: no restart
-                self.ends.fail(joined, exits, result.event, watch.hang, None, crash_loop=False)
-            if event is EventKind.STORE_LOST and cause is None and self._rejoined(joined):
-                continue  # back as a new member: the others spent the restart for it
-            step, verdict = self._next_step(joined, cause is not None, event, mark, plan)
-            if step is not Step.REFORM:
-                self._exclude.after_round(
-                    self.rdzv.failures, joined, cause is not None, leave=step is Step.RESTART
-                )
-            if step is Step.REFORM:
-                self.reforms += 1
-                self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
-                continue  # a scale-up: re-form the round, no restart spent
-            if step is Step.RESTART and self._restarted(joined):
-                continue
-            crash_loop = step is Step.CRASH_LOOP
-            hang = watch.hang or watch.peer_hang
-            self.ends.fail(joined, exits, result.event, hang, verdict, crash_loop=crash_loop)
+            step = self._round(state)
+            if isinstance(step, RunEnd):
+                return step
+            state = step
 
-    def _restarted(self, joined: RendezvousResult) -> bool:
+    def _round(self, state: RunState) -> RunState | RunEnd:
+        """One round: join it, run its workers until they end, then the step after it."""
+        joining = self.joining.next_round(state)
+        if isinstance(joining, RunEnd):
+            return joining
+        joined, state = joining
+        state = replace(state, attempts=state.attempts + 1)
+        plan = build_plan(self.config, joined, self.run_dir, self.base_env)
+        mark = ProgressMark.take(plan)
+        attempt = AttemptEvents(self.events, plan, joined.round, state.attempts)
+        watch = RoundWatch(
+            plan,
+            stall_timeout=self.config.checks.stall_timeout,
+            requests=self.signals if self.signals.stacks_active else None,
+            check_every=self._check_every(),
+            job=self._job_stacks(joined),
+        )
+        probe = OomProbe()
+        tick, slow = self._round_tick(plan, joined, attempt, watch)
+        result = self._supervise(state, plan, watch, tick, self._preempt_watch(joined))
+        if isinstance(result, RunEnd):
+            return result
+        attempt.ended(result.exits)
+        slow.leave()  # named a straggler under --straggler-action exclude: leaves the job
+        exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
+        return self._ended(state, Played(joined, plan, result, exits, watch, probe, mark, attempt))
+
+    def _ended(self, state: RunState, played: Played) -> RunState | RunEnd:
+        """After the round's workers ended: the run's end (success, a preemption, a stop),
+        or the failure recorded and the step after it."""
+        joined, result, exits = played.joined, played.result, played.exits
+        if result.preemption is not None and _ended_by_preemption(result):
+            return self.ends.preempted(
+                state, joined, played.plan, exits, result.preemption, result.event
+            )
+        if result.outcome is Outcome.SUCCEEDED:
+            return self.ends.succeeded(state, joined, played.plan, exits)
+        stop = asked_to_stop(result, self.between.stop_heard())
+        if stop is not None:  # here or on another node: the job stops, with no failure
+            return self.ends.interrupted(state, joined, exits, *stop)
+        exits, cause = self.ends.record_failure(
+            exits, result.event, played.watch, played.probe, joined.restart_count
+        )
+        event = result.event.kind if result.event is not None else None
+        if cause is not None or event is not EventKind.NODE_WAITING:  # a scale-up is no failure
+            watch = played.watch
+            kept = self.between.keep_failure(
+                joined, exits, result.event, watch.hang or watch.peer_hang
+            )
+            state = replace(state, failure=kept)
+            played.attempt.failed(
+                self._failure_events(state, cause, result.event, watch),
+                stop_began=self.supervisor.stop_began,
+                stall_timeout=self.config.checks.stall_timeout,
+            )
+        if result.preemption is not None:  # a failure during the grace: no restart
+            hang = played.watch.hang
+            return self.ends.fail(state, joined, exits, result.event, hang, None, crash_loop=False)
+        return self._failed(state, replace(played, exits=exits), cause is not None, event)
+
+    def _failed(
+        self, state: RunState, played: Played, failed_here: bool, event: EventKind | None
+    ) -> RunState | RunEnd:
+        """After a failed round: rejoin after a lost store, re-form for a joining node,
+        restart within the budget, or end the job (a crash loop, the budget spent, a peer
+        that gave up)."""
+        joined, watch = played.joined, played.watch
+        if event is EventKind.STORE_LOST and not failed_here:
+            back = self._rejoined(state, joined)
+            if back is not None:  # back as a new member: the others spent the restart for it
+                return back
+        decided = self._next_step(state, joined, failed_here, event, played.mark, played.plan)
+        if isinstance(decided, RunEnd):
+            return decided
+        step, verdict = decided
+        if step is not Step.REFORM:
+            self._exclude.after_round(
+                self.rdzv.failures, joined, failed_here, leave=step is Step.RESTART
+            )
+        if step is Step.REFORM:
+            self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
+            return replace(state, reforms=state.reforms + 1)  # a scale-up: no restart spent
+        if step is Step.RESTART:
+            restarted = self._restarted(state, joined)
+            if restarted is not None:
+                return restarted
+        hang = watch.hang or watch.peer_hang
+        return self.ends.fail(
+            state, joined, played.exits, played.result.event, hang, verdict,
+            crash_loop=step is Step.CRASH_LOOP,
+        )  # fmt: skip
+
+    def _restarted(self, state: RunState, joined: RendezvousResult) -> RunState | RunEnd | None:
         """Claim a restart of the job's budget after ``joined``'s round (the first claim of
-        any node decides for all); said in the log once the next round forms."""
-        if not self._claim_restart():
-            return False
-        self._restart = True
+        any node decides for all), said in the log once the next round forms: the state to
+        restart with; None when the job has none to give."""
+        try:
+            claimed = self.rdzv.claim_restart(self.config.recovery.max_restarts)
+        except RendezvousError as exc:
+            return self.between.cut_short(state, exc, no_round(state, exc))
+        if not claimed:
+            return None
         self.events.emit(
             "restart",
             restart=joined.restart_count + 1,  # the job's count (re-forms are not)
             max_restarts=self.config.recovery.max_restarts,
             round=joined.round,
         )
-        return True
-
-    def _say_restart(self, joined: RendezvousResult) -> None:
-        """Say the restart claimed after the last round, now that its round has formed: the
-        job's count of restarts (the rendezvous's), and the re-forms for joining nodes apart."""
-        if self._restart:
-            reforms = f"; {self.reforms} re-form(s) for joining nodes" if self.reforms else ""
-            log.warning(
-                "restarting the worker group (restart %d of %d%s)",
-                joined.restart_count, self.config.recovery.max_restarts, reforms,
-            )  # fmt: skip
-            self._restart = False
+        return replace(state, restarting=True)
 
     def _supervise(
-        self, plan: RoundPlan, watch: RoundWatch, tick: OnTick, preempt: PreemptWatch
-    ) -> RoundResult:
+        self,
+        state: RunState,
+        plan: RoundPlan,
+        watch: RoundWatch,
+        tick: OnTick,
+        preempt: PreemptWatch,
+    ) -> RoundResult | RunEnd:
         try:
             return self.supervisor.run(
                 plan, self.signals, self._poll(watch), tick, preempt, self._tick_every()
             )
         except StartFailed as exc:  # a limit reached: no round without every worker
-            self.between.cut_short(exc, str(exc))
-
-    def _next_round(self) -> RendezvousResult:
-        """Join the next round; a signal meanwhile ends the wait at once, and the other nodes
-        are told this node left (the job stops: it cannot form without it)."""
-        self.events.emit("rdzv_start", attempt=self.tally.attempts + 1)
-        began = time.monotonic()
-        try:
-            with self.signals.raising():
-                joined = self.rdzv.next_round(self.config.workers.nproc_per_node)
-        except Interrupted as exc:  # a signal here, or (``where``) the job stopped by one elsewhere
-            self.between.stopped_waiting(exc, "this node, in the rendezvous")
-        except RendezvousError as exc:  # a node or the store lost, a timeout: no round
-            self.between.cut_short(exc, self._no_round(exc))
-        self.events.node = joined.node_rank
-        self.events.emit(
-            "rdzv_done",
-            round=joined.round,
-            attempt=self.tally.attempts + 1,
-            num_nodes=joined.num_nodes,
-            world_size=joined.world_size,
-            members=[n.hostname for n in sorted(joined.nodes, key=lambda n: n.node_rank)],
-            restart_count=joined.restart_count,
-            seconds=round(time.monotonic() - began, 3),
-        )
-        check_same_code(self.config, self.rdzv, joined, self.events, self.said_args)
-        verdict = node_check(
-            self.config, self.rdzv, joined, self.run_dir, self.events, self.checked
-        )
-        if verdict is not None:
-            self.tally.checked = [n.line for n in verdict.named]  # the report's, the newest round's
-            if excludes_others(self.config, verdict):  # they leave: form a round without them
-                self.events.emit("reform", round=joined.round, reason="the node check excluded a node")  # fmt: skip
-                return self._next_round()
-        if joined.num_nodes > 1 or self.tally.attempts == 0:
-            # A spawn owner is one process per node that starts the node's ranks itself.
-            owner = (
-                " (ranks; one spawn-owner process per node starts them)"
-                if self.config.workers.spawn_owner
-                else ""
-            )
-            log.info(
-                "round %d: node %d of %d, world size %d%s, master %s:%d",
-                joined.round, joined.node_rank, joined.num_nodes, joined.world_size, owner,
-                joined.master_addr, joined.master_port,
-            )  # fmt: skip
-        return joined
+            return self.between.cut_short(state, exc, str(exc))
 
     def _failure_events(
-        self, cause: WorkerExit | None, event: JobEvent | None, watch: RoundWatch
+        self, state: RunState, cause: WorkerExit | None, event: JobEvent | None, watch: RoundWatch
     ) -> AttemptFailure:
         """The failure to record: the job's root cause among this node's and the other nodes'
-        records of the round known now (``_keep_failure``), so a node whose ranks failed only
+        records of the round known now (``state.failure``), so a node whose ranks failed only
         because a peer's did names the peer's rank and node; else the event that stopped it."""
-        records = self.tally.failure.records if self.tally.failure is not None else []
+        records = state.failure.records if state.failure is not None else []
         peers = record_exits(records)
         job = root_cause([*peers, *([cause] if cause is not None else [])])
         if job is not None and job is not cause:
@@ -273,18 +275,22 @@ class Rounds:
 
     def _next_step(
         self,
+        state: RunState,
         joined: RendezvousResult,
         failed_here: bool,
         event: EventKind | None,
         mark: ProgressMark,
         plan: RoundPlan,
-    ) -> tuple[Step, RoundVerdict | None]:
+    ) -> tuple[Step, RoundVerdict | None] | RunEnd:
         """The policy's step after a failed round, with the job's verdict on the round
         when one is needed (None otherwise)."""
         verdict = None
-        budget_left = joined.restart_count < self.config.recovery.max_restarts
+        budget_left = restarts_left(joined.restart_count, self.config.recovery.max_restarts) > 0
         if judged(failed_here=failed_here, event=event, budget_left=budget_left):
-            verdict = self._judge(mark.progressed(plan))
+            judging = self._judge(state, mark.progressed(plan))
+            if isinstance(judging, RunEnd):
+                return judging
+            verdict = judging
         step = decide(
             failed_here=failed_here,
             event=event,
@@ -299,24 +305,25 @@ class Rounds:
             )
         return step, verdict
 
-    def _judge(self, progressed: bool) -> RoundVerdict:
+    def _judge(self, state: RunState, progressed: bool) -> RoundVerdict | RunEnd:
         """The job's verdict on the round (waiting for the other nodes' evidence); a signal
-        meanwhile ends the wait at once, and the job stops, as in ``_next_round``."""
+        meanwhile ends the wait at once, and the job stops, as in ``Joining.next_round``."""
         try:
             with self.signals.raising():
                 return self.rdzv.judge_round(progressed, failure_signature)
         except Interrupted as exc:
-            self.between.stopped_waiting(exc, "this node, waiting for the other nodes' verdict")
+            where = "this node, waiting for the other nodes' verdict"
+            return self.between.stopped_waiting(state, exc, where)
         except RendezvousError as exc:
-            self.between.cut_short(exc, self._no_round(exc))
+            return self.between.cut_short(state, exc, no_round(state, exc))
 
-    def _rejoined(self, joined: RendezvousResult) -> bool:
+    def _rejoined(self, state: RunState, joined: RendezvousResult) -> RunState | RunEnd | None:
         """This node lost the store (or fenced itself): with restarts left, wait for the
         store and come back as a new member of the next round (the others count this node
-        lost and spend the restart); False when it cannot, and the job ends here as before."""
-        left = self.config.recovery.max_restarts - joined.restart_count
+        lost and spend the restart); None when it cannot, and the job ends here as before."""
+        left = restarts_left(joined.restart_count, self.config.recovery.max_restarts)
         if left <= 0:
-            return False
+            return None
         log.warning(
             "lost the rendezvous store; rejoining the job when it answers again (%d of %d "
             "restarts left)", left, self.config.recovery.max_restarts,
@@ -325,22 +332,10 @@ class Rounds:
             with self.signals.raising():
                 back = self.peers is not None and self.peers.rejoin()
         except Interrupted as exc:
-            self.between.stopped_waiting(exc, "this node, waiting for the rendezvous store")
+            return self.between.stopped_waiting(state, exc, "this node, waiting for the rendezvous store")  # fmt: skip
         # Back, the node claims the restart as any node of a failed round does (the first
         # claim decides for all): the budget counts it however many nodes lost the store.
-        return back and self._restarted(joined)
-
-    def _claim_restart(self) -> bool:
-        try:
-            return self.rdzv.claim_restart(self.config.recovery.max_restarts)
-        except RendezvousError as exc:
-            self.between.cut_short(exc, self._no_round(exc))
-
-    def _no_round(self, exc: RendezvousError) -> str:
-        """Why the job ended when the next round could not form."""
-        if self.tally.failure is None:
-            return str(exc)
-        return f"the restart round could not form: {exc}"
+        return self._restarted(state, joined) if back else None
 
     def _preempt_watch(self, joined: RendezvousResult) -> PreemptWatch:
         return PreemptWatch(

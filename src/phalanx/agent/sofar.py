@@ -1,10 +1,11 @@
-"""What an agent run knows so far, shared by its loop (``agent.loop.Rounds``, which writes it)
-and its ends (``agent.endings``, ``agent.between``, which read it): the attempt counts, the
-nodes the last node check named, and the last failed round, kept until the next forms."""
+"""What an agent run knows so far, as one value: the loop (``agent.loop.Rounds``) makes a
+new one after each step, and its ends (``agent.endings``, ``agent.between``) read the one
+they are given. The attempt counts, the nodes the last node check named, the restarts and
+re-forms said so far, and the last failed round, kept until the next forms."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.rendezvous.api import JobEvent, RendezvousResult
@@ -22,13 +23,14 @@ class SoFar:
     records: list[dict[str, object]]
 
 
-@dataclass
-class Tally:
-    """The run's counts and memory so far."""
+@dataclass(frozen=True)
+class RunState:
+    """The run between two steps of its loop."""
 
-    attempts: int = 0
-    restart_count: int = 0  # the current attempt's, as its directory is named: attempt_<n>
+    attempts: int = 0  # rounds joined (each an attempt directory's)
     # The last failed round: its report if the job ends before the next forms.
     failure: SoFar | None = None
     # The nodes the last node check named (``agent.checking``), a line each.
-    checked: list[str] = field(default_factory=list)
+    checked: tuple[str, ...] = ()
+    reforms: int = 0  # rounds re-formed for a joining node (no restart spent)
+    restarting: bool = False  # a restart claimed: said once its round forms

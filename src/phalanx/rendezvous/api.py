@@ -153,6 +153,13 @@ class RoundVerdict:
 Signature = Callable[[list[dict[str, object]]], str]
 
 
+def restarts_left(restart_count: int, max_restarts: int) -> int:
+    """The restarts the job may still spend after ``restart_count`` of ``--max-restarts``:
+    the one place the budget is asked (the agent's loop, and each handler's
+    ``claim_restart``, which holds the job-wide count)."""
+    return max(0, max_restarts - restart_count)
+
+
 class RendezvousHandler(Protocol):
     @property
     def run_id(self) -> str: ...

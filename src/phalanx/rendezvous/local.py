@@ -6,7 +6,14 @@ import socket
 import uuid
 from collections.abc import Callable
 
-from phalanx.rendezvous.api import JobEvent, NodeInfo, RendezvousResult, RoundVerdict, Signature
+from phalanx.rendezvous.api import (
+    JobEvent,
+    NodeInfo,
+    RendezvousResult,
+    RoundVerdict,
+    Signature,
+    restarts_left,
+)
 from phalanx.resources.ports import free_port
 
 
@@ -91,7 +98,7 @@ class LocalRendezvous:
         return list(self._failures)
 
     def claim_restart(self, max_restarts: int) -> bool:
-        return self._round < max_restarts
+        return restarts_left(self._round, max_restarts) > 0
 
     def report_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
         pass

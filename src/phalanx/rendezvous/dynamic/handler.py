@@ -9,17 +9,12 @@ Liveness is by heartbeat counters, or by keys bound to the node's lease where th
 leases (etcd): see ``pulse``. Either way the node fences itself (``fence()``; see
 ``phalanx.rendezvous.fencing``) when no write has proved it alive for ``fence_after``.
 
-Store trouble: ``next_round`` and ``claim_restart`` raise ``RendezvousError``;
-``report_failure``, ``report_done`` and ``shutdown`` are on the way out and only log it;
-``failures`` returns nothing once the store counts as lost; ``judge_round`` (the job-wide
-crash-loop verdict, in ``judge``) raises as ``claim_restart`` does. Stacks and status
-requests and the node check's records: the exchanges it gives out (``exchange``).
-
-Its parts live beside it: the exit barrier (``barrier``), the fence (``nodefence``), what a
-stopping node tells the job (``stopping``), the exchanges (``exchange``). What stays here
-(about 450 lines) is the handler's state -- this node's round, rank, what ``report_done``
-said, the wiring a ``rejoin`` renews -- and, per method, the store-loss check around one
-call into those parts; cutting it further would hand that state around.
+Store trouble: ``next_round`` raises ``RendezvousError``; ``report_done`` and ``shutdown``
+are on the way out and only log it; ``failures`` returns nothing once the store counts as
+lost. Its parts live beside it: the calls of the round joined (``joined``), the exit barrier
+(``barrier``), the fence (``nodefence``), what a stopping node tells the job (``stopping``),
+the exchanges (``exchange``), leaving (``departure``). What stays here is the handler's
+state -- this node's round, rank, what ``report_done`` said, the wiring a ``rejoin`` renews.
 
 Growth: node rank 0 of each round deletes the round before the previous one (``sweep``). On
 a store that outlives the job (etcd, a ``DurableStore``) the last node to leave -- the last
@@ -48,7 +43,7 @@ from phalanx.rendezvous.api import (
     StatusExchange,
 )
 from phalanx.rendezvous.dynamic.barrier import ExitBarrier
-from phalanx.rendezvous.dynamic.board import LEFT, Board
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.departure import Departure
 from phalanx.rendezvous.dynamic.exchange import (
     Channel,
@@ -57,18 +52,13 @@ from phalanx.rendezvous.dynamic.exchange import (
     StatusRequests,
 )
 from phalanx.rendezvous.dynamic.formation import RoundFormer
-from phalanx.rendezvous.dynamic.judge import judge
+from phalanx.rendezvous.dynamic.joined import JoinedRound
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
-from phalanx.rendezvous.dynamic.lost import tell_rejoining
+from phalanx.rendezvous.dynamic.lost import store_answers, tell_rejoining
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.nodefence import fence_for
-from phalanx.rendezvous.dynamic.stopping import (
-    read_preemption,
-    tell_job_stopped,
-    tell_left_while_joining,
-    tell_preempted,
-)
+from phalanx.rendezvous.dynamic.stopping import tell_left_while_joining
 from phalanx.rendezvous.dynamic.sweep import sweep
 from phalanx.rendezvous.fencing import (
     Fence,
@@ -189,15 +179,8 @@ class DynamicRendezvous:
             return False  # not lost: nothing to come back from
         gone = time.time() - (time.monotonic() - self._liveness.last_answer())  # (wall clock)
         self._liveness.stop()
-        until = time.monotonic() + self._settings.close_timeout
-        while True:
-            try:
-                self._board.latest_round()  # one bounded call: the store answers again
-                break
-            except StoreUnavailable:
-                if time.monotonic() >= until:
-                    return False
-                time.sleep(self._settings.heartbeat_interval)
+        if not store_answers(self._board, self._settings):
+            return False
         if self._fence is not None:
             self._fence.rearm()
         if self._membership is not None and self._rank is not None:
@@ -334,31 +317,13 @@ class DynamicRendezvous:
         return self._liveness.stop_heard()
 
     def report_failure(self, failure: dict[str, object]) -> int | None:
-        membership, rank = self._current()
-        if self._liveness.fenced():
-            return None  # nobody to tell: a store call would only wait out its timeout
-        record = {"node_rank": rank, "hostname": self._hostname, "round": membership.round}
-        record.update(failure)
-        detail = f"node {rank} ({self._hostname}) reported a worker failure"
-        seq = None
-        try:
-            seq = self._board.add_failure(record)
-            event = JobEvent(EventKind.PEER_FAILED, rank, detail, dict(failure))
-            self._board.post_event(membership.round, event, about=self._node_id)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not tell the other nodes about the failure: %s", exc)
-        return seq
+        return self._round().report_failure(failure)
 
     def report_preemption(self, notice: dict[str, object]) -> dict[str, object]:
-        membership, rank = self._current()
-        if self._liveness.store_problem() is not None:
-            return notice  # nobody to tell; this node still stops within its own grace
-        return tell_preempted(self._board, membership, rank, self._hostname, notice)
+        return self._round().report_preemption(notice)
 
     def preemption(self) -> dict[str, object] | None:
-        if self._membership is None or self._liveness.store_problem() is not None:
-            return None
-        return read_preemption(self._board, self._membership.round)
+        return None if self._membership is None else self._round().preemption()
 
     def failures(self) -> list[dict[str, object]]:
         """Empty once the store is lost: asking would only wait out its timeout again."""
@@ -370,32 +335,10 @@ class DynamicRendezvous:
             raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
 
     def claim_restart(self, max_restarts: int) -> bool:
-        membership, _ = self._current()
-        if self._liveness.fenced():  # the others are forming the next round without us
-            raise RendezvousError(self._liveness.store_problem() or "fenced")
-        r = membership.round
-        try:
-            within = membership.restart_count < max_restarts
-            finished = within and self._board.any_ok(r)
-            restart = self._board.claim(r, within and not finished)
-        except StoreUnavailable as exc:
-            raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
-        if finished and not restart:
-            log.warning(
-                "rendezvous: not restarting: a node of this round had already finished its "
-                "workers, and finished workers are not run again"
-            )
-        return restart
+        return self._round().claim_restart(max_restarts)
 
     def judge_round(self, progressed: bool, signature: Signature) -> RoundVerdict:
-        membership, _ = self._current()
-        problem = self._liveness.store_problem()
-        if problem is not None:
-            raise RendezvousError(problem)
-        try:
-            return judge(self._board, membership, progressed, signature, self._settings)
-        except StoreUnavailable as exc:
-            raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
+        return self._round().judge_round(progressed, signature)
 
     def report_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
         if signum is not None and self._stopped_by is None:
@@ -416,18 +359,9 @@ class DynamicRendezvous:
         self._liveness.stop_beating()
         # Leaving on purpose from here: an agent that dies now is not to be counted lost.
         self._tell_last_word(withdrawn=True)
-        membership, rank = self._membership, self._rank
         if self._liveness.store_problem() is not None:
             return  # nobody to tell; every call would only wait out the read timeout
-        try:
-            self._board.store.set(self._board.keys.heartbeat(self._node_id), LEFT)
-            self._board.settle(membership.round, rank, membership.count, "left")
-            if ok:
-                self._board.mark_ok(membership.round, membership.count)
-        except StoreUnavailable as exc:
-            log.warning("rendezvous: could not report this node as done: %s", exc)
-            return
-        if not ok:
+        if self._round().leave(ok) and not ok:
             self._stop_job()
 
     def _left_while_joining(self) -> None:
@@ -438,12 +372,7 @@ class DynamicRendezvous:
         )
 
     def _stop_job(self) -> None:
-        membership, rank = self._current()
-        if self._liveness.store_problem() is not None:
-            return
-        tell_job_stopped(
-            self._board, membership, rank, self._hostname, self._stopped_by, self._preempted
-        )
+        self._round().stop_job(self._stopped_by, self._preempted)
 
     def stacks(self) -> StackExchange:
         return self._stacks
@@ -457,11 +386,6 @@ class DynamicRendezvous:
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
         _, event = self._barrier.once(self._membership, interrupted)
         return None if event is None or event.kind is EventKind.STORE_LOST else event
-
-    def wait_all_done(self, timeout: float) -> bool:
-        """Block until every member of the round reported ``ok`` (True), or a peer failed,
-        was lost or stopped the job, or the store was lost, or ``timeout`` passed (False)."""
-        return self._barrier.wait(self._membership, timeout)[0]
 
     def shutdown(self) -> None:
         if self._closed:
@@ -488,6 +412,14 @@ class DynamicRendezvous:
         if self._membership is None or self._rank is None:
             raise RendezvousError("no rendezvous round has formed yet")
         return self._membership, self._rank
+
+    def _round(self) -> JoinedRound:
+        """The calls of the round this node is in (after a ``rejoin``, still the last one,
+        over the new member's board and heartbeats)."""
+        membership, rank = self._current()
+        return JoinedRound(
+            self._board, self._liveness, self._settings, membership, rank, self._hostname
+        )
 
     def _leave(self) -> None:
         """Leave the run's store as ``departure`` says, if a round formed and the store is

@@ -24,6 +24,7 @@ import time
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import StoreUnavailable
 
 log = logging.getLogger("phalanx")
@@ -79,7 +80,11 @@ class Untold:
 
 
 def tell_lost(
-    board: Board, membership: Membership, rank: int, why: str, since: float | None = None
+    board: Board,
+    membership: Membership,
+    rank: int,
+    why: str,
+    since: float | None = None,
 ) -> str:
     """Post member ``rank``'s record (``since``: see ``lost_record``) and ``NODE_LOST``
     about it in its round; returns the event's detail. Store errors propagate
@@ -109,3 +114,18 @@ def tell_rejoining(
         tell_lost(board, membership, rank, how, since)
     except StoreUnavailable as exc:
         log.warning("rendezvous: could not tell the other nodes this node left: %s", exc)
+
+
+def store_answers(board: Board, settings: RendezvousSettings) -> bool:
+    """Wait until the store answers again (one bounded call each ``heartbeat_interval``),
+    at most ``close_timeout``: a store that is gone for good ends the job soon. False when
+    it stayed out of reach."""
+    until = time.monotonic() + settings.close_timeout
+    while True:
+        try:
+            board.latest_round()
+            return True
+        except StoreUnavailable:
+            if time.monotonic() >= until:
+                return False
+            time.sleep(settings.heartbeat_interval)

@@ -1,0 +1,131 @@
+"""The calls of a round this node joined (``handler``'s per-round half): its failures told
+to the job, the restart claimed, the round judged, the preemption told and read. One is
+made when a round forms, for that round and this node's rank in it, so none of them asks
+whether a round has formed. Store trouble: ``claim_restart`` and ``judge_round`` raise
+``RendezvousError``; telling a failure or a preemption only logs it (the node stops anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from phalanx.config import shown_run_id
+from phalanx.errors import RendezvousError
+from phalanx.rendezvous.api import (
+    EventKind,
+    JobEvent,
+    RoundVerdict,
+    Signature,
+    restarts_left,
+)
+from phalanx.rendezvous.dynamic.board import LEFT, Board
+from phalanx.rendezvous.dynamic.judge import judge
+from phalanx.rendezvous.dynamic.liveness import Liveness
+from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.stopping import (
+    read_preemption,
+    tell_job_stopped,
+    tell_preempted,
+)
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.base import StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+
+class JoinedRound:
+    """Round ``membership`` as node rank ``rank`` (member ``node_id`` on ``hostname``)."""
+
+    def __init__(
+        self,
+        board: Board,
+        liveness: Liveness,
+        settings: RendezvousSettings,
+        membership: Membership,
+        rank: int,
+        hostname: str,
+    ) -> None:
+        self.board = board
+        self.liveness = liveness
+        self.settings = settings
+        self.membership = membership
+        self.rank = rank
+        self.hostname = hostname
+
+    def _unreachable(self, exc: StoreUnavailable) -> RendezvousError:
+        return RendezvousError(f"rendezvous {shown_run_id(self.board.keys.run_id)}: {exc}")
+
+    def report_failure(self, failure: dict[str, object]) -> int | None:
+        if self.liveness.fenced():
+            return None  # nobody to tell: a store call would only wait out its timeout
+        membership, rank, hostname = self.membership, self.rank, self.hostname
+        record = {"node_rank": rank, "hostname": hostname, "round": membership.round}
+        record.update(failure)
+        detail = f"node {rank} ({hostname}) reported a worker failure"
+        seq = None
+        try:
+            seq = self.board.add_failure(record)
+            event = JobEvent(EventKind.PEER_FAILED, rank, detail, dict(failure))
+            self.board.post_event(membership.round, event, about=self.board.node_id)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not tell the other nodes about the failure: %s", exc)
+        return seq
+
+    def report_preemption(self, notice: dict[str, object]) -> dict[str, object]:
+        if self.liveness.store_problem() is not None:
+            return notice  # nobody to tell; this node still stops within its own grace
+        return tell_preempted(self.board, self.membership, self.rank, self.hostname, notice)
+
+    def preemption(self) -> dict[str, object] | None:
+        if self.liveness.store_problem() is not None:
+            return None
+        return read_preemption(self.board, self.membership.round)
+
+    def claim_restart(self, max_restarts: int) -> bool:
+        if self.liveness.fenced():  # the others are forming the next round without us
+            raise RendezvousError(self.liveness.store_problem() or "fenced")
+        membership = self.membership
+        r = membership.round
+        try:
+            within = restarts_left(membership.restart_count, max_restarts) > 0
+            finished = within and self.board.any_ok(r)
+            restart = self.board.claim(r, within and not finished)
+        except StoreUnavailable as exc:
+            raise self._unreachable(exc) from None
+        if finished and not restart:
+            log.warning(
+                "rendezvous: not restarting: a node of this round had already finished its "
+                "workers, and finished workers are not run again"
+            )
+        return restart
+
+    def judge_round(self, progressed: bool, signature: Signature) -> RoundVerdict:
+        problem = self.liveness.store_problem()
+        if problem is not None:
+            raise RendezvousError(problem)
+        try:
+            return judge(self.board, self.membership, progressed, signature, self.settings)
+        except StoreUnavailable as exc:
+            raise self._unreachable(exc) from None
+
+    def leave(self, ok: bool) -> bool:
+        """This node leaves the round on purpose (``report_done``): its heartbeat says so,
+        its place is settled as left, and ``ok`` (its workers finished) is counted. False
+        when the store could not take it (only logged)."""
+        board, membership = self.board, self.membership
+        try:
+            board.store.set(board.keys.heartbeat(board.node_id), LEFT)
+            board.settle(membership.round, self.rank, membership.count, "left")
+            if ok:
+                board.mark_ok(membership.round, membership.count)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: could not report this node as done: %s", exc)
+            return False
+        return True
+
+    def stop_job(self, signum: int | None, preempted: bool) -> None:
+        """This node gives up for good: every peer sees ``JOB_STOPPED`` (with ``signum``,
+        the signal that stopped it, if one did)."""
+        if self.liveness.store_problem() is not None:
+            return
+        tell_job_stopped(self.board, self.membership, self.rank, self.hostname, signum, preempted)
