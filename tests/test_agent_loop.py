@@ -21,7 +21,7 @@ from phalanx.agent.endings import Endings
 from phalanx.agent.filewriter import REPORT_FILE, RunFiles
 from phalanx.agent.loop import Rounds
 from phalanx.agent.runend import Reporter, RunEnd, Said
-from phalanx.config import LaunchConfig
+from phalanx.config import LaunchConfig, RecoveryConfig, WorkersConfig
 from phalanx.errors import Interrupted, JobFailed, Preempted, RendezvousError
 from phalanx.events.log import EventLog
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
@@ -114,7 +114,10 @@ class Run:
     """One agent run's loop over a scripted supervisor, in ``tmp_path``."""
 
     def __init__(self, tmp_path: Path, max_restarts: int, rendezvous: LocalRendezvous) -> None:
-        self.config = LaunchConfig(program="train.py", nproc_per_node=2, max_restarts=max_restarts)
+        self.config = LaunchConfig(
+            WorkersConfig(program="train.py", nproc_per_node=2),
+            recovery=RecoveryConfig(max_restarts=max_restarts),
+        )
         self.rdzv = rendezvous
         self.run_dir = tmp_path / "run"
         self.run_dir.mkdir()
