@@ -15,9 +15,8 @@ from phalanx.net import free_port
 from support.etcd_server import EtcdCluster
 from support.hosts import Loopback, Node
 from support.launch import run_phalanx, worker
+from support.multinode import ETCD_CONF, Hosts, c10d_args
 from support.tools import needs_etcd
-from test_multinode import Hosts, c10d_args
-from test_multinode_etcd import CONF as ETCD_CONF
 
 MAX_RESTARTS = 3
 FAILURE = "rank 1, exit code 3: rank 1 fails the same way"

@@ -21,7 +21,7 @@ from phalanx.agent.exclusion import (
 from phalanx.net import free_port
 from support.hosts import Node
 from support.launch import worker
-from test_multinode import c10d_args
+from support.multinode import c10d_args
 
 
 def test_streak_counts_root_causes_in_a_row() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from phalanx.net import free_port
 from support.hosts import Node
 from support.launch import worker
-from test_multinode import c10d_args
+from support.multinode import c10d_args
 
 
 def test_the_other_nodes_ranks_start_once_rank_0s_store_listens(

@@ -14,30 +14,9 @@ from pathlib import Path
 
 from phalanx.events import read_events
 from phalanx.net import free_port
-from support.hosts import Loopback, NamespaceHosts, Node
+from support.hosts import Node
 from support.launch import alive, read_pids, wait_for, worker
-
-Hosts = Loopback | NamespaceHosts
-FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=60,exit_barrier_timeout=30"
-
-
-def c10d_args(
-    hosts: Hosts, port: int, nnodes: str, run_id: str = "job", conf: str = FAST
-) -> list[str]:
-    return [
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        "1",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"{hosts.addr(0)}:{port}",
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        conf,
-    ]
+from support.multinode import FAST, Hosts, c10d_args
 
 
 def test_two_node_job(hosts: object, nodes: list[Node], tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from phalanx.rendezvous.dynamic.pulse import DIED_REASON
 from support.etcd_server import EtcdCluster, leader_index
 from support.hosts import Loopback, Node
 from support.launch import alive, read_pids, wait_for, worker
+from support.multinode import ETCD_CONF as CONF
 from support.tools import needs_etcd
 
 pytestmark = [
@@ -26,14 +27,6 @@ pytestmark = [
 ]
 
 HANG = 120.0
-# lease_ttl: a SIGKILLed agent is found lost this long after it died. heartbeat_timeout: how
-# long an etcd that does not answer is tolerated (a leader election takes 1-3 s here).
-# request_timeout + 2 heartbeat intervals < heartbeat_timeout: a lost etcd is reported with
-# the error of the request that failed, which names the endpoints.
-CONF = (
-    "lease_ttl=4,request_timeout=4,heartbeat_interval=0.5,heartbeat_timeout=8,"
-    "last_call_timeout=1,join_timeout=60,exit_barrier_timeout=30"
-)
 LOOPBACK = Loopback()
 
 

@@ -15,8 +15,8 @@ from phalanx.events import read_events
 from phalanx.net import free_port
 from support.hosts import Node
 from support.launch import launched, run_phalanx, wait_for, worker
+from support.multinode import c10d_args
 from support.skew import skewed_env, stepping_env
-from test_multinode import c10d_args
 
 HOUR = 3600
 

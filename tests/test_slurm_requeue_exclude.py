@@ -15,7 +15,7 @@ import pytest
 
 from support.launch import wait_for
 from support.slurm import SlurmCluster, needs_slurm, running
-from test_slurm_preempt import (
+from support.slurm_jobs import (
     RANKS,
     assert_one_step_saved,
     batch_ended,

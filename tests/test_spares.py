@@ -15,7 +15,7 @@ import pytest
 from phalanx.net import free_port
 from support.hosts import Node
 from support.launch import wait_for, worker
-from test_multinode import FAST, c10d_args
+from support.multinode import FAST, c10d_args
 
 
 def test_a_waiting_spare_replaces_a_killed_member(

@@ -35,7 +35,7 @@ from phalanx.worker import progress
 from support import cpuquota
 from support.hosts import Node
 from support.launch import wait_for, worker
-from test_multinode import c10d_args
+from support.multinode import c10d_args
 
 STEPS = 2000
 EXPECTED = sum(i * i % 7 for i in range(STEPS))

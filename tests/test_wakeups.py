@@ -16,7 +16,7 @@ from phalanx.net import free_port
 from phalanx.status.service import WRITE_EVERY
 from support.hosts import Node
 from support.launch import launched, wait_for, worker
-from test_multinode import c10d_args
+from support.multinode import c10d_args
 
 WINDOW = 3 * WRITE_EVERY + 1.0  # seconds watched: several of the old rewrites would fall in it
 
