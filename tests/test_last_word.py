@@ -43,6 +43,7 @@ SETTINGS = RendezvousSettings(heartbeat_interval=0.5, heartbeat_timeout=60.0)
 TOKEN = "lastword-secret"
 REFORM_WITHIN = 20.0  # s from the SIGKILL; without the last word it takes 60 (30 on etcd)
 HANG = 120.0
+FENCED = "phalanx: rendezvous: fenced: no store write confirmed this node alive"
 
 
 # -- tier (a)/(b): the verdict, the sweep, the handler's word --------------------------------
@@ -352,8 +353,16 @@ def test_a_node_that_rejoined_under_a_new_id_is_still_said_to_have_died(
         nodes.append(Node(Loopback(), i, args, tmp_path, f"n{i}"))
     wait_for(lambda: len(list(shared.glob("r[01]-0.steps"))) == 2, HANG, "both ranks to step")
     os.kill(nodes[0].proc.pid, signal.SIGSTOP)
+    paused = time.monotonic()
     try:
-        time.sleep(9.0)  # the fault's length: > fence_after (8 s with the defaults)
+        # The fault's length: > fence_after (8 s with the defaults), and on until node 1 has
+        # fenced itself: on a loaded machine its fence can come later than 9 s, and a fault
+        # ended before it makes no new member (node 1 then waits for a rejoin that never is).
+        wait_for(
+            lambda: time.monotonic() - paused >= 9.0 and FENCED in nodes[1].stderr,
+            HANG,
+            "node 1 to fence itself while node 0 is paused",
+        )
     finally:
         os.kill(nodes[0].proc.pid, signal.SIGCONT)
 
