@@ -178,7 +178,7 @@ def test_pdeathsig_alone_ends_the_workers_when_the_launcher_is_killed(
         remove_job_cgroups(tmp_path / "logs")  # its guardian, which would have, was killed
 
 
-FORK_RACE = Path(__file__).parent / "support" / "fork_race.py"
+FORK_RACE = Path(__file__).parents[1] / "support" / "fork_race.py"
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -117,20 +117,20 @@ def test_the_rendezvous_is_torchruns(argv: list[str], monkeypatch: pytest.Monkey
 # differs from torchrun on purpose"): row -> the test that holds it.
 DIFFERENCES = {
     "shutdown timeout": "test_shutdown_timeout_is_5_s_unless_torchrun_s_variable_says",
-    "console prefix": "tests/test_torchrun_gaps.py::test_every_console_line_carries_its_rank_once",
-    "rdzv-conf keys": "tests/test_torchrun_gaps.py::test_a_misspelt_rdzv_conf_key_is_refused_on_one_node",
-    "abbreviations": "tests/test_torchrun_gaps.py::test_abbreviations_stop_at_the_script",
-    "logs-specs": "tests/test_torchrun_gaps.py::test_logs_specs_default_runs_and_unknown_is_refused",
-    "another run id": "tests/test_shared_endpoint.py::test_another_run_id_on_a_running_jobs_endpoint_is_refused_and_the_job_finishes",
-    "script arguments": "tests/test_multinode_consistency.py::test_script_arguments_that_differ_run_as_under_torchrun_and_are_named",
-    "another script": "tests/test_shared_endpoint.py::test_the_same_run_id_with_another_script_is_refused_before_the_job_hears_of_it",
-    "per-node arguments": "tests/test_shared_endpoint.py::test_two_launches_with_other_script_arguments_form_one_world",
+    "console prefix": "tests/cli/test_torchrun_gaps.py::test_every_console_line_carries_its_rank_once",
+    "rdzv-conf keys": "tests/cli/test_torchrun_gaps.py::test_a_misspelt_rdzv_conf_key_is_refused_on_one_node",
+    "abbreviations": "tests/cli/test_torchrun_gaps.py::test_abbreviations_stop_at_the_script",
+    "logs-specs": "tests/cli/test_torchrun_gaps.py::test_logs_specs_default_runs_and_unknown_is_refused",
+    "another run id": "tests/rendezvous/test_shared_endpoint.py::test_another_run_id_on_a_running_jobs_endpoint_is_refused_and_the_job_finishes",
+    "script arguments": "tests/multinode/test_multinode_consistency.py::test_script_arguments_that_differ_run_as_under_torchrun_and_are_named",
+    "another script": "tests/rendezvous/test_shared_endpoint.py::test_the_same_run_id_with_another_script_is_refused_before_the_job_hears_of_it",
+    "per-node arguments": "tests/rendezvous/test_shared_endpoint.py::test_two_launches_with_other_script_arguments_form_one_world",
 }
 
 
 def test_every_difference_row_has_its_test() -> None:
-    readme = (Path(__file__).parent.parent / "docs" / "tutorials" / "from-torchrun.md").read_text()
-    here = Path(__file__).parent
+    readme = (Path(__file__).parents[2] / "docs" / "tutorials" / "from-torchrun.md").read_text()
+    here = Path(__file__).parents[1]
     for row, test in DIFFERENCES.items():
         assert f"`{test.rpartition('::')[2] if '::' in test else test}`" in readme, row
         path, _, name = test.rpartition("::")

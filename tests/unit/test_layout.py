@@ -6,7 +6,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "phalanx"
 FLAG_TABLES = {"cli/parser.py:build_parser"}  # one add_argument call per flag: a table
 MAX_FUNCTION_LINES = 60  # code lines, the docstring not counted

@@ -18,7 +18,7 @@ from pathlib import Path
 from phalanx.cli.usage import SUBCOMMAND_NAMES
 from support.launch import PHALANX
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = re.compile(
     r'(?P<page>(?:docs/)?[\w./-]+\.md)(?:#(?P<anchor>[\w-]+)|,? "(?P<section>[^"]+)")?'
 )

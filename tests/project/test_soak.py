@@ -19,7 +19,7 @@ from support.tools import needs_etcd
 
 pytestmark = [pytest.mark.slow, needs_etcd]
 
-SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
+SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 
 
 @pytest.mark.timeout(540)

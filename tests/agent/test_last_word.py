@@ -337,7 +337,7 @@ def test_a_node_that_rejoined_under_a_new_id_is_still_said_to_have_died(
     nodes: list[Node], tmp_path: Path
 ) -> None:
     """The word names the node id, and a node that lost the store and came back is a new
-    member with a new id (``tests/test_rejoin.py``: node 0's agent, the store's host, paused
+    member with a new id (``tests/rendezvous/test_rejoin.py``: node 0's agent, the store's host, paused
     for longer than fence_after): its guardian must say the new one, or node 0 would wait
     for the heartbeat timeout (and say so) instead."""
     shared = tmp_path / "shared"

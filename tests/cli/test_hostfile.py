@@ -16,7 +16,7 @@ from phalanx.hosts.plan import split_argv
 from phalanx.hosts.remote_env import forwarded_env, read_env_file
 from support.launch import run_phalanx, worker
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 
 
 @pytest.mark.parametrize(

@@ -209,7 +209,7 @@ def test_an_agent_does_not_trust_a_port_holder_that_fakes_the_servers_proof(
     the server's proof: it stops with one line naming the store, exit 1, and the holder
     receives not one byte after the handshake (no ``set`` of this node's keys)."""
     port, record = free_port(), tmp_path / "after-handshake"
-    impostor = Path(__file__).parent / "support" / "impostor.py"
+    impostor = Path(__file__).parents[1] / "support" / "impostor.py"
     squatter = subprocess.Popen([sys.executable, str(impostor), str(port), str(record)],
                                 start_new_session=True)  # fmt: skip
     try:

@@ -3,7 +3,7 @@
 agent, whose process is paused (SIGSTOP) for 9 s -- longer than the 8 s after which a node
 fences itself with the default settings. Node 1 fences (its worker SIGKILLed), waits for the
 store, rejoins as a new member, and the job re-forms and finishes (a node cut off, and no
-restart left: ``tests/test_fence_rejoin.py``).
+restart left: ``tests/rendezvous/test_fence_rejoin.py``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import pytest
 
 from support.netns import NetNamespaces
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 AGENT = HERE / "workers" / "rdzv_agent.py"
 SRC = HERE.parent / "src"
 HANG = 120.0

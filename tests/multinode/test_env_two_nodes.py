@@ -1,5 +1,5 @@
 """The worker environment of a 2-node c10d job (1 worker per node), compared with torchrun's on
-the same job: every rank's variables, by tests/test_env.py's rules; and the ranks of a job
+the same job: every rank's variables, by tests/cli/test_env.py's rules; and the ranks of a job
 whose nodes run different numbers of workers (2 + 1)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def run_torchrun(net: Hosts, tmp_path: Path, out: Path) -> None:
     env = dict(os.environ, **net.env())
     try:
         for i in (0, 1):
-            # torchrun's own module, not a `torchrun` shim on PATH (see tests/test_env.py).
+            # torchrun's own module, not a `torchrun` shim on PATH (see tests/cli/test_env.py).
             # is_host: torchrun finds the store's host by matching the endpoint against the
             # machine's hostname, which in a namespace resolves to the outer host's address.
             conf = f"join_timeout=60,is_host={i == 0}"

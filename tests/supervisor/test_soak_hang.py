@@ -16,11 +16,11 @@ import pytest
 
 from support.launch import PHALANX
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 from soak_trainer import HANG_SIGNAL  # noqa: E402
 
-CONFIG = Path(__file__).resolve().parent.parent / "examples" / "configs" / "tiny.json"
+CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "tiny.json"
 
 
 @pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ the workers fail once after it and are restarted, the job exits 0 with its repor
 first one's job: the agent SIGKILLed afterwards leaves no worker nor worker's child, and
 its cgroup is removed. Two nodes (c10d on loopback): one node's guardian killed, then a
 worker failure with ``--max-restarts 1``: the restart happens and the job finishes 0.
-(``tests/test_last_word.py`` shows the replacement also says the dead agent's last word.)
+(``tests/agent/test_last_word.py`` shows the replacement also says the dead agent's last word.)
 """
 
 from __future__ import annotations

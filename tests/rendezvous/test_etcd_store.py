@@ -38,7 +38,7 @@ from support.etcd_server import (
 )
 from support.tools import needs_etcd
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 HANG = 60.0  # generous bound that only catches hangs
 
 pytestmark = needs_etcd

@@ -22,7 +22,7 @@ from support.netns import NetNamespaces
 from support.sshd import SshHosts, needs_sshd
 
 pytestmark = needs_sshd
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 
 
 @pytest.fixture

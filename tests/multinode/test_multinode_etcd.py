@@ -173,7 +173,7 @@ def start_and_kill(
 ) -> tuple[Node, str, dict[str, dict[str, int]]]:
     """Start two agents running ``etcd_elastic.py`` (tags a, b), wait for their all-reduce,
     SIGKILL the agent of node rank ``killed`` (only the agent: no goodbye; its guardian says
-    it died, ``tests/test_last_word.py``); return the survivor, its tag and what each worker
+    it died, ``tests/agent/test_last_word.py``); return the survivor, its tag and what each worker
     recorded."""
     args = etcd_args(host_port(etcd.endpoints[0]), nnodes, "elastic", max_restarts=1)
     start(

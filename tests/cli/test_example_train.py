@@ -23,7 +23,7 @@ from phalanx import checkpoint
 from phalanx.worker.progress import read as read_progress
 from support.tools import TORCH_EXIT_ABORT, TORCHRUN
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
 TINY = ROOT / "examples" / "configs" / "tiny.json"
 

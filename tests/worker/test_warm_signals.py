@@ -16,7 +16,7 @@ from pathlib import Path
 
 from support.launch import PHALANX
 
-FORK_STOP = Path(__file__).parent / "support" / "fork_stop.py"
+FORK_STOP = Path(__file__).parents[1] / "support" / "fork_stop.py"
 SLEEPER = """\
 import pathlib, sys, time
 pathlib.Path(sys.argv[1], "ran").touch()  # only if the SIGTERM was lost

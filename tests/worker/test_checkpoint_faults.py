@@ -22,8 +22,8 @@ from phalanx import checkpoint
 from support.checkpoint_writers import SCENARIOS, identify, state
 from support.launch import wait_for
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-WRITERS = Path(__file__).parent / "support" / "checkpoint_writers.py"
+SRC = Path(__file__).resolve().parents[2] / "src"
+WRITERS = Path(__file__).parents[1] / "support" / "checkpoint_writers.py"
 HANG = 60.0  # bounds that only catch a hang
 
 

@@ -1,6 +1,6 @@
 """phalanx.inscript.checkpoint: atomic save, latest/load_latest, pruning, the checkpoint log, a
 full disk (a tiny tmpfs), and real child processes SIGKILLed in the middle of a checkpoint
-write. tests/test_checkpoint_faults.py kills a writer at every call of a save, runs two
+write. tests/worker/test_checkpoint_faults.py kills a writer at every call of a save, runs two
 writers into one directory and races a reader against pruning."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from phalanx.worker.contract import CHECKPOINT_LOG_ENV
 from support.launch import wait_for
 from support.tools import STRACE, needs_strace, tiny_tmpfs
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _state(step: int) -> dict[str, object]:

@@ -15,7 +15,7 @@ from support.launch import wait_for, worker
 from support.slurm import SlurmCluster, needs_slurm, running, static_flags
 
 pytestmark = needs_slurm
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 STEP_TIMEOUT = 150  # srun of a phalanx job: two agents, four workers importing torch, 2 cores
 WORLD_OF_FOUR = [
     f"[rank{rank}]: world=4 sum=10 restart=0 rank={rank} node={rank // 2}" for rank in range(4)

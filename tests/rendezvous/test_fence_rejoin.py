@@ -4,7 +4,7 @@ store hosted by node 0's agent, one Gloo worker per node doing checked all-reduc
 last proof, the others count it lost after 10 s).
 
 Every packet of node 1 dropped (iptables DROP in its namespace, both ways) until it has
-fenced, then let through again (the store's host paused instead: ``tests/test_rejoin.py``). Its
+fenced, then let through again (the store's host paused instead: ``tests/rendezvous/test_rejoin.py``). Its
 workers were SIGKILLed; with restarts left it reaches the store again and rejoins the next
 round as a restart, and the job finishes with every step's sum right, exit 0 on both nodes.
 With ``--max-restarts 0`` the fenced node ends as before: exit 1 and its one line.
