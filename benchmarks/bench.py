@@ -33,8 +33,9 @@ import time
 from collections.abc import Callable
 from importlib.metadata import version
 
-import multinode  # next to this file: python benchmarks/bench.py puts them on sys.path
 import scenarios
+
+import multinode  # next to this file: python benchmarks/bench.py puts them on sys.path
 
 PY = sys.executable
 LAUNCHERS: dict[str, scenarios.Command] = {

@@ -1,4 +1,8 @@
-"""Shared fixtures, and CI's rule: under ``CI=true`` nothing is skipped.
+"""Shared fixtures; the pure tier first; and CI's rule: under ``CI=true`` nothing is skipped.
+
+``tests/unit/`` holds the in-process tests of the pure parts (fakes, the in-memory store);
+every other folder, one per layer, starts real processes. The unit tier runs first, so a
+plain run fails fast on a pure mistake before it waits on real processes.
 
 A test skips only where a part it needs is missing here (etcd, py-spy, torchrun, network
 namespaces, a memory cgroup). On a developer's machine that is a skip with its reason; in CI
@@ -26,6 +30,11 @@ STRICT = os.environ.get("CI") == "true"
 # job (exit 143) into a preemption (exit 75). Tests that want a scheduler set it themselves.
 for _marker in ("SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST", "PET_PREEMPT_SIGNALS"):
     os.environ.pop(_marker, None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Stable: within each tier, pytest's own order (folder, module, definition) stays.
+    items.sort(key=lambda item: item.path.parent.name != "unit")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,6 +1,6 @@
 """Renders phalanx's Python API (``phalanx.__all__`` and ``phalanx.checkpoint.__all__``)
 to Markdown from the docstrings and signatures (docs/reference/python-api.md). Committed so
-the site builds without importing torch; ``tests/test_docs.py`` regenerates and compares.
+the site builds without importing torch; ``tests/project/test_docs.py`` regenerates and compares.
 
     python docs/scripts/gen_api.py > docs/reference/python-api.md
 """
@@ -18,7 +18,7 @@ HEADER = """\
      python docs/scripts/gen_api.py > docs/reference/python-api.md -->
 
 What a training program imports: `import phalanx` (torch is imported only when a name below
-that needs it is first used). Generated from the docstrings; `tests/test_docs.py` fails when
+that needs it is first used). Generated from the docstrings; `tests/project/test_docs.py` fails when
 this page and the code differ. How to use them: [TRELLIS.2's train.py](../tutorials/trellis-train.md),
 [Checkpoints, restarts and resuming](../how-to/checkpoints.md).
 """

@@ -1,7 +1,7 @@
 """Renders phalanx's command line to Markdown (docs/reference/cli.md) from the parsers
 themselves: the launch parser (``phalanx.cli.parser.build_parser``) option by option, and
 each subcommand's ``--help`` as its own parser prints it. The page is committed so the site
-builds without running code; ``tests/test_docs.py`` regenerates it and compares, so a flag
+builds without running code; ``tests/project/test_docs.py`` regenerates it and compares, so a flag
 added, renamed or reworded without regenerating fails the suite.
 
     python docs/scripts/gen_cli.py > docs/reference/cli.md
@@ -22,7 +22,7 @@ HEADER = """\
      python docs/scripts/gen_cli.py > docs/reference/cli.md -->
 
 Generated from the parsers (`src/phalanx/cli/parser.py` and each subcommand's module);
-`tests/test_docs.py` fails when this page and the parsers differ. Every flag of the launch
+`tests/project/test_docs.py` fails when this page and the parsers differ. Every flag of the launch
 command also reads `PET_<DEST>` (torchrun's fallbacks), except where noted in its help.
 """
 

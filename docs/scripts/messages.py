@@ -1,5 +1,5 @@
 """The messages phalanx prints to the user, read from the source with ``ast`` (no import,
-nothing run), for the troubleshooting page and its test (``tests/test_docs.py``).
+nothing run), for the troubleshooting page and its test (``tests/project/test_docs.py``).
 
 What counts as a message, kept to rules so a new one is scanned without a list to keep:
 - the first argument of ``raise E(...)`` where E is one of phalanx's errors (``PhalanxError``

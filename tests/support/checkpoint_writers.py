@@ -1,6 +1,6 @@
 """Checkpoint writers and readers in real processes, forked from one template.
 
-``tests/test_checkpoint_faults.py`` runs this file as a script. It imports torch and phalanx
+``tests/worker/test_checkpoint_faults.py`` runs this file as a script. It imports torch and phalanx
 once, then answers requests on stdin, one JSON object a line:
 
     {"run": ROLE, ...}   fork a child that runs ROLES[ROLE](request); answer {"pid": PID}

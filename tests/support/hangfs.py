@@ -6,7 +6,7 @@ Every operation is passed through to ``BACKING``. While the file ``BACKING/.froz
 process sleeps in the kernel, as it would on a dead file server -- until the file is gone,
 and so does the ``flush`` (at ``close``) of a file written to since its last flush: as with
 NFS, closing a file with data to send hangs, closing one with none does not. Reads, lookups and listings go on answering, so the test can still look around.
-Used by ``hang_filesystem`` in ``tests/test_chaos.py``; it runs as its own process and ends
+Used by ``hang_filesystem`` in ``tests/multinode/test_chaos.py``; it runs as its own process and ends
 when the mountpoint is unmounted.
 """
 
