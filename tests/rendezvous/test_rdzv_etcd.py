@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from phalanx.errors import RendezvousError
-from phalanx.rendezvous.api import EventKind, RendezvousHandler, RendezvousResult
+from phalanx.rendezvous.api import EventKind, Exchanges, RendezvousHandler, Round
 from phalanx.rendezvous.registry import create_handler, spec_problems
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.status.exchange import ANSWER_LIMIT, encode_answer
@@ -40,8 +40,8 @@ def spec(cluster: EtcdCluster, backend: str, run_id: str) -> RendezvousSpec:
     return RendezvousSpec(backend, run_id, 2, 2, cluster.endpoint_arg, CONF)
 
 
-def form(handlers: list[RendezvousHandler]) -> list[RendezvousResult]:
-    results: dict[int, RendezvousResult] = {}
+def form(handlers: list[RendezvousHandler]) -> list[Round]:
+    results: dict[int, Round] = {}
 
     def join(i: int) -> None:
         results[i] = handlers[i].next_round(1)
@@ -55,22 +55,29 @@ def form(handlers: list[RendezvousHandler]) -> list[RendezvousResult]:
     return [results[i] for i in range(len(handlers))]
 
 
+def exchanges(joined: Round) -> Exchanges:
+    found = joined.exchanges()
+    assert found is not None  # a multi-node round
+    return found
+
+
 @pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
 def test_round_failure_reach_and_restart_over_etcd(etcd: EtcdCluster, backend: str) -> None:
     run_id = uuid.uuid4().hex
     handlers = [create_handler(spec(etcd, backend, run_id)) for _ in range(2)]
     try:
-        first = form(handlers)
+        joined = form(handlers)
+        first = [r.result for r in joined]
         assert first[0].nodes == first[1].nodes and first[0].master_port == first[1].master_port
         assert sorted(r.node_rank for r in first) == [0, 1]
-        handlers[0].report_failure({"rank": 0, "exit_code": 4})
+        joined[0].report_failure({"rank": 0, "exit_code": 4})
         deadline = time.monotonic() + HANG
         while (event := handlers[1].poll()) is None:
             assert time.monotonic() < deadline, "PEER_FAILED never arrived"
             time.sleep(0.05)
         assert event.kind is EventKind.PEER_FAILED and event.failure["exit_code"] == 4
-        assert [h.claim_restart(1) for h in handlers] == [True, True]
-        second = form(handlers)
+        assert [r.claim_restart(1) for r in joined] == [True, True]
+        second = [r.result for r in form(handlers)]
         assert [r.restart_count for r in second] == [1, 1]
         assert [r.node_rank for r in second] == [r.node_rank for r in first]
         for h in handlers:
@@ -106,24 +113,22 @@ def test_stacks_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> N
     run_id = uuid.uuid4().hex
     handlers = [create_handler(spec(etcd, "etcd", run_id)) for _ in range(2)]
     try:
-        results = form(handlers)
+        joined = form(handlers)
+        results = [r.result for r in joined]
         asker, other = sorted(range(2), key=lambda i: results[i].node_rank)
-        request = handlers[asker].stacks().request_stacks()
+        ask, answer = exchanges(joined[asker]).stacks, exchanges(joined[other]).stacks
+        request = ask.request_stacks()
         deadline = time.monotonic() + HANG
-        while handlers[other].stacks().stack_requests() != request:
+        while answer.stack_requests() != request:
             assert time.monotonic() < deadline, "the request never reached the other node"
             time.sleep(0.05)
-        handlers[other].stacks().post_stacks(request, "x" * 1_000_000)
+        answer.post_stacks(request, "x" * 1_000_000)
         peer = results[other].node_rank
-        answers = (
-            handlers[asker].stacks().gather_stacks(results[asker].round, request, [peer], HANG)
-        )
+        answers = ask.gather_stacks(results[asker].round, request, [peer], HANG)
         assert len(answers[peer].encode()) == 256 * 1024
         assert answers[peer].startswith("xxx") and "[... cut: 1000000 bytes" in answers[peer]
         # Read once: the answer is gone from the store.
-        assert (
-            handlers[asker].stacks().gather_stacks(results[asker].round, request, [peer], 0.1) == {}
-        )
+        assert ask.gather_stacks(results[asker].round, request, [peer], 0.1) == {}
     finally:
         for h in handlers:
             h.shutdown()
@@ -135,9 +140,10 @@ def test_status_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> N
     run_id = uuid.uuid4().hex
     handlers = [create_handler(spec(etcd, "etcd", run_id)) for _ in range(2)]
     try:
-        results = form(handlers)
+        joined = form(handlers)
+        results = [r.result for r in joined]
         asker, other = sorted(range(2), key=lambda i: results[i].node_rank)
-        ask, answer = handlers[asker].status_exchange(), handlers[other].status_exchange()
+        ask, answer = exchanges(joined[asker]).status, exchanges(joined[other]).status
         assert ask is not None and answer is not None
         request = ask.request_status()
         deadline = time.monotonic() + HANG

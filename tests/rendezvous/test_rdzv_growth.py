@@ -15,7 +15,13 @@ import pytest
 
 from phalanx.agent.crashloop import failure_signature
 from phalanx.errors import RendezvousError
-from phalanx.rendezvous.api import EventKind, RendezvousHandler, RoundVerdict
+from phalanx.rendezvous.api import (
+    EventKind,
+    RendezvousHandler,
+    Round,
+    RoundVerdict,
+    StackExchange,
+)
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.registry import create_handler
 from phalanx.rendezvous.spec import RendezvousSpec
@@ -28,16 +34,18 @@ from support.tools import needs_etcd
 ROUNDS = 20
 
 
-def form_all(handlers: list[RendezvousHandler]) -> None:
+def form_all(handlers: list[RendezvousHandler]) -> list[Round]:
+    """Every handler joins the next round at once: the rounds they joined, in order."""
     errors: list[BaseException] = []
+    joined: dict[int, Round] = {}
 
-    def join(h: RendezvousHandler) -> None:
+    def join(i: int, h: RendezvousHandler) -> None:
         try:
-            h.next_round(1)
+            joined[i] = h.next_round(1)
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=join, args=(h,)) for h in handlers]
+    threads = [threading.Thread(target=join, args=(i, h)) for i, h in enumerate(handlers)]
     for t in threads:
         t.start()
     for t in threads:
@@ -45,40 +53,48 @@ def form_all(handlers: list[RendezvousHandler]) -> None:
     assert not any(t.is_alive() for t in threads), "next_round hung"
     if errors:
         raise errors[0]
+    return [joined[i] for i in range(len(handlers))]
 
 
-def judge_all(handlers: list[RendezvousHandler]) -> None:
+def judge_all(joined: list[Round]) -> None:
     """Every node judges the round at once (the job's verdict; node 0 saw progress)."""
     verdicts: list[RoundVerdict] = []
 
-    def judge(h: RendezvousHandler) -> None:
-        verdicts.append(h.judge_round(h is handlers[0], failure_signature))
+    def judge(r: Round) -> None:
+        verdicts.append(r.judge_round(r is joined[0], failure_signature))
 
-    threads = [threading.Thread(target=judge, args=(h,)) for h in handlers]
+    threads = [threading.Thread(target=judge, args=(r,)) for r in joined]
     for t in threads:
         t.start()
     for t in threads:
         t.join(WAIT)
     assert not any(t.is_alive() for t in threads), "judge_round hung"
-    assert len(verdicts) == len(handlers) and len(set(verdicts)) == 1
+    assert len(verdicts) == len(joined) and len(set(verdicts)) == 1
 
 
-def failing_round(handlers: list[RendezvousHandler], *, restart: bool = True) -> None:
+def stacks(joined: Round) -> StackExchange:
+    exchanges = joined.exchanges()
+    assert exchanges is not None
+    return exchanges.stacks
+
+
+def failing_round(
+    handlers: list[RendezvousHandler], joined: list[Round], *, restart: bool = True
+) -> None:
     """Node 0 of the list fails, the rest see it, one stacks request is answered, every
     node judges the round, and every node claims the restart (with budget to spare)."""
-    handlers[0].report_failure({"rank": 0, "exit_code": 3})
+    joined[0].report_failure({"rank": 0, "exit_code": 3})
     for h in handlers[1:]:
         wait_event(h, EventKind.PEER_FAILED)  # type: ignore[arg-type]
-    judge_all(handlers)
-    asker = handlers[0]
-    request = asker.stacks().request_stacks()
-    for h in handlers:
-        h.stacks().post_stacks(request, "a stack\n")
-    assert isinstance(asker, DynamicRendezvous)
-    membership, _ = asker._current()
-    ranks = list(range(membership.count))
-    assert len(asker.stacks().gather_stacks(membership.round, request, ranks, WAIT)) == 2
-    assert {h.claim_restart(ROUNDS + 5 if restart else 0) for h in handlers} == {restart}
+    judge_all(joined)
+    asker = joined[0]
+    request = stacks(asker).request_stacks()
+    for r in joined:
+        stacks(r).post_stacks(request, "a stack\n")
+    facts = asker.result
+    ranks = list(range(facts.num_nodes))
+    assert len(stacks(asker).gather_stacks(facts.round, request, ranks, WAIT)) == 2
+    assert {r.claim_restart(ROUNDS + 5 if restart else 0) for r in joined} == {restart}
 
 
 def restart_rounds(handlers: list[RendezvousHandler], count_keys: object) -> list[int]:
@@ -86,10 +102,10 @@ def restart_rounds(handlers: list[RendezvousHandler], count_keys: object) -> lis
     after each round forms."""
     assert callable(count_keys)
     counts = []
-    form_all(handlers)
+    joined = form_all(handlers)
     for _ in range(ROUNDS):
-        failing_round(handlers)
-        form_all(handlers)
+        failing_round(handlers, joined)
+        joined = form_all(handlers)
         counts.append(int(count_keys()))
     return counts
 
@@ -128,11 +144,11 @@ def test_a_sweep_missed_by_a_dead_sweeper_is_caught_up_by_the_next(
     def round_keys(r: int) -> list[str]:
         return [k for k in cluster.server.data if f"/r{r}/" in k]
 
-    form_all(nodes)
+    joined = form_all(nodes)
     counts = []
     for expected_round in range(1, 7):
-        failing_round(nodes)
-        form_all(nodes)
+        failing_round(nodes, joined)
+        joined = form_all(nodes)
         counts.append(len(cluster.server.data))
         if expected_round == 3:
             assert round_keys(1), "the test's premise: round 1 was not swept"
@@ -216,10 +232,10 @@ def test_a_finished_etcd_run_leaves_only_its_tombstone(etcd: EtcdCluster) -> Non
     run_id = uuid.uuid4().hex
     nodes = etcd_nodes(etcd, run_id)
     try:
-        form_all(nodes)
+        joined = form_all(nodes)
         for _ in range(3):  # rounds to sweep on the way
-            failing_round(nodes)
-            form_all(nodes)
+            failing_round(nodes, joined)
+            joined = form_all(nodes)
         for h in nodes:
             h.report_done(True)
     finally:
@@ -261,8 +277,7 @@ def test_a_failed_etcd_run_leaves_only_its_tombstone(etcd: EtcdCluster) -> None:
     run_id = uuid.uuid4().hex
     nodes = etcd_nodes(etcd, run_id)
     try:
-        form_all(nodes)
-        failing_round(nodes, restart=False)
+        failing_round(nodes, form_all(nodes), restart=False)
         for h in nodes:
             h.report_done(False)
     finally:

@@ -62,17 +62,15 @@ class Exchange:
             return got()
 
 
-class Rendezvous:
-    """Just what ``node_check`` asks of the handler: ``peers().node_check()``."""
+class Joined:
+    """Just what ``node_check`` asks of the round: its facts and ``exchanges().check``."""
 
-    def __init__(self, exchange: Exchange) -> None:
-        self.exchange = exchange
+    def __init__(self, exchange: Exchange, result: RendezvousResult) -> None:
+        self.check = exchange
+        self.result = result
 
-    def peers(self) -> Rendezvous:
+    def exchanges(self) -> Joined:
         return self
-
-    def node_check(self) -> Exchange:
-        return self.exchange
 
 
 def joined(round: int, rank: int, ids: tuple[str, str]) -> RendezvousResult:
@@ -112,8 +110,8 @@ def run_round(
 
     def one(node: Node) -> float:
         began = time.monotonic()
-        exchange = Rendezvous(Exchange(records, round, node.rank))
-        node_check(config, exchange, joined(round, node.rank, ids), node.run_dir, node.events, node.checked)  # type: ignore[arg-type]  # fmt: skip
+        at = Joined(Exchange(records, round, node.rank), joined(round, node.rank, ids))
+        node_check(config, at, node.run_dir, node.events, node.checked)  # type: ignore[arg-type]
         return time.monotonic() - began
 
     with ThreadPoolExecutor(2) as pool:

@@ -11,6 +11,7 @@ import threading
 
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
+from phalanx.rendezvous.dynamic.joined import JoinedRound
 from phalanx.rendezvous.settings import RendezvousSettings
 from support.launch import wait_for
 from support.memory_store import MemoryServer, MemoryStore
@@ -62,10 +63,11 @@ class Cluster:
 
 
 class Join:
-    """``next_round`` in a thread; ``result()`` waits for it (bounded) and re-raises."""
+    """``next_round`` in a thread; ``joined()`` waits for it (bounded) and re-raises;
+    ``result()`` is the joined round's facts."""
 
     def __init__(self, handler: DynamicRendezvous, local_world_size: int = 2) -> None:
-        self.value: RendezvousResult | None = None
+        self.value: JoinedRound | None = None
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(handler, local_world_size))
         self._thread.start()
@@ -79,7 +81,7 @@ class Join:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def result(self) -> RendezvousResult:
+    def joined(self) -> JoinedRound:
         self._thread.join(WAIT)
         assert not self._thread.is_alive(), "next_round hung"
         if self.error is not None:
@@ -87,10 +89,18 @@ class Join:
         assert self.value is not None
         return self.value
 
+    def result(self) -> RendezvousResult:
+        return self.joined().result
+
+
+def rounds(*handlers: DynamicRendezvous) -> list[JoinedRound]:
+    """Every handler joins the next round at once: the rounds they joined, in order."""
+    joins = [Join(h) for h in handlers]
+    return [j.joined() for j in joins]
+
 
 def form(*handlers: DynamicRendezvous) -> list[RendezvousResult]:
-    joins = [Join(h) for h in handlers]
-    return [j.result() for j in joins]
+    return [r.result for r in rounds(*handlers)]
 
 
 def wait_event(handler: RendezvousHandler, kind: EventKind, timeout: float = WAIT) -> JobEvent:

@@ -24,8 +24,8 @@ from phalanx.agent.runend import Reporter, RunEnd, Said
 from phalanx.config import LaunchConfig, RecoveryConfig, WorkersConfig
 from phalanx.errors import Interrupted, JobFailed, Preempted, RendezvousError
 from phalanx.events.log import EventLog
-from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
-from phalanx.rendezvous.local import LocalRendezvous
+from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.rendezvous.local import LocalRendezvous, LocalRound
 from phalanx.status import StatusService
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.group import Outcome, RoundResult
@@ -69,10 +69,22 @@ class Closing(LocalRendezvous):
         super().__init__(run_id="loop")
         self.closed_at = closed_at
 
-    def next_round(self, local_world_size: int) -> RendezvousResult:
+    def next_round(self, local_world_size: int) -> LocalRound:
         if self._round + 1 == self.closed_at:
             raise RendezvousError("the rendezvous is closed")
         return super().next_round(local_world_size)
+
+
+class Remembering(LocalRendezvous):
+    """The single-node rendezvous, which keeps the round it formed last (``joined``)."""
+
+    def __init__(self) -> None:
+        super().__init__(run_id="loop")
+        self.joined: LocalRound | None = None
+
+    def next_round(self, local_world_size: int) -> LocalRound:
+        self.joined = super().next_round(local_world_size)
+        return self.joined
 
 
 def exit_of(rank: int, code: int, stopped: bool = False) -> WorkerExit:
@@ -190,12 +202,12 @@ def test_a_peer_failure_spends_a_restart(run: Callable[..., Run]) -> None:
 
 
 def test_a_peer_failure_with_no_budget_ends_the_job(run: Callable[..., Run]) -> None:
-    rdzv = LocalRendezvous(run_id="loop")
+    rdzv = Remembering()
     peer = {"rank": 3, "local_rank": 1, "host": "peer", "pid": 7, "returncode": 9, "time": 1.0}
     told = remote(EventKind.PEER_FAILED, **peer)
 
     def result(n: int) -> RoundResult:  # the peer's record, in the store as the event says
-        rdzv.report_failure({**peer, "stopped_by_launcher": False, "node_rank": 1})
+        rdzv.joined.report_failure({**peer, "stopped_by_launcher": False, "node_rank": 1})
         return told(n)
 
     end = run(rendezvous=rdzv).end(result)

@@ -12,6 +12,7 @@ FLAG_TABLES = {"cli/parser.py:build_parser"}  # one add_argument call per flag: 
 MAX_FUNCTION_LINES = 45  # code lines, the docstring not counted
 MAX_MODULE_LINES = 400  # all lines; a module past ~300 is asking to be split
 MAX_LOOSE_MODULES = 6  # modules directly under src/phalanx/ (the entry points among them)
+MAX_HANDLER_MEMBERS = 8  # rendezvous.api.RendezvousHandler's, as torch's handler
 
 # The layers, top first (docs/explanation/design.md, "How the code is laid out", lists them in this order): a
 # package imports only packages of the layers below its own. Records sit low (what a worker's
@@ -203,6 +204,19 @@ def test_modules_are_small() -> None:
         if lines > MAX_MODULE_LINES
     ]
     assert long == [], "\n".join(long)
+
+
+def test_the_rendezvous_handler_is_small() -> None:
+    """What a rendezvous is across rounds keeps at most 8 members, as torch's handler; what
+    belongs to one round is on the round ``next_round`` returns (``rendezvous.api.Round``)."""
+    tree = ast.parse((SRC / "rendezvous" / "api.py").read_text())
+    (handler,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and node.name == "RendezvousHandler"
+    ]
+    members = [node.name for node in handler.body if isinstance(node, ast.FunctionDef)]
+    assert len(members) <= MAX_HANDLER_MEMBERS, members
 
 
 def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:

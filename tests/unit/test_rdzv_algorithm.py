@@ -24,6 +24,7 @@ from support.memcluster import (
     agreed,
     crash,
     form,
+    rounds,
     wait_event,
 )
 from support.memory_store import MemoryServer, MemoryStore
@@ -101,9 +102,9 @@ def test_lost_node_then_rendezvous_with_the_rest(cluster: Cluster, lost: int) ->
     after = form(*survivors)
     agreed(after)
     assert after[0].num_nodes == 2 and after[0].round == 1
-    assert survivors[0]._rank == 0  # node 0 keeps rank 0
+    assert after[0].node_rank == 0  # node 0 keeps rank 0
     if lost == 2:
-        assert survivors[1]._rank == 1  # nothing had to move
+        assert after[1].node_rank == 1  # nothing had to move
 
 
 def test_too_few_nodes_left_is_an_error(cluster: Cluster) -> None:
@@ -125,12 +126,13 @@ def test_two_run_ids_on_one_store_never_mix(cluster: Cluster) -> None:
     one = [cluster.node(f"one-{i}", run_id="one") for i in range(2)]
     two = [cluster.node(f"two-{i}", run_id="two") for i in range(2)]
     joins = [Join(h) for h in one + two]
-    results = [j.result() for j in joins]
+    joined = [j.joined() for j in joins]
+    results = [r.result for r in joined]
     agreed(results[:2])
     agreed(results[2:])
     assert {n.hostname for n in results[0].nodes} == {"one-0", "one-1"}
     assert {n.hostname for n in results[2].nodes} == {"two-0", "two-1"}
-    one[0].report_failure({"rank": 0, "exit_code": 1})
+    joined[0].report_failure({"rank": 0, "exit_code": 1})
     wait_event(one[1], EventKind.PEER_FAILED)
     time.sleep(0.5)
     assert two[0].poll() is None and two[1].poll() is None
@@ -139,17 +141,18 @@ def test_two_run_ids_on_one_store_never_mix(cluster: Cluster) -> None:
 
 def test_failure_reaches_every_node_and_restarts_are_job_wide(cluster: Cluster) -> None:
     nodes = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
-    form(*nodes)
+    joined = rounds(*nodes)
     for budget_left in (True, False):
-        nodes[0].report_failure({"rank": 0, "exit_code": 3})
+        joined[0].report_failure({"rank": 0, "exit_code": 3})
         for h in nodes[1:]:
             event = wait_event(h, EventKind.PEER_FAILED)
             assert event.failure == {"rank": 0, "exit_code": 3}
         # every node asks, with different budgets: the first claim decides for all
-        claims = [h.claim_restart(1 + i) for i, h in enumerate(nodes)]
+        claims = [r.claim_restart(1 + i) for i, r in enumerate(joined)]
         assert len(set(claims)) == 1 and claims[0] is budget_left
         if budget_left:
-            results = form(*nodes)
+            joined = rounds(*nodes)
+            results = [r.result for r in joined]
             agreed(results)
             assert results[0].restart_count == 1
     assert [f["exit_code"] for f in nodes[2].failures()] == [3, 3]
@@ -189,14 +192,15 @@ def test_static_ranks_are_the_given_ones(cluster: Cluster) -> None:
     nodes = [
         cluster.node(n, nnodes=(3, 3), fixed_rank=r) for n, r in [("x", 2), ("y", 0), ("z", 1)]
     ]
-    results = form(*nodes)
+    joined = rounds(*nodes)
+    results = [r.result for r in joined]
     agreed(results)
     assert [r.node_rank for r in results] == [2, 0, 1]
     assert results[0].master_addr == "addr-y"
-    nodes[0].report_failure({"rank": 5, "exit_code": 1})
+    joined[0].report_failure({"rank": 5, "exit_code": 1})
     for h in nodes[1:]:
         wait_event(h, EventKind.PEER_FAILED)
-    assert all(h.claim_restart(2) for h in nodes)
+    assert all(r.claim_restart(2) for r in joined)
     again = form(*nodes)
     assert [r.node_rank for r in again] == [2, 0, 1] and again[0].restart_count == 1
 
@@ -211,7 +215,7 @@ def test_static_duplicate_rank_fails_everywhere(cluster: Cluster) -> None:
 
 def test_exit_barrier_waits_for_every_node(cluster: Cluster) -> None:
     a, b = cluster.node("a"), cluster.node("b")
-    form(a, b)
+    _, at_b = rounds(a, b)
     a.report_done(True)
     leaving = threading.Thread(target=a.shutdown)
     leaving.start()
@@ -222,19 +226,19 @@ def test_exit_barrier_waits_for_every_node(cluster: Cluster) -> None:
     assert not leaving.is_alive()
     # b's exit barrier: None at once (every member ok), not after exit_barrier_timeout
     began = time.monotonic()
-    assert b.await_peers() is None
+    assert at_b.await_peers() is None
     assert time.monotonic() - began < FAST.exit_barrier_timeout
 
 
 def test_no_restart_once_a_node_finished_and_it_learns_the_job_failed(cluster: Cluster) -> None:
     a, b = cluster.node("a"), cluster.node("b")
-    form(a, b)
+    at_a, at_b = rounds(a, b)
     a.report_done(True)  # a's workers finished
-    b.report_failure({"rank": 1, "exit_code": 5})
-    assert b.claim_restart(3) is False  # a's workers would not run again
-    event = a.await_peers()
+    at_b.report_failure({"rank": 1, "exit_code": 5})
+    assert at_b.claim_restart(3) is False  # a's workers would not run again
+    event = at_a.await_peers()
     assert event is not None and event.kind is EventKind.PEER_FAILED
-    assert a.await_peers() == event  # the answer is kept
+    assert at_a.await_peers() == event  # the answer is kept
     b.report_done(False)
     assert a.failures()[0]["exit_code"] == 5
 
@@ -243,12 +247,12 @@ def test_a_node_that_finished_stops_a_restart_claimed_before(cluster: Cluster) -
     """The other order: b claims the restart before a marks itself finished; a, which will
     not run again, stops the job, so b's next round fails at once instead of waiting."""
     a, b = cluster.node("a"), cluster.node("b")
-    form(a, b)
-    b.report_failure({"rank": 1, "exit_code": 5})
-    assert b.claim_restart(3) is True
+    at_a, at_b = rounds(a, b)
+    at_b.report_failure({"rank": 1, "exit_code": 5})
+    assert at_b.claim_restart(3) is True
     rejoin = Join(b)
     a.report_done(True)
-    event = a.await_peers()
+    event = at_a.await_peers()
     assert event is not None and event.kind is EventKind.PEER_FAILED
     a.report_done(False)
     with pytest.raises(RendezvousError, match="the job stopped"):
@@ -276,10 +280,10 @@ def test_the_store_host_leaves_last(cluster: Cluster, caplog: pytest.LogCaptureF
 
 def test_event_behind_a_dead_writers_hole_still_arrives(cluster: Cluster) -> None:
     a, b = cluster.node("a"), cluster.node("b")
-    form(a, b)
+    _, at_b = rounds(a, b)
     dead_writer = MemoryStore(cluster.server)
     dead_writer.add("phalanx/rdzv/job/r0/events", 1)  # took slot 1, died before writing it
-    b.report_failure({"rank": 2, "exit_code": 9})  # lands in slot 2
+    at_b.report_failure({"rank": 2, "exit_code": 9})  # lands in slot 2
     assert wait_event(a, EventKind.PEER_FAILED).failure == {"rank": 2, "exit_code": 9}
 
 

@@ -21,7 +21,7 @@ from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.pulse import ALIVE
 from phalanx.rendezvous.stores.base import LeasedStore
 from support.launch import wait_for
-from support.memcluster import FAST, WAIT, Join, agreed, crash, form, wait_event
+from support.memcluster import FAST, WAIT, Join, agreed, crash, form, rounds, wait_event
 from support.memory_store import LeasedMemoryStore, MemoryServer, MemoryStore
 
 LEASE_TTL = 1.0
@@ -82,21 +82,21 @@ def test_only_stores_with_leases_get_leased_keys(cluster: LeasedCluster) -> None
 
 def test_crashed_node_is_lost_when_its_lease_expires(cluster: LeasedCluster) -> None:
     a, b = cluster.node("a", (1, 2)), cluster.node("b", (1, 2))
-    form(a, b)
+    at_a, _ = rounds(a, b)
     crash(b)
     event = wait_event(a, EventKind.NODE_LOST)
     assert "lost its lease" in event.detail and "(b, addr-b, node id " in event.detail
-    assert a.claim_restart(1)
+    assert at_a.claim_restart(1)
     alone = Join(a).result()  # b's fate is settled as lost: the round forms without it
     assert (alone.num_nodes, alone.restart_count, alone.node_rank) == (1, 1, 0)
 
 
 def test_lost_node_with_too_few_left_ends_the_job(cluster: LeasedCluster) -> None:
     a, b = cluster.node("a"), cluster.node("b")
-    form(a, b)
+    at_a, _ = rounds(a, b)
     crash(b)
     wait_event(a, EventKind.NODE_LOST)
-    assert a.claim_restart(1)
+    assert at_a.claim_restart(1)
     with pytest.raises(RendezvousError, match=r"only 1 node.*at least 2 needed"):
         Join(a).result()
 
@@ -105,17 +105,18 @@ def test_node_whose_lease_lapsed_learns_it_and_is_lost_for_the_others(
     cluster: LeasedCluster,
 ) -> None:
     a, b = cluster.node("a"), cluster.node("b")
-    form(a, b)
+    _, rb = form(a, b)
     cluster.server.expire(cluster.stores["b"].lease)  # b lives on, but its lease is gone
     assert "lease" in wait_event(b, EventKind.STORE_LOST).detail
-    assert wait_event(a, EventKind.NODE_LOST).node_rank == b._rank
+    assert wait_event(a, EventKind.NODE_LOST).node_rank == rb.node_rank
     with pytest.raises(RendezvousError, match="lease"):
         Join(b).result()
 
 
 def test_leaving_on_purpose_outlives_the_lease(cluster: LeasedCluster) -> None:
     a, b, c = (cluster.node(n, (2, 3)) for n in "abc")
-    agreed(form(a, b, c))
+    joined = rounds(a, b, c)
+    agreed([r.result for r in joined])
     c.shutdown()  # a graceful scale-down: c says so itself, then its lease ends
     event = wait_event(a, EventKind.NODE_LOST)
     assert "left the job" in event.detail
@@ -128,8 +129,8 @@ def test_leaving_on_purpose_outlives_the_lease(cluster: LeasedCluster) -> None:
         every=0.02,
     )
     assert cluster.server.data[key] == LEFT
-    for h in (a, b):
-        assert h.claim_restart(1)
+    for r in joined[:2]:
+        assert r.claim_restart(1)
     results = form(a, b)
     agreed(results)
     assert results[0].num_nodes == 2

@@ -9,18 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from phalanx.hang.jobstacks import JobStacks, combine
-from phalanx.rendezvous.api import EventKind, RendezvousResult
+from phalanx.rendezvous.api import EventKind, StackExchange
 from phalanx.rendezvous.dynamic.answers import cap_stacks
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
+from phalanx.rendezvous.dynamic.joined import JoinedRound
 from phalanx.rendezvous.local import LocalRendezvous
 from support.launch import wait_for
-from support.memcluster import WAIT, Cluster, form, wait_event
+from support.memcluster import WAIT, Cluster, rounds, wait_event
 
 
 def by_rank(
-    handlers: list[DynamicRendezvous], results: list[RendezvousResult]
-) -> list[tuple[DynamicRendezvous, RendezvousResult]]:
-    return sorted(zip(handlers, results, strict=True), key=lambda pair: pair[1].node_rank)
+    handlers: list[DynamicRendezvous], joined: list[JoinedRound]
+) -> list[tuple[DynamicRendezvous, JoinedRound]]:
+    return sorted(zip(handlers, joined, strict=True), key=lambda pair: pair[1].rank)
+
+
+def stacks(joined: JoinedRound) -> StackExchange:
+    return joined.exchanges().stacks
 
 
 def stacks_keys(cluster: Cluster) -> list[str]:
@@ -29,49 +34,51 @@ def stacks_keys(cluster: Cluster) -> list[str]:
 
 def test_a_request_reaches_every_node_and_the_answers_come_back(cluster: Cluster) -> None:
     handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
-    (a, _), (b, rb), (c, _) = by_rank(handlers, form(*handlers))
-    assert [h.stacks().stack_requests() for h in (a, b, c)] == [0, 0, 0]
-    assert b.stacks().request_stacks() == 1
-    assert b.stacks().stack_requests() == 1  # its own request counts at once, not a heartbeat later
+    (a, ja), (_, jb), (c, jc) = by_rank(handlers, rounds(*handlers))
+    rb = jb.result
+    assert [stacks(j).stack_requests() for j in (ja, jb, jc)] == [0, 0, 0]
+    assert stacks(jb).request_stacks() == 1
+    assert stacks(jb).stack_requests() == 1  # its own request counts at once, not a heartbeat later
     wait_for(
-        lambda: a.stacks().stack_requests() == 1 and c.stacks().stack_requests() == 1,
+        lambda: stacks(ja).stack_requests() == 1 and stacks(jc).stack_requests() == 1,
         WAIT,
         "a and c to be asked for stacks",
         every=0.02,
     )
-    a.stacks().post_stacks(1, "stacks of node 0")
-    c.stacks().post_stacks(1, "stacks of node 2")
-    assert b.stacks().gather_stacks(rb.round, 1, [0, 2], WAIT) == {
+    stacks(ja).post_stacks(1, "stacks of node 0")
+    stacks(jc).post_stacks(1, "stacks of node 2")
+    assert stacks(jb).gather_stacks(rb.round, 1, [0, 2], WAIT) == {
         0: "stacks of node 0",
         2: "stacks of node 2",
     }
     assert stacks_keys(cluster) == []  # read once, then removed from the store
-    assert a.stacks().request_stacks() == 2  # numbered per round, whoever asks
-    wait_for(lambda: c.stacks().stack_requests() == 2, WAIT, "c to be asked twice", every=0.02)
+    assert stacks(ja).request_stacks() == 2  # numbered per round, whoever asks
+    wait_for(lambda: stacks(jc).stack_requests() == 2, WAIT, "c to be asked twice", every=0.02)
     assert a.poll() is None and c.poll() is None  # a stacks request is no job event
 
 
 def test_nodes_that_do_not_answer_are_left_out(cluster: Cluster) -> None:
     handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
-    (a, ra), (b, _), _ = by_rank(handlers, form(*handlers))
-    request = a.stacks().request_stacks()
-    wait_for(lambda: b.stacks().stack_requests() == request, WAIT, "b to be asked", every=0.02)
-    b.stacks().post_stacks(request, "only node 1")
-    assert a.stacks().gather_stacks(ra.round, request, [1, 2], 0.5) == {1: "only node 1"}
+    (_, ja), (_, jb), _ = by_rank(handlers, rounds(*handlers))
+    ra = ja.result
+    request = stacks(ja).request_stacks()
+    wait_for(lambda: stacks(jb).stack_requests() == request, WAIT, "b to be asked", every=0.02)
+    stacks(jb).post_stacks(request, "only node 1")
+    assert stacks(ja).gather_stacks(ra.round, request, [1, 2], 0.5) == {1: "only node 1"}
 
 
 def test_a_new_round_starts_counting_again(cluster: Cluster) -> None:
     a, b = cluster.node("a"), cluster.node("b")
-    form(a, b)
-    a.stacks().request_stacks()
-    wait_for(lambda: b.stacks().stack_requests() == 1, WAIT, "b to be asked", every=0.02)
-    a.report_failure({"rank": 0, "exit_code": 1})
+    ja, jb = rounds(a, b)
+    stacks(ja).request_stacks()
+    wait_for(lambda: stacks(jb).stack_requests() == 1, WAIT, "b to be asked", every=0.02)
+    ja.report_failure({"rank": 0, "exit_code": 1})
     wait_event(b, EventKind.PEER_FAILED)
-    assert a.claim_restart(1) and b.claim_restart(1)
-    again = form(a, b)
-    assert again[0].round == 1
-    assert (a.stacks().stack_requests(), b.stacks().stack_requests()) == (0, 0)
-    assert b.stacks().request_stacks() == 1
+    assert ja.claim_restart(1) and jb.claim_restart(1)
+    ja, jb = rounds(a, b)
+    assert ja.result.round == 1
+    assert (stacks(ja).stack_requests(), stacks(jb).stack_requests()) == (0, 0)
+    assert stacks(jb).request_stacks() == 1
 
 
 def test_an_answer_is_cut_to_fit_the_store() -> None:
@@ -91,11 +98,14 @@ def test_every_node_answers_once_and_the_asker_writes_one_file(
     """Nodes 0 and 1 run ``JobStacks`` as their watches do; node 2 never answers (its agent
     is busy), so the file names it after the bounded wait."""
     handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
-    pairs = by_rank(handlers, form(*handlers))
+    pairs = by_rank(handlers, rounds(*handlers))
     dirs = [tmp_path / f"run{i}" for i in range(3)]
     for d in dirs:
         d.mkdir()
-    jobs = [JobStacks(h.stacks(), r, d, timeout=2.0) for (h, r), d in zip(pairs, dirs, strict=True)]
+    jobs = [
+        JobStacks(stacks(r), r.result, d, timeout=2.0)
+        for (_, r), d in zip(pairs, dirs, strict=True)
+    ]
     assert jobs[1].request()
     answered: list[list[int]] = [[], []]
 
@@ -115,7 +125,7 @@ def test_every_node_answers_once_and_the_asker_writes_one_file(
     (path,) = dirs[1].glob("stacks_*.txt")
     text = path.read_text()
     # Node ranks follow arrival, so the names come from the round (not the order above).
-    name = [joined.this_node.hostname for _, joined in pairs]
+    name = [joined.result.this_node.hostname for _, joined in pairs]
     assert text.startswith(f"stacks of 2 of 3 node(s), requested on {name[1]} (node 1) at ")
     assert f"no answer within 2 s from: node 2 ({name[2]})" in text
     # This node first, then the others by node rank.
@@ -128,7 +138,7 @@ def test_every_node_answers_once_and_the_asker_writes_one_file(
 
 
 def test_combine_of_a_lone_node() -> None:
-    joined = LocalRendezvous().next_round(1)  # only for a RendezvousResult to build on
+    joined = LocalRendezvous().next_round(1).result  # only for a RendezvousResult to build on
     assert combine(joined, "mine\n", {}, 10, at="now") == (
         f"stacks of 1 of 1 node(s), requested on {joined.this_node.hostname} (node 0) at now\n"
         f"\n##### node 0 ({joined.this_node.hostname}) #####\nmine\n"
@@ -137,5 +147,7 @@ def test_combine_of_a_lone_node() -> None:
 
 def test_a_single_node_has_nobody_to_ask() -> None:
     local = LocalRendezvous()
-    local.next_round(1)
-    assert local.peers() is None  # no StackExchange: the agent dumps its own ranks only
+    assert (
+        local.next_round(1).exchanges() is None
+    )  # no StackExchange: the agent dumps its own ranks only
+    assert local.peers() is None

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 from phalanx.events import EVENTS_FILE, read_run_events
+from phalanx.rendezvous.api import Exchanges
+from phalanx.rendezvous.dynamic.joined import JoinedRound
 from phalanx.status import files
 from phalanx.status.exchange import (
     ANSWER_LIMIT,
@@ -22,7 +24,7 @@ from phalanx.status.node import NodeStatus
 from phalanx.status.service import EventTail
 from phalanx.status.view import RunView, render
 from support.launch import wait_for
-from support.memcluster import WAIT, Cluster, form
+from support.memcluster import WAIT, Cluster, rounds
 
 
 def _line(kind: str, seq: int, size: int = 0) -> bytes:
@@ -111,24 +113,26 @@ def test_read_run_events_has_every_node_once(tmp_path: Path) -> None:
     assert read_run_events(tmp_path / "nowhere") == []
 
 
+def ex(joined: JoinedRound) -> Exchanges:
+    return joined.exchanges()
+
+
 def test_a_status_request_reaches_every_node_and_the_answers_come_back(cluster: Cluster) -> None:
     handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
-    pairs = sorted(zip(handlers, form(*handlers), strict=True), key=lambda p: p[1].node_rank)
-    (a, _), (b, rb), (c, _) = pairs
-    assert b.status_exchange().request_status() == 1 and b.status_exchange().status_requests() == 1
+    pairs = sorted(zip(handlers, rounds(*handlers), strict=True), key=lambda p: p[1].rank)
+    (a, ja), (_, jb), (c, jc) = pairs
+    rb = jb.result
+    assert ex(jb).status.request_status() == 1 and ex(jb).status.status_requests() == 1
     wait_for(
-        lambda: (
-            a.status_exchange().status_requests() == 1
-            and c.status_exchange().status_requests() == 1
-        ),
+        lambda: ex(ja).status.status_requests() == 1 and ex(jc).status.status_requests() == 1,
         WAIT,
         "a and c to be asked for status",
         every=0.02,
     )
-    assert a.stacks().stack_requests() == 0  # a status request is no stacks request
-    a.status_exchange().post_status(1, b"node 0")
-    c.status_exchange().post_status(1, b"node 2")
-    assert b.status_exchange().gather_status(rb.round, 1, [0, 2], WAIT) == {
+    assert ex(ja).stacks.stack_requests() == 0  # a status request is no stacks request
+    ex(ja).status.post_status(1, b"node 0")
+    ex(jc).status.post_status(1, b"node 2")
+    assert ex(jb).status.gather_status(rb.round, 1, [0, 2], WAIT) == {
         0: b"node 0",
         2: b"node 2",
     }
@@ -142,27 +146,28 @@ def test_the_asker_writes_who_answered_and_names_who_did_not(
     """Three agents' request handling (``StatusRequests``) over the store: node b is asked
     by its ``phalanx status`` (a request file), a answers, c never does."""
     handlers = [cluster.node(n, nnodes=(3, 3)) for n in "abc"]
-    (a, ra), (b, rb), (_, rc) = sorted(
-        zip(handlers, form(*handlers), strict=True), key=lambda p: p[1].node_rank
+    (_, ja), (_, jb), (_, jc) = sorted(
+        zip(handlers, rounds(*handlers), strict=True), key=lambda p: p[1].rank
     )
+    ra, rb, rc = ja.result, jb.result, jc.result
     agents = {}
-    for name, handler, joined in (("a", a, ra), ("b", b, rb)):
+    for name, at, joined in (("a", ja, ra), ("b", jb, rb)):
         run_dir = tmp_path / name
         run_dir.mkdir()
         status = {"node": joined.node_rank, "host": name}
         agents[name] = StatusRequests(
             run_dir, lambda s=status: encode_answer(s, [_line("run_start", 0)]), lambda s=status: s
         )
-        agents[name].round(joined, handler.status_exchange())
+        agents[name].round(joined, ex(at).status)
     nonce = files.new_request(tmp_path / "b")
 
     def asked() -> bool:  # as the agent's tick does: take what the scanner found, poke it
         agents["b"].check_files()
-        return b.status_exchange().status_requests() == 1
+        return ex(jb).status.status_requests() == 1
 
     wait_for(asked, WAIT, "the request to be asked", every=0.02)
     wait_for(
-        lambda: a.status_exchange().status_requests() == 1,
+        lambda: ex(ja).status.status_requests() == 1,
         WAIT,
         "a to be asked for status",
         every=0.02,
@@ -181,7 +186,7 @@ def test_the_asker_writes_who_answered_and_names_who_did_not(
     for _ in range(3):  # a request is answered once, however often the scanner sees it
         agents["b"].check_files()
         time.sleep(0.1)
-    assert b.status_exchange().status_requests() == 1
+    assert ex(jb).status.status_requests() == 1
     for agent in agents.values():
         agent.close()
 

@@ -21,11 +21,13 @@ def say(**fields: object) -> None:
 
 
 handler = create_handler(RendezvousSpec(**json.loads(sys.argv[1])))
+joined = None  # the round joined last
 try:
     for step in sys.argv[2:]:
         name, _, arg = step.partition(":")
         if name == "round":
-            say(step="round", **asdict(handler.next_round(2)))
+            joined = handler.next_round(2)
+            say(step="round", **asdict(joined.result))
         elif name == "round_error":
             try:
                 handler.next_round(2)
@@ -33,7 +35,7 @@ try:
             except RendezvousError as exc:
                 say(step="round_error", error=str(exc))
         elif name == "fail":
-            handler.report_failure({"rank": 1, "exit_code": 7})
+            joined.report_failure({"rank": 1, "exit_code": 7})
         elif name == "await":
             deadline = time.monotonic() + 60
             while (event := handler.poll()) is None or event.kind is not EventKind(arg):
@@ -41,7 +43,7 @@ try:
                 time.sleep(0.05)
             say(step="event", kind=event.kind.value, node_rank=event.node_rank, detail=event.detail)
         elif name == "claim":
-            say(step="claim", restart=handler.claim_restart(int(arg)))
+            say(step="claim", restart=joined.claim_restart(int(arg)))
         elif name == "done":
             handler.report_done(arg == "ok")
         elif name == "sleep":

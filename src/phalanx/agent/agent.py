@@ -205,10 +205,8 @@ class Agent:
                 template = open_template(config.workers, self._base_env, run_dir)
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
-                if (peers := rendezvous.peers()) is not None:  # if this agent dies, its
-                    peers.on_last_word(guardian.say)  # guardian tells the others at once
                 supervisor = self._supervisor(
-                    guardian, template, peers, events, filters, wall_clock
+                    guardian, template, rendezvous.peers(), events, filters, wall_clock
                 )
                 ends = Endings(config, rendezvous, signals, events, recovery)
                 return self._play(Between(ends), supervisor, run_dir, status, files)
@@ -249,7 +247,11 @@ class Agent:
         filters: tuple[tuple[bytes, ...], tuple[bytes, ...]],
         wall_clock: WallClock,
     ) -> Supervisor:
+        """The run's supervisor, its workers guarded by this node's fence; and if this agent
+        dies, its guardian tells the other nodes at once (``peers``' last word)."""
         config = self._config
+        if peers is not None:
+            peers.on_last_word(guardian.say)
         return Supervisor(
             guardian, shutdown_timeout=config.workers.shutdown_timeout,
             monitor_interval=config.workers.monitor_interval, console=self._console,

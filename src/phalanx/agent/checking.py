@@ -25,7 +25,7 @@ from phalanx.errors import MismatchError, NodeExcluded, RendezvousError
 from phalanx.events.log import EventLog
 from phalanx.nodecheck import Action, Verdict, check_round
 from phalanx.nodecheck.round import OFF, SAME, Skipped
-from phalanx.rendezvous.api import CheckExchange, RendezvousHandler, RendezvousResult
+from phalanx.rendezvous.api import CheckExchange, RendezvousHandler, RendezvousResult, Round
 
 log = logging.getLogger("phalanx")
 
@@ -51,8 +51,7 @@ class CheckedNodes:
 
 def node_check(
     config: LaunchConfig,
-    rdzv: RendezvousHandler,
-    joined: RendezvousResult,
+    at: Round,
     run_dir: Path,
     events: EventLog,
     checked: CheckedNodes,
@@ -60,12 +59,12 @@ def node_check(
     """Check the round's nodes (None: off, a single node, or not repeated). Every node gets
     the same verdict and says the same lines; a node named under ``exclude`` raises
     ``NodeExcluded``. ``checked``: the last round's agents; updated here."""
-    peers = rdzv.peers()
-    if peers is None or joined.num_nodes < 2:
+    joined, exchanges = at.result, at.exchanges()
+    if exchanges is None or joined.num_nodes < 2:
         checked.remember(joined, passed=False)
         return None
     began = time.monotonic()
-    verdict = _check(config, peers.node_check(), joined, run_dir, checked)
+    verdict = _check(config, exchanges.check, joined, run_dir, checked)
     if verdict is None:
         return None
     if isinstance(verdict, Skipped):

@@ -28,6 +28,7 @@ from phalanx.rendezvous.api import (
     JobEvent,
     RendezvousHandler,
     RendezvousResult,
+    Round,
     RoundVerdict,
 )
 from phalanx.rendezvous.settings import settings_problems
@@ -72,16 +73,16 @@ class Endings:
             log.warning("could not tell the other nodes this node is done: %s", exc)
 
     def succeeded(
-        self, state: RunState, joined: RendezvousResult, plan: RoundPlan, exits: list[WorkerExit]
+        self, state: RunState, at: Round, plan: RoundPlan, exits: list[WorkerExit]
     ) -> RunEnd:
         """This node's workers all finished: wait for the others (the exit barrier). Read
         first whether the job was preempted: ranks that saw another node's preemption
         through ``phalanx.preempted()``'s collective may end before this node hears of it
         (the notice is in the store before any worker is told)."""
-        notice = self.rdzv.preemption()
+        notice = at.preemption()
         if notice is not None:
             preemption = from_notice(notice, self.config.recovery.preempt_grace)
-            return self.preempted(state, joined, plan, exits, preemption)
+            return self.preempted(state, at, plan, exits, preemption)
         self.rdzv.report_done(True)
         if self.config.workers.spawn_owner:  # one process here; the ranks were its children
             log.info(
@@ -90,7 +91,7 @@ class Endings:
             )
         else:
             log.info("all %d workers finished", len(exits))
-        late = self.rdzv.await_peers(lambda: self.signals.pending() is not None)
+        late = at.await_peers(lambda: self.signals.pending() is not None)
         signum = self.signals.pending()
         if signum is not None:  # while waiting for the other nodes to finish
             return RunEnd("interrupted", Interrupted(signum))
@@ -101,7 +102,7 @@ class Endings:
         # The job failed elsewhere after these workers finished: it cannot restart (they
         # would not run again), so every node reports the failure and stops.
         log.warning("the job failed after this node's workers finished: %s", describe_event(late))
-        return self.fail(state, joined, exits, late, None, None, crash_loop=False)
+        return self.fail(state, at.result, exits, late, None, None, crash_loop=False)
 
     def interrupted(
         self,
@@ -138,7 +139,7 @@ class Endings:
     def preempted(
         self,
         state: RunState,
-        joined: RendezvousResult,
+        at: Round,
         plan: RoundPlan,
         exits: list[WorkerExit],
         preemption: Preemption,
@@ -148,10 +149,10 @@ class Endings:
         deadline at most (a failure of theirs during the grace is the job's failure; a node
         ``gone`` meanwhile ended the round: nobody to wait for), report, requeue (node rank
         0), exit 75."""
-        late = gone
+        late, joined = gone, at.result
         if gone is None:
             self.rdzv.report_done(True)  # no new round: finished nodes are not run again
-            late = self.rdzv.await_peers(
+            late = at.await_peers(
                 lambda: (
                     self.signals.pending() is not None or time.monotonic() >= preemption.deadline
                 )
@@ -183,11 +184,11 @@ class Endings:
         event: JobEvent | None,
         watch: RoundWatch,
         probe: OomProbe,
-        attempt: int,
+        at: Round,
     ) -> tuple[list[WorkerExit], WorkerExit | None]:
-        """Classify this node's exits, tell the other nodes, say it; returns the exits and
-        this node's root cause (None: its workers were stopped because of ``event``). ``attempt``:
-        the round's restart count, as its attempt directory is named."""
+        """Classify this node's exits, tell the other nodes of round ``at``, say it; returns
+        the exits and this node's root cause (None: its workers were stopped because of
+        ``event``). The log names the round's restart count, as its attempt directory is."""
         exits = jobreport.classify_local(exits, probe)
         if watch.hang is not None:
             exits = jobreport.blame_hang(exits, watch.hang, watch.detected_at)
@@ -196,7 +197,7 @@ class Endings:
             record = cause.to_json()
             if watch.hang is not None:
                 record["hang"] = watch.hang.to_json()
-            seq = self.rdzv.report_failure(record)
+            seq = at.report_failure(record)
             if seq is not None:  # the store's order of failures: this node's report needs it too
                 exits = [replace(e, seq=seq) if e is cause else e for e in exits]
                 cause = replace(cause, seq=seq)
@@ -205,13 +206,13 @@ class Endings:
                 cause.who,
                 cause.host,
                 cause.reason if cause.kind == "hang" else cause.describe_exit(),
-                attempt,
+                at.result.restart_count,
                 f" [{cause.kind}]" if cause.kind else "",
             )
         elif event is not None:
             if watch.peer_hang is not None:
                 # No failure of ours: only where our ranks were, for the job-wide analysis.
-                self.rdzv.report_failure({"hang": watch.peer_hang.to_json()})
+                at.report_failure({"hang": watch.peer_hang.to_json()})
             log.warning("stopped local workers: %s", describe_event(event))
         return exits, cause
 

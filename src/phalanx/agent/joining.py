@@ -22,7 +22,7 @@ from phalanx.agent.sofar import RunState
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, RendezvousError
 from phalanx.events.log import EventLog
-from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult
+from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult, Round
 from phalanx.supervisor.signals import SignalWatcher
 
 log = logging.getLogger("phalanx")
@@ -49,18 +49,19 @@ class Joining:
         self.checked = CheckedNodes()  # the last round's agents: a restart's check not repeated
         self.said_args = SaidArgs()  # per-node script arguments: said once while they hold
 
-    def next_round(self, state: RunState) -> tuple[RendezvousResult, RunState] | RunEnd:
+    def next_round(self, state: RunState) -> tuple[Round, RunState] | RunEnd:
         """Join the next round; a signal meanwhile ends the wait at once, and the other nodes
         are told this node left (the job stops: it cannot form without it)."""
         self.events.emit("rdzv_start", attempt=state.attempts + 1)
         began = time.monotonic()
         try:
             with self.signals.raising():
-                joined = self.rdzv.next_round(self.config.workers.nproc_per_node)
+                at = self.rdzv.next_round(self.config.workers.nproc_per_node)
         except Interrupted as exc:  # a signal here, or (``where``) the job stopped by one elsewhere
             return self.between.stopped_waiting(state, exc, "this node, in the rendezvous")
         except RendezvousError as exc:  # a node or the store lost, a timeout: no round
             return self.between.cut_short(state, exc, no_round(state, exc))
+        joined = at.result
         self.events.node = joined.node_rank
         self.events.emit(
             "rdzv_done",
@@ -73,9 +74,7 @@ class Joining:
             seconds=round(time.monotonic() - began, 3),
         )
         check_same_code(self.config, self.rdzv, joined, self.events, self.said_args)
-        verdict = node_check(
-            self.config, self.rdzv, joined, self.run_dir, self.events, self.checked
-        )
+        verdict = node_check(self.config, at, self.run_dir, self.events, self.checked)
         if verdict is not None:  # the report's, the newest round's
             state = replace(state, checked=tuple(n.line for n in verdict.named))
             if excludes_others(self.config, verdict):  # they leave: form a round without them
@@ -83,7 +82,7 @@ class Joining:
                 return self.next_round(state)
         if joined.num_nodes > 1 or state.attempts == 0:
             self._say_round(joined)
-        return joined, self.say_restart(state, joined)
+        return at, self.say_restart(state, joined)
 
     def _say_round(self, joined: RendezvousResult) -> None:
         # A spawn owner is one process per node that starts the node's ranks itself.

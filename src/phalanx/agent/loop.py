@@ -32,6 +32,7 @@ from phalanx.rendezvous.api import (
     JobEvent,
     RendezvousHandler,
     RendezvousResult,
+    Round,
     RoundVerdict,
     restarts_left,
 )
@@ -55,7 +56,7 @@ log = logging.getLogger("phalanx")
 class Played:
     """A round whose workers ended: what the steps after it read."""
 
-    joined: RendezvousResult
+    at: Round  # the round joined: its facts (``joined``) and its calls
     plan: RoundPlan
     result: RoundResult
     exits: list[WorkerExit]  # this node's, with its node rank
@@ -63,6 +64,10 @@ class Played:
     probe: OomProbe
     mark: ProgressMark
     attempt: AttemptEvents
+
+    @property
+    def joined(self) -> RendezvousResult:
+        return self.at.result
 
 
 class Rounds:
@@ -106,14 +111,14 @@ class Rounds:
             self.peers.on_event(supervisor.wake)
 
     def _round_tick(
-        self, plan: RoundPlan, joined: RendezvousResult, attempt: AttemptEvents, watch: RoundWatch
+        self, plan: RoundPlan, at: Round, attempt: AttemptEvents, watch: RoundWatch
     ) -> tuple[OnTick, StragglerWatch]:
         """What the supervisor calls each tick of the round: one reading of every rank's
         counters, seen by the attempt's events and the status writer (every tick), then the
         hang watch and the straggler watch (either may stop the round)."""
-        peers, config = self.peers, self.config
-        self.status.begin(plan, joined, peers.status_exchange() if peers is not None else None)
-        checks = peers.node_check() if peers is not None else None
+        config, joined, exchanges = self.config, at.result, at.exchanges()
+        self.status.begin(plan, joined, exchanges.status if exchanges is not None else None)
+        checks = exchanges.check if exchanges is not None else None
 
         def exclude(reason: str) -> str:
             here = exclusion.this_node(config.rendezvous.local_addr)
@@ -138,7 +143,8 @@ class Rounds:
         joining = self.joining.next_round(state)
         if isinstance(joining, RunEnd):
             return joining
-        joined, state = joining
+        at, state = joining
+        joined = at.result
         state = replace(state, attempts=state.attempts + 1)
         plan = build_plan(self.config, joined, self.run_dir, self.base_env)
         mark = ProgressMark.take(plan)
@@ -148,17 +154,17 @@ class Rounds:
             stall_timeout=self.config.checks.stall_timeout,
             requests=self.signals if self.signals.stacks_active else None,
             check_every=self._check_every(),
-            job=self._job_stacks(joined),
+            job=self._job_stacks(at),
         )
         probe = OomProbe()
-        tick, slow = self._round_tick(plan, joined, attempt, watch)
-        result = self._supervise(state, plan, watch, tick, self._preempt_watch(joined))
+        tick, slow = self._round_tick(plan, at, attempt, watch)
+        result = self._supervise(state, plan, watch, tick, self._preempt_watch(at))
         if isinstance(result, RunEnd):
             return result
         attempt.ended(result.exits)
         slow.leave()  # named a straggler under --straggler-action exclude: leaves the job
         exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
-        return self._ended(state, Played(joined, plan, result, exits, watch, probe, mark, attempt))
+        return self._ended(state, Played(at, plan, result, exits, watch, probe, mark, attempt))
 
     def _ended(self, state: RunState, played: Played) -> RunState | RunEnd:
         """After the round's workers ended: the run's end (success, a preemption, a stop),
@@ -166,15 +172,15 @@ class Rounds:
         joined, result, exits = played.joined, played.result, played.exits
         if result.preemption is not None and _ended_by_preemption(result):
             return self.ends.preempted(
-                state, joined, played.plan, exits, result.preemption, result.event
+                state, played.at, played.plan, exits, result.preemption, result.event
             )
         if result.outcome is Outcome.SUCCEEDED:
-            return self.ends.succeeded(state, joined, played.plan, exits)
+            return self.ends.succeeded(state, played.at, played.plan, exits)
         stop = asked_to_stop(result, self.between.stop_heard())
         if stop is not None:  # here or on another node: the job stops, with no failure
             return self.ends.interrupted(state, joined, exits, *stop)
         exits, cause = self.ends.record_failure(
-            exits, result.event, played.watch, played.probe, joined.restart_count
+            exits, result.event, played.watch, played.probe, played.at
         )
         event = result.event.kind if result.event is not None else None
         if cause is not None or event is not EventKind.NODE_WAITING:  # a scale-up is no failure
@@ -201,10 +207,10 @@ class Rounds:
         that gave up)."""
         joined, watch = played.joined, played.watch
         if event is EventKind.STORE_LOST and not failed_here:
-            back = self._rejoined(state, joined)
+            back = self._rejoined(state, played.at)
             if back is not None:  # back as a new member: the others spent the restart for it
                 return back
-        decided = self._next_step(state, joined, failed_here, event, played.mark, played.plan)
+        decided = self._next_step(state, played.at, failed_here, event, played.mark, played.plan)
         if isinstance(decided, RunEnd):
             return decided
         step, verdict = decided
@@ -216,7 +222,7 @@ class Rounds:
             self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
             return replace(state, reforms=state.reforms + 1)  # a scale-up: no restart spent
         if step is Step.RESTART:
-            restarted = self._restarted(state, joined)
+            restarted = self._restarted(state, played.at)
             if restarted is not None:
                 return restarted
         hang = watch.hang or watch.peer_hang
@@ -225,12 +231,13 @@ class Rounds:
             crash_loop=step is Step.CRASH_LOOP,
         )  # fmt: skip
 
-    def _restarted(self, state: RunState, joined: RendezvousResult) -> RunState | RunEnd | None:
-        """Claim a restart of the job's budget after ``joined``'s round (the first claim of
-        any node decides for all), said in the log once the next round forms: the state to
+    def _restarted(self, state: RunState, at: Round) -> RunState | RunEnd | None:
+        """Claim a restart of the job's budget after round ``at`` (the first claim of any
+        node decides for all), said in the log once the next round forms: the state to
         restart with; None when the job has none to give."""
+        joined = at.result
         try:
-            claimed = self.rdzv.claim_restart(self.config.recovery.max_restarts)
+            claimed = at.claim_restart(self.config.recovery.max_restarts)
         except RendezvousError as exc:
             return self.between.cut_short(state, exc, no_round(state, exc))
         if not claimed:
@@ -276,7 +283,7 @@ class Rounds:
     def _next_step(
         self,
         state: RunState,
-        joined: RendezvousResult,
+        at: Round,
         failed_here: bool,
         event: EventKind | None,
         mark: ProgressMark,
@@ -285,9 +292,10 @@ class Rounds:
         """The policy's step after a failed round, with the job's verdict on the round
         when one is needed (None otherwise)."""
         verdict = None
-        budget_left = restarts_left(joined.restart_count, self.config.recovery.max_restarts) > 0
+        count = at.result.restart_count
+        budget_left = restarts_left(count, self.config.recovery.max_restarts) > 0
         if judged(failed_here=failed_here, event=event, budget_left=budget_left):
-            judging = self._judge(state, mark.progressed(plan))
+            judging = self._judge(state, at, mark.progressed(plan))
             if isinstance(judging, RunEnd):
                 return judging
             verdict = judging
@@ -305,23 +313,23 @@ class Rounds:
             )
         return step, verdict
 
-    def _judge(self, state: RunState, progressed: bool) -> RoundVerdict | RunEnd:
-        """The job's verdict on the round (waiting for the other nodes' evidence); a signal
-        meanwhile ends the wait at once, and the job stops, as in ``Joining.next_round``."""
+    def _judge(self, state: RunState, at: Round, progressed: bool) -> RoundVerdict | RunEnd:
+        """The job's verdict on round ``at`` (waiting for the other nodes' evidence); a
+        signal meanwhile ends the wait at once, and the job stops, as in ``Joining.next_round``."""
         try:
             with self.signals.raising():
-                return self.rdzv.judge_round(progressed, failure_signature)
+                return at.judge_round(progressed, failure_signature)
         except Interrupted as exc:
             where = "this node, waiting for the other nodes' verdict"
             return self.between.stopped_waiting(state, exc, where)
         except RendezvousError as exc:
             return self.between.cut_short(state, exc, no_round(state, exc))
 
-    def _rejoined(self, state: RunState, joined: RendezvousResult) -> RunState | RunEnd | None:
+    def _rejoined(self, state: RunState, at: Round) -> RunState | RunEnd | None:
         """This node lost the store (or fenced itself): with restarts left, wait for the
         store and come back as a new member of the next round (the others count this node
         lost and spend the restart); None when it cannot, and the job ends here as before."""
-        left = restarts_left(joined.restart_count, self.config.recovery.max_restarts)
+        left = restarts_left(at.result.restart_count, self.config.recovery.max_restarts)
         if left <= 0:
             return None
         log.warning(
@@ -335,13 +343,13 @@ class Rounds:
             return self.between.stopped_waiting(state, exc, "this node, waiting for the rendezvous store")  # fmt: skip
         # Back, the node claims the restart as any node of a failed round does (the first
         # claim decides for all): the budget counts it however many nodes lost the store.
-        return self._restarted(state, joined) if back else None
+        return self._restarted(state, at) if back else None
 
-    def _preempt_watch(self, joined: RendezvousResult) -> PreemptWatch:
+    def _preempt_watch(self, at: Round) -> PreemptWatch:
         return PreemptWatch(
             self.config.recovery.preempt_grace,
-            self.rdzv.report_preemption,
-            joined.node_rank,
+            at.report_preemption,
+            at.result.node_rank,
             on_start=self._preempt_event,
         )
 
@@ -349,10 +357,11 @@ class Rounds:
         deadline = preemption.time + preemption.grace  # the first node's wall clock
         self.events.emit("preempt", signal=preemption.signal, deadline=deadline)
 
-    def _job_stacks(self, joined: RendezvousResult) -> JobStacks | None:
-        if self.peers is None or joined.num_nodes == 1:
+    def _job_stacks(self, at: Round) -> JobStacks | None:
+        exchanges = at.exchanges()
+        if exchanges is None or at.result.num_nodes == 1:
             return None
-        return JobStacks(self.peers.stacks(), joined, self.run_dir)
+        return JobStacks(exchanges.stacks, at.result, self.run_dir)
 
     def _poll(self, watch: RoundWatch) -> Callable[[], JobEvent | None]:
         return lambda: watch.hear(self.rdzv.poll())

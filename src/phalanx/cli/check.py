@@ -73,10 +73,10 @@ def _check(config: LaunchConfig) -> int:
         config = replace(config, rendezvous=replace(config.rendezvous, rdzv_conf=conf))
     rdzv = prepare(config).open_rendezvous()
     try:
-        joined = rdzv.next_round(config.workers.nproc_per_node)
-        peers = rdzv.peers()
-        assert peers is not None  # a multi-node rendezvous always has them
-        exchange = peers.node_check()
+        at = rdzv.next_round(config.workers.nproc_per_node)
+        joined, exchanges = at.result, at.exchanges()
+        assert exchanges is not None  # a multi-node round always has them
+        exchange = exchanges.check
         with tempfile.TemporaryDirectory(dir=_log_base(config)) as scratch:
             began = time.monotonic()
             verdict = check_round(

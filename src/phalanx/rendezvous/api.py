@@ -1,8 +1,9 @@
 """What a rendezvous hands the agent, and the interface every rendezvous implements.
 
-The agent's loop is: ``next_round()`` -> start workers -> while they run, call ``poll()``
-every monitor tick -> on a local failure ``report_failure()``; on a remote event stop the
-local workers -> ``next_round()`` again (restart) or ``shutdown()``.
+The agent's loop is: ``next_round()`` (a ``Round``: the round's facts and its calls) -> start
+workers -> while they run, call ``poll()`` every monitor tick -> on a local failure the
+round's ``report_failure()``; on a remote event stop the local workers -> ``next_round()``
+again (restart) or ``shutdown()``.
 
 Which transitions spend the restart budget is the agent's choice; the multi-node handlers
 assume this policy: a worker failure (local, or ``PEER_FAILED``) and ``NODE_LOST`` go through
@@ -16,10 +17,10 @@ round's root-cause failure, the one before it, whether any node progressed); the
 policy turns that into "restart" or "crash loop" identically everywhere.
 
 Stacks on request (``phalanx stacks`` on any node) go through a ``StackExchange``, which a
-multi-node handler's ``peers()`` gives out (``stacks()``): the node asked posts ``request_stacks()``; every
+multi-node round's ``exchanges()`` gives out (``stacks``): the node asked posts ``request_stacks()``; every
 node's watch sees the number grow in ``stack_requests()`` (non-blocking), dumps its ranks and
 ``post_stacks``; the requester's helper thread ``gather_stacks`` the answers. ``phalanx
-status`` goes the same way through a ``StatusExchange`` (``status_exchange()``): each node
+status`` goes the same way through a ``StatusExchange`` (``status``): each node
 answers with its status and its events (``phalanx.status``).
 """
 
@@ -161,10 +162,14 @@ def restarts_left(restart_count: int, max_restarts: int) -> int:
 
 
 class RendezvousHandler(Protocol):
+    """One node's side of the rendezvous, across rounds: at most 8 members, as torch's
+    handler (``tests/test_layout.py`` holds it there). What belongs to one round is on the
+    ``Round`` that ``next_round`` returns."""
+
     @property
     def run_id(self) -> str: ...
 
-    def next_round(self, local_world_size: int) -> RendezvousResult:
+    def next_round(self, local_world_size: int) -> Round:
         """Join the next round and block until it forms (raises ``RendezvousError`` on timeout).
 
         Called for the first start and for every restart; ``restart_count`` in the result is
@@ -184,6 +189,43 @@ class RendezvousHandler(Protocol):
         instead of a hang. A node never sees its own events.
         """
 
+    def failures(self) -> list[dict[str, object]]:
+        """The failures reported in the job's last rounds, from all nodes, oldest first (for
+        the root-cause report). A long job's older rounds' records are deleted as it goes
+        (at least the current round's and the one before it are kept); empty once the store
+        is lost."""
+
+    def report_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
+        """This node's workers finished (``ok=True``: peers see nothing) or the node gives up
+        for good (``ok=False``: every peer sees ``JOB_STOPPED``, and no new round forms).
+        ``False`` after ``True`` is allowed: the job failed elsewhere after this node finished.
+        ``signum``: the node gives up because it was asked to stop by that signal (``phalanx
+        stop``, Ctrl-C); the peers' ``JOB_STOPPED`` carries it as ``failure["signal"]``, so
+        every node ends as interrupted by it. Also before any round formed (a node that
+        leaves while joining)."""
+
+    def shutdown(self) -> None:
+        """Leave the rendezvous and release the store.
+
+        After ``report_done(True)`` a multi-node handler first waits (bounded) until every
+        node of the round is done, so the node hosting the store never takes it away from
+        peers still finishing (torchrun's exit barrier). Without ``report_done`` first,
+        peers see this node as ``NODE_LOST`` (a graceful scale-down).
+        """
+
+    def peers(self) -> Peers | None:
+        """What only a job with other nodes has, per node (events pushed, rejoining, the
+        fence); None for a single node, which has none of it."""
+
+
+class Round(Protocol):
+    """A round this node joined (``next_round``'s): the round's facts and its calls. It
+    exists only once the round formed, so none of its calls asks whether one has."""
+
+    @property
+    def result(self) -> RendezvousResult:
+        """The membership the nodes agreed on for this round."""
+
     def report_failure(self, failure: dict[str, object]) -> int | None:
         """Tell every node that this node's workers failed this round (``failure`` is JSON-able).
 
@@ -191,12 +233,6 @@ class RendezvousHandler(Protocol):
         reached the store (``failures()`` returns it as ``seq`` in the record): the root
         cause is ordered by it, never by the hosts' clocks. None when the store could not
         take it."""
-
-    def failures(self) -> list[dict[str, object]]:
-        """The failures reported in the job's last rounds, from all nodes, oldest first (for
-        the root-cause report). A long job's older rounds' records are deleted as it goes
-        (at least the current round's and the one before it are kept); empty once the store
-        is lost."""
 
     def claim_restart(self, max_restarts: int) -> bool:
         """Whether the job-wide budget allows another round; idempotent per round across nodes.
@@ -214,13 +250,16 @@ class RendezvousHandler(Protocol):
         for all: idempotent per round, the same on every node (as ``claim_restart``).
         Raises ``RendezvousError`` when the store cannot be reached."""
 
-    def report_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
-        """This node's workers finished (``ok=True``: peers see nothing) or the node gives up
-        for good (``ok=False``: every peer sees ``JOB_STOPPED``, and no new round forms).
-        ``False`` after ``True`` is allowed: the job failed elsewhere after this node finished.
-        ``signum``: the node gives up because it was asked to stop by that signal (``phalanx
-        stop``, Ctrl-C); the peers' ``JOB_STOPPED`` carries it as ``failure["signal"]``, so
-        every node ends as interrupted by it."""
+    def report_preemption(self, notice: dict[str, object]) -> dict[str, object]:
+        """This node got a preemption signal (``notice``: JSON-able, its ``time`` the wall
+        clock of that moment): the first node to say so in a round sets the job's notice
+        and every other node sees ``PREEMPTED`` with it. Returns the job's notice (another
+        node's if it was first; ``notice`` itself when the store cannot be reached)."""
+
+    def preemption(self) -> dict[str, object] | None:
+        """The job's preemption notice of this round (None: not preempted). A store read:
+        for after the round, where workers that saw ``phalanx.preempted()`` through their
+        collective may have ended before this node heard the event."""
 
     def await_peers(self, interrupted: Callable[[], bool] = ...) -> JobEvent | None:
         """After ``report_done(True)``: block until every node of the round is done, at most
@@ -232,34 +271,14 @@ class RendezvousHandler(Protocol):
         Such a job cannot restart (finished workers are not run again); the caller reports
         the failure and ``report_done(False)``. Repeated calls return the first answer."""
 
-    def shutdown(self) -> None:
-        """Leave the rendezvous and release the store.
-
-        After ``report_done(True)`` a multi-node handler first waits (bounded) until every
-        node of the round is done, so the node hosting the store never takes it away from
-        peers still finishing (torchrun's exit barrier). Without ``report_done`` first,
-        peers see this node as ``NODE_LOST`` (a graceful scale-down).
-        """
-
-    def report_preemption(self, notice: dict[str, object]) -> dict[str, object]:
-        """This node got a preemption signal (``notice``: JSON-able, its ``time`` the wall
-        clock of that moment): the first node to say so in a round sets the job's notice
-        and every other node sees ``PREEMPTED`` with it. Returns the job's notice (another
-        node's if it was first; ``notice`` itself when the store cannot be reached)."""
-
-    def peers(self) -> Peers | None:
-        """What only a job with other nodes has (events pushed, rejoining, the fence, the
-        exchanges); None for a single node, which has none of it."""
-
-    def preemption(self) -> dict[str, object] | None:
-        """The job's preemption notice of the current round (None: not preempted). A
-        store read: for after the round, where workers that saw ``phalanx.preempted()``
-        through their collective may have ended before this node heard the event."""
+    def exchanges(self) -> Exchanges | None:
+        """How this node asks the round's other nodes and answers them (stacks, status, the
+        node check); None for a single node."""
 
 
 class Peers(Protocol):
-    """The multi-node half of a rendezvous (``RendezvousHandler.peers``): a single node has
-    none of it, so its handler implements none of it."""
+    """The multi-node half of a rendezvous, per node (``RendezvousHandler.peers``): a single
+    node has none of it, so its handler implements none of it."""
 
     def on_event(self, ring: Callable[[], None]) -> None:
         """Have ``ring`` called (from another thread) when ``poll`` has something new, so the
@@ -289,14 +308,14 @@ class Peers(Protocol):
         group with it. None where the store proves nothing of this node's (a leased store that
         does not say when it renewed)."""
 
-    def stacks(self) -> StackExchange:
-        """How this node asks the others for their ranks' stacks and answers them."""
 
-    def status_exchange(self) -> StatusExchange:
-        """How this node asks the others for their status and events and answers them."""
+@dataclass(frozen=True)
+class Exchanges:
+    """What the nodes of one round ask each other through the store (``Round.exchanges``)."""
 
-    def node_check(self) -> CheckExchange:
-        """How the nodes of a round share their node-check results (``phalanx.nodecheck``)."""
+    stacks: StackExchange
+    status: StatusExchange
+    check: CheckExchange
 
 
 class StackExchange(Protocol):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from phalanx.rendezvous.api import (
     JobEvent,
@@ -36,18 +37,16 @@ class LocalRendezvous:
         self._first_port = first_port
         self._worker_port = worker_port
         self._round = -1
-        self._failures: list[dict[str, object]] = []
-        self._verdict: tuple[int, RoundVerdict] | None = None  # the last round judged
-        self._preemption: tuple[int, dict[str, object]] | None = None
+        self._job = LocalJob()
 
     @property
     def run_id(self) -> str:
         return self._run_id
 
-    def next_round(self, local_world_size: int) -> RendezvousResult:
+    def next_round(self, local_world_size: int) -> LocalRound:
         self._round += 1
         node = NodeInfo(0, socket.gethostname(), self._master_addr, local_world_size)
-        return RendezvousResult(
+        result = RendezvousResult(
             run_id=self._run_id,
             round=self._round,
             restart_count=self._round,
@@ -56,6 +55,7 @@ class LocalRendezvous:
             master_addr=self._master_addr,
             master_port=self._port(),
         )
+        return LocalRound(result, self._job)
 
     def _port(self) -> int:
         if self._worker_port:
@@ -69,45 +69,67 @@ class LocalRendezvous:
     def poll(self) -> JobEvent | None:
         return None
 
-    def report_preemption(self, notice: dict[str, object]) -> dict[str, object]:
-        if self._preemption is None or self._preemption[0] != self._round:
-            self._preemption = (self._round, dict(notice))
-        return self._preemption[1]
-
-    def preemption(self) -> dict[str, object] | None:
-        found = self._preemption
-        return found[1] if found is not None and found[0] == self._round else None
-
-    def report_failure(self, failure: dict[str, object]) -> int | None:
-        seq = len(self._failures) + 1
-        self._failures.append({"round": self._round, **failure, "seq": seq})
-        return seq
-
-    def judge_round(self, progressed: bool, signature: Signature) -> RoundVerdict:
-        """The multi-node rule with this node as the whole job: nobody to wait for."""
-        judged = self._verdict
-        if judged is not None and judged[0] == self._round:
-            return judged[1]
-        previous = judged[1] if judged is not None and judged[0] == self._round - 1 else None
-        records = [f for f in self._failures if f.get("round") == self._round]
-        verdict = RoundVerdict.after(previous, signature(records), progressed)
-        self._verdict = (self._round, verdict)
-        return verdict
-
     def failures(self) -> list[dict[str, object]]:
-        return list(self._failures)
-
-    def claim_restart(self, max_restarts: int) -> bool:
-        return restarts_left(self._round, max_restarts) > 0
+        return list(self._job.failures)
 
     def report_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
         pass
-
-    def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
-        return None  # no peers
 
     def shutdown(self) -> None:
         pass
 
     def peers(self) -> None:
         return None  # no other node: no events pushed, no store to lose, nobody to ask
+
+
+@dataclass
+class LocalJob:
+    """What a one-node job keeps across its rounds (a multi-node job keeps it in its store)."""
+
+    failures: list[dict[str, object]] = field(default_factory=list)
+    verdict: RoundVerdict | None = None  # the verdict on the last round judged
+    judged: int = -1  # and that round
+    preemption: dict[str, object] | None = None  # the notice of round ``preempted``
+    preempted: int = -1
+
+
+class LocalRound:
+    """Round ``result`` of a one-node job: nobody to tell, nobody to wait for."""
+
+    def __init__(self, result: RendezvousResult, job: LocalJob) -> None:
+        self.result = result
+        self._job = job
+
+    def report_preemption(self, notice: dict[str, object]) -> dict[str, object]:
+        job = self._job
+        if job.preemption is None or job.preempted != self.result.round:
+            job.preemption, job.preempted = dict(notice), self.result.round
+        return job.preemption
+
+    def preemption(self) -> dict[str, object] | None:
+        job = self._job
+        return job.preemption if job.preempted == self.result.round else None
+
+    def report_failure(self, failure: dict[str, object]) -> int | None:
+        seq = len(self._job.failures) + 1
+        self._job.failures.append({"round": self.result.round, **failure, "seq": seq})
+        return seq
+
+    def judge_round(self, progressed: bool, signature: Signature) -> RoundVerdict:
+        """The multi-node rule with this node as the whole job: nobody to wait for."""
+        job, r = self._job, self.result.round
+        if job.verdict is not None and job.judged == r:
+            return job.verdict
+        previous = job.verdict if job.judged == r - 1 else None
+        records = [f for f in job.failures if f.get("round") == r]
+        job.verdict, job.judged = RoundVerdict.after(previous, signature(records), progressed), r
+        return job.verdict
+
+    def claim_restart(self, max_restarts: int) -> bool:
+        return restarts_left(self.result.restart_count, max_restarts) > 0
+
+    def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
+        return None  # no peers
+
+    def exchanges(self) -> None:
+        return None  # nobody to ask

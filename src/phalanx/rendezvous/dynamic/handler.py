@@ -11,10 +11,11 @@ leases (etcd): see ``pulse``. Either way the node fences itself (``fence()``; se
 
 Store trouble: ``next_round`` raises ``RendezvousError``; ``report_done`` and ``shutdown``
 are on the way out and only log it; ``failures`` returns nothing once the store counts as
-lost. Its parts live beside it: the calls of the round joined (``joined``), the exit barrier
-(``barrier``), the fence (``nodefence``), what a stopping node tells the job (``stopping``),
-the exchanges (``exchange``), leaving (``departure``). What stays here is the handler's
-state -- this node's round, rank, what ``report_done`` said, the wiring a ``rejoin`` renews.
+lost. Its parts live beside it: the round joined, with its calls (``joined``: what
+``next_round`` returns), the exit barrier (``barrier``), the fence (``nodefence``), what a
+stopping node tells the job (``stopping``), the exchanges (``exchange``), leaving
+(``departure``). What stays here is the handler's state -- this node's last round, what
+``report_done`` said, the wiring a ``rejoin`` renews.
 
 Growth: node rank 0 of each round deletes the round before the previous one (``sweep``). On
 a store that outlives the job (etcd, a ``DurableStore``) the last node to leave -- the last
@@ -32,37 +33,20 @@ from collections.abc import Callable, Mapping
 
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError, UsageError
-from phalanx.rendezvous.api import (
-    CheckExchange,
-    EventKind,
-    JobEvent,
-    RendezvousResult,
-    RoundVerdict,
-    Signature,
-    StackExchange,
-    StatusExchange,
-)
+from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.barrier import ExitBarrier
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.departure import Departure
-from phalanx.rendezvous.dynamic.exchange import (
-    Channel,
-    CheckRecords,
-    StackRequests,
-    StatusRequests,
-)
 from phalanx.rendezvous.dynamic.formation import RoundFormer
-from phalanx.rendezvous.dynamic.joined import JoinedRound
+from phalanx.rendezvous.dynamic.joined import JoinedRound, Wires
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.lost import store_answers, tell_rejoining
-from phalanx.rendezvous.dynamic.members import Arrival, Membership
+from phalanx.rendezvous.dynamic.members import Arrival
 from phalanx.rendezvous.dynamic.nodefence import fence_for
 from phalanx.rendezvous.dynamic.stopping import tell_left_while_joining
 from phalanx.rendezvous.dynamic.sweep import sweep
-from phalanx.rendezvous.fencing import (
-    Fence,
-)
+from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.lastword import Reach, Word, word
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.spec import RendezvousSpec
@@ -128,11 +112,12 @@ class DynamicRendezvous:
         # A store this node hosts dies with its agent: nobody would hear the last word.
         self._reach = None if store.hosting else reach
         self._heard: Callable[[Word | None], None] | None = None  # ``on_last_word``'s
+        self._joined: JoinedRound | None = None  # the last round this node joined
         self._wire(run_id, node_id or uuid.uuid4().hex)
 
     def _wire(self, run_id: str, node_id: str) -> None:
         """This node as member ``node_id`` of run ``run_id``: its board, round former,
-        heartbeats, departure and exchanges, and no round yet."""
+        heartbeats, barrier and departure (the last round joined is kept)."""
         min_nodes, max_nodes, worker_port, where, admit_mismatch = self._shape
         self._node_id = node_id
         self._board = board = Board(self._store, Keys(run_id), node_id)
@@ -144,26 +129,12 @@ class DynamicRendezvous:
         self._liveness = liveness = Liveness(board, self._settings, fence=self._fence)
         if self._ring is not None:
             liveness.on_event(self._ring)
-        self._membership: Membership | None = None
-        self._rank: int | None = None
         self._done: bool | None = None  # what report_done said
         self._junk = False  # the join failed on a malformed reply: nothing more to tell it
-        self._barrier = ExitBarrier(board, self._settings, self.poll)  # await_peers' answer
-        answers = board.answers
-        stacks = Channel[str]("stacks", answers.request_stacks, answers.post_stacks,
-                              answers.collect_stacks, liveness.stack_requests,
-                              liveness.saw_stack_request)  # fmt: skip
-        status = Channel[bytes]("status", answers.request_status, answers.post_status,
-                                answers.collect_status, liveness.status_requests,
-                                liveness.saw_status_request)  # fmt: skip
+        self._wires = Wires(board, liveness, ExitBarrier(board, self._settings, self.poll))
         self._departure = Departure(
             board, self._store, liveness, self._settings, self._hostname, node_id, run_id
         )
-        self._stacks = StackRequests(stacks, liveness.store_problem, self._current, run_id)
-        self._status = StatusRequests(
-            status, liveness.store_problem, self._current, run_id, liveness.spares
-        )
-        self._check = CheckRecords(board, liveness.store_problem, self._current)
         self._tell_last_word()
 
     def rejoin(self) -> bool:
@@ -183,15 +154,14 @@ class DynamicRendezvous:
             return False
         if self._fence is not None:
             self._fence.rearm()
-        if self._membership is not None and self._rank is not None:
+        if self._joined is not None:
             # Before waiting in the next round: the old round's members stop at once.
-            tell_rejoining(self._board, self._membership, self._rank, why, gone)
-        prior = self._membership, self._rank
+            joined = self._joined
+            tell_rejoining(self._board, joined.membership, joined.rank, why, gone)
+        # As a member of the last round coming back (``_joined`` is kept): it opens the next
+        # round and joins it (settling its old place as rejoined, unless a peer counted it
+        # lost first), so the job re-forms even when every member lost the store at once.
         self._wire(self._board.keys.run_id, uuid.uuid4().hex)
-        # As a member of the last round coming back: it opens the next round and joins it
-        # (settling its old place as rejoined, unless a peer counted it lost first), so the
-        # job re-forms even when every member lost the store at once (its host paused).
-        self._membership, self._rank = prior
         log.info("rendezvous %r: the store answers again; rejoining as a new member", self.run_id)
         return True
 
@@ -233,50 +203,53 @@ class DynamicRendezvous:
         return self._node_id
 
     # -- RendezvousHandler -----------------------------------------------------------------
-    def next_round(self, local_world_size: int) -> RendezvousResult:
+    def next_round(self, local_world_size: int) -> JoinedRound:
         if self._closed or self._done is not None:
             raise RendezvousError("this node already left the rendezvous")
         problem = self._liveness.store_problem()
         if problem is not None:
             raise RendezvousError(problem)
-        me = Arrival(
-            node_id=self._node_id,
-            hostname=self._hostname,
-            addr=self._addr,
-            local_world_size=local_world_size,
-            prev_rank=-1 if self._rank is None else self._rank,
-            prev_round=-1 if self._membership is None else self._membership.round,
-            fixed_rank=self._fixed_rank,
-            hosts_store=self._store.hosting,
-            fingerprint=self._fingerprint,
-        )
+        last = self._joined
         try:
             self._liveness.announce()
             self._liveness.start()  # beats while joining: see ``Liveness``
-            membership, rank, (addr, port) = self._former.form(me, self._membership, self._rank)
+            membership, rank, (addr, port) = self._former.form(
+                self._arrival(local_world_size),
+                None if last is None else last.membership,
+                None if last is None else last.rank,
+            )
             if rank == 0:  # (after the master is published: the others need not wait)
                 sweep(self._board, membership)
         except StoreUnavailable as exc:
             # A store that answered junk answers the leave's write with the same junk.
             self._junk = isinstance(exc, Malformed)
             raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
-        self._membership, self._rank = membership, rank
         self._liveness.follow(membership, rank)
         log.info(
             "rendezvous %r round %d: node rank %d of %d, master %s:%d, restart %d",
             self.run_id, membership.round, rank, membership.count, addr, port,
             membership.restart_count,
         )  # fmt: skip
-        return RendezvousResult(
-            run_id=self.run_id,
-            round=membership.round,
-            restart_count=membership.restart_count,
-            node_rank=rank,
-            nodes=membership.nodes,
-            master_addr=addr,
-            master_port=port,
-            fingerprints=membership.fingerprints,
-            node_ids=membership.node_ids,
+        # The round's calls go over the wiring of the time: a rejoin renews it under them.
+        self._joined = JoinedRound(
+            self.run_id, membership, rank, (addr, port), lambda: self._wires, self._settings,
+            self._hostname,
+        )  # fmt: skip
+        return self._joined
+
+    def _arrival(self, local_world_size: int) -> Arrival:
+        """This node as it asks to join the next round (where it was in the last one)."""
+        last = self._joined
+        return Arrival(
+            node_id=self._node_id,
+            hostname=self._hostname,
+            addr=self._addr,
+            local_world_size=local_world_size,
+            prev_rank=-1 if last is None else last.rank,
+            prev_round=-1 if last is None else last.membership.round,
+            fixed_rank=self._fixed_rank,
+            hosts_store=self._store.hosting,
+            fingerprint=self._fingerprint,
         )
 
     def _standing_by(self) -> None:
@@ -316,15 +289,6 @@ class DynamicRendezvous:
     def stop_heard(self) -> JobEvent | None:
         return self._liveness.stop_heard()
 
-    def report_failure(self, failure: dict[str, object]) -> int | None:
-        return self._round().report_failure(failure)
-
-    def report_preemption(self, notice: dict[str, object]) -> dict[str, object]:
-        return self._round().report_preemption(notice)
-
-    def preemption(self) -> dict[str, object] | None:
-        return None if self._membership is None else self._round().preemption()
-
     def failures(self) -> list[dict[str, object]]:
         """Empty once the store is lost: asking would only wait out its timeout again."""
         if self._liveness.store_problem() is not None:
@@ -334,24 +298,19 @@ class DynamicRendezvous:
         except StoreUnavailable as exc:
             raise RendezvousError(f"rendezvous {shown_run_id(self.run_id)}: {exc}") from None
 
-    def claim_restart(self, max_restarts: int) -> bool:
-        return self._round().claim_restart(max_restarts)
-
-    def judge_round(self, progressed: bool, signature: Signature) -> RoundVerdict:
-        return self._round().judge_round(progressed, signature)
-
     def report_done(self, ok: bool, *, signum: int | None = None, preempted: bool = False) -> None:
         if signum is not None and self._stopped_by is None:
             self._stopped_by = signum
             self._preempted = preempted
         if not ok:
             self._liveness.settle()  # fenced: learn what became of the store, bounded
-        if self._done is True and not ok and self._membership is not None:
+        joined = self._joined
+        if self._done is True and not ok and joined is not None:
             self._done = False  # the job failed elsewhere after this node's workers finished
-            self._stop_job()
+            joined.stop_job(self._stopped_by, self._preempted)
             return
-        if self._done is not None or self._membership is None or self._rank is None:
-            if not ok and self._done is None and self._membership is None:
+        if self._done is not None or joined is None:
+            if not ok and self._done is None and joined is None:
                 self._left_while_joining()
             self._done = ok if self._done is None else self._done
             return
@@ -361,8 +320,8 @@ class DynamicRendezvous:
         self._tell_last_word(withdrawn=True)
         if self._liveness.store_problem() is not None:
             return  # nobody to tell; every call would only wait out the read timeout
-        if self._round().leave(ok) and not ok:
-            self._stop_job()
+        if joined.leave(ok) and not ok:
+            joined.stop_job(self._stopped_by, self._preempted)
 
     def _left_while_joining(self) -> None:
         if self._junk or self._liveness.store_problem() is not None:
@@ -370,22 +329,6 @@ class DynamicRendezvous:
         tell_left_while_joining(
             self._board, self._hostname, self._addr, self._stopped_by, self._preempted
         )
-
-    def _stop_job(self) -> None:
-        self._round().stop_job(self._stopped_by, self._preempted)
-
-    def stacks(self) -> StackExchange:
-        return self._stacks
-
-    def status_exchange(self) -> StatusExchange:
-        return self._status
-
-    def node_check(self) -> CheckExchange:
-        return self._check
-
-    def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
-        _, event = self._barrier.once(self._membership, interrupted)
-        return None if event is None or event.kind is EventKind.STORE_LOST else event
 
     def shutdown(self) -> None:
         if self._closed:
@@ -408,27 +351,12 @@ class DynamicRendezvous:
         reach = None if withdrawn else self._reach
         self._heard(None if reach is None else word(reach, self.run_id, self._node_id))
 
-    def _current(self) -> tuple[Membership, int]:
-        if self._membership is None or self._rank is None:
-            raise RendezvousError("no rendezvous round has formed yet")
-        return self._membership, self._rank
-
-    def _round(self) -> JoinedRound:
-        """The calls of the round this node is in (after a ``rejoin``, still the last one,
-        over the new member's board and heartbeats)."""
-        membership, rank = self._current()
-        return JoinedRound(
-            self._board, self._liveness, self._settings, membership, rank, self._hostname
-        )
-
     def _leave(self) -> None:
         """Leave the run's store as ``departure`` says, if a round formed and the store is
         still there."""
-        if self._membership is None or self._rank is None:
+        if self._joined is None or self._liveness.store_problem() is not None:
             return
-        if self._liveness.store_problem() is not None:
-            return
-        membership = self._membership
+        membership, barrier = self._joined.membership, self._wires.barrier
         self._departure.leave(
-            membership, self._rank, self._done, lambda: self._barrier.once(membership)
+            membership, self._joined.rank, self._done, lambda: barrier.once(membership)
         )

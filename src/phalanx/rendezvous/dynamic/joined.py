@@ -1,24 +1,39 @@
-"""The calls of a round this node joined (``handler``'s per-round half): its failures told
-to the job, the restart claimed, the round judged, the preemption told and read. One is
-made when a round forms, for that round and this node's rank in it, so none of them asks
-whether a round has formed. Store trouble: ``claim_restart`` and ``judge_round`` raise
-``RendezvousError``; telling a failure or a preemption only logs it (the node stops anyway).
+"""A round this node joined (``next_round``'s ``Round``; the handler's per-round half): its
+facts, its failures told to the job, the restart claimed, the round judged, the preemption
+told and read, the exit barrier, the exchanges. One is made when a round forms, for that
+round and this node's rank in it, so none of them asks whether a round has formed. Store
+trouble: ``claim_restart`` and ``judge_round`` raise ``RendezvousError``; telling a failure
+or a preemption only logs it (the node stops anyway).
+
+The calls go through the node's wiring as it is at the time (``Wires``): after a ``rejoin``
+the last round's calls (the restart claimed) go over the new member's board and heartbeats.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import (
     EventKind,
+    Exchanges,
     JobEvent,
+    RendezvousResult,
     RoundVerdict,
     Signature,
     restarts_left,
 )
+from phalanx.rendezvous.dynamic.barrier import ExitBarrier
 from phalanx.rendezvous.dynamic.board import LEFT, Board
+from phalanx.rendezvous.dynamic.exchange import (
+    Channel,
+    CheckRecords,
+    StackRequests,
+    StatusRequests,
+)
 from phalanx.rendezvous.dynamic.judge import judge
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Membership
@@ -33,24 +48,53 @@ from phalanx.rendezvous.stores.base import StoreUnavailable
 log = logging.getLogger("phalanx")
 
 
+@dataclass(frozen=True)
+class Wires:
+    """One member's wiring to the store (``handler``'s, renewed by a ``rejoin``)."""
+
+    board: Board
+    liveness: Liveness
+    barrier: ExitBarrier  # ``await_peers``' answer, kept
+
+
 class JoinedRound:
-    """Round ``membership`` as node rank ``rank`` (member ``node_id`` on ``hostname``)."""
+    """Round ``membership`` of run ``run_id`` as node rank ``rank`` (on ``hostname``), the
+    workers' store at ``master``."""
 
     def __init__(
         self,
-        board: Board,
-        liveness: Liveness,
-        settings: RendezvousSettings,
+        run_id: str,
         membership: Membership,
         rank: int,
+        master: tuple[str, int],
+        wires: Callable[[], Wires],
+        settings: RendezvousSettings,
         hostname: str,
     ) -> None:
-        self.board = board
-        self.liveness = liveness
+        self.result = RendezvousResult(
+            run_id=run_id,
+            round=membership.round,
+            restart_count=membership.restart_count,
+            node_rank=rank,
+            nodes=membership.nodes,
+            master_addr=master[0],
+            master_port=master[1],
+            fingerprints=membership.fingerprints,
+            node_ids=membership.node_ids,
+        )
+        self._wires = wires
         self.settings = settings
         self.membership = membership
         self.rank = rank
         self.hostname = hostname
+
+    @property
+    def board(self) -> Board:
+        return self._wires().board
+
+    @property
+    def liveness(self) -> Liveness:
+        return self._wires().liveness
 
     def _unreachable(self, exc: StoreUnavailable) -> RendezvousError:
         return RendezvousError(f"rendezvous {shown_run_id(self.board.keys.run_id)}: {exc}")
@@ -129,3 +173,24 @@ class JoinedRound:
         if self.liveness.store_problem() is not None:
             return
         tell_job_stopped(self.board, self.membership, self.rank, self.hostname, signum, preempted)
+
+    def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
+        _, event = self._wires().barrier.once(self.membership, interrupted)
+        return None if event is None or event.kind is EventKind.STORE_LOST else event
+
+    def exchanges(self) -> Exchanges:
+        """Built over the wiring of now, for this round and rank (they keep no state)."""
+        board, liveness = self.board, self.liveness
+        answers, problem, run_id = board.answers, liveness.store_problem, board.keys.run_id
+        here = (self.membership, self.rank)
+        stacks = Channel[str]("stacks", answers.request_stacks, answers.post_stacks,
+                              answers.collect_stacks, liveness.stack_requests,
+                              liveness.saw_stack_request)  # fmt: skip
+        status = Channel[bytes]("status", answers.request_status, answers.post_status,
+                                answers.collect_status, liveness.status_requests,
+                                liveness.saw_status_request)  # fmt: skip
+        return Exchanges(
+            StackRequests(stacks, problem, lambda: here, run_id),
+            StatusRequests(status, problem, lambda: here, run_id, liveness.spares),
+            CheckRecords(board, problem, lambda: here),
+        )
