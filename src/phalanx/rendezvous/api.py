@@ -163,7 +163,7 @@ def restarts_left(restart_count: int, max_restarts: int) -> int:
 
 class RendezvousHandler(Protocol):
     """One node's side of the rendezvous, across rounds: at most 8 members, as torch's
-    handler (``tests/test_layout.py`` holds it there). What belongs to one round is on the
+    handler (``tests/unit/test_layout.py`` holds it there). What belongs to one round is on the
     ``Round`` that ``next_round`` returns."""
 
     @property
