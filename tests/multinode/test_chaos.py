@@ -135,7 +135,7 @@ def test_a_signal_while_waiting_for_the_other_nodes_ends_phalanx_at_once(
             wait_for(lambda: "trying for another" in log.read_text(), HANG, "a retry line")
         helpers = _descendants(agent.pid)
         agent.send_signal(sig)
-        assert agent.wait(HANG) == 128 + sig
+        assert agent.wait(HANG) == 128 + sig, log.read_text()[-4000:]
         wait_for(lambda: not any(alive(pid) for pid in helpers), 10, "its helpers to be gone")
         assert "Traceback" not in log.read_text()
     finally:

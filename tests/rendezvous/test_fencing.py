@@ -354,6 +354,8 @@ def stamp_files(directory: Path, label: str) -> list[tuple[float, float | None, 
     found = []
     for path in sorted(directory.glob(f"{label}-*.stamps")):
         lines = path.read_text().splitlines()
+        if not lines:  # the worker made its file and has not written its first line yet
+            continue
         head = lines[0].split()
         stamps = [float(line) for line in lines[1:] if _is_number(line)]
         found.append((float(head[1]), max(stamps, default=None), int(head[2].split("=")[1])))
