@@ -72,8 +72,9 @@ def build_plan(
     if config.workers.spawn_owner:
         workers: tuple[WorkerPlan, ...] = (_owner_plan(config, rdzv, run_dir, base_env),)
     else:
+        command = worker_command(config.workers)  # the same argv for every local rank
         workers = tuple(
-            _worker_plan(config, rdzv, run_dir, base_env, local_rank)
+            _worker_plan(config, rdzv, run_dir, base_env, command, local_rank)
             for local_rank in range(config.workers.nproc_per_node)
         )
     return RoundPlan(run_dir=run_dir, attempt_dir=attempt_dir, rendezvous=rdzv, workers=workers)
@@ -100,6 +101,7 @@ def _worker_plan(
     rdzv: RendezvousResult,
     run_dir: Path,
     base_env: Mapping[str, str],
+    command: WorkerCommand,
     local_rank: int,
 ) -> WorkerPlan:
     rank = rdzv.rank_offset + local_rank
@@ -108,7 +110,7 @@ def _worker_plan(
     return WorkerPlan(
         local_rank=local_rank,
         global_rank=rank,
-        command=worker_command(config.workers),
+        command=command,
         env=worker_env(config, rdzv, local_rank, run_dir, base_env),
         log_dir=rank_dir(run_dir, rdzv.restart_count, rank),
         console_streams=console if shown else frozenset(),
