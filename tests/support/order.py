@@ -22,8 +22,8 @@ LONGEST_FIRST: dict[str, float] = {
     "multinode/test_chaos.py": 173,
     "project/test_soak.py": 153,
     "supervisor/test_node_check.py": 148,
-    "rendezvous/test_fencing.py": 146,
     "agent/test_runfiles_faults.py": 136,
+    "rendezvous/test_fencing.py": 126,  # 146 before its cut-off node gave up rejoining sooner
     "project/test_docs.py": 121,
     "multinode/test_multinode.py": 120,
     "agent/test_preempt.py": 116,
@@ -40,7 +40,6 @@ LONGEST_FIRST: dict[str, float] = {
     "slurm/test_slurm_requeue_exclude.py": 66,
     "agent/test_failure_corpus.py": 64,
     "project/test_readme.py": 62,
-    "agent/test_causal_root_cause.py": 61,
     "rendezvous/test_spares.py": 59,
     "agent/test_log_backpressure.py": 56,
     "supervisor/test_stragglers.py": 55,
@@ -59,6 +58,7 @@ LONGEST_FIRST: dict[str, float] = {
     "rendezvous/test_etcd_store.py": 35,
     "agent/test_runs_by_name.py": 33,
     "rendezvous/test_membership_change.py": 32,
+    "agent/test_causal_root_cause.py": 30,  # 61 while its proxy stayed slow to the end
     "agent/test_wakeups.py": 25,
     "rendezvous/test_lost_during_restart.py": 24,
     "worker/test_checkpoint.py": 23,
