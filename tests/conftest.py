@@ -2,7 +2,8 @@
 
 ``tests/unit/`` holds the in-process tests of the pure parts (fakes, the in-memory store);
 every other folder, one per layer, starts real processes. The unit tier runs first, so a
-plain run fails fast on a pure mistake before it waits on real processes.
+plain run fails fast on a pure mistake before it waits on real processes; then the longest
+modules, so that under ``--dist loadfile`` none of them starts last (``support/order.py``).
 
 A test skips only where a part it needs is missing here (etcd, py-spy, torchrun, network
 namespaces, a memory cgroup). On a developer's machine that is a skip with its reason; in CI
@@ -22,6 +23,7 @@ from support import cpuquota
 from support.hosts import Loopback, NamespaceHosts, Node
 from support.memcluster import Cluster
 from support.netns import NetNamespaces, unavailable_reason
+from support.order import start_order
 
 STRICT = os.environ.get("CI") == "true"
 
@@ -32,9 +34,16 @@ for _marker in ("SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST", "PET_PREEMPT_SIGNALS"
     os.environ.pop(_marker, None)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist's --dist loadfile hands out the modules with the most tests first unless
+    # told not to; ours are handed out in the order below (support/order.py says why).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Stable: within each tier, pytest's own order (folder, module, definition) stays.
-    items.sort(key=lambda item: item.path.parent.name != "unit")
+    # Stable: within a module, and among modules of equal weight, pytest's own order stays.
+    items.sort(key=lambda item: start_order(item.path))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -16,6 +16,9 @@ from support.slurm import SlurmCluster, job_env
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 150  # two agents, four workers importing torch, on 2 shared cores
 RANKS = range(4)
+# Seconds between looks that start processes (scontrol): a wait of a minute at wait_for's
+# default 0.05 s was 1200 of them, CPU the other tests of a 2-core machine wait for.
+POLL = 0.5
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
@@ -47,7 +50,8 @@ def wait_until_training(out: Path, ended: Callable[[], str | None]) -> None:
         seen["ended"] = ended()
         return seen["ended"] is not None
 
-    wait_for(training_or_ended, TIMEOUT, "training")
+    # Every look asks slurmctld (``ip netns exec ... scontrol``): twice a second, not 20 times
+    wait_for(training_or_ended, TIMEOUT, "training", every=POLL)
     if seen.get("ended") is not None:
         raise AssertionError(f"the job ended before training: {seen['ended']}")
 
@@ -82,7 +86,10 @@ def requeued_once_and_completed(slurm: SlurmCluster, job_id: str, tmp_path: Path
     """Preempt the batch job (USR1, its --preempt-signals) and wait for its end: it must have
     been requeued once and completed. Its fields, as ``scontrol show job`` gives them."""
     assert slurm.run(["scancel", "--signal=USR1", job_id]).returncode == 0
-    wait_for(lambda: slurm.job_fields(job_id).get("JobState") in ENDED, 2 * TIMEOUT, "the end")
+    wait_for(
+        lambda: slurm.job_fields(job_id).get("JobState") in ENDED, 2 * TIMEOUT, "the end",
+        every=POLL,
+    )  # fmt: skip
     fields = slurm.job_fields(job_id)
     assert (fields["JobState"], fields["Restarts"], fields["ExitCode"]) == (
         "COMPLETED", "1", "0:0"
