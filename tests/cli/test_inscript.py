@@ -95,6 +95,12 @@ def test_trellis_program_runs_unchanged_on_two_nodes(tmp_path: Path, crash: bool
     ]
     if crash:
         assert "RuntimeError: rank 1 crashes once" in outputs[1][1]
+        # Its ranks report no step and no beat: back when the new round's workers finished
+        # (it was "never made progress again"); no ETTR, said with what would give one.
+        for _, stderr in outputs:
+            assert ": making progress again after " in stderr, stderr
+            assert "never" not in stderr, stderr
+            assert "no ETTR: the workers reported no progress (no optimizer step, " in stderr
 
 
 def test_spawn_rejects_bad_arguments() -> None:

@@ -148,7 +148,7 @@ class Rounds:
         state = replace(state, attempts=state.attempts + 1)
         plan = build_plan(self.config, joined, self.run_dir, self.base_env)
         mark = ProgressMark.take(plan)
-        attempt = AttemptEvents(self.events, plan, joined.round, state.attempts)
+        attempt = AttemptEvents(self.events, plan, joined.round, state.attempts, state.redo)
         watch = RoundWatch(
             plan,
             stall_timeout=self.config.checks.stall_timeout,
@@ -162,6 +162,7 @@ class Rounds:
         if isinstance(result, RunEnd):
             return result
         attempt.ended(result.exits)
+        state = replace(state, redo=attempt.peak)  # where the next attempt is "back"
         slow.leave()  # named a straggler under --straggler-action exclude: leaves the job
         exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
         return self._ended(state, Played(at, plan, result, exits, watch, probe, mark, attempt))

@@ -40,8 +40,10 @@ KINDS: dict[str, tuple[str, ...]] = {
     "script_args_differ": ("round", "line", "nodes"),
     # This node's workers of one attempt were started (global ranks and pids).
     "workers_started": ("round", "attempt", "ranks", "pids"),
-    # A worker's progress counters (``phalanx.worker.progress``), sampled by the agent.
-    "progress": ("round", "rank", "step", "beats"),
+    # A worker's progress counters (``phalanx.worker.progress``), sampled by the agent;
+    # ``age``: seconds from the agent's previous reading (the earliest the rank can have
+    # moved) to this one (``agent.attempt_events``).
+    "progress": ("round", "rank", "step", "beats", "age"),
     # One worker ended: its code (negative: killed by that signal) and whether phalanx
     # stopped it (collateral) or it failed on its own.
     "worker_exit": (
