@@ -2,8 +2,9 @@
 failure, stop its workers, re-form and get back to where it failed; and the run's ETTR.
 
 **Progress** is a ``progress`` event: a rank's counters (its step and beats) as the agent
-read them. The agent reads them every tick (``--monitor-interval``, 0.1 s) and records them
-every 2 s when they moved, but at once when a rank first moves in an attempt and when its
+read them. The agent reads them on every tick of its loop (``--monitor-interval``, 0.1 s, with
+several nodes; on a single node from 0.1 s to about once a second) and records them every
+2 s when they moved, but at once when a rank first moves in an attempt and when its
 step first reaches the failed attempt's highest step (``agent.attempt_events``), and once
 more when the attempt ends. So a progress event's ``mono`` is, to a tick, when the agent
 first saw that reading; its ``age`` says how long before that the agent's previous reading
@@ -51,7 +52,9 @@ nothing trains, and after a failure the steps redone up to the failed one repeat
 already done once. The tail after the last step (saving, the exit barrier) counts as
 productive: no event marks where training ended. A run whose workers never reported
 progress (no optimizer step, ``phalanx.step``, ``phalanx.heartbeat``) has no ETTR (None):
-nothing tells its startup from its training. Every figure is good to the agent's reading interval.
+nothing tells its startup from its training. Every boundary is good to one reading of the
+counters, and never in the job's favour: startup and back end at the reading that saw the
+move, an incident begins at the reading before the one that saw the last move.
 
 Events of several nodes may be merged (``phalanx.events.read_run_events``): every figure
 is per node. A node's events are those of its ``host`` whose ``seq`` count up from 0 (two

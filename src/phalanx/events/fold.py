@@ -204,7 +204,8 @@ class NodeFold:
         key = event.get("round")
         age = _num(event.get("age"))
         moved = t - (age or 0.0)  # after the agent's previous reading
-        self.last_progress = max(moved, self.last_progress or moved)
+        last = self.last_progress
+        self.last_progress = moved if last is None else max(moved, last)
         if age is not None:  # (an agent before ``age`` sampled every 2 s: moved when, unknown)
             self.moved[key] = max(moved, self.moved.get(key, moved))
         peak = self.peaks.get(key)

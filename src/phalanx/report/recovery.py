@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from phalanx.events.figures import Incident, NodeFigures, Recovery
 
-SAMPLING_NOTE = "good to the agent's reading interval, --monitor-interval"
+SAMPLING_NOTE = "good to the agent's readings of the progress counters"
 
 
 def _s(value: float | None) -> str:
