@@ -106,6 +106,9 @@ def test_spawn_rejects_bad_arguments() -> None:
         "node_rank",
     ]
     with pytest.raises(phalanx.UsageError) as caught:
+        phalanx.spawn(print, num_gpus=1, hang_watch="floor=soon")
+    assert caught.value.problems == ["hang_watch: floor must be a number, got 'soon'"]
+    with pytest.raises(phalanx.UsageError) as caught:
         phalanx.spawn(print, num_gpus=1, num_nodes=2, master_port="12a")
     assert caught.value.problems == ["master_port: expected 1..65535 (0: any free port), got '12a'"]
     with pytest.raises(phalanx.UsageError) as caught:
