@@ -76,6 +76,7 @@ class Outcome:
     to_verdict: float | None  # seconds from the fault (the worker's mark) to the naming
     failed: bool  # the round failed as a hang (the second bound)
     resumed: bool  # a "hang_over": a named rank moved again
+    longest: float | None  # a healthy run's longest silence between two steps (any rank)
     returncode: int | None
     stderr: str
 
@@ -132,6 +133,7 @@ def _start(job: Case, scale: float, fs: Path | None) -> None:
         "HANG_SCALE": str(scale),
         "HANG_MARK": str(job.directory / "mark"),
         "HANG_CKPT": str(job.directory / "ckpt"),
+        "HANG_GAPS": str(job.directory / "gaps"),
         "HANG_FS": str(fs or ""),
     }
     argv = [sys.executable, "-m", "phalanx", "--nproc-per-node", "2", "--max-restarts", "0",
@@ -185,6 +187,7 @@ def _outcome(job: Case) -> Outcome:
         to_verdict=to_verdict,
         failed=bool(job.of("hang", action="failed")),
         resumed=bool(job.of("hang_over")),
+        longest=max((float(g.read_text()) for g in job.directory.glob("gaps.*")), default=None),
         returncode=launcher.returncode if launcher is not None else None,
         stderr=(job.directory / "stderr").read_text(errors="replace")[-3000:],
     )
@@ -203,8 +206,8 @@ def figures(outcomes: Sequence[Outcome]) -> tuple[float, float]:
 
 def table(outcomes: Sequence[Outcome]) -> list[str]:
     """The corpus's table, in Markdown."""
-    rows = ["| case | kind | verdict | time to verdict (s) | bound (s) | fails at (s) | suspects |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| case | kind | verdict | time to verdict (s) | bound (s) | fails at (s) | suspects "
+            "| longest silence (s) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for o in outcomes:
         if o.case == RESUMES:
             continue
@@ -214,7 +217,8 @@ def table(outcomes: Sequence[Outcome]) -> list[str]:
         suspects = ", ".join(f"rank {r}" for r in o.suspects) or "-"
         to_verdict = f"{o.to_verdict:g}" if o.to_verdict is not None else "-"
         kind = "hang" if o.hang else "healthy"
-        rows.append(f"| {o.case} | {kind} | {verdict} | {to_verdict} | {bound} | {fails} | {suspects} |")  # fmt: skip
+        longest = f"{o.longest:g}" if o.longest is not None else "-"
+        rows.append(f"| {o.case} | {kind} | {verdict} | {to_verdict} | {bound} | {fails} | {suspects} | {longest} |")  # fmt: skip
     precision, recall = figures(outcomes)
     judged = sum(o.case != RESUMES for o in outcomes)
     rows.append(f"\nprecision {precision:.2f}, recall {recall:.2f} ({judged} cases)")

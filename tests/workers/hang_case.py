@@ -128,11 +128,29 @@ class SlowToSave:
         return (dict, ())
 
 
+class Silences:
+    """The longest time between two steps of this rank (start-up included), written to
+    $HANG_GAPS.<rank> at the end: the figure the corpus's bounds are chosen against."""
+
+    def __init__(self) -> None:
+        self.last, self.longest = time.monotonic(), 0.0
+
+    def step(self, n: int) -> None:
+        now = time.monotonic()
+        self.longest, self.last = max(self.longest, now - self.last), now
+        phalanx.step(n)
+
+    def write(self) -> None:
+        with open(f"{os.environ['HANG_GAPS']}.{RANK}", "w") as out:
+            out.write(f"{self.longest:.2f}")
+
+
 def healthy_case() -> None:
+    silences = Silences()
     start, n = time.monotonic(), 0
     if CASE == "first_step_40s":
         if RANK == 1:
-            phalanx.step(0)  # rank 1's long step comes after its first beat
+            silences.step(0)  # rank 1's long step comes after its first beat
         time.sleep(40 * S)  # data loading, compiling: the main thread waits
     heap = [[i] for i in range(int(3e6 * max(S, 0.1)))] if CASE == "gc_pauses" else None
     if heap is not None:
@@ -141,7 +159,7 @@ def healthy_case() -> None:
     batches = loader_queue(None, 20) if CASE == "loader_stalls" else None
     step = STEP * (2 if CASE == "straggler" and RANK == 1 else 1)
     while time.monotonic() - start < RUN:
-        phalanx.step(n)
+        silences.step(n)
         n += 1
         if CASE == "jitter":
             time.sleep(random.uniform(0.05, 0.5))
@@ -163,6 +181,7 @@ def healthy_case() -> None:
             if RANK == 0:
                 phalanx.checkpoint.save({"w": SlowToSave()}, os.environ["HANG_CKPT"], n)
             dist.barrier()  # rank 1 waits for the save, unpaused
+    silences.write()
 
 
 def stall_then_resume() -> None:
