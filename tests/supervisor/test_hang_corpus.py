@@ -9,13 +9,13 @@ on a pipe nobody writes. Time is scaled down to a tenth (a 2.5 s checkpoint save
 first step, 1.5 s evaluations), the floor to 6 s and the grace to 20 s with it. One hang
 (the SIGSTOP, floor 2 s) runs on into the second bound, where the round fails as a hang; one
 rank silent for twice the floor and then moving again is named, said to move again, and its
-job ends well."""
+job ends well; one in a phalanx.pause() for twice the floor is not named."""
 
 from __future__ import annotations
 
 import pytest
 
-from support.hang_corpus import HANGS, HEALTHY, RESUMES, Outcome, figures, run_corpus
+from support.hang_corpus import EXTRA, HANGS, HEALTHY, PAUSES, RESUMES, Outcome, figures, run_corpus
 
 SCALE = 0.1
 WATCH = "floor=6,grace=20"
@@ -26,7 +26,7 @@ FAILS = "sigstop"
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
     tmp = tmp_path_factory.mktemp("corpus")
     outcomes = run_corpus(
-        tmp, scale=SCALE, watch=WATCH, deadline=150, cases=(*HANGS, *HEALTHY, RESUMES),
+        tmp, scale=SCALE, watch=WATCH, deadline=150, cases=(*HANGS, *HEALTHY, *EXTRA),
         fail_case=FAILS, fail_watch="floor=2,grace=20",
     )  # fmt: skip
     return {o.case: o for o in outcomes}
@@ -50,7 +50,7 @@ def test_no_healthy_run_is_named(corpus: dict[str, Outcome], case: str) -> None:
 
 
 def test_the_corpus_has_full_precision_and_recall(corpus: dict[str, Outcome]) -> None:
-    assert figures([o for name, o in corpus.items() if name != RESUMES]) == (1.0, 1.0)
+    assert figures([o for name, o in corpus.items() if name not in EXTRA]) == (1.0, 1.0)
 
 
 def test_the_round_fails_at_the_second_bound(corpus: dict[str, Outcome]) -> None:
@@ -66,3 +66,8 @@ def test_a_named_rank_that_moves_again_is_said_and_the_job_goes_on(
     o = corpus[RESUMES]
     assert o.named and o.resumed and not o.failed and o.returncode == 0, o.stderr
     assert "hang over: rank 1 moves again after" in o.stderr
+
+
+def test_a_pause_longer_than_the_floor_is_not_named(corpus: dict[str, Outcome]) -> None:
+    o = corpus[PAUSES]
+    assert not o.named and o.returncode == 0, o.stderr

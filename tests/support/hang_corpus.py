@@ -29,6 +29,10 @@ HEALTHY = ("checkpoint_save", "eval", "first_step_40s", "jitter", "decay", "gc_p
 # A rank silent for a while that then moves again: named, "moves again", the job goes on.
 # Not part of the corpus's figures (it is neither a hang nor a healthy run).
 RESUMES = "stall_then_resume"
+# A rank in a phalanx.pause() for twice the floor (under the grace): not named. Not part of
+# the figures either.
+PAUSES = "long_pause"
+EXTRA = (RESUMES, PAUSES)
 TORCH = {"asleep_collective", "mismatched_collectives", "checkpoint_save", "dataloader_dead"}
 WORKER = Path(__file__).parents[1] / "workers" / "hang_case.py"
 
@@ -195,7 +199,7 @@ def _outcome(job: Case) -> Outcome:
 
 def figures(outcomes: Sequence[Outcome]) -> tuple[float, float]:
     """(precision, recall) of the verdicts: named hangs over all named, and over all hangs."""
-    judged = [o for o in outcomes if o.case != RESUMES]
+    judged = [o for o in outcomes if o.case not in EXTRA]
     named = [o for o in judged if o.named]
     hangs = [o for o in judged if o.hang]
     true = [o for o in named if o.hang]
@@ -209,7 +213,7 @@ def table(outcomes: Sequence[Outcome]) -> list[str]:
     rows = ["| case | kind | verdict | time to verdict (s) | bound (s) | fails at (s) | suspects "
             "| longest silence (s) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for o in outcomes:
-        if o.case == RESUMES:
+        if o.case in EXTRA:
             continue
         verdict = ("named" if o.named else "not named") + ("" if o.correct else " (WRONG)")
         bound = f"{o.bound:g}" if o.bound else "-"
@@ -220,6 +224,6 @@ def table(outcomes: Sequence[Outcome]) -> list[str]:
         longest = f"{o.longest:g}" if o.longest is not None else "-"
         rows.append(f"| {o.case} | {kind} | {verdict} | {to_verdict} | {bound} | {fails} | {suspects} | {longest} |")  # fmt: skip
     precision, recall = figures(outcomes)
-    judged = sum(o.case != RESUMES for o in outcomes)
+    judged = sum(o.case not in EXTRA for o in outcomes)
     rows.append(f"\nprecision {precision:.2f}, recall {recall:.2f} ({judged} cases)")
     return rows

@@ -184,17 +184,21 @@ def healthy_case() -> None:
     silences.write()
 
 
-def stall_then_resume() -> None:
+def silent_then_on() -> None:
     for n in range(60):
         phalanx.step(n)
         time.sleep(STEP)
         if RANK == 1 and n == HANG_STEP:
             mark()
-            time.sleep(120 * S)  # twice the floor: named; then it moves again
+            if CASE == "long_pause":
+                with phalanx.pause():  # twice the floor, under the grace: not named
+                    time.sleep(120 * S)
+            else:
+                time.sleep(120 * S)  # twice the floor: named; then it moves again
 
 
-if CASE == "stall_then_resume":
-    stall_then_resume()
+if CASE in ("stall_then_resume", "long_pause"):
+    silent_then_on()
 elif CASE in {"asleep_collective", "python_loop", "mismatched_collectives", "sigstop", "io_fuse",
             "deadlock", "dataloader_dead", "c_call"}:  # fmt: skip
     hang_case()
