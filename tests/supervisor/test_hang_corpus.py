@@ -35,7 +35,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
 @pytest.mark.parametrize("case", HANGS)
 def test_every_hang_is_named_past_its_bound(corpus: dict[str, Outcome], case: str) -> None:
     o = corpus[case]
-    assert o.named, o.stderr
+    assert o.named and set(o.ranks) <= set(o.hung), (o.hung, o.stderr)  # in status.json too
     assert o.bound is not None and o.to_verdict is not None and o.to_verdict >= o.bound
     if case != "mismatched_collectives":  # two ranks, both inside torch: no one stands out
         assert o.suspects == [1], (o.suspects, o.stderr)
@@ -65,7 +65,7 @@ def test_a_named_rank_that_moves_again_is_said_and_the_job_goes_on(
 ) -> None:
     o = corpus[RESUMES]
     assert o.named and o.resumed and not o.failed and o.returncode == 0, o.stderr
-    assert "hang over: rank 1 moves again after" in o.stderr
+    assert "hang over: rank 1 moves again after" in o.stderr and o.hung == []
 
 
 def test_a_pause_longer_than_the_floor_is_not_named(corpus: dict[str, Outcome]) -> None:

@@ -81,6 +81,7 @@ class Outcome:
     failed: bool  # the round failed as a hang (the second bound)
     resumed: bool  # a "hang_over": a named rank moved again
     longest: float | None  # a healthy run's longest silence between two steps (any rank)
+    hung: list[int]  # the ranks status.json last called hung
     returncode: int | None
     stderr: str
 
@@ -192,9 +193,18 @@ def _outcome(job: Case) -> Outcome:
         failed=bool(job.of("hang", action="failed")),
         resumed=bool(job.of("hang_over")),
         longest=max((float(g.read_text()) for g in job.directory.glob("gaps.*")), default=None),
+        hung=_hung(job),
         returncode=launcher.returncode if launcher is not None else None,
         stderr=(job.directory / "stderr").read_text(errors="replace")[-3000:],
     )
+
+
+def _hung(job: Case) -> list[int]:
+    run_dir = job.run_dir()
+    if run_dir is None or not (run_dir / "status.json").exists():
+        return []
+    status = json.loads((run_dir / "status.json").read_text())
+    return [r["rank"] for r in status["ranks"] if r.get("hung")]
 
 
 def figures(outcomes: Sequence[Outcome]) -> tuple[float, float]:
