@@ -133,7 +133,8 @@ def save(
     newer ones exist. ``keep=None`` keeps every checkpoint. Waits for another writer's save
     into ``directory`` for at most ``lock_timeout`` seconds (None: as long as it takes),
     then raises ``CheckpointLocked``. Only rank 0 should call this in DDP. The rank counts as
-    paused meanwhile (``phalanx.pause``): however long the save, it is not taken for a hang.
+    paused meanwhile (``phalanx.pause``): the hang watch holds it to its grace (300 s by
+    default), not its step rhythm, and never stops it for a slow save.
     """
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be >= 1 or None, got {keep}")
