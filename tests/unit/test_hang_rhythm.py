@@ -35,10 +35,16 @@ def watch(**settings: float) -> tuple[RhythmDetector, Clock]:
 
 def test_before_its_rhythm_a_rank_has_the_grace_and_is_never_failed() -> None:
     detector, clock = watch(floor=10, factor=5, grace=100)
-    steps(detector, clock, [40.0] * (STARTUP_BEATS - 1))  # a 40 s first step: start-up
+    steps(detector, clock, [400.0])  # a first step of 400 s: no gap, and the grace
     assert detector.bound(0)[:2] == (100, False)
-    steps(detector, clock, [40.0])
-    assert detector.bound(0)[:2] == (10, True)  # a rhythm of no gaps yet: the floor
+    steps(detector, clock, [1.0] * (STARTUP_BEATS - 1))
+    assert detector.bound(0)[:2] == (10, True)  # 5 x 1 s: the floor
+
+
+def test_slow_steps_from_the_start_make_a_long_bound() -> None:
+    detector, clock = watch(floor=10, factor=5, grace=100)
+    steps(detector, clock, [600.0] * STARTUP_BEATS)  # ten minutes a step, from the first
+    assert detector.bound(0)[:2] == (3000, True)
 
 
 def test_the_bound_is_factor_times_the_p99_of_its_gaps_and_never_below_the_floor() -> None:

@@ -2,10 +2,11 @@
 
 Per rank, from the tick's readings of its progress counters (``phalanx.worker.progress``):
 
-- its *gaps*: the time between two readings where its beats moved, from its
-  ``STARTUP_BEATS``-th beat on (the first steps -- compile, data loading, warm-up -- are its
-  start-up, not its rhythm); the last ``WINDOW`` are kept, less any gap that held a pause;
-- its *bound*: before its ``STARTUP_BEATS``-th beat, and while it is paused
+- its *gaps*: the time between two readings where its beats moved, from its first beat on
+  (the time before it -- imports, compile, data loading -- is no gap); the last ``WINDOW`` are
+  kept, less any gap that held a pause. The first steps' gaps count: a job whose every step
+  is slow shows it from its second step, and a slow second step only raises the bound;
+- its *bound*: before its ``STARTUP_BEATS``-th beat (its start-up), and while it is paused
   (``phalanx.pause``, ``phalanx.checkpoint.save``), the grace; else
   ``max(floor, factor x the 99th percentile of its gaps)`` (with fewer than 100 gaps, the
   longest). A straggler's gaps are long, and so is its bound: slow is not hung.
@@ -84,7 +85,7 @@ class RhythmDetector:
         ended = None
         if beats != track.beats:
             ended = now - track.moved_at
-            if track.beats >= STARTUP_BEATS and not track.held:
+            if track.beats > 0 and not track.held:
                 track.add(ended)
             track.moved_at, track.held = now, False
         elif beats == 0 and cpu is not None and cpu != track.cpu:
