@@ -240,7 +240,11 @@ class RoundWatch:
 
     def _node_stacks(self, why: str) -> str:
         """This node's section of a stacks file: a line per rank, then each rank's dump."""
-        analysis = self._analyse(why, 0.0)
+        # A watch's bound, so that each rank's time without progress is shown (0: unknown).
+        watching = self._detector.timeout if self._detector else 0.0
+        analysis = self._analyse(
+            why, watching or (self._rhythm.settings.floor if self._rhythm else 0.0)
+        )
         lines = [f"stacks of {len(analysis.ranks)} rank(s) on {self.host} at {time.ctime()}"]
         lines += analysis.rank_lines()
         for state in analysis.ranks:
