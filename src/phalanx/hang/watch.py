@@ -140,6 +140,8 @@ class RoundWatch:
             ended = rhythm.observe(rank, reading.counters.get(rank), paused, cpu)
             if ended is not None and rank in self._named:
                 self._moves_again(rank, ended)
+        for gone in [rank for rank in self._named if rank not in live]:
+            del self._named[gone]  # it ended: a later hang is a new one, said again
         over = {}
         for rank in live:
             bound = rhythm.bound(rank)
