@@ -96,9 +96,34 @@ class AttemptEvents:
                 exited_at=e.time,
             )
 
-    def failed(
-        self, failure: AttemptFailure, *, stop_began: float, stall_timeout: float | None
+    def hang_named(
+        self, ranks: list[int], suspects: list[int], report: Path | None, bound: float
     ) -> None:
+        """The hang watch named ``ranks`` (past ``bound`` seconds without progress); the
+        job goes on (``phalanx.hang.watch``)."""
+        self._events.emit(
+            "hang",
+            round=self._round,
+            attempt=self._attempt,
+            ranks=ranks,
+            suspects=suspects,
+            report=str(report) if report else None,
+            action="named",
+            bound=bound,
+        )
+
+    def hang_over(self, rank: int, seconds: float, bound: float) -> None:
+        """A rank the hang watch had named moves again after ``seconds`` of silence."""
+        self._events.emit(
+            "hang_over",
+            round=self._round,
+            attempt=self._attempt,
+            rank=rank,
+            seconds=seconds,
+            bound=bound,
+        )
+
+    def failed(self, failure: AttemptFailure, *, stop_began: float) -> None:
         """The attempt failed and every local worker has exited: the hang found here (if
         any), the failure, and how long the stop took since it was acted on."""
         stopped_at = self._events.now()
@@ -106,7 +131,7 @@ class AttemptEvents:
         hang = failure.hang
         failed_at = failure.failed_at
         if hang is not None:
-            stalled = [r.rank for r in hang.ranks if stall_timeout and r.idle >= stall_timeout]
+            stalled = [r.rank for r in hang.ranks if hang.timeout and r.idle >= hang.timeout]
             self._events.emit(
                 "hang",
                 round=self._round,
@@ -114,6 +139,8 @@ class AttemptEvents:
                 ranks=stalled or [hang.culprit.rank],
                 suspects=[s.rank for s in hang.suspects],
                 report=str(failure.hang_report) if failure.hang_report else None,
+                action="failed",
+                bound=hang.timeout or None,
             )
             failed_at = detected_at - hang.culprit.idle  # when its progress last moved
         self._events.emit(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from phalanx import exclusion
+from phalanx.agent import pace
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
 from phalanx.agent.between import Between
 from phalanx.agent.crashloop import ProgressMark, failure_signature
@@ -48,7 +49,6 @@ from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.tick import Watchers
 
-QUIET_TICK = 1.0  # seconds between ticks with nothing to poll and no stall timeout
 log = logging.getLogger("phalanx")
 
 
@@ -153,8 +153,10 @@ class Rounds:
             plan,
             stall_timeout=self.config.checks.stall_timeout,
             requests=self.signals if self.signals.stacks_active else None,
-            check_every=self._check_every(),
+            check_every=pace.check_every(self.config),
             job=self._job_stacks(at),
+            hang_watch=pace.hang_watch(self.config),
+            events=attempt,
         )
         probe = OomProbe()
         tick, slow = self._round_tick(plan, at, attempt, watch)
@@ -193,7 +195,6 @@ class Rounds:
             played.attempt.failed(
                 self._failure_events(state, cause, result.event, watch),
                 stop_began=self.supervisor.stop_began,
-                stall_timeout=self.config.checks.stall_timeout,
             )
         if result.preemption is not None:  # a failure during the grace: no restart
             hang = played.watch.hang
@@ -261,7 +262,12 @@ class Rounds:
     ) -> RoundResult | RunEnd:
         try:
             return self.supervisor.run(
-                plan, self.signals, self._poll(watch), tick, preempt, self._tick_every()
+                plan,
+                self.signals,
+                self._poll(watch),
+                tick,
+                preempt,
+                pace.tick_every(self.config, self.rdzv.quiet),
             )
         except StartFailed as exc:  # a limit reached: no round without every worker
             return self.between.cut_short(state, exc, str(exc))
@@ -366,23 +372,6 @@ class Rounds:
 
     def _poll(self, watch: RoundWatch) -> Callable[[], JobEvent | None]:
         return lambda: watch.hear(self.rdzv.poll())
-
-    def _tick_every(self) -> float | None:
-        """The supervisor's tick when the rendezvous has nothing to poll (one node): as
-        often as progress is read for the stall timeout, else once a second (the status
-        file, request files and progress samples need no more); None: every monitor
-        interval, for the peers' events."""
-        if not self.rdzv.quiet:
-            return None
-        if self.config.checks.stall_timeout:
-            return self._check_every()
-        return max(self.config.workers.monitor_interval, QUIET_TICK)
-
-    def _check_every(self) -> float:
-        """How often progress is read: often enough to notice a stall within a tenth of the
-        timeout (at most once a second), never more often than the monitor interval."""
-        timeout = self.config.checks.stall_timeout or 0.0
-        return max(self.config.workers.monitor_interval, min(1.0, timeout / 10))
 
 
 def _ended_by_preemption(result: RoundResult) -> bool:

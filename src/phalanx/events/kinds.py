@@ -50,8 +50,14 @@ KINDS: dict[str, tuple[str, ...]] = {
         "round", "attempt", "rank", "local_rank", "pid", "returncode", "signal", "failed",
         "stopped_by_phalanx", "exited_at",
     ),
-    # A hang found on this node (``ranks``: the ranks that made no progress).
-    "hang": ("round", "attempt", "ranks", "suspects", "report"),
+    # A hang found on this node (``ranks``: the ranks that made no progress for ``bound``
+    # seconds). ``action``: "named" (the hang watch named them, with every rank's stack; the
+    # job goes on) or "failed" (the round fails: ``--stall-timeout``, or 10x the bound a
+    # rank was named at).
+    "hang": ("round", "attempt", "ranks", "suspects", "report", "action", "bound"),
+    # A rank the hang watch had named moves again after ``seconds`` without progress (it had
+    # been named at ``bound``); it is watched again.
+    "hang_over": ("round", "attempt", "rank", "seconds", "bound"),
     # The attempt failed, as this node knows it: the root cause when the failure is local
     # (``node`` of the failing rank in ``failed_node``), or the peer event that stopped it.
     # ``failed_at``: when the failure happened (the worker's exit, the hang's detection);
