@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from phalanx import parsing
@@ -39,9 +40,12 @@ def rendezvous_flags(
     backend = str(ns.rdzv_backend).strip()
     endpoint = str(ns.rdzv_endpoint)
     master_addr = p.parse(lambda: parsing.check_host(ns.master_addr, "--master-addr"), "")
-    # etcd takes a list of endpoints and http(s):// URLs, which its backend checks.
+    # etcd takes a list of endpoints and http(s):// URLs, which its backend checks; c10d a
+    # list of candidates for its store (the first serves it first: ``backends.successor``).
     if endpoint and backend not in ("etcd", "etcd-v2"):
-        parsed = p.parse(lambda: parsing.parse_endpoint(endpoint), None)
+        items = endpoint.split(",") if backend == "c10d" else [endpoint]
+        found = [p.parse(partial(parsing.parse_endpoint, item), None) for item in items]
+        parsed = found[0]
         if parsed is not None and backend == "static" and not ns.standalone:
             # torchrun's static meets at the endpoint when one is given.
             if parsed.port is None:
