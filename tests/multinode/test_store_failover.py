@@ -24,13 +24,15 @@ import psutil
 import pytest
 
 from support.hosts import NamespaceHosts, Node
-from support.launch import wait_for, worker
+from support.launch import remove_job_cgroups, wait_for, worker
 from support.multinode import FAST, c10d_args
 from support.netns import NetNamespaces
+from support.sshd import SshHosts, needs_sshd
 
 HANG = 240.0
 STEPS = 40
 PORT = 29400  # each namespace has its own ports
+REPO = Path(__file__).parents[2]
 HOST = socket.gethostname()  # (a network namespace keeps the machine's name)
 # All three in round 0 (the last call waits for the third), restarts to spend on the loss.
 CONF = FAST.replace("last_call_timeout=1", "last_call_timeout=5")
@@ -101,6 +103,9 @@ def _survivors_finished(
         assert moved["successor_node"] == 1 and moved["epoch"] == 1, moved
         assert f"now at {moved['endpoint']} (failover 1)" in line, line
         endpoints.add(moved["endpoint"])
+        report = json.loads(next(node.logs.rglob("report.json")).read_text())
+        said = [i["store_moved"] for i in report["recovery"]["incidents"] if i["store_moved"]]
+        assert said == [f"{moved['lost_host']} -> {moved['successor']} at {moved['endpoint']}"]
     assert len(endpoints) == 1 and endpoints <= survivors, endpoints  # one successor, a survivor
     assert "resumed at step" in nodes[1].stdout + nodes[2].stdout
     assert (shared / "final.bin").read_bytes() == reference
@@ -159,3 +164,56 @@ def test_a_partition_one_side_goes_on_the_cut_off_store_host_stops(
         _survivors_finished(nodes, hosts, shared, reference)
     finally:
         spaces.heal(0)
+
+
+@needs_sshd
+def test_under_a_hostfile_the_others_fail_over_when_the_first_hosts_agent_is_sigkilled(
+    netns: Callable[[int], NetNamespaces], tmp_path: Path, reference: bytes
+) -> None:
+    """``--hostfile`` with three real sshd hosts: the agent of the first host (it serves the
+    store) SIGKILLed, its ssh session ends; the controller goes on, the other two fail over,
+    finish bit-identical, and the controller exits 0 with nothing left on any host."""
+    hosts = SshHosts(netns(4), tmp_path, [1, 2, 3])
+    shared, logs = tmp_path / "shared", tmp_path / "logs"
+    shared.mkdir()
+    try:
+        hosts.start()
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("".join(f"{name} slots=1\n" for name in hosts.names))
+        argv = [sys.executable, "-m", "phalanx", "--hostfile", str(hostfile), "--nnodes", "2:3",
+                "--max-restarts", "2", "--ssh-config", str(hosts.config), "--env",
+                "GLOO_SOCKET_IFNAME", "--log-dir", str(logs), "--rdzv-conf", CONF,
+                worker("failover_train.py"), str(shared), str(STEPS)]  # fmt: skip
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=str(REPO / "src"))
+        proc = subprocess.Popen(
+            hosts.spaces.command(0, argv), cwd=REPO, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+
+        def training() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            steps = shared / "steps-0"
+            return (
+                steps.exists() and sum("world=3" in s for s in steps.read_text().split("\n")) >= 6
+            )
+
+        wait_for(training, HANG, "all three hosts to train")
+        agents = [json.loads(p.read_text()).get("pid") for p in logs.glob("*/status.json")]
+        (host,) = [pid for pid in agents
+                   if pid and "is_host=true" in " ".join(psutil.Process(pid).cmdline())]  # fmt: skip
+        os.kill(host, signal.SIGKILL)  # its guardian SIGKILLs its worker
+        try:
+            out, err = proc.communicate(timeout=HANG)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise AssertionError(f"the controller did not finish:\n{out}\n{err}") from None
+        assert proc.returncode == 0, f"{out}\n{err}"
+        assert "was lost; the job goes on without it" in err, err
+        assert err.count("serves the rendezvous store now") == 2, err
+        assert (shared / "final.bin").read_bytes() == reference
+        for name in hosts.names:
+            wait_for(lambda n=name: hosts.job_pids(n) == [], 15, f"nothing left on {name}")
+    finally:
+        hosts.stop()
+        remove_job_cgroups(logs)

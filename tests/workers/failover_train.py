@@ -3,7 +3,8 @@
 # (seeded by the step), then rank 0's parameters are broadcast (a real Gloo collective) and
 # rank 0 checkpoints atomically. A restarted run resumes from the checkpoint. At the end rank 0
 # writes OUT_DIR/final.bin, the parameters' bytes; "reference" trains in one process without
-# torch.distributed and writes OUT_DIR/reference.bin. OUT_DIR/steps-<restart> has a line per step.
+# torch.distributed and writes OUT_DIR/reference.bin. OUT_DIR/steps-<restart> has a line per step
+# (its number, the world size, the wall-clock time: benchmarks/store_failover.py reads it).
 import os
 import sys
 import time
@@ -42,7 +43,7 @@ for step in range(start, steps):
         torch.save(state, snapshot + ".tmp")
         os.replace(snapshot + ".tmp", snapshot)
         with open(os.path.join(out, f"steps-{os.environ['TORCHELASTIC_RESTART_COUNT']}"), "a") as f:
-            f.write(f"{step} world={dist.get_world_size()}\n")
+            f.write(f"{step} world={dist.get_world_size()} t={time.time():.6f}\n")
     time.sleep(0.2)
 if rank == 0:
     data = b"".join(p.detach().numpy().tobytes() for p in model.parameters())

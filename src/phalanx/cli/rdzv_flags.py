@@ -44,16 +44,15 @@ def rendezvous_flags(
     # list of candidates for its store (the first serves it first: ``backends.successor``).
     if endpoint and backend not in ("etcd", "etcd-v2"):
         items = endpoint.split(",") if backend == "c10d" else [endpoint]
-        found = [p.parse(partial(parsing.parse_endpoint, item), None) for item in items]
-        parsed = found[0]
+        parsed, *_ = [p.parse(partial(parsing.parse_endpoint, item), None) for item in items]
         if parsed is not None and backend == "static" and not ns.standalone:
             # torchrun's static meets at the endpoint when one is given.
             if parsed.port is None:
                 p.add(f"--rdzv-endpoint {endpoint}: static rendezvous needs HOST:PORT")
             else:
                 master_addr, master_port = parsed.host, parsed.port
-    if ns.standalone:
-        backend = "c10d"  # torchrun's --standalone: c10d on localhost:0
+    if ns.standalone or ns.hosts is not None or ns.hostfile is not None:
+        backend = "c10d"  # torchrun's --standalone: localhost:0; a host list's agents: theirs
     elif backend == "static" and max_nodes == 1 and not endpoint and ns.master_port is None:
         backend = "c10d"  # torchrun 2.13: one node meets on localhost:0, a free port
     # (More than one node: the static backend's own check says it.)
