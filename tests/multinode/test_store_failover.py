@@ -50,12 +50,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 
 def _start(
-    spaces: NetNamespaces, nodes: list[Node], tmp_path: Path, nnodes: str = "2:3"
+    spaces: NetNamespaces,
+    nodes: list[Node],
+    tmp_path: Path,
+    nnodes: str = "2:3",
+    listed: bool = False,
 ) -> tuple[NamespaceHosts, Path]:
+    """Three agents; ``listed``: the candidates named, ``--rdzv-endpoint`` n0,n1,n2."""
     hosts, shared = NamespaceHosts(spaces), tmp_path / "shared"
     shared.mkdir()
+    rdzv = c10d_args(hosts, PORT, nnodes, "failover", CONF)
+    if listed:
+        where = rdzv.index("--rdzv-endpoint") + 1
+        rdzv[where] = ",".join(f"{hosts.addr(i)}:{PORT}" for i in range(3))
     for i in range(3):
-        args = [*c10d_args(hosts, PORT, nnodes, "failover", CONF), "--max-restarts", "2",
+        args = [*rdzv, "--max-restarts", "2",
                 worker("failover_train.py"), str(shared), str(STEPS)]  # fmt: skip
         nodes.append(Node(hosts, i, args, tmp_path))
     return hosts, shared
@@ -84,7 +93,7 @@ def _events(node: Node, kind: str) -> list[dict[str, object]]:
 
 
 def _survivors_finished(
-    nodes: list[Node], hosts: NamespaceHosts, shared: Path, reference: bytes
+    nodes: list[Node], hosts: NamespaceHosts, shared: Path, reference: bytes, listed: bool = False
 ) -> None:
     """Nodes 1 and 2 finished the job after a failover to node 1, bit-identical to an
     uninterrupted run, and each said (stderr, events.jsonl) which host was lost and which
@@ -95,12 +104,15 @@ def _survivors_finished(
     endpoints = set()
     for node in nodes[1:]:
         (line,) = [x for x in node.stderr.splitlines() if "serves the rendezvous store now" in x]
-        assert f"the store's host, node 0 ({HOST}, {hosts.addr(0)}), is lost; node 1 (" in line, (
-            line
-        )
+        assert f"the store's host, node 0 ({HOST}, {hosts.addr(0)}), is lost; node " in line, line
         (moved,) = _events(node, "store_moved")
         assert moved["lost_node"] == 0 and hosts.addr(0) in str(moved["lost_host"]), moved
-        assert moved["successor_node"] == 1 and moved["epoch"] == 1, moved
+        assert moved["epoch"] == 1, moved
+        if listed:  # the next listed candidate alive: namespace 1, whatever its node rank
+            assert moved["endpoint"] == f"{hosts.addr(1)}:{PORT}", moved
+            assert moved["successor_node"] in (1, 2), moved
+        else:  # the next member alive in node-rank order
+            assert moved["successor_node"] == 1 and "node 1 (" in line, (moved, line)
         assert f"now at {moved['endpoint']} (failover 1)" in line, line
         endpoints.add(moved["endpoint"])
         report = json.loads(next(node.logs.rglob("report.json")).read_text())
@@ -119,15 +131,20 @@ def _kill_tree(pid: int) -> None:
             proc.kill()
 
 
+@pytest.mark.parametrize("listed", [False, True], ids=["members", "listed endpoints"])
 def test_the_store_host_sigkilled_the_others_fail_over_and_finish(
-    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    reference: bytes,
+    listed: bool,
 ) -> None:
     spaces = netns(3)
-    hosts, shared = _start(spaces, nodes, tmp_path)
+    hosts, shared = _start(spaces, nodes, tmp_path, listed=listed)
     wait_for(_training(nodes, shared), HANG, "all three nodes to train")
     _kill_tree(nodes[0].proc.pid)
     nodes[0].proc.wait(10)
-    _survivors_finished(nodes, hosts, shared, reference)
+    _survivors_finished(nodes, hosts, shared, reference, listed)
 
 
 def test_a_frozen_store_host_does_not_come_back_as_a_second_store(

@@ -267,7 +267,10 @@ class Failover:
         candidate, store, served = found
         lost = self.successors.store_host(membership)
         lost_name = _named(membership, lost, self.successors.current)
-        successor = _named(membership, candidate.node_rank, candidate)
+        by = candidate.node_rank  # a listed endpoint: the member at its address, if one is
+        if by is None:
+            by = next((n.node_rank for n in membership.nodes if n.addr == candidate.host), None)
+        successor = _named(membership, by, candidate)
         how = (
             f"served the rendezvous store and was lost ({why}); {successor} serves it now "
             f"at {candidate} (failover {epoch})"
@@ -286,7 +289,7 @@ class Failover:
         )  # fmt: skip
         self.last = {
             "round": membership.round, "lost_node": lost, "lost_host": lost_name,
-            "successor_node": candidate.node_rank, "successor": successor,
+            "successor_node": by, "successor": successor,
             "endpoint": str(candidate), "epoch": epoch,
         }  # fmt: skip
         reach = self.successors.moved(candidate)
