@@ -3,7 +3,10 @@ does not host it (issue 40): three agents at ``--nnodes 2:3``, each in a network
 of its own (``tests/support/netns.py``), one worker each running the checkpointing trainer
 of ``tests/workers/failover_train.py``; once all three train, one node's agent and every
 process under it are SIGKILLed (node 0, the store's host: the others fail over; or node 2:
-the others re-form on the same store). The figure: the kill -> the first step of the next
+the others re-form on the same store), or node 0's are frozen (SIGSTOP; SIGCONT once the
+others finished). A SIGKILLed host's kernel resets its connections: the loss is seen at once;
+a frozen one is seen after ``heartbeat_timeout``; node 2's guardian is SIGKILLed with it, so
+nobody says its last word and its loss also waits out ``heartbeat_timeout``. The figure: the kill -> the first step of the next
 attempt (rank 0's wall-clock stamp; namespaces share the clock). Goal for the store's host:
 at most ``heartbeat_timeout`` + 5 s.
 
@@ -16,6 +19,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,15 +56,16 @@ def _steps(out: Path, restart: int) -> list[tuple[int, int, float]]:
     return found
 
 
-def _kill_tree(pid: int) -> None:
+def _signal_tree(pid: int, signum: int) -> None:
     procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
+            proc.send_signal(signum)
 
 
-def once(spaces: NetNamespaces, victim: int, heartbeat_timeout: float) -> float:
-    """One run: the seconds from ``victim``'s SIGKILL to the first step after it."""
+def once(spaces: NetNamespaces, victim: int, heartbeat_timeout: float, freeze: bool) -> float:
+    """One run: the seconds from ``victim``'s SIGKILL (``freeze``: SIGSTOP, and SIGCONT once
+    the others finished) to the first step after it."""
     scratch = Path(tempfile.mkdtemp(prefix=f"bench-failover-{victim}-"))
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0"}
     procs = []
@@ -80,8 +85,11 @@ def once(spaces: NetNamespaces, victim: int, heartbeat_timeout: float) -> float:
                 raise RuntimeError(f"the job did not train on 3 nodes; see {scratch}")
             time.sleep(0.1)
         killed = time.time()
-        _kill_tree(procs[victim].pid)
+        _signal_tree(procs[victim].pid, signal.SIGSTOP if freeze else signal.SIGKILL)
         codes = [p.wait(TIMEOUT) for i, p in enumerate(procs) if i != victim]
+        if freeze:  # it comes back, finds the store moved, and stops
+            _signal_tree(procs[victim].pid, signal.SIGCONT)
+            procs[victim].wait(TIMEOUT)
         again = _steps(scratch, 1)
         if any(codes) or not again:
             raise RuntimeError(f"exit codes {codes}, no step after the kill; see {scratch}")
@@ -106,11 +114,13 @@ def main(argv: list[str]) -> int:
         return 1
     spaces = NetNamespaces(3)
     spaces.create()
-    samples: dict[str, list[float]] = {"store's host (node 0)": [], "another node (node 2)": []}
+    cases = {"store's host SIGKILLed": (0, False), "store's host frozen": (0, True),
+             "another node SIGKILLed": (2, False)}  # fmt: skip
+    samples: dict[str, list[float]] = {name: [] for name in cases}
     try:
         for _ in range(args.reps):
-            for name, victim in (("store's host (node 0)", 0), ("another node (node 2)", 2)):
-                samples[name].append(once(spaces, victim, args.heartbeat_timeout))
+            for name, (victim, freeze) in cases.items():
+                samples[name].append(once(spaces, victim, args.heartbeat_timeout, freeze))
                 print(f"{name}: {samples[name][-1]:.2f} s", file=sys.stderr, flush=True)
     finally:
         spaces.destroy()
