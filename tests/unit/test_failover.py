@@ -68,6 +68,7 @@ class Places:
 
     def __init__(self, current: Candidate, me: int, *, bind_fails: bool = False) -> None:
         self.current, self.me, self.bind_fails = current, me, bind_fails
+        self.epoch = 0
         self.serving: dict[Candidate, MemoryServer] = {}
         self.tries: list[Candidate] = []
 
@@ -200,3 +201,16 @@ def test_the_old_host_finds_it_was_superseded() -> None:
     assert found == Candidate("10.0.0.3", 29400, 2)
     why = Failover(places, RendezvousSettings()).superseded(KEYS, ROUND, 0)
     assert why is not None and why.startswith("superseded: ") and "node 2 (n2, 10.0.0.3)" in why
+
+
+def test_a_lost_store_back_just_now_is_passed_by_when_the_next_one_serves() -> None:
+    """The host was frozen and answers again while this survivor tries it, but another
+    survivor already serves the next store: this one goes there, not back."""
+    lost = Candidate("10.0.0.1", 29400, 0)
+    successor = Candidate("10.0.0.2", 29400, 1)
+    places = Places(lost, me=2)
+    places.serving[lost] = MemoryServer()
+    places.serving[successor] = MemoryServer()
+    places.serving[successor].data[KEYS.epoch] = b"1"
+    found = walk(_candidates(places), places, 2, 1, KEYS, patience=3, clock=Clock())
+    assert found is not None and found[0] == successor and not found[2]

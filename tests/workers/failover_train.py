@@ -44,7 +44,7 @@ for step in range(start, steps):
         os.replace(snapshot + ".tmp", snapshot)
         with open(os.path.join(out, f"steps-{os.environ['TORCHELASTIC_RESTART_COUNT']}"), "a") as f:
             f.write(f"{step} world={dist.get_world_size()} t={time.time():.6f}\n")
-    time.sleep(0.2)
+    time.sleep(float(os.environ.get("FAILOVER_STEP_DELAY", "0.2")))
 if rank == 0:
     data = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
     with open(os.path.join(out, "reference.bin" if reference else "final.bin"), "wb") as f:

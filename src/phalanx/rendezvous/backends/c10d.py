@@ -116,14 +116,15 @@ def open_handler(
     where = f"the c10d store at {options.host}:{options.port}"
     if (warning := no_token_warning(options.token, where)) is not None:
         log.warning("%s", warning)
-    store = open_store(
+    endpoints = options.endpoints or ((options.host, options.port),)
+    successors = AgentStoreSuccessors(endpoints, options.token, spec.run_id, settings)
+    store = successors.newest() or open_store(
         options.host, options.port, options.is_host, settings, options.token, spec.run_id
     )
     check_store(store, spec.run_id, where)
     addr = node_address(options.host, options.port, spec.local_addr)
-    reach = lastword.agent_store(options.host, options.port, options.token)
-    endpoints = options.endpoints or ((options.host, options.port),)
-    successors = AgentStoreSuccessors(endpoints, options.token, spec.run_id, settings)
+    at = successors.current
+    reach = lastword.agent_store(at.host, at.port, options.token)
     return DynamicRendezvous.for_spec(store, spec, settings, addr, where, reach, successors)
 
 

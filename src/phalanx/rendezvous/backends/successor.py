@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import is_this_machine, resolve
 from phalanx.rendezvous.backends.claim import RUN_KEY, seed
-from phalanx.rendezvous.dynamic.failover import Candidate
+from phalanx.rendezvous.dynamic.failover import TRY, Candidate, epoch_of
+from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.lastword import Reach
 from phalanx.rendezvous.settings import RendezvousSettings
@@ -38,6 +39,7 @@ class AgentStoreSuccessors:
     ) -> None:
         self._listed = [Candidate(host, port) for host, port in endpoints]
         self.current = self._listed[0]
+        self.epoch = 0  # of the store this node starts on (``newest``)
         self._token = token
         self._run_id = run_id
         self._read_timeout = settings.read_timeout
@@ -90,6 +92,33 @@ class AgentStoreSuccessors:
         return AgentKVStore(
             candidate.host, candidate.port, self._token, read_timeout=self._read_timeout
         )
+
+    def newest(self) -> KVStore | None:
+        """A node that starts while the job runs on a successor's store (listed endpoints
+        only: members are known only to members): the newest store the listed candidates
+        serve, one try each, as a client (``current`` and ``epoch`` set to it); None when
+        none serves one past the first store (a job starting: the first endpoint, as ever)."""
+        keys, best = Keys(self._run_id), None
+        for candidate in self._listed if len(self._listed) > 1 else []:
+            store = self.reach(candidate, TRY)
+            if store is None:
+                continue
+            try:
+                epoch = epoch_of(store, keys)
+            except (StoreUnavailable, ValueError):
+                epoch = 0
+            if epoch > self.epoch:
+                if best is not None:
+                    best.close()
+                best, self.epoch, self.current = store, epoch, candidate
+            else:
+                store.close()
+        if best is not None:
+            log.warning(
+                "rendezvous: the job's store moved (failover %d): joining it at %s",
+                self.epoch, self.current,
+            )  # fmt: skip
+        return best
 
     def moved(self, candidate: Candidate) -> Reach:
         self.current = candidate

@@ -49,6 +49,7 @@ class Successors(Protocol):
     """How a backend serves and reaches a candidate's store."""
 
     current: Candidate  # where the store is served (the lost one's, until ``moved``)
+    epoch: int  # the failovers before the store this node started on (0: the first store)
 
     def candidates(self, membership: Membership) -> list[Candidate]:
         """Every candidate, in the order every member knows (``membership``: the last round)."""
@@ -113,16 +114,19 @@ def walk(
 ) -> tuple[Candidate, KVStore, bool] | None:
     """Find the store of ``epoch`` (one past the lost one): the first candidate alive
     serves it, every other survivor finds it. The lost store's own place gets one try (if
-    it answers after all: None, rejoin it); this node's place, it serves there (or, if it
-    cannot, walks on); any other is tried for ``patience`` seconds. Returns where, the
-    store, and whether this node serves it; None when the lost store answers or nobody
-    serves."""
+    it answers after all, and no other candidate serves the new store yet: None, rejoin
+    it); this node's place, it serves there (or, if it cannot, walks on); any other is
+    tried for ``patience`` seconds. Returns where, the store, and whether this node serves
+    it; None when the lost store answers or nobody serves."""
     for candidate in candidates:
         if successors.is_current(candidate):
             store = successors.reach(candidate, TRY)
             if store is not None:
                 store.close()
-                return None
+                # Back from a pause just now? Another survivor may have moved already.
+                moved = superseded(candidates, successors, rank, epoch - 1, keys, 0, clock)
+                found = None if moved is None else successors.reach(moved, TRY)
+                return None if moved is None or found is None else (moved, found, False)
         elif successors.is_me(candidate, rank):
             seed = {keys.epoch: str(epoch).encode()}
             if (store := successors.serve(candidate, seed)) is not None:
@@ -241,7 +245,7 @@ class Failover:
 
     def __init__(self, successors: Successors, settings: RendezvousSettings) -> None:
         self.successors = successors
-        self.epoch = 0
+        self.epoch = successors.epoch
         self.last: dict[str, object] | None = None  # the last move, as the event log says it
         self._patience = settings.heartbeat_timeout
 
