@@ -23,6 +23,7 @@ from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.lastword import Reach
 from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.agentstore import Token
 from phalanx.rendezvous.stores.base import KVStore
 from support.memory_store import MemoryServer, MemoryStore
 
@@ -214,3 +215,27 @@ def test_a_lost_store_back_just_now_is_passed_by_when_the_next_one_serves() -> N
     places.serving[successor].data[KEYS.epoch] = b"1"
     found = walk(_candidates(places), places, 2, 1, KEYS, patience=3, clock=Clock())
     assert found is not None and found[0] == successor and not found[2]
+
+
+def test_c10d_candidates_listed_or_the_members_in_node_rank_order() -> None:
+    from phalanx.rendezvous.backends.c10d import check
+    from phalanx.rendezvous.backends.successor import AgentStoreSuccessors
+    from phalanx.rendezvous.spec import RendezvousSpec
+
+    members = AgentStoreSuccessors([("10.0.0.1", 29400)], Token(), "job", RendezvousSettings())
+    assert members.candidates(ROUND) == [Candidate(f"10.0.0.{r + 1}", 29400, r) for r in range(3)]
+    assert members.store_host(ROUND) == 0 and members.is_current(Candidate("10.0.0.1", 29400, 0))
+    assert not members.is_current(Candidate("10.0.0.1", 29401))
+    spec = RendezvousSpec("c10d", "job", 2, 3, "10.0.0.3:7,10.0.0.1,10.0.0.2:9")
+    options, problems = check(spec)
+    assert problems == [] and options is not None
+    assert options.endpoints == (("10.0.0.3", 7), ("10.0.0.1", 29400), ("10.0.0.2", 9))
+    listed = AgentStoreSuccessors(options.endpoints, Token(), "job", RendezvousSettings())
+    assert [str(c) for c in listed.candidates(ROUND)] == [
+        "10.0.0.3:7",
+        "10.0.0.1:29400",
+        "10.0.0.2:9",
+    ]
+    assert listed.store_host(ROUND) == 2  # the member at the first endpoint's address
+    _, problems = check(RendezvousSpec("c10d", "job", 2, 3, "a:1,b:x"))
+    assert problems and "port" in problems[0]
