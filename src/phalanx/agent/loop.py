@@ -204,12 +204,11 @@ class Rounds:
     def _failed(
         self, state: RunState, played: Played, failed_here: bool, event: EventKind | None
     ) -> RunState | RunEnd:
-        """After a failed round: rejoin after a lost store, re-form for a joining node,
-        restart within the budget, or end the job (a crash loop, the budget spent, a peer
-        that gave up)."""
+        """After a failed round: rejoin after a lost store (or fail over), re-form for a joining
+        node, restart within the budget, or end the job (a crash loop, the budget spent...)."""
         joined, watch = played.joined, played.watch
-        if event is EventKind.STORE_LOST and not failed_here:
-            back = self._rejoined(state, played.at)
+        if event is EventKind.STORE_LOST or failed_here:
+            back = self._rejoined(state, played.at, failed_here)
             if back is not None:  # back as a new member: the others spent the restart for it
                 return back
         decided = self._next_step(state, played.at, failed_here, event, played.mark, played.plan)
@@ -332,20 +331,24 @@ class Rounds:
         except RendezvousError as exc:
             return self.between.cut_short(state, exc, no_round(state, exc))
 
-    def _rejoined(self, state: RunState, at: Round) -> RunState | RunEnd | None:
-        """This node lost the store (or fenced itself): with restarts left, wait for the
-        store and come back as a new member of the next round (the others count this node
-        lost and spend the restart); None when it cannot, and the job ends here as before."""
+    def _rejoined(self, state: RunState, at: Round, failed_here: bool) -> RunState | RunEnd | None:
+        """This node lost the store (or fenced itself; or its workers failed and the store's
+        host went with their peers: ``Peers.rejoin``): with restarts left, come back as a new
+        member of the next round, on the store or its successor's (the others count this node
+        lost and spend the restart); None when it cannot, and the job goes on as before."""
         left = restarts_left(at.result.restart_count, self.config.recovery.max_restarts)
         if left <= 0:
             return None
-        log.warning(
-            "lost the rendezvous store; rejoining the job when it answers again (%d of %d "
-            "restarts left)", left, self.config.recovery.max_restarts,
-        )  # fmt: skip
+        if not failed_here:
+            log.warning(
+                "lost the rendezvous store; rejoining the job when it answers again (%d of %d "
+                "restarts left)", left, self.config.recovery.max_restarts,
+            )  # fmt: skip
         try:
             with self.signals.raising():
-                back = self.peers is not None and self.peers.rejoin()
+                back = self.peers is not None and self.peers.rejoin(failover_only=failed_here)
+            if back and self.peers is not None and (moved := self.peers.store_moved()) is not None:
+                self.events.emit("store_moved", **moved)
         except Interrupted as exc:
             return self.between.stopped_waiting(state, exc, "this node, waiting for the rendezvous store")  # fmt: skip
         # Back, the node claims the restart as any node of a failed round does (the first

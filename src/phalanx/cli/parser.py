@@ -89,7 +89,9 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     option(
         "rdzv-endpoint",
         "",
-        "Rendezvous endpoint, host[:port] ([ipv6]:port for IPv6); c10d: localhost:29400 if empty.",
+        "Rendezvous endpoint, host[:port] ([ipv6]:port for IPv6); c10d: localhost:29400 if "
+        "empty, or a list host:port,host:port,... of the places the store may move to when its "
+        "host is lost, in order (the first serves it first).",
     )
     option("rdzv-id", "none", "Job id; jobs with different ids never mix on one endpoint.")
     option(

@@ -43,6 +43,7 @@ class _Open:
     formed_t: float | None = None
     back_t: float | None = None
     cut_at: float | None = None  # the next incident began before this one recovered
+    moved: str | None = None  # the store's failover during its recovery (``store_moved``)
 
     def finish(self, node: int | None, host: str, end: float) -> Incident:
         f = self.failure
@@ -73,6 +74,7 @@ class _Open:
             target=target,
             downtime=_r(downtime),
             recovered=recovered,
+            store_moved=self.moved,
         )
 
 
@@ -130,6 +132,7 @@ class NodeFold:
             "progress": self._progress,
             "worker_exit": self._worker_exit,
             "job_end": self._job_end,
+            "store_moved": self._store_moved,
         }
 
     def add(self, event: Event) -> None:
@@ -189,6 +192,12 @@ class NodeFold:
         now = self._open
         if now is not None and now.stopped_t is None:
             now.stop, now.stopped_t = _num(event.get("seconds")), t
+
+    def _store_moved(self, event: Event, t: float) -> None:
+        now = self._open
+        if now is not None:
+            lost, successor = event.get("lost_host"), event.get("successor")
+            now.moved = f"{lost} -> {successor} at {event.get('endpoint')}"
 
     def _rdzv_done(self, event: Event, t: float) -> None:
         now = self._open

@@ -72,6 +72,14 @@ KINDS: dict[str, tuple[str, ...]] = {
     # per node by every node that learns of it; that node is the round's root cause ahead of
     # any rank that failed only because a peer went away.
     "node_lost": ("round", "lost_node", "lost_host", "addr", "node_id", "reason"),
+    # The rendezvous store's host was lost and the store moved to a successor (c10d,
+    # ``dynamic.failover``): the round it happened in, the lost host (node rank, "node N
+    # (host, addr)"), the successor (node rank, or null for a listed endpoint; its name), the
+    # endpoint it serves at, and ``epoch`` (the job's failovers so far). Said on every node
+    # that moved.
+    "store_moved": (
+        "round", "lost_node", "lost_host", "successor_node", "successor", "endpoint", "epoch",
+    ),
     # Every worker of the failed attempt on this node has exited (``seconds``: since the
     # failure was detected here).
     "stopped": ("round", "attempt", "seconds"),
