@@ -1,7 +1,6 @@
 """The argparse parser: torchrun 2.13's flags in both spellings, ``PET_*`` fallbacks, and
 phalanx's own additions. Values stay strings here; ``cli.convert`` validates and types them.
-Long on purpose: ``build_parser`` is the flag table, in ``--help``'s order (cut by theme, it
-would scatter); the help's prose (description, examples, exit statuses) is ``cli.usage``'s."""
+Long on purpose: ``build_parser`` is the flag table in ``--help``'s order (help prose: usage)."""
 
 from __future__ import annotations
 
@@ -89,9 +88,8 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     option(
         "rdzv-endpoint",
         "",
-        "Rendezvous endpoint, host[:port] ([ipv6]:port for IPv6); c10d: localhost:29400 if "
-        "empty, or a list host:port,host:port,... of the places the store may move to when its "
-        "host is lost, in order (the first serves it first).",
+        "Rendezvous endpoint, host[:port] ([ipv6]:port for IPv6); c10d: localhost:29400 if empty, "
+        "or host:port,host:port,...: where the store serves, in order, if its host is lost.",
     )
     option("rdzv-id", "none", "Job id; jobs with different ids never mix on one endpoint.")
     option(
