@@ -4,9 +4,9 @@ Three phalanx agents in network namespaces (``--nnodes 2:2``, one CPU worker eac
 agent is a hot spare), the rendezvous on a real 3-member etcd in a fourth namespace (or
 ``--backend c10d``: the store on node 0, which then gets no node-level fault), the bundled
 trainer (``soak_trainer.py``), and one fault every ``--every`` seconds drawn from ``--seed``
-(each kind once before any repeats): worker SIGKILL, worker exception, worker hang (the stall
-timeout), agent SIGKILL, node cut off (link down, then up), node frozen (SIGSTOP of its
-agent and workers, then SIGCONT), an etcd member killed and restarted, a full log disk on one
+(each kind once before any repeats): worker SIGKILL, worker exception, worker hang (found by
+the hang watch, on by default), agent SIGKILL, node cut off (link down, then up), node frozen
+(SIGSTOP of its agent and workers, then SIGCONT), an etcd member killed and restarted, a full log disk on one
 node (a filler file fills its tmpfs, then goes), a link flap (a node's link down 4 s, up 1 s,
 three times: it loses the store and comes back as a new member, each time before its heartbeat
 runs out), a spare frozen when chosen (the waiting agent SIGSTOPped, a member agent SIGKILLed
@@ -55,7 +55,10 @@ FLAPS, FLAP_DOWN, FLAP_UP = 3, 4.0, 1.0  # a link flap: down 4 s, up 1 s, three 
 # How long a spare stays frozen once chosen: below what counts it lost (c10d: heartbeat_timeout
 # 6 s; etcd: lease_ttl 4 s, from its last renewal), so the restart round waits for it.
 SPARE_HOLD = {"c10d": 5.0, "etcd": 2.5}
-STALL = 8  # --stall-timeout
+# --hang-watch: the default watch, its floor and factor lowered to the soak's pace (0.05 s
+# steps): a hung rank is named after about 1 s and its round fails at 10x that, about 10 s
+# (the faults come every 30 s). No --stall-timeout: the hangs are the default watch's.
+HANG_WATCH = "floor=1,factor=3"
 
 
 def schedule(
@@ -120,7 +123,7 @@ class Soak:
         # --preload: the trainer's torch.use_deterministic_algorithms imports
         # torch._inductor.config, 1.1 s of every worker start here; the template does it once
         args = [*self.rdzv, "--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "1000",
-                "--stall-timeout", str(STALL), "--preload", "torch._inductor.config",
+                "--hang-watch", HANG_WATCH, "--preload", "torch._inductor.config",
                 str(HERE / "soak_trainer.py"), "--config",
                 str(self.out / "config.json"), "--output_dir", str(self.job)]  # fmt: skip
         node = Node(self.hosts, i, args, self.out / f"disk{i}", name,

@@ -30,7 +30,7 @@ def _raise(signum: int, frame: FrameType | None) -> None:
 
 
 def _hang(signum: int, frame: FrameType | None) -> None:
-    while True:  # the stall timeout ends it
+    while True:  # the hang watch ends it
         time.sleep(3600)
 
 

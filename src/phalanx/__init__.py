@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from phalanx.inscript.dist import DistInfo, add_dist_args, init, setup_dist
     from phalanx.inscript.preempt import preempted
     from phalanx.inscript.spawn import spawn
-    from phalanx.worker.progress import heartbeat, step
+    from phalanx.worker.progress import heartbeat, pause, step
 
 
 _MODULES = {"checkpoint": "phalanx.inscript.checkpoint", "dist": "phalanx.inscript.dist"}
@@ -40,6 +40,7 @@ _LAZY = {
     "DistInfo": "phalanx.inscript.dist",
     "step": "phalanx.worker.progress",
     "heartbeat": "phalanx.worker.progress",
+    "pause": "phalanx.worker.progress",
     "preempted": "phalanx.inscript.preempt",
 }
 
@@ -57,6 +58,7 @@ __all__ = [
     "dist",
     "heartbeat",
     "init",
+    "pause",
     "preempted",
     "setup_dist",
     "spawn",

@@ -238,4 +238,9 @@ def test_hang_on_two_hosts_names_the_rank_on_the_other_host(
         assert ("in all_reduce" in stacks.read_text()) == (rank == 0)
     assert "--- hang found by node 0, requested by phalanx" in stacks.read_text()
     assert "node 0 found a hang; this node's stacks:" in nodes[1].err.read_text()
+    # Node 0 sees only rank 0, waiting: it names no culprit of its own before the merged
+    # verdict (issue 39, part 5).
+    first = nodes[0].err.read_text()
+    assert "stands out" not in first and "rank 0 on" not in first.split("Root cause")[0], first
+    assert "hang found here (attempt 0): no suspect among this node's ranks" in first
     assert not any(alive(node.proc.pid) for node in nodes)

@@ -152,3 +152,46 @@ def test_a_crash_loop_of_a_silent_worker_has_no_empty_detail(tmp_path: Path) -> 
     ), done.stderr
     assert ": )" not in done.stderr
     assert _report(logs)["crash_loop"] is True
+
+
+def _stamps(folder: Path, rank: int, restart: int) -> dict[int, float]:
+    """The monotonic time each step of ``stamped_steps.py`` was made at, by step."""
+    lines = (folder / f"r{rank}-{restart}.stamps").read_text().split()
+    return {int(step): float(at) for step, at in zip(lines[::2], lines[1::2], strict=True)}
+
+
+def test_a_short_run_counts_its_steps_to_the_agents_reading(tmp_path: Path) -> None:
+    """Two ranks step every 0.3 s for under 2 s (the progress samples' interval) and fail
+    at step 5; the restarted round steps past it and finishes. Each figure is where the
+    workers' own stamps put it, to the agent's reading of the counters (a progress event's
+    ``age``: its previous reading), never in the job's favour: startup ends at the first
+    step, the incident runs from the last step before the failure to step 5 again. (It was
+    "ETTR 0.0x": the first progress and "back" were taken at the 2 s samples, here at the
+    failure and near the job's end.)"""
+    logs = tmp_path / "logs"
+    done = run_phalanx(
+        ["--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(logs),
+         worker("stamped_steps.py"), str(tmp_path), "8", "5"],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    events = _events(logs)
+    progress = [e for e in events if e["kind"] == "progress"]
+    first = next(e for e in progress if e["round"] == 0)
+    last = [e for e in progress if e["round"] == 0][-1]
+    back = next(e for e in progress if e["round"] == 1 and e["step"] >= 5)
+    began = events[0]["mono"]
+    stamped = {
+        "startup": min(_stamps(tmp_path, r, 0)[0] for r in (0, 1)) - began,
+        "downtime": min(_stamps(tmp_path, r, 1)[5] for r in (0, 1))
+        - max(_stamps(tmp_path, r, 0)[5] for r in (0, 1)),
+    }
+    slack = {"startup": first["age"], "downtime": last["age"] + back["age"]}
+    (node,) = _report(logs)["recovery"]["nodes"]
+    (incident,) = _report(logs)["recovery"]["incidents"]
+    figures = {"startup": node["startup"], "downtime": incident["downtime"]}
+    for name, value in figures.items():  # the agent saw it happen between two readings
+        assert stamped[name] - 0.01 <= value <= stamped[name] + slack[name] + 0.01, (
+            name, value, stamped[name], slack[name], events,
+        )  # fmt: skip
+    assert node["productive"] > 0 and node["ettr"] > 0, node
+    assert re.search(r"recovery: ETTR 0\.\d\d ", done.stderr), done.stderr

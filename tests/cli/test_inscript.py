@@ -56,6 +56,17 @@ def test_spawn_stall_timeout_names_the_hung_rank(tmp_path: Path) -> None:
     assert "in work" in stacks and "spawn_user.py" in stacks
 
 
+def test_spawn_hang_watch_names_the_hung_rank_then_fails_the_round(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, worker("spawn_user.py"), str(tmp_path), "hangwatch"],
+        capture_output=True,
+        text=True,
+        timeout=120,  # the hang itself would last an hour: this only catches a missed one
+    )
+    assert done.returncode == 1, done.stderr
+    assert "hang: no progress from rank(s) " in done.stderr and "the job goes on" in done.stderr
+    assert "Root cause: rank 1 (local rank 1)" in done.stderr and "[hang]" in done.stderr
+
 
 @pytest.mark.parametrize("crash", [False, True], ids=["clean", "crash-then-restart"])
 def test_trellis_program_runs_unchanged_on_two_nodes(tmp_path: Path, crash: bool) -> None:
@@ -95,6 +106,12 @@ def test_trellis_program_runs_unchanged_on_two_nodes(tmp_path: Path, crash: bool
     ]
     if crash:
         assert "RuntimeError: rank 1 crashes once" in outputs[1][1]
+        # Its ranks report no step and no beat: back when the new round's workers finished
+        # (it was "never made progress again"); no ETTR, said with what would give one.
+        for _, stderr in outputs:
+            assert ": making progress again after " in stderr, stderr
+            assert "never" not in stderr, stderr
+            assert "no ETTR: the workers reported no progress (no optimizer step, " in stderr
 
 
 def test_spawn_rejects_bad_arguments() -> None:
@@ -105,6 +122,9 @@ def test_spawn_rejects_bad_arguments() -> None:
         "stall_timeout",
         "node_rank",
     ]
+    with pytest.raises(phalanx.UsageError) as caught:
+        phalanx.spawn(print, num_gpus=1, hang_watch="floor=soon")
+    assert caught.value.problems == ["hang_watch: floor must be a number, got 'soon'"]
     with pytest.raises(phalanx.UsageError) as caught:
         phalanx.spawn(print, num_gpus=1, num_nodes=2, master_port="12a")
     assert caught.value.problems == ["master_port: expected 1..65535 (0: any free port), got '12a'"]

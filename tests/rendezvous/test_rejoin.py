@@ -3,12 +3,16 @@
 agent, whose process is paused (SIGSTOP) for 9 s -- longer than the 8 s after which a node
 fences itself with the default settings. Node 1 fences (its worker SIGKILLed), waits for the
 store, rejoins as a new member, and the job re-forms and finishes (a node cut off, and no
-restart left: ``tests/rendezvous/test_fence_rejoin.py``).
+restart left: ``tests/rendezvous/test_fence_rejoin.py``). The store host's recovery figures
+count the pause: its incident begins where its agent last saw the ranks move, before it was
+stopped (it was from the failure it noticed after, "0.43 s down").
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -27,7 +31,8 @@ def _start(nodes: list[Node], tmp_path: Path, shared: Path, max_restarts: int) -
         args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "rejoin",
                 "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'}",
-                "--max-restarts", str(max_restarts), worker("lossy_steps.py"), str(shared)]  # fmt: skip
+                "--max-restarts", str(max_restarts), worker("lossy_steps.py"), str(shared),
+                "beat"]  # fmt: skip
         nodes.append(Node(Loopback(), i, args, tmp_path, f"n{i}"))
 
 
@@ -63,3 +68,10 @@ def test_a_paused_store_host_re_forms_the_job_with_the_node_that_fenced(
     assert "rejoining as a new member" in err, err
     for node in nodes:  # both ranks finished in the re-formed job, after one restart
         assert "ok world=2" in node.stdout and "restart=0" not in node.stdout, node.stdout
+    # The store host's agent was stopped PAUSE s with its ranks' last progress seen before:
+    # the incident is down from there to the re-formed round's first progress.
+    (report,) = nodes[0].logs.glob("*/report.json")
+    (incident,) = json.loads(report.read_text())["recovery"]["incidents"]
+    assert incident["recovered"] and incident["downtime"] >= PAUSE, incident
+    assert incident["detect"] >= PAUSE, incident
+    assert re.search(r"recovery: incident 1 .* after \d+\.\d\d s down", nodes[0].stderr)

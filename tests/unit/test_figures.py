@@ -23,8 +23,13 @@ class Node:
         self.events.append({**common, "node": self.node, "kind": kind, **fields})
         return self
 
-    def progress(self, t: float, round: int, step: int | None, beats: int = 1) -> Node:
-        return self("progress", t, round=round, rank=0, step=step, beats=beats)
+    def progress(
+        self, t: float, round: int, step: int | None, beats: int = 1, age: float | None = None
+    ) -> Node:
+        """``age``: as an agent that reads the counters every tick records it (None: an
+        agent before it, which sampled every 2 s)."""
+        extra = {} if age is None else {"age": age}
+        return self("progress", t, round=round, rank=0, step=step, beats=beats, **extra)
 
     def fail(self, t: float, round: int, failed_at: float | None, detected_at: float) -> Node:
         return self(
@@ -101,6 +106,30 @@ CASES: dict[str, tuple[list[dict[str, Any]], float | None, dict[str, Any], dict[
         {"reform": 1.0, "back": 2.0, "downtime": 3.0, "target": None},
         {"wall": 10.0, "startup": 3.0, "downtime": 3.0, "productive": 4.0, "ettr": 0.4},
     ),
+    # Events with ``age`` (the agent reads the counters every tick; ``age``: since its
+    # previous reading, 0.1 s here): the incident begins at the ranks' last progress.
+    "a short run: its steps count from the first one, the incident from the last": (
+        started().progress(3.0, 0, 0, age=0.1).progress(4.0, 0, 5, age=0.1)
+        .fail(4.3, 0, 4.3, 4.3).restart(4.4, 0.1, 1, 4.5).progress(5.0, 1, 0, age=0.1)
+        .progress(5.8, 1, 5, age=0.1).progress(6.5, 1, 9, age=0.1)("job_end", 6.6).events, None,
+        {"detect": 0.4, "stop": 0.1, "reform": 0.1, "back": 1.3, "downtime": 1.9},
+        {"wall": 6.6, "startup": 3.0, "downtime": 1.9, "productive": 1.7, "ettr": 0.2576},
+    ),
+    "the agent stopped 12.5 s: down from where it last saw progress": (
+        started().progress(3.0, 0, 0, age=0.1).progress(10.0, 0, 20, age=0.1)
+        .progress(22.5, 0, 30, age=12.5).fail(22.5, 0, 22.5, 22.5).restart(22.6, 0.1, 1, 22.7)
+        .progress(23.0, 1, 0, age=0.1).progress(25.0, 1, 30, age=0.1)("job_end", 30.0).events,
+        None,
+        {"detect": 12.5, "stop": 0.1, "reform": 0.1, "back": 2.3, "downtime": 15.0},
+        {"wall": 30.0, "startup": 3.0, "downtime": 15.0, "productive": 12.0, "ettr": 0.4},
+    ),
+    "a second failure just after back: not before it": (
+        started().progress(2.0, 0, 3, age=0.1).fail(3.0, 0, 3.0, 3.0).restart(3.0, 0.0, 1, 4.0)
+        .progress(5.0, 1, 3, age=0.5).fail(5.1, 1, 5.1, 5.1).restart(5.1, 0.0, 2, 6.0)
+        .progress(7.0, 2, 3, age=0.1)("job_end", 8.0).events, None,
+        {"downtime": 3.1, "back": 1.0, "recovered": True},
+        {"wall": 8.0, "startup": 1.9, "downtime": 5.1, "productive": 1.0},
+    ),
 }  # fmt: skip
 
 
@@ -124,6 +153,29 @@ def test_no_progress_at_all_has_no_ettr() -> None:
     assert figures.ettr is None and figures.nodes[0].ettr is None
     assert "no ETTR" in ettr_line(figures, figures.nodes[0])
     assert summary_lines(figures) == []  # no restart: nothing was recovered from
+
+
+def test_a_script_that_reports_no_progress_is_back_when_its_workers_finish() -> None:
+    """No step, no beat (a ``phalanx.spawn`` program that only all-reduces): the new round
+    is back at its first worker that exits 0 on its own; one stopped by phalanx is not."""
+
+    def exit_(run: Node, t: float, round: int, code: int, stopped: bool) -> Node:
+        return run("worker_exit", t, round=round, attempt=round + 1, rank=0, local_rank=0,
+                   pid=1, returncode=code, signal=None, failed=code != 0,
+                   stopped_by_phalanx=stopped, exited_at=t)  # fmt: skip
+
+    run = exit_(started().fail(3.0, 0, 3.0, 3.0), 3.0, 0, 1, False).restart(3.2, 0.2, 1, 4.0)
+    exit_(run, 6.0, 1, 0, True)  # stopped by phalanx: not its own finish
+    (incident,) = recovery(run.events).incidents
+    assert not incident.recovered
+    exit_(run, 7.0, 1, 0, False)("job_end", 7.5, outcome="succeeded", exit_code=0)
+    figures = recovery(run.events)
+    (incident,) = figures.incidents
+    assert (incident.recovered, incident.back, incident.downtime) == (True, 3.0, 4.0), incident
+    assert figures.ettr is None  # nothing tells its startup from its training
+    first, ettr = summary_lines(figures)
+    assert ": making progress again after 4.00 s down (" in first, first
+    assert "never" not in first and ettr.startswith("recovery: no ETTR: the workers reported")
 
 
 def test_no_incident_prints_nothing() -> None:
@@ -193,6 +245,12 @@ def test_a_peers_failure_names_the_failing_node_and_the_node_that_saw_it() -> No
     figures = recovery(run.events)
     (incident,) = figures.incidents
     assert incident.detect is None  # the peer's ``failed_at`` is on the peer's clock
+    # With ``age`` the incident begins at this node's last progress: detect is on its clock.
+    run = started().progress(2.0, 0, 1, age=0.1)
+    run("failure", 3.0, round=0, attempt=1, rank=1, failed_node=1, failure_kind="exit_code",
+        reason="exit 3", exit_code=None, local=False, failed_at=2900.0, detected_at=3.0)
+    (incident,) = recovery(run.events).incidents
+    assert incident.detect == 1.1 and incident.downtime == 1.1, incident
     assert summary_lines(figures)[0].startswith(
         "recovery: incident 1 (round 0), rank 1 exit_code on node 1 (as seen on hostA (node 0)): "
     )

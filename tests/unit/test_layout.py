@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("config", "errors", "parsing", "environments", "worker"),
     # Settings: plain data the config holds. A feature's own settings module (a dotted name)
     # sits here, below its package's other modules.
-    ("nodecheck.settings", "stragglers.settings"),
+    ("hang.settings", "nodecheck.settings", "stragglers.settings"),
     ("version",),
 ]
 TIER = {package: tier for tier, row in enumerate(LAYERS) for package in row}

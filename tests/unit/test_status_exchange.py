@@ -22,7 +22,7 @@ from phalanx.status.exchange import (
 )
 from phalanx.status.node import NodeStatus
 from phalanx.status.service import EventTail
-from phalanx.status.view import RunView, render
+from phalanx.status.view import RunView, _rank_cells, render
 from support.launch import wait_for
 from support.memcluster import WAIT, Cluster, rounds
 
@@ -195,3 +195,14 @@ def test_the_table_names_the_nodes_that_did_not_answer(tmp_path: Path) -> None:
     own = NodeStatus(wall_clock=lambda: 1e9).snapshot()
     view = RunView(tmp_path, "running", True, own, [own], [{"node": 2, "host": "hc"}])
     assert "no answer from: node 2 (hc)\n" in render(view)
+
+
+def test_a_rank_the_hang_watch_named_is_hung_until_it_moves_again() -> None:
+    node = NodeStatus(wall_clock=lambda: 1e9, monotonic=lambda: 100.0)
+    node.hear({"kind": "workers_started", "ranks": [0, 1], "pids": [11, 12]})
+    node.hear({"kind": "hang", "action": "named", "ranks": [1], "suspects": [1], "bound": 60})
+    ranks = {r["rank"]: r for r in node.snapshot()["ranks"]}
+    assert (ranks[0]["hung"], ranks[1]["hung"]) == (False, True)
+    assert _rank_cells(ranks[1])[3] == "hung" and _rank_cells(ranks[0])[3] == "running"
+    node.hear({"kind": "hang_over", "rank": 1, "seconds": 75.0, "bound": 60})
+    assert not any(r["hung"] for r in node.snapshot()["ranks"])

@@ -54,13 +54,13 @@ def bump(worker: Any, beats: int, step: int) -> None:
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every read of a progress counter, by path."""
     paths: list[str] = []
-    real = progress.read
+    real = progress.read_counters
 
-    def counted(path: str) -> tuple[int, int] | None:
+    def counted(path: str) -> tuple[int, int, int] | None:
         paths.append(path)
         return real(path)
 
-    monkeypatch.setattr(progress, "read", counted)
+    monkeypatch.setattr(progress, "read_counters", counted)
     return paths
 
 

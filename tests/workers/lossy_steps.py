@@ -1,13 +1,16 @@
-# usage: lossy_steps.py DIR -- Gloo all-reduce steps until DIR/stop exists (rank 0 looks, and
-# the stop rides in the all-reduce, so every rank stops at the same step). Each step checks
-# the sum (rank r gives r + 1) and writes its count to DIR/r<rank>-<restart>.steps; at the
-# end: "ok world=W steps=S restart=R".
+# usage: lossy_steps.py DIR [beat] -- Gloo all-reduce steps until DIR/stop exists (rank 0
+# looks, and the stop rides in the all-reduce, so every rank stops at the same step). Each step
+# checks the sum (rank r gives r + 1) and writes its count to DIR/r<rank>-<restart>.steps; at
+# the end: "ok world=W steps=S restart=R". "beat": each step is also a phalanx.heartbeat()
+# (without it the workers report no progress).
 import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+import phalanx
 
 out = Path(sys.argv[1])
 dist.init_process_group("gloo")
@@ -22,6 +25,8 @@ while True:
     dist.all_reduce(value)
     assert value[0].item() == expected, value
     steps += 1
+    if sys.argv[2:] == ["beat"]:
+        phalanx.heartbeat()
     partial = progress.with_suffix(".partial")
     partial.write_text(str(steps))
     partial.replace(progress)  # whole: the test reads it while this writes

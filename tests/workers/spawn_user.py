@@ -1,5 +1,7 @@
 # usage: spawn_user.py OUT_DIR [fail|hang] -- calls phalanx.spawn with a function of this file;
-# "fail": rank 1 raises after the all-reduce; "hang": rank 1 sleeps instead of joining it.
+# "fail": rank 1 raises after the all-reduce; "hang": rank 1 sleeps instead of joining it
+# (--stall-timeout's stall_timeout=3); "hangwatch": the same after 5 steps, under the hang
+# watch (hang_watch="floor=1,grace=20": named, then the round failed at 10x its bound).
 import os
 import sys
 import time
@@ -12,7 +14,11 @@ import phalanx
 
 def work(local_rank, out_dir, mode):
     dist.init_process_group(os.environ["PHALANX_BACKEND"])
-    if mode == "hang" and dist.get_rank() == 1:
+    for n in range(5 if mode == "hangwatch" else 0):
+        phalanx.step(n)
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.05)
+    if mode in ("hang", "hangwatch") and dist.get_rank() == 1:
         time.sleep(3600)
     value = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(value)
@@ -36,6 +42,7 @@ if __name__ == "__main__":
             master_port=0,
             log_dir=os.path.join(sys.argv[1], "logs"),
             stall_timeout=3 if mode == "hang" else None,
+            hang_watch="floor=1,grace=20" if mode == "hangwatch" else "on",
         )
     except phalanx.JobFailed as exc:
         print(f"caught JobFailed exit_code={exc.exit_code}: {exc}", flush=True)

@@ -2,12 +2,21 @@
 
 ``AttemptEvents.see`` is one of the tick's watchers (``phalanx.tick``): on its first reading it
 records the started workers, then each rank's progress counters at most every
-``PROGRESS_EVERY`` seconds, and only when they moved. ``ended`` records every worker's exit
-and one last reading of the counters, so the last step before a failure is exact.
+``PROGRESS_EVERY`` seconds, and only when they moved -- but at once, at the tick that first
+sees it, when a rank first moves in the attempt and when its step first reaches ``redo``
+(the failed attempt's highest step), so that the recovery figures' "first progress" and
+"back" are good to a tick, not to a sample. ``ended`` records one last reading of the
+counters and every worker's exit, so the last step before a failure is exact.
+
+Every ``progress`` event carries ``age``: the rank's counters changed after the agent's
+previous reading, ``age`` seconds before the event (one tick, or longer while the agent's own
+process was stopped). ``t - age`` is the earliest the move can have happened: the recovery
+figures take it as the rank's last progress (``events.figures``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,17 +30,34 @@ from phalanx.tick import Reading
 from phalanx.worker import progress
 
 PROGRESS_EVERY = 2.0  # seconds between samples of one rank (a timeline's resolution)
+_NOTHING = (0, progress.NO_STEP)  # the counters before a rank's first move
 
 
 class AttemptEvents:
-    def __init__(self, events: EventLog, plan: RoundPlan, round_: int, attempt: int) -> None:
+    def __init__(
+        self, events: EventLog, plan: RoundPlan, round_: int, attempt: int, redo: int | None = None
+    ) -> None:
+        """``redo``: the last failed attempt's highest step on this node (None: none)."""
         self._events = events
         self._plan = plan
         self._round = round_
         self._attempt = attempt
+        self._redo = redo
         self._started = False
         self._next_sample = 0.0
         self._last: dict[int, tuple[int, int]] = {}  # rank -> (beats, step) last emitted
+        # rank -> (beats, step) at the last reading, and the reading before the one that
+        # first saw them (when the rank last moved, at the earliest)
+        self._seen: dict[int, tuple[tuple[int, int], float]] = {}
+        # The last reading's time; at first the attempt's start: its workers' counters are
+        # made afresh (zero) as they start, so no rank moved before this.
+        self._read_at = time.monotonic()
+
+    @property
+    def peak(self) -> int | None:
+        """The highest step any rank of this node reported in the attempt (None: none)."""
+        steps = [step for _, step in self._last.values() if step != progress.NO_STEP]
+        return max(steps) if steps else None
 
     def see(self, reading: Reading) -> bool:
         """A tick's reading (never stops the round)."""
@@ -39,16 +65,22 @@ class AttemptEvents:
         if not self._started:
             self._started = True
             self._emit_started([w.global_rank for w, _ in running], [p for _, p in running])
+        self._track(reading)
+        workers = [w for w, _ in running]
         if reading.at >= self._next_sample:
             self._next_sample = reading.at + PROGRESS_EVERY
-            self._sample(reading, [w for w, _ in running])
+        else:
+            workers = [w for w in workers if self._news(reading.counters.get(w.global_rank), w)]
+        self._sample(reading, workers)
         return False
 
     def ended(self, exits: Sequence[WorkerExit]) -> None:
         if not self._started:  # every worker ended before the first tick
             self._started = True
             self._emit_started([e.rank for e in exits], [e.pid for e in exits])
-        self._sample(Reading.take(self._plan.workers), self._plan.workers)
+        reading = Reading.take(self._plan.workers)
+        self._track(reading)
+        self._sample(reading, self._plan.workers)
         for e in sorted(exits, key=lambda e: e.rank):
             self._events.emit(
                 "worker_exit",
@@ -64,9 +96,34 @@ class AttemptEvents:
                 exited_at=e.time,
             )
 
-    def failed(
-        self, failure: AttemptFailure, *, stop_began: float, stall_timeout: float | None
+    def hang_named(
+        self, ranks: list[int], suspects: list[int], report: Path | None, bound: float
     ) -> None:
+        """The hang watch named ``ranks`` (past ``bound`` seconds without progress); the
+        job goes on (``phalanx.hang.watch``)."""
+        self._events.emit(
+            "hang",
+            round=self._round,
+            attempt=self._attempt,
+            ranks=ranks,
+            suspects=suspects,
+            report=str(report) if report else None,
+            action="named",
+            bound=bound,
+        )
+
+    def hang_over(self, rank: int, seconds: float, bound: float) -> None:
+        """A rank the hang watch had named moves again after ``seconds`` of silence."""
+        self._events.emit(
+            "hang_over",
+            round=self._round,
+            attempt=self._attempt,
+            rank=rank,
+            seconds=seconds,
+            bound=bound,
+        )
+
+    def failed(self, failure: AttemptFailure, *, stop_began: float) -> None:
         """The attempt failed and every local worker has exited: the hang found here (if
         any), the failure, and how long the stop took since it was acted on."""
         stopped_at = self._events.now()
@@ -74,7 +131,7 @@ class AttemptEvents:
         hang = failure.hang
         failed_at = failure.failed_at
         if hang is not None:
-            stalled = [r.rank for r in hang.ranks if stall_timeout and r.idle >= stall_timeout]
+            stalled = [r.rank for r in hang.ranks if hang.timeout and r.idle >= hang.timeout]
             self._events.emit(
                 "hang",
                 round=self._round,
@@ -82,6 +139,8 @@ class AttemptEvents:
                 ranks=stalled or [hang.culprit.rank],
                 suspects=[s.rank for s in hang.suspects],
                 report=str(failure.hang_report) if failure.hang_report else None,
+                action="failed",
+                bound=hang.timeout or None,
             )
             failed_at = detected_at - hang.culprit.idle  # when its progress last moved
         self._events.emit(
@@ -109,19 +168,42 @@ class AttemptEvents:
             "workers_started", round=self._round, attempt=self._attempt, ranks=ranks, pids=pids
         )
 
+    def _track(self, reading: Reading) -> None:
+        """Note, per rank, when its counters last changed: after the previous reading."""
+        before = min(self._read_at, reading.at)
+        for rank, counters in reading.counters.items():
+            seen = self._seen.get(rank)
+            if counters != (seen[0] if seen is not None else _NOTHING):
+                self._seen[rank] = (counters, before)
+        self._read_at = reading.at
+
+    def _news(self, counters: tuple[int, int] | None, worker: WorkerPlan) -> bool:
+        """Whether ``counters`` are said at once: the rank's first move in the attempt, or
+        its step reaching ``redo`` (where the failed attempt was) for the first time."""
+        last = self._last.get(worker.global_rank)
+        if counters is None or counters == (last or _NOTHING):
+            return False
+        if last is None:
+            return True
+        redo = self._redo
+        return redo is not None and counters[1] >= redo > last[1]
+
     def _sample(self, reading: Reading, workers: Sequence[WorkerPlan]) -> None:
         for worker in workers:
             counters = reading.counters.get(worker.global_rank)
-            if counters is None or counters == self._last.get(worker.global_rank, (0, -1)):
+            if counters is None or counters == self._last.get(worker.global_rank, _NOTHING):
                 continue
             self._last[worker.global_rank] = counters
             beats, step = counters
+            seen = self._seen.get(worker.global_rank)
+            moved = seen[1] if seen is not None and seen[0] == counters else reading.at
             self._events.emit(
                 "progress",
                 round=self._round,
                 rank=worker.global_rank,
                 step=None if step == progress.NO_STEP else step,
                 beats=beats,
+                age=round(max(0.0, reading.at - moved), 3),
             )
 
 

@@ -201,14 +201,20 @@ class Endings:
             if seq is not None:  # the store's order of failures: this node's report needs it too
                 exits = [replace(e, seq=seq) if e is cause else e for e in exits]
                 cause = replace(cause, seq=seq)
-            log.warning(
-                "%s on %s: %s (attempt %d)%s",
-                cause.who,
-                cause.host,
-                cause.reason if cause.kind == "hang" else cause.describe_exit(),
-                at.result.restart_count,
-                f" [{cause.kind}]" if cause.kind else "",
-            )
+            if _unnamed_hang(watch, at):  # the job-wide report, every node's stacks, names it
+                log.warning(
+                    "hang found here (attempt %d): no suspect among this node's ranks; the "
+                    "job's report names one from every node's stacks", at.result.restart_count,
+                )  # fmt: skip
+            else:
+                log.warning(
+                    "%s on %s: %s (attempt %d)%s",
+                    cause.who,
+                    cause.host,
+                    cause.reason if cause.kind == "hang" else cause.describe_exit(),
+                    at.result.restart_count,
+                    f" [{cause.kind}]" if cause.kind else "",
+                )
         elif event is not None:
             if watch.peer_hang is not None:
                 # No failure of ours: only where our ranks were, for the job-wide analysis.
@@ -376,3 +382,11 @@ def _failure_error(cause: WorkerExit | None, event: JobEvent | None, ended: str)
         reason = ended or (describe_event(event) if event is not None else "")
         return RendezvousError(f"the job stopped: {reason or 'another node gave up'}")
     return JobFailed(f"{cause.who} on {cause.host}: {cause.summary}", cause.exit_code)
+
+
+def _unnamed_hang(watch: RoundWatch, at: Round) -> bool:
+    """A hang found here whose analysis names no suspect, in a job of several nodes: this
+    node saw only its own ranks, and says nothing of a culprit until the job-wide analysis
+    (``report.job``, with every node's stacks) can name one."""
+    hang = watch.hang
+    return hang is not None and not hang.suspects and at.result.num_nodes > 1

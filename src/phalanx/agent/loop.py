@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from phalanx import exclusion
+from phalanx.agent import pace
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
 from phalanx.agent.between import Between
 from phalanx.agent.crashloop import ProgressMark, failure_signature
@@ -48,7 +49,6 @@ from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.tick import Watchers
 
-QUIET_TICK = 1.0  # seconds between ticks with nothing to poll and no stall timeout
 log = logging.getLogger("phalanx")
 
 
@@ -148,13 +148,15 @@ class Rounds:
         state = replace(state, attempts=state.attempts + 1)
         plan = build_plan(self.config, joined, self.run_dir, self.base_env)
         mark = ProgressMark.take(plan)
-        attempt = AttemptEvents(self.events, plan, joined.round, state.attempts)
+        attempt = AttemptEvents(self.events, plan, joined.round, state.attempts, state.redo)
         watch = RoundWatch(
             plan,
             stall_timeout=self.config.checks.stall_timeout,
             requests=self.signals if self.signals.stacks_active else None,
-            check_every=self._check_every(),
+            check_every=pace.check_every(self.config),
             job=self._job_stacks(at),
+            hang_watch=pace.hang_watch(self.config),
+            events=attempt,
         )
         probe = OomProbe()
         tick, slow = self._round_tick(plan, at, attempt, watch)
@@ -162,6 +164,7 @@ class Rounds:
         if isinstance(result, RunEnd):
             return result
         attempt.ended(result.exits)
+        state = replace(state, redo=attempt.peak)  # where the next attempt is "back"
         slow.leave()  # named a straggler under --straggler-action exclude: leaves the job
         exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
         return self._ended(state, Played(at, plan, result, exits, watch, probe, mark, attempt))
@@ -192,7 +195,6 @@ class Rounds:
             played.attempt.failed(
                 self._failure_events(state, cause, result.event, watch),
                 stop_began=self.supervisor.stop_began,
-                stall_timeout=self.config.checks.stall_timeout,
             )
         if result.preemption is not None:  # a failure during the grace: no restart
             hang = played.watch.hang
@@ -202,12 +204,11 @@ class Rounds:
     def _failed(
         self, state: RunState, played: Played, failed_here: bool, event: EventKind | None
     ) -> RunState | RunEnd:
-        """After a failed round: rejoin after a lost store, re-form for a joining node,
-        restart within the budget, or end the job (a crash loop, the budget spent, a peer
-        that gave up)."""
+        """After a failed round: rejoin after a lost store (or fail over), re-form for a joining
+        node, restart within the budget, or end the job (a crash loop, the budget spent...)."""
         joined, watch = played.joined, played.watch
-        if event is EventKind.STORE_LOST and not failed_here:
-            back = self._rejoined(state, played.at)
+        if event is EventKind.STORE_LOST or failed_here:
+            back = self._rejoined(state, played.at, failed_here)
             if back is not None:  # back as a new member: the others spent the restart for it
                 return back
         decided = self._next_step(state, played.at, failed_here, event, played.mark, played.plan)
@@ -260,7 +261,12 @@ class Rounds:
     ) -> RoundResult | RunEnd:
         try:
             return self.supervisor.run(
-                plan, self.signals, self._poll(watch), tick, preempt, self._tick_every()
+                plan,
+                self.signals,
+                self._poll(watch),
+                tick,
+                preempt,
+                pace.tick_every(self.config, self.rdzv.quiet),
             )
         except StartFailed as exc:  # a limit reached: no round without every worker
             return self.between.cut_short(state, exc, str(exc))
@@ -325,20 +331,24 @@ class Rounds:
         except RendezvousError as exc:
             return self.between.cut_short(state, exc, no_round(state, exc))
 
-    def _rejoined(self, state: RunState, at: Round) -> RunState | RunEnd | None:
-        """This node lost the store (or fenced itself): with restarts left, wait for the
-        store and come back as a new member of the next round (the others count this node
-        lost and spend the restart); None when it cannot, and the job ends here as before."""
+    def _rejoined(self, state: RunState, at: Round, failed_here: bool) -> RunState | RunEnd | None:
+        """This node lost the store (or fenced itself; or its workers failed and the store's
+        host went with their peers: ``Peers.rejoin``): with restarts left, come back as a new
+        member of the next round, on the store or its successor's (the others count this node
+        lost and spend the restart); None when it cannot, and the job goes on as before."""
         left = restarts_left(at.result.restart_count, self.config.recovery.max_restarts)
         if left <= 0:
             return None
-        log.warning(
-            "lost the rendezvous store; rejoining the job when it answers again (%d of %d "
-            "restarts left)", left, self.config.recovery.max_restarts,
-        )  # fmt: skip
+        if not failed_here:
+            log.warning(
+                "lost the rendezvous store; rejoining the job when it answers again (%d of %d "
+                "restarts left)", left, self.config.recovery.max_restarts,
+            )  # fmt: skip
         try:
             with self.signals.raising():
-                back = self.peers is not None and self.peers.rejoin()
+                back = self.peers is not None and self.peers.rejoin(failover_only=failed_here)
+            if back and self.peers is not None and (moved := self.peers.store_moved()) is not None:
+                self.events.emit("store_moved", **moved)
         except Interrupted as exc:
             return self.between.stopped_waiting(state, exc, "this node, waiting for the rendezvous store")  # fmt: skip
         # Back, the node claims the restart as any node of a failed round does (the first
@@ -365,23 +375,6 @@ class Rounds:
 
     def _poll(self, watch: RoundWatch) -> Callable[[], JobEvent | None]:
         return lambda: watch.hear(self.rdzv.poll())
-
-    def _tick_every(self) -> float | None:
-        """The supervisor's tick when the rendezvous has nothing to poll (one node): as
-        often as progress is read for the stall timeout, else once a second (the status
-        file, request files and progress samples need no more); None: every monitor
-        interval, for the peers' events."""
-        if not self.rdzv.quiet:
-            return None
-        if self.config.checks.stall_timeout:
-            return self._check_every()
-        return max(self.config.workers.monitor_interval, QUIET_TICK)
-
-    def _check_every(self) -> float:
-        """How often progress is read: often enough to notice a stall within a tenth of the
-        timeout (at most once a second), never more often than the monitor interval."""
-        timeout = self.config.checks.stall_timeout or 0.0
-        return max(self.config.workers.monitor_interval, min(1.0, timeout / 10))
 
 
 def _ended_by_preemption(result: RoundResult) -> bool:

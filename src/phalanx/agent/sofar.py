@@ -34,3 +34,4 @@ class RunState:
     checked: tuple[str, ...] = ()
     reforms: int = 0  # rounds re-formed for a joining node (no restart spent)
     restarting: bool = False  # a restart claimed: said once its round forms
+    redo: int | None = None  # the last attempt's highest step here (``AttemptEvents``)

@@ -30,6 +30,7 @@ from phalanx.config import (
 )
 from phalanx.errors import UsageError
 from phalanx.events import metrics
+from phalanx.hang.settings import HangWatch, parse_hang_watch
 from phalanx.launch import Launch, check_launch
 from phalanx.nodecheck.settings import Action, CheckSettings, Thresholds
 from phalanx.stragglers.settings import (
@@ -159,7 +160,7 @@ def to_launch(
     )
     recovery = _recovery(ns, environ, p, max_restarts)
     metrics_ = _metrics(ns, p)
-    checks = ChecksConfig(stall or None, _node_check(ns, p), _stragglers(ns, p), bool(ns.allow_mismatch))  # fmt: skip
+    checks = ChecksConfig(stall or None, _hang_watch(ns, p, stall), _node_check(ns, p), _stragglers(ns, p), bool(ns.allow_mismatch))  # fmt: skip
     config = LaunchConfig(
         workers, nodes, logs, checks, recovery, remote, metrics_,
         dry_run=bool(ns.dry_run),
@@ -212,6 +213,15 @@ def _node_check(ns: argparse.Namespace, p: _Problems) -> CheckSettings:
     thresholds = p.parse(lambda: Thresholds.parse(ns.node_check_thresholds or ""), Thresholds())
     checkpoints = Path(ns.checkpoint_dir) if ns.checkpoint_dir else None
     return CheckSettings(Action(ns.node_check), thresholds, checkpoints)
+
+
+def _hang_watch(ns: argparse.Namespace, p: _Problems, stall: float) -> HangWatch | None:
+    """--hang-watch (on by default); off where --stall-timeout replaces it."""
+    default: HangWatch | None = HangWatch()
+    watch = p.parse(lambda: parse_hang_watch(ns.hang_watch), default)
+    if stall and watch is not None and watch != HangWatch():
+        p.add("--hang-watch and --stall-timeout: give one (--stall-timeout replaces the watch)")
+    return None if stall else watch
 
 
 def _stragglers(ns: argparse.Namespace, p: _Problems) -> StragglerSettings:

@@ -1,9 +1,6 @@
 """The argparse parser: torchrun 2.13's flags in both spellings, ``PET_*`` fallbacks, and
 phalanx's own additions. Values stay strings here; ``cli.convert`` validates and types them.
-
-Near 350 lines on purpose: ``build_parser`` is the flag table (one call per flag, in the order
-``--help`` lists them), and cutting it by theme would scatter one table and reorder the help;
-the help's prose (description, examples, exit statuses) lives in ``cli.usage``."""
+Long on purpose: ``build_parser`` is the flag table in ``--help``'s order (help prose: usage)."""
 
 from __future__ import annotations
 
@@ -91,7 +88,8 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     option(
         "rdzv-endpoint",
         "",
-        "Rendezvous endpoint, host[:port] ([ipv6]:port for IPv6); c10d: localhost:29400 if empty.",
+        "Rendezvous endpoint, host[:port] ([ipv6]:port for IPv6); c10d: localhost:29400 if empty, "
+        "or host:port,host:port,...: where the store serves, in order, if its host is lost.",
     )
     option("rdzv-id", "none", "Job id; jobs with different ids never mix on one endpoint.")
     option(
@@ -246,13 +244,17 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "(facts: num_nodes, node_rank, num_gpus, master_addr, master_port).",
     )
     option(
+        "hang-watch",
+        "on",
+        "Name a rank silent past max(floor, factor x p99 of its step gaps), or grace before its "
+        "3rd beat and in phalanx.pause(): a line, every rank's stack; the job goes on, the round "
+        "fails at 10x. on (floor=60,factor=5,grace=300), off, or key=value[,...].",
+    )
+    option(
         "stall-timeout",
         "0",
-        "Seconds without progress from a rank after which the job counts as hung (0, the "
-        "default: off). Progress: optimizer steps, phalanx.step()/heartbeat(), and before a "
-        "rank's first step the CPU time of its main thread. On a hang every rank's Python stack "
-        "is dumped to its log directory, a hang report names the suspect ranks, and the round "
-        "fails (restarted within --max-restarts).",
+        "Seconds without progress after which the round fails as a hang at once, in place of "
+        "--hang-watch (0, the default: off): a fixed bound; every rank's stack, a hang report.",
     )
     option(
         "exclude-after",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from phalanx import parsing
@@ -39,17 +40,19 @@ def rendezvous_flags(
     backend = str(ns.rdzv_backend).strip()
     endpoint = str(ns.rdzv_endpoint)
     master_addr = p.parse(lambda: parsing.check_host(ns.master_addr, "--master-addr"), "")
-    # etcd takes a list of endpoints and http(s):// URLs, which its backend checks.
+    # etcd takes a list of endpoints and http(s):// URLs, which its backend checks; c10d a
+    # list of candidates for its store (the first serves it first: ``backends.successor``).
     if endpoint and backend not in ("etcd", "etcd-v2"):
-        parsed = p.parse(lambda: parsing.parse_endpoint(endpoint), None)
+        items = endpoint.split(",") if backend == "c10d" else [endpoint]
+        parsed, *_ = [p.parse(partial(parsing.parse_endpoint, item), None) for item in items]
         if parsed is not None and backend == "static" and not ns.standalone:
             # torchrun's static meets at the endpoint when one is given.
             if parsed.port is None:
                 p.add(f"--rdzv-endpoint {endpoint}: static rendezvous needs HOST:PORT")
             else:
                 master_addr, master_port = parsed.host, parsed.port
-    if ns.standalone:
-        backend = "c10d"  # torchrun's --standalone: c10d on localhost:0
+    if ns.standalone or ns.hosts is not None or ns.hostfile is not None:
+        backend = "c10d"  # torchrun's --standalone: localhost:0; a host list's agents: theirs
     elif backend == "static" and max_nodes == 1 and not endpoint and ns.master_port is None:
         backend = "c10d"  # torchrun 2.13: one node meets on localhost:0, a free port
     # (More than one node: the static backend's own check says it.)

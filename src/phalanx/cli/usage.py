@@ -41,7 +41,7 @@ examples:
   phalanx --standalone --nproc-per-node 2 train.py --lr 0.1
   phalanx --nproc-per-node 4 --dry-run train.py        # print the plan, start nothing
   phalanx --standalone --nproc-per-node 2 --max-restarts 3 train.py
-  phalanx --nproc-per-node 8 --stall-timeout 600 train.py   # detect and explain hangs
+  phalanx --nproc-per-node 8 --stall-timeout 600 train.py   # hangs fail at once (default: named)
   phalanx --hostfile hosts.txt train.py   # every host over ssh (or --hosts h1:8,h2:8)
   phalanx stacks RUN_DIR       # print every rank's Python stack now; the job goes on
   phalanx status RUN_DIR       # every node's ranks: state, step, steps/s; the last failure

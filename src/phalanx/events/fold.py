@@ -26,12 +26,16 @@ def _r(value: float) -> float:
 @dataclass
 class _Open:
     """An incident being followed through its recovery (stamps on the node's monotonic
-    clock, but ``failed_wall``: the failure's wall time, for people and ordering)."""
+    clock, but ``failed_wall``: the failure's wall time, for people and ordering).
+    ``failed_at`` is where the incident began (``figures``: the failure, or this node's
+    last progress before it if that was earlier); ``timed``: whether that is a time of this
+    node's (else it is only when the node heard of a peer's failure)."""
 
     failure: Event
     failed_wall: float
     failed_at: float
     detected_at: float
+    timed: bool
     target: tuple[str, int] | None  # the failed round's peak: ("step" | "beats", value)
     stop: float | None = None
     stopped_t: float | None = None
@@ -39,21 +43,19 @@ class _Open:
     formed_t: float | None = None
     back_t: float | None = None
     cut_at: float | None = None  # the next incident began before this one recovered
+    moved: str | None = None  # the store's failover during its recovery (``store_moved``)
 
     def finish(self, node: int | None, host: str, end: float) -> Incident:
         f = self.failure
-        mine = f.get("local") is True and _num(f.get("failed_at")) is not None
-        detect = self.detected_at - self.failed_at if mine else None
+        detect = self.detected_at - self.failed_at if self.timed else None
         reform = _span(self.stopped_t, self.formed_t)
         back = _span(self.formed_t, self.back_t)
         parts = [
             _r(max(0.0, p)) if p is not None else None for p in (detect, self.stop, reform, back)
         ]
-        recovered = back is not None
-        if recovered:
-            downtime = sum(p for p in parts if p is not None)
-        else:
-            downtime = max(0.0, (self.cut_at if self.cut_at is not None else end) - self.failed_at)
+        recovered = self.back_t is not None
+        until = self.back_t if self.back_t is not None else self.cut_at
+        downtime = max(0.0, (until if until is not None else end) - self.failed_at)
         target = None if self.target is None else f"{self.target[0]} {self.target[1]}"
         return Incident(
             node=node,
@@ -72,6 +74,7 @@ class _Open:
             target=target,
             downtime=_r(downtime),
             recovered=recovered,
+            store_moved=self.moved,
         )
 
 
@@ -114,7 +117,8 @@ class NodeFold:
         self.began: float | None = None
         self.ended: float | None = None
         self.outcome: object = None  # job_end's
-        self.last_progress: float | None = None
+        self.last_progress: float | None = None  # the earliest the ranks' last move can be
+        self.moved: dict[object, float] = {}  # round -> its last progress, from ``age``
         self.last_t: float | None = None
         self.first_progress: float | None = None
         self.peaks: dict[object, tuple[str, int]] = {}  # round -> its highest reading
@@ -126,7 +130,9 @@ class NodeFold:
             "stopped": self._stopped,
             "rdzv_done": self._rdzv_done,
             "progress": self._progress,
+            "worker_exit": self._worker_exit,
             "job_end": self._job_end,
+            "store_moved": self._store_moved,
         }
 
     def add(self, event: Event) -> None:
@@ -166,21 +172,32 @@ class NodeFold:
         detected = t if detected is None else detected - shift
         failed = _num(event.get("failed_at"))
         failed_wall = failed if failed is not None else detected + shift
-        if event.get("local") is not True or failed is None:
-            failed = detected  # a peer's stamp is on the peer's clock
-        else:
-            failed = min(failed - shift, detected)
+        timed = event.get("local") is True and failed is not None
+        # (a peer's stamp is on the peer's clock: when this node heard of it, then)
+        failed = min(failed - shift, detected) if failed is not None and timed else detected
+        moved = self.moved.get(event.get("round"))
+        if moved is not None:  # the ranks stopped moving before the failure was seen
+            failed, timed = min(failed, moved), True
+        if self.incidents:  # no second counted twice: not before the last incident's end
+            last = self.incidents[-1]
+            failed = max(failed, last.back_t if last.back_t is not None else last.failed_at)
         if (previous := self._open) is not None:
             previous.cut_at = max(failed, previous.failed_at)
         target = self.peaks.get(event.get("round"))
         if target is not None and target[0] == "beats":
             target = None  # beats count from 0 in every attempt: back is any progress
-        self.incidents.append(_Open(event, failed_wall, failed, detected, target))
+        self.incidents.append(_Open(event, failed_wall, failed, detected, timed, target))
 
     def _stopped(self, event: Event, t: float) -> None:
         now = self._open
         if now is not None and now.stopped_t is None:
             now.stop, now.stopped_t = _num(event.get("seconds")), t
+
+    def _store_moved(self, event: Event, t: float) -> None:
+        now = self._open
+        if now is not None:
+            lost, successor = event.get("lost_host"), event.get("successor")
+            now.moved = f"{lost} -> {successor} at {event.get('endpoint')}"
 
     def _rdzv_done(self, event: Event, t: float) -> None:
         now = self._open
@@ -193,14 +210,29 @@ class NodeFold:
             return
         if self.first_progress is None:
             self.first_progress = t
-        self.last_progress = t
         key = event.get("round")
+        age = _num(event.get("age"))
+        moved = t - (age or 0.0)  # after the agent's previous reading
+        last = self.last_progress
+        self.last_progress = moved if last is None else max(moved, last)
+        if age is not None:  # (an agent before ``age`` sampled every 2 s: moved when, unknown)
+            self.moved[key] = max(moved, self.moved.get(key, moved))
         peak = self.peaks.get(key)
         if _higher(reading, peak):
             self.peaks[key] = reading
         now = self._open
         following = now is not None and now.formed_t is not None and key == now.new_round
         if following and now is not None and _reaches(event, now.target):
+            now.back_t = t
+
+    def _worker_exit(self, event: Event, t: float) -> None:
+        """A worker of the new round that finished on its own (exit 0) did its work: the
+        job is back, also when it reported no progress (no step, no beat) on the way."""
+        now = self._open
+        clean = event.get("returncode") == 0 and event.get("stopped_by_phalanx") is not True
+        if not clean or now is None or now.formed_t is None:
+            return
+        if event.get("round") == now.new_round:
             now.back_t = t
 
     def figures(self, now: float | None) -> tuple[list[Incident], NodeFigures]:

@@ -40,16 +40,24 @@ KINDS: dict[str, tuple[str, ...]] = {
     "script_args_differ": ("round", "line", "nodes"),
     # This node's workers of one attempt were started (global ranks and pids).
     "workers_started": ("round", "attempt", "ranks", "pids"),
-    # A worker's progress counters (``phalanx.worker.progress``), sampled by the agent.
-    "progress": ("round", "rank", "step", "beats"),
+    # A worker's progress counters (``phalanx.worker.progress``), sampled by the agent;
+    # ``age``: seconds from the agent's previous reading (the earliest the rank can have
+    # moved) to this one (``agent.attempt_events``).
+    "progress": ("round", "rank", "step", "beats", "age"),
     # One worker ended: its code (negative: killed by that signal) and whether phalanx
     # stopped it (collateral) or it failed on its own.
     "worker_exit": (
         "round", "attempt", "rank", "local_rank", "pid", "returncode", "signal", "failed",
         "stopped_by_phalanx", "exited_at",
     ),
-    # A hang found on this node (``ranks``: the ranks that made no progress).
-    "hang": ("round", "attempt", "ranks", "suspects", "report"),
+    # A hang found on this node (``ranks``: the ranks that made no progress for ``bound``
+    # seconds). ``action``: "named" (the hang watch named them, with every rank's stack; the
+    # job goes on) or "failed" (the round fails: ``--stall-timeout``, or 10x the bound a
+    # rank was named at).
+    "hang": ("round", "attempt", "ranks", "suspects", "report", "action", "bound"),
+    # A rank the hang watch had named moves again after ``seconds`` without progress (it had
+    # been named at ``bound``); it is watched again.
+    "hang_over": ("round", "attempt", "rank", "seconds", "bound"),
     # The attempt failed, as this node knows it: the root cause when the failure is local
     # (``node`` of the failing rank in ``failed_node``), or the peer event that stopped it.
     # ``failed_at``: when the failure happened (the worker's exit, the hang's detection);
@@ -64,6 +72,14 @@ KINDS: dict[str, tuple[str, ...]] = {
     # per node by every node that learns of it; that node is the round's root cause ahead of
     # any rank that failed only because a peer went away.
     "node_lost": ("round", "lost_node", "lost_host", "addr", "node_id", "reason"),
+    # The rendezvous store's host was lost and the store moved to a successor (c10d,
+    # ``dynamic.failover``): the round it happened in, the lost host (node rank, "node N
+    # (host, addr)"), the successor (node rank, or null for a listed endpoint; its name), the
+    # endpoint it serves at, and ``epoch`` (the job's failovers so far). Said on every node
+    # that moved.
+    "store_moved": (
+        "round", "lost_node", "lost_host", "successor_node", "successor", "endpoint", "epoch",
+    ),
     # Every worker of the failed attempt on this node has exited (``seconds``: since the
     # failure was detected here).
     "stopped": ("round", "attempt", "seconds"),

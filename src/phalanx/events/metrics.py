@@ -57,7 +57,7 @@ class MetricsServer:
         )  # fmt: skip
         self.first_step = prom.Gauge(
             "phalanx_time_to_first_step_seconds",
-            "Seconds from the last round's forming to a rank's first step (sampled every 2 s).",
+            "Seconds from the last round's forming to a rank's first step (to the agent's reading).",
             registry=r,
         )
         self.steps_per_second = prom.Gauge(

@@ -31,6 +31,9 @@ class Incident:
     target: str | None  # what "back" means: "step 41", or None (any progress in the new round)
     downtime: float
     recovered: bool
+    # c10d: the store's host was lost and the store moved ("node 0 (...) -> node 1 (...) at
+    # ADDR:PORT", from the ``store_moved`` event); None: it did not
+    store_moved: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -151,6 +151,7 @@ class HangAnalysis:
     timeout: float
     ranks: tuple[RankState, ...]
     suspects: tuple[Suspect, ...]  # most likely first
+    rule: str = ""  # how ``timeout`` was had, in words ("": --stall-timeout)
 
     @property
     def culprit(self) -> RankState:
@@ -163,7 +164,8 @@ class HangAnalysis:
 
     def summary(self) -> list[str]:
         idle = max((r.idle for r in self.ranks), default=0.0)
-        lines = [f"hang: no progress for {idle:.1f} s (--stall-timeout {self.timeout:g})"]
+        rule = self.rule or f"--stall-timeout {self.timeout:g}"
+        lines = [f"hang: no progress for {idle:.1f} s ({rule})"]
         if self.suspects:
             lines += [f"suspect: rank {s.rank}: {s.why}" for s in self.suspects]
         else:
@@ -193,6 +195,7 @@ class HangAnalysis:
     def to_json(self) -> dict[str, Any]:
         return {
             "timeout": self.timeout,
+            "rule": self.rule,
             "suspects": [asdict(s) for s in self.suspects],
             "ranks": [r.to_json() for r in self.ranks],
         }
@@ -203,22 +206,23 @@ class HangAnalysis:
             float(data["timeout"]),
             tuple(RankState.from_json(r) for r in data["ranks"]),
             tuple(Suspect(**s) for s in data["suspects"]),
+            str(data.get("rule") or ""),
         )
 
 
-def analyse(ranks: Sequence[RankState], timeout: float) -> HangAnalysis:
+def analyse(ranks: Sequence[RankState], timeout: float, rule: str = "") -> HangAnalysis:
     """Name the suspects among ``ranks`` (see the module docstring for the rules)."""
     found: dict[int, list[str]] = {}
     for rules in (RULES, FALLBACK_RULES):
-        for rule in rules:
-            for suspect in rule(ranks):
+        for check in rules:
+            for suspect in check(ranks):
                 found.setdefault(suspect.rank, []).append(suspect.why)
         if found:
             break
     idle = {r.rank: r.idle for r in ranks}
     order = sorted(found, key=lambda rank: (-idle[rank], rank))
     suspects = tuple(Suspect(rank, "; ".join(found[rank])) for rank in order)
-    return HangAnalysis(timeout, tuple(sorted(ranks, key=lambda r: r.rank)), suspects)
+    return HangAnalysis(timeout, tuple(sorted(ranks, key=lambda r: r.rank)), suspects, rule)
 
 
 def merge(analyses: Sequence[HangAnalysis]) -> HangAnalysis | None:
@@ -227,5 +231,7 @@ def merge(analyses: Sequence[HangAnalysis]) -> HangAnalysis | None:
         return None
     ranks = {r.rank: r for a in analyses for r in a.ranks}
     # The node whose watch fired has the smallest timeout (0: a node not watching).
-    timeout = min((a.timeout for a in analyses if a.timeout), default=0.0)
-    return analyse(list(ranks.values()), timeout)
+    fired = min((a for a in analyses if a.timeout), key=lambda a: a.timeout, default=None)
+    if fired is None:
+        return analyse(list(ranks.values()), 0.0)
+    return analyse(list(ranks.values()), fired.timeout, fired.rule)

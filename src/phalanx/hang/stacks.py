@@ -214,9 +214,10 @@ def request_dumps(
                 last[rank], quiet_since[rank] = size, now
             elif size > before[rank] and now - quiet_since.get(rank, now) >= SETTLE:
                 del waiting[rank]
-            elif size == before[rank] and _ended(target.pid):
+            elif size == before[rank] and (_ended(target.pid) or _stopped(target.pid)):
                 # It died before it could dump (a peer's rank stopped: its collective failed
-                # as the dump was asked for): nothing will come, and the job waits on this.
+                # as the dump was asked for), or it is stopped (SIGSTOP: it dumps only once
+                # continued): nothing will come in time, and the job waits on this.
                 del waiting[rank]
     _finish_py_spy(pyspy, started + py_spy_timeout, py_spy_timeout)
     texts = {t.rank: _read_from(t.stacks_file, before[t.rank]) for t in targets}
@@ -224,6 +225,16 @@ def request_dumps(
         if rank not in catching:
             texts[rank] = _read_from(out, offset)
     return texts
+
+
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state T or t in ``/proc/PID/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
 
 
 def _read_from(path: Path, offset: int) -> str:

@@ -28,6 +28,8 @@ import psutil
 from phalanx.hang.analysis import HangAnalysis, RankState, analyse
 from phalanx.hang.files import write_atomic, write_stacks_file
 from phalanx.hang.jobstacks import JobStacks
+from phalanx.hang.rhythm import Bound, RhythmDetector
+from phalanx.hang.settings import FAIL_FACTOR, HangWatch
 from phalanx.hang.stacks import DumpTarget, catches, main_thread, parse_dump, request_dumps
 from phalanx.hang.stall import StallDetector, main_thread_cpu
 from phalanx.plan import RoundPlan
@@ -44,9 +46,22 @@ class StackAsks(Protocol):
     def take_stack_request(self) -> bool: ...
 
 
+class HangEvents(Protocol):
+    """Where the hang watch's verdicts go besides the log (``AttemptEvents``)."""
+
+    def hang_named(
+        self, ranks: list[int], suspects: list[int], report: Path | None, bound: float
+    ) -> None: ...
+
+    def hang_over(self, rank: int, seconds: float, bound: float) -> None: ...
+
+
 class RoundWatch:
-    """One round's watch. ``hang`` is set when this node found a stall (the supervisor then
-    stops the round); ``peer_hang`` when it dumped its ranks because a peer found one."""
+    """One round's watch. ``hang`` is set when this node found a hang that fails the round
+    (the supervisor then stops it); ``peer_hang`` when it dumped its ranks because a peer
+    found one. With a stall timeout the first bound fails the round; else the hang watch
+    (``hang_watch``) names a rank at its bound and fails the round only at ``FAIL_FACTOR``
+    times it (``phalanx.hang.rhythm``)."""
 
     def __init__(
         self,
@@ -56,6 +71,8 @@ class RoundWatch:
         requests: StackAsks | None,
         check_every: float,
         job: JobStacks | None = None,
+        hang_watch: HangWatch | None = None,
+        events: HangEvents | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``job``: the round's job-wide stacks requests (None: a single-node round, where a
@@ -66,6 +83,11 @@ class RoundWatch:
         self._check_every = check_every
         self._clock = clock
         self._detector = StallDetector(stall_timeout, clock) if stall_timeout else None
+        self._rhythm = (
+            RhythmDetector(hang_watch, clock) if hang_watch and not stall_timeout else None
+        )
+        self._events = events
+        self._named: dict[int, Bound] = {}  # ranks named hung (the watch goes on), and why
         self._next_check = clock()
         self._running: Running = ()
         self._reading = Reading(clock())  # the last tick's
@@ -77,37 +99,114 @@ class RoundWatch:
         self._texts: dict[int, str] = {}  # the last dump of each rank
 
     def see(self, reading: Reading) -> bool:
-        """A tick's reading: True stops the round (a stall was found and analysed)."""
+        """A tick's reading: True stops the round (a hang was found that fails it)."""
         self._reading = reading
-        self._running = running = reading.running
+        self._running = reading.running
         requested = self._requests is not None and self._requests.take_stack_request()
         if requested and (self._job is None or not self._job.request()):
             self.snapshot()  # a single node, or the other nodes cannot be asked
         if self._job is not None and (asked := self._job.unanswered()):
             self._job.answer(asked, self._node_stacks("stacks on request"))
-        detector = self._detector
-        if detector is None or self.hang is not None or self._clock() < self._next_check:
+        watching = self._detector is not None or self._rhythm is not None
+        if not watching or self.hang is not None or self._clock() < self._next_check:
             return False
         self._next_check = self._clock() + self._check_every
-        for worker, pid in running:
+        if self._rhythm is not None:
+            return self._see_rhythm(self._rhythm, reading)
+        return self._detector is not None and self._see_stall(self._detector, reading)
+
+    def _see_stall(self, detector: StallDetector, reading: Reading) -> bool:
+        """``--stall-timeout``: a rank silent that long fails the round at once."""
+        for worker, pid in reading.running:
             counters = reading.counters.get(worker.global_rank)
             detector.observe(worker.global_rank, counters, main_thread_cpu(pid))
-        live = {worker.global_rank for worker, _ in running}
+        live = {worker.global_rank for worker, _ in reading.running}
         stalled = [rank for rank in detector.stalled() if rank in live]  # not ranks that ended
         if not stalled:
             return False
-        self.detected_at = time.time()
-        self.hang = self._analyse("hang detected")
-        self.report_path = self._write(self.hang, "detected here")
-        suspects = ", ".join(f"rank {s.rank}" for s in self.hang.suspects) or "none stands out"
+        self._fail(stalled, detector.timeout, f"--stall-timeout {detector.timeout:g}")
+        return True
+
+    def _see_rhythm(self, rhythm: RhythmDetector, reading: Reading) -> bool:
+        """The hang watch: name a rank past its bound (the job goes on), say when a named
+        one moves again, and fail the round when one is silent ``FAIL_FACTOR`` times the
+        bound it was named at (only a rank that had a rhythm and was not paused)."""
+        live = []
+        for worker, pid in reading.running:
+            rank = worker.global_rank
+            live.append(rank)
+            cpu = main_thread_cpu(pid) if rhythm.wants_cpu(rank) else None
+            paused = rank in reading.paused
+            ended = rhythm.observe(rank, reading.counters.get(rank), paused, cpu)
+            if ended is not None and rank in self._named:
+                self._moves_again(rank, ended)
+        for gone in [rank for rank in self._named if rank not in live]:
+            del self._named[gone]  # it ended: a later hang is a new one, said again
+        over = {}
+        for rank in live:
+            bound = rhythm.bound(rank)
+            if rank not in self._named and rhythm.idle(rank) >= bound.seconds:
+                over[rank] = bound
+        if over:
+            self._name(over)
+        failing = [
+            rank
+            for rank, bound in sorted(self._named.items())
+            if rank in live and bound.acts and rhythm.idle(rank) >= FAIL_FACTOR * bound.seconds
+        ]
+        if not failing:
+            return False
+        bound = self._named[failing[0]]
+        self._fail(failing, FAIL_FACTOR * bound.seconds, f"{FAIL_FACTOR:g} x {bound.rule}")
+        return True
+
+    def _name(self, over: dict[int, Bound]) -> None:
+        """Ranks past their bound: the first of a hang is said with every rank's stack; the
+        ones that stop while it lasts (waiting for it, most likely) join it quietly."""
+        quiet = bool(self._named)
+        self._named.update(over)
+        if quiet:
+            return
+        bound = min(over.values(), key=lambda b: b.seconds)
+        analysis = self._analyse("hang suspected", bound.seconds, bound.rule)
+        path = self._write(analysis, "named here; the job goes on")
+        ranks = sorted(over)
+        then = (
+            f"fails the round at {FAIL_FACTOR * bound.seconds:g} s without progress"
+            if bound.acts
+            else "is not stopped by phalanx (a rank in its start-up or in a pause)"
+        )
         log.warning(
-            "hang: no progress from rank(s) %s for %g s; suspects: %s; report: %s",
+            "hang: no progress from rank(s) %s for %g s (bound %s)%s; stacks: %s; the job "
+            "goes on and %s",
+            ", ".join(map(str, ranks)), bound.seconds, bound.rule, _suspects(analysis),
+            path or "not written", then,
+        )  # fmt: skip
+        if self._events is not None:
+            suspects = [s.rank for s in analysis.suspects]
+            self._events.hang_named(ranks, suspects, path, bound.seconds)
+
+    def _moves_again(self, rank: int, silence: float) -> None:
+        bound = self._named.pop(rank)
+        log.warning(
+            "hang over: rank %d moves again after %.1f s without progress (named at %g s); "
+            "watched again",
+            rank, silence, bound.seconds,
+        )  # fmt: skip
+        if self._events is not None:
+            self._events.hang_over(rank, round(silence, 3), bound.seconds)
+
+    def _fail(self, stalled: list[int], timeout: float, rule: str) -> None:
+        self.detected_at = time.time()
+        self.hang = self._analyse("hang detected", timeout, rule)
+        self.report_path = self._write(self.hang, "detected here")
+        log.warning(
+            "hang: no progress from rank(s) %s for %g s%s; report: %s",
             ", ".join(str(rank) for rank in stalled),
-            detector.timeout,
-            suspects,
+            timeout,
+            _suspects(self.hang),
             self.report_path or "not written",
         )
-        return True
 
     def hear(self, event: JobEvent | None) -> JobEvent | None:
         """Wraps the rendezvous ``poll``: on a peer's hang, dump this node's ranks before the
@@ -119,7 +218,7 @@ class RoundWatch:
             and self.hang is None
             and self._running
         ):
-            self.peer_hang = self._analyse(f"hang found by node {event.node_rank}")
+            self.peer_hang = self._analyse(f"hang found by node {event.node_rank}", 0.0)
             self.report_path = self._write(self.peer_hang, f"reported by node {event.node_rank}")
             log.warning(
                 "node %s found a hang; this node's stacks: %s",
@@ -143,7 +242,11 @@ class RoundWatch:
 
     def _node_stacks(self, why: str) -> str:
         """This node's section of a stacks file: a line per rank, then each rank's dump."""
-        analysis = self._analyse(why)
+        # A watch's bound, so that each rank's time without progress is shown (0: unknown).
+        watching = self._detector.timeout if self._detector else 0.0
+        analysis = self._analyse(
+            why, watching or (self._rhythm.settings.floor if self._rhythm else 0.0)
+        )
         lines = [f"stacks of {len(analysis.ranks)} rank(s) on {self.host} at {time.ctime()}"]
         lines += analysis.rank_lines()
         for state in analysis.ranks:
@@ -154,16 +257,17 @@ class RoundWatch:
             lines.append(self._texts.get(state.rank, "").rstrip("\n") or _no_dump(state.pid))
         return "\n".join(lines) + "\n"
 
-    def _analyse(self, why: str) -> HangAnalysis:
+    def _analyse(self, why: str, timeout: float, rule: str = "") -> HangAnalysis:
         targets = [DumpTarget(w.global_rank, pid, w.log_dir) for w, pid in self._running]
         self._texts = request_dumps(targets, why)
         states = []
         for worker, pid in self._running:
             rank = worker.global_rank
             thread = main_thread(parse_dump(self._texts.get(rank, "")))
-            if self._detector is not None:
-                beats, step = self._detector.progress(rank)
-                idle = self._detector.idle(rank)
+            detector = self._detector or self._rhythm
+            if detector is not None:
+                beats, step = detector.progress(rank)
+                idle = detector.idle(rank)
             else:
                 beats, step = self._reading.counters.get(rank) or (0, -1)
                 idle = 0.0
@@ -182,8 +286,7 @@ class RoundWatch:
                     state=odd_state(pid) if thread is None or not thread.frames else "",
                 )
             )
-        timeout = self._detector.timeout if self._detector is not None else 0.0
-        return analyse(states, timeout)
+        return analyse(states, timeout, rule)
 
     def _write(self, analysis: HangAnalysis, how: str) -> Path | None:
         """The hang report's files; None when they cannot be written (a full, read-only or
@@ -199,6 +302,14 @@ class RoundWatch:
             log.warning("hang: cannot write %s (%s)", base.with_suffix(".*"), exc.strerror or exc)
             return None
         return base.with_suffix(".txt")
+
+
+def _suspects(analysis: HangAnalysis) -> str:
+    """The suspects, for a log line; nothing when none stands out (on several nodes the
+    job-wide report, with every node's stacks, names them)."""
+    if not analysis.suspects:
+        return ""
+    return "; suspects: " + ", ".join(f"rank {s.rank}" for s in analysis.suspects)
 
 
 # Process states in which no stack can come (``psutil``'s names), said in words.

@@ -7,7 +7,8 @@ A preemption signal (``--preempt-signals``) is written on the first session's li
 that host's agent preempts the job through the rendezvous, as if it had been signalled.
 
 When it stops everything: a signal (SIGINT, SIGTERM, SIGHUP) to the controller; a session
-lost (ssh's exit status 255: a cut link, a dead host); or a host that failed while the others
+lost (ssh's exit status 255: a cut link, a dead host), unless the job has spare hosts or three
+members or more (they go on without it, c10d failing over if it served the store); or a host that failed while the others
 still run ``AFTER_FAILURE`` seconds later (their agents normally end on their own, told by
 the rendezvous). A host that finished well stops nothing: its peers may train on, and their
 own agents watch them. The exit status is the job's: the first failing agent's code, 1 if
@@ -155,25 +156,27 @@ class Controller:
                 return 128 + self._signal
             ended = [s for s in sessions if s.ended_at is not None]
             lost = [s for s in ended if s.proc.returncode == SSH_LOST]
-            if lost and self._plan.spares:
-                self._carry_on(lost)  # a spare takes the host's place
+            if lost and (self._plan.spares or self._plan.fails_over):
+                self._carry_on(lost)  # a spare takes the host's place, or the others go on
             elif lost:  # said even when every session ended at once: the cause is the ssh link
                 return self._stop_all(sessions, f"the ssh session to {lost[0].host.name} was lost")
             if len(ended) == len(sessions):
-                return _job_code(sessions, tolerate_lost=bool(self._plan.spares))
+                tolerate = bool(self._plan.spares) or self._plan.fails_over
+                return _job_code(sessions, tolerate_lost=tolerate)
             failed = [s.ended_at for s in ended if s.ended_at is not None and s.proc.returncode]
             if failed and time.monotonic() - min(failed) > AFTER_FAILURE:
                 return self._stop_all(sessions, "a host failed and the others did not follow")
 
     def _carry_on(self, lost: list[Session]) -> None:
-        """With spare hosts a lost host is a lost member: its agent stops itself (its
-        lifeline is gone) and the job re-forms with a spare in its place."""
+        """With spare hosts, or three members or more, a lost host is a lost member: its agent
+        stops itself (its lifeline is gone) and the job re-forms with a spare in its place, or
+        without it (the store's host: on a successor's store)."""
         for session in lost:
             if session.host.name not in self._told_lost:
                 self._told_lost.add(session.host.name)
                 print(f"phalanx: the ssh session to {session.host.name} was lost; the job goes "
-                      "on without it (its agent stops itself; a spare host takes its place)",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                      "on without it (its agent stops itself; a spare host takes its place, or "
+                      "the others re-form without it)", file=sys.stderr, flush=True)  # fmt: skip
 
     def _stop_all(self, sessions: list[Session], why: str) -> int:
         print(f"phalanx: {why}; stopping the job on every host", file=sys.stderr, flush=True)

@@ -58,6 +58,12 @@ class HostsPlan:
     spares: int = 0  # hosts started beyond --nnodes MAX: they wait as spares
 
     @property
+    def fails_over(self) -> bool:
+        """Whether the job goes on when a member host is lost, the store's host too: three
+        members or more (c10d's failover: design.md, "When the store's host is lost")."""
+        return len(self.hosts) - self.spares >= 3
+
+    @property
     def workers(self) -> int:
         return sum(h.entry.slots for h in self.hosts)
 

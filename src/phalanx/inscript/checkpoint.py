@@ -69,6 +69,7 @@ from phalanx.inscript.checkpoint_lock import (
 )
 from phalanx.worker.contract import CHECKPOINT_LOG_ENV
 from phalanx.worker.nofollow import append_to
+from phalanx.worker.progress import pause
 
 __all__ = [
     "DEFAULT_KEEP",
@@ -131,12 +132,21 @@ def save(
     Returns the complete checkpoint; the pruning that follows never removes it, even when
     newer ones exist. ``keep=None`` keeps every checkpoint. Waits for another writer's save
     into ``directory`` for at most ``lock_timeout`` seconds (None: as long as it takes),
-    then raises ``CheckpointLocked``. Only rank 0 should call this in DDP.
+    then raises ``CheckpointLocked``. Only rank 0 should call this in DDP. The rank counts as
+    paused meanwhile (``phalanx.pause``): the hang watch holds it to its grace (300 s by
+    default), not its step rhythm, and never stops it for a slow save.
     """
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be >= 1 or None, got {keep}")
     folder = Path(directory)
     path = folder / checkpoint_name(step)
+    with pause():
+        return _save(obj, folder, path, step, keep, lock_timeout)
+
+
+def _save(
+    obj: object, folder: Path, path: Path, step: int, keep: int | None, lock_timeout: float | None
+) -> Checkpoint:
     make_dirs(folder)
     with locked(folder, f"saving step {step}", lock_timeout):
         replacing = _complete_size(path, step)

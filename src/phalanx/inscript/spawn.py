@@ -26,6 +26,7 @@ from phalanx.config import (
 )
 from phalanx.consistency.fingerprint import Target
 from phalanx.errors import Interrupted, UsageError, stopped_line
+from phalanx.hang.settings import HangWatch, parse_hang_watch
 from phalanx.inscript.dist import resolve_backend
 from phalanx.inscript.envs import BACKEND_ENV
 from phalanx.launch import prepare
@@ -77,6 +78,14 @@ def _counts_problems(
     return problems
 
 
+def _hang_watch(spec: str, problems: list[str]) -> tuple[HangWatch | None, list[str]]:
+    """``hang_watch``'s settings, and ``problems`` with its own when it is wrong."""
+    try:
+        return parse_hang_watch(spec, "hang_watch"), problems
+    except ValueError as exc:
+        return None, [*problems, str(exc)]
+
+
 def _write_payload(scratch: Path, fn: Callable[..., Any], args: tuple[Any, ...]) -> Path:
     """What each worker unpickles (``phalanx.worker.spawn_entry``): the parent's preparation
     data, as ``multiprocessing`` spawn sends it, then ``fn`` and ``args``."""
@@ -106,6 +115,7 @@ def spawn(
     stall_timeout: float | None = None,
     rdzv_port: int | None = None,
     allow_mismatch: bool = False,
+    hang_watch: str = "on",
 ) -> None:
     """Run ``fn(local_rank, *args)`` in ``num_gpus`` processes on this node.
 
@@ -114,7 +124,10 @@ def spawn(
     ``PHALANX_BACKEND`` (the resolved ``backend``) for ``phalanx.inscript.dist.init``. On a CPU-only
     machine ``num_gpus`` counts CPU worker processes. ``stall_timeout`` (seconds, off by
     default) is the CLI's ``--stall-timeout``: ranks without progress for that long are
-    reported as a hang, with every rank's stack in ``log_dir``. ``fn`` and ``args`` must be picklable
+    reported as a hang, with every rank's stack in ``log_dir``, and the round fails at once;
+    without it ``hang_watch`` (the CLI's ``--hang-watch``: ``"on"``, ``"off"`` or
+    ``"floor=60,factor=5,grace=300"``) names a rank silent far past its own rhythm and fails
+    the round only at ten times that bound. ``fn`` and ``args`` must be picklable
     (as with ``torch.multiprocessing.spawn``). Returns when every process exited 0; raises
     ``JobFailed`` naming the root cause (after printing the report) or ``Interrupted`` (after
     printing one line; uncaught, it ends the program with its exit code, 143 for SIGTERM and
@@ -136,6 +149,7 @@ def spawn(
     problems = (
         _counts_problems(num_gpus, num_nodes, node_rank, max_restarts, stall_timeout) + problems
     )
+    watch, problems = _hang_watch(hang_watch, problems)
     if problems:
         raise UsageError(problems)
     chosen_backend = resolve_backend(backend)
@@ -146,7 +160,7 @@ def spawn(
             _workers(payload, num_gpus, shutdown_timeout),
             _nodes(num_nodes, node_rank, master_addr, agents_port, worker_port),
             LogsConfig(log_dir=Path(log_dir) if log_dir is not None else None),
-            ChecksConfig(stall_timeout=stall_timeout, allow_mismatch=allow_mismatch),
+            ChecksConfig(stall_timeout, watch, allow_mismatch=allow_mismatch),
             RecoveryConfig(max_restarts=max_restarts),
         )
         env = {**os.environ, BACKEND_ENV: chosen_backend}

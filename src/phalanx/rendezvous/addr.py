@@ -18,7 +18,8 @@ def local_addresses() -> set[str]:
     return found
 
 
-def _resolve(host: str) -> set[str]:
+def resolve(host: str) -> set[str]:
+    """The addresses ``host`` resolves to (none when it does not)."""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
@@ -38,7 +39,7 @@ def is_this_machine(host: str) -> bool:
     name, or a name/address that resolves to one of its interfaces (torchrun's heuristic)."""
     if host in ("localhost", socket.gethostname(), socket.getfqdn()) or _is_loopback(host):
         return True
-    return bool(_resolve(host) & local_addresses())
+    return bool(resolve(host) & local_addresses())
 
 
 def node_address(store_host: str, store_port: int, local_addr: str | None = None) -> str:

@@ -290,11 +290,18 @@ class Peers(Protocol):
         now and whenever it changes (a new node id on ``rejoin``); None while it has none
         (it hosts the store, or it is leaving on purpose)."""
 
-    def rejoin(self) -> bool:
+    def rejoin(self, failover_only: bool = False) -> bool:
         """After this node lost the store or fenced itself (``STORE_LOST``): once the store
-        answers again (within ``close_timeout``), come back as a new member for the next
-        round; False when it cannot (no store, one that stayed out of reach, or an expired
-        etcd lease). Blocks; a signal to the launcher interrupts it (the caller's)."""
+        answers again (within ``close_timeout``), or a successor serves it (c10d: design.md,
+        "When the store's host is lost"), come back as a new member for the next round;
+        False when it cannot (no store, one that stayed out of reach, or an expired etcd
+        lease). ``failover_only``: this node's workers failed; if the store does not answer
+        (its host went with their peers), only a failover brings the node back. Blocks; a
+        signal to the launcher interrupts it (the caller's)."""
+
+    def store_moved(self) -> dict[str, object] | None:
+        """The failover of the rendezvous store that the last ``rejoin`` took this node to
+        (the ``store_moved`` event's fields), once; None: none (``dynamic.failover``)."""
 
     def stop_heard(self) -> JobEvent | None:
         """The ``JOB_STOPPED`` of a node that was stopped by a signal (``phalanx stop``,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from phalanx.events.figures import Incident, NodeFigures, Recovery
 
-SAMPLING_NOTE = "good to about 2 s: progress is sampled every 2 s"
+SAMPLING_NOTE = "good to the agent's readings of the progress counters"
 
 
 def _s(value: float | None) -> str:
@@ -53,7 +53,10 @@ def ettr_line(recovery: Recovery, node: NodeFigures) -> str:
     count = len(recovery.incidents)
     lost = f"{node.downtime:.2f} s lost in {count} incident(s)"
     if node.ettr is None:
-        return f"recovery: no ETTR: the workers reported no progress ({node.wall:.2f} s, {lost})"
+        return (
+            "recovery: no ETTR: the workers reported no progress (no optimizer step, "
+            f"phalanx.step or phalanx.heartbeat; {node.wall:.2f} s, {lost})"
+        )
     stalled = f", {node.stalled:.2f} s without progress since" if node.stalled else ""
     return (
         f"recovery: ETTR {node.ettr:.2f} (the share of the run spent making progress): "

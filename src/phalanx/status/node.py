@@ -41,6 +41,7 @@ class _Rank:
     step: int | None = None
     beats: int = 0
     moved_at: float | None = None  # monotonic time of the last sample where beats moved
+    hung: bool = False  # named by the hang watch, and not moved since (a "hang" event)
     samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))
 
     def steps_per_s(self) -> float | None:
@@ -74,6 +75,7 @@ class _Rank:
             "beats": self.beats,
             "steps_per_s": self.steps_per_s(),
             "since_beat": since,
+            "hung": self.hung,
         }
 
 
@@ -195,6 +197,16 @@ class NodeStatus:
         if rank is not None and isinstance(beats, int) and isinstance(e.get("mono"), float):
             rank.saw(e["mono"], beats, step if isinstance(step, int) else None)
 
+    def _hang(self, e: dict[str, Any]) -> None:
+        for rank in e.get("ranks") or []:
+            if rank in self._ranks:
+                self._ranks[rank].hung = True
+
+    def _hang_over(self, e: dict[str, Any]) -> None:
+        rank = self._ranks.get(e.get("rank", -1))
+        if rank is not None:
+            rank.hung = False
+
     def _worker_exit(self, e: dict[str, Any]) -> None:
         rank = self._ranks.get(e.get("rank", -1))
         if rank is None:
@@ -226,6 +238,8 @@ _HANDLERS: dict[str, Callable[[NodeStatus, dict[str, Any]], None]] = {
     "straggler": NodeStatus._straggler,
     "workers_started": NodeStatus._workers_started,
     "progress": NodeStatus._progress,
+    "hang": NodeStatus._hang,
+    "hang_over": NodeStatus._hang_over,
     "worker_exit": NodeStatus._worker_exit,
     "failure": NodeStatus._failure,
     "restart": NodeStatus._restart,

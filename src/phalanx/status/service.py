@@ -32,8 +32,9 @@ WRITE_EVERY = 2.0
 SCAN_EVERY = 1.0
 # Kinds after which the file is written at once (a person watching sees them without delay).
 _WRITE_NOW = frozenset(
-    {"rdzv_start", "rdzv_done", "workers_started", "worker_exit", "failure", "restart", "job_end"}
-)
+    {"rdzv_start", "rdzv_done", "workers_started", "worker_exit", "failure", "restart", "job_end",
+     "hang", "hang_over"}
+)  # fmt: skip
 
 
 class EventTail:

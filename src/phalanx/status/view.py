@@ -226,6 +226,8 @@ def _rank_cells(rank: dict[str, Any]) -> list[str]:
     rate = rank.get("steps_per_s")
     since = rank.get("since_beat")
     state = _text(rank.get("state"))
+    if rank.get("state") == "running" and rank.get("hung"):
+        state = "hung"  # named by the hang watch, not moved since
     if rank.get("state") != "running" and rank.get("returncode") is not None:
         state += f" ({rank['signal'] or rank['returncode']})"
     return [

@@ -24,6 +24,7 @@ class Reading:
     # Global rank -> (beats, step) of every worker of the round whose counters were there,
     # ended workers too (the agent holds their counters until the next round).
     counters: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    paused: frozenset[int] = frozenset()  # the ranks in a ``phalanx.pause`` now
 
     @classmethod
     def take(
@@ -33,12 +34,14 @@ class Reading:
         clock: Callable[[], float] = time.monotonic,
     ) -> Reading:
         at = clock()
-        counters = {}
+        counters, paused = {}, set()
         for worker in workers:
-            found = progress.read(str(worker.log_dir / progress.FILE_NAME))
+            found = progress.read_counters(str(worker.log_dir / progress.FILE_NAME))
             if found is not None:
-                counters[worker.global_rank] = found
-        return cls(at, tuple(running), counters)
+                counters[worker.global_rank] = found[:2]
+                if found[2] > 0:
+                    paused.add(worker.global_rank)
+        return cls(at, tuple(running), counters, frozenset(paused))
 
     def last_step(self) -> int | None:
         """The highest ``phalanx.step(n)`` of these ranks (None: none called it)."""

@@ -10,7 +10,9 @@ the link. The memory is the kernel's, not the run directory's: a page-in cannot 
 the way a file's can on a struggling NFS mount (SIGBUS in ``step``), and the memfd is sealed
 against shrinking, so nobody can cut it short under the mapping either. Layout (native byte
 order: both sides run on the same machine): ``beats`` (u64, +1 on every ``heartbeat()``,
-``step()`` and optimizer step) then ``step`` (i64, the last ``step(n)``; -1 if never called).
+``step()`` and optimizer step), ``step`` (i64, the last ``step(n)``; -1 if never called), then
+``paused`` (i64, how many ``pause()`` blocks the rank is in: a checkpoint save, an evaluation;
+the hang watch does not count a paused rank's silence against its rhythm, ``phalanx.hang``).
 
 Sources of beats, none of which needs user code:
 
@@ -47,6 +49,8 @@ from phalanx.worker.slowio import Answers
 
 FILE_NAME = "progress"
 LAYOUT = struct.Struct("=Qq")  # beats, step
+PAUSED = struct.Struct("=q")  # after them: the pause depth
+SIZE = LAYOUT.size + PAUSED.size  # of the memfd (a file of LAYOUT.size alone reads unpaused)
 NO_STEP = -1
 MEMFD_NAME = "phalanx-progress"
 _LINK = re.compile(r"/proc/[0-9]+/fd/[0-9]+")  # what make_counters links to, nothing else
@@ -55,9 +59,10 @@ _HOOKED_MODULE = "torch.optim.optimizer"
 
 _beats: ctypes.c_uint64 | None = None
 _step: ctypes.c_int64 | None = None
+_paused: ctypes.c_int64 | None = None
 _map: mmap.mmap | None = None  # kept alive: the counters are views into it
 READ_WAIT = 0.2  # seconds the agent waits for a counter's reading before using the last
-_READS: Answers[tuple[int, int]] = Answers("phalanx-progress")
+_READS: Answers[tuple[int, int, int]] = Answers("phalanx-progress")
 # The counters this process made and holds (the agent's): path -> memfd. Read from the
 # descriptor, they need neither the run directory nor a thread to answer; the lock keeps a
 # read from meeting a descriptor closed (or its number reused) under it.
@@ -84,6 +89,31 @@ def step(n: int) -> None:
         beats.value += 1
 
 
+class Pause(contextlib.ContextDecorator):
+    """``pause()``'s block: entered, the rank counts as paused until it is left."""
+
+    def __enter__(self) -> Pause:
+        paused = _paused
+        if paused is not None:
+            paused.value += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        paused = _paused
+        if paused is not None and paused.value > 0:
+            paused.value -= 1
+        heartbeat()  # the gap after a pause is measured from its end
+
+
+def pause() -> Pause:
+    """A block (``with phalanx.pause():``) or function (``@phalanx.pause()``) during which
+    this rank makes no progress on purpose: a long evaluation, a checkpoint save
+    (``phalanx.checkpoint.save`` pauses by itself). The hang watch holds a paused rank to
+    the start-up grace instead of its step rhythm, and only names it, never stops it. Costs
+    two stores to memory; nests; outside phalanx it does nothing."""
+    return Pause()
+
+
 def make_counters(rank_dir: str) -> int:
     """The agent's side: a zeroed, sealed counters memfd and ``rank_dir/progress`` linked to
     it (replacing the last one, atomically); the memfd's descriptor, which the caller holds
@@ -91,7 +121,7 @@ def make_counters(rank_dir: str) -> int:
     memfd is closed then)."""
     fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        os.write(fd, LAYOUT.pack(0, NO_STEP))
+        os.write(fd, LAYOUT.pack(0, NO_STEP) + PAUSED.pack(0))
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
         where = open_dir(rank_dir)  # a symlink on the way to it is refused
         try:
@@ -118,7 +148,7 @@ def open_counters(rank_dir: str) -> None:
     (``agent.crashloop``). Only the agent's memfd is mapped: a file in the run directory,
     whose page-ins can fail, never is.
     """
-    global _beats, _step, _map
+    global _beats, _step, _paused, _map
     path = os.path.join(rank_dir, FILE_NAME)
     try:
         mapped = _map_counters(path)
@@ -133,6 +163,7 @@ def open_counters(rank_dir: str) -> None:
     _map = mapped
     _beats = ctypes.c_uint64.from_buffer(mapped, 0)
     _step = ctypes.c_int64.from_buffer(mapped, ctypes.sizeof(ctypes.c_uint64))
+    _paused = ctypes.c_int64.from_buffer(mapped, LAYOUT.size)
 
 
 def _map_counters(path: str) -> mmap.mmap:
@@ -146,12 +177,12 @@ def _map_counters(path: str) -> mmap.mmap:
         mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
         if not (
             stat.S_ISREG(mode)
-            and size == LAYOUT.size
+            and size == SIZE
             and os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{MEMFD_NAME} ")
             and fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
         ):
             raise OSError(f"{target} is not phalanx's counters")
-        return mmap.mmap(fd, LAYOUT.size)
+        return mmap.mmap(fd, SIZE)
     finally:
         os.close(fd)
 
@@ -169,7 +200,13 @@ def hold(rank_dir: str, fd: int | None) -> None:
 
 
 def read(path: str) -> tuple[int, int] | None:
-    """``(beats, step)`` from a progress file, or None when it does not exist (yet). The
+    """``(beats, step)`` from a progress file, or None when it does not exist (yet)."""
+    found = read_counters(path)
+    return None if found is None else found[:2]
+
+
+def read_counters(path: str) -> tuple[int, int, int] | None:
+    """``(beats, step, paused)`` from a progress file, or None when it does not exist. The
     agent's tick calls this: counters it holds are read from their memfd (no filesystem, no
     thread: a tick with eight ranks costs eight ``pread``, not sixteen thread hand-offs);
     any other path is read by ``worker.slowio``, so a run directory that answers slowly (a
@@ -177,18 +214,23 @@ def read(path: str) -> tuple[int, int] | None:
     with _HELD_LOCK:
         fd = _HELD.get(os.path.normpath(path))
         if fd is not None:
-            return _unpack(os.pread(fd, LAYOUT.size, 0))
-    return _READS.ask(path, lambda: read_now(path), READ_WAIT)
+            return _unpack(os.pread(fd, SIZE, 0))
+    return _READS.ask(path, lambda: _read_now(path), READ_WAIT)
 
 
 def read_now(path: str) -> tuple[int, int] | None:
     """``read``, waiting for the filesystem however long it takes."""
+    found = _read_now(path)
+    return None if found is None else found[:2]
+
+
+def _read_now(path: str) -> tuple[int, int, int] | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        data = os.pread(fd, LAYOUT.size, 0)
+        data = os.pread(fd, SIZE, 0)
     except OSError:
         return None
     finally:
@@ -196,11 +238,12 @@ def read_now(path: str) -> tuple[int, int] | None:
     return _unpack(data)
 
 
-def _unpack(data: bytes) -> tuple[int, int] | None:
-    if len(data) != LAYOUT.size:
+def _unpack(data: bytes) -> tuple[int, int, int] | None:
+    if len(data) not in (LAYOUT.size, SIZE):  # LAYOUT.size: a final copy, or an older file
         return None
-    beats, last = LAYOUT.unpack(data)
-    return int(beats), int(last)
+    beats, last = LAYOUT.unpack_from(data)
+    paused = PAUSED.unpack_from(data, LAYOUT.size)[0] if len(data) == SIZE else 0
+    return int(beats), int(last), int(paused)
 
 
 def _on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:

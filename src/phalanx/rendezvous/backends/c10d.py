@@ -14,8 +14,10 @@ else connects, retrying until ``join_timeout`` (the host may start later).
 
 The store lives in the hosting agent: when that node is lost, the others see ``STORE_LOST``
 from ``poll()`` within ``heartbeat_timeout`` (at once when the host's kernel resets the
-connection), stop their workers, and ``next_round`` raises ``RendezvousError``. Nobody waits
-longer than that; use ``etcd`` for a store that survives losing any node.
+connection) and stop their workers. In a round of 3 or more they then fail over: one of them
+serves a new store and the job goes on (``successor``, ``dynamic.failover``); the candidates
+are the endpoints of ``--rdzv-endpoint a:p,b:p,...`` in order (the job starts on the first),
+or with one endpoint the members of the last round.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import is_this_machine, node_address
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.backends.claim import check_store, seed
+from phalanx.rendezvous.backends.successor import AgentStoreSuccessors
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings, parse_bool
 from phalanx.rendezvous.spec import Backend, RendezvousSpec, split_endpoint, unknown_keys
@@ -48,15 +51,18 @@ class Options:
     port: int
     is_host: bool | None  # --rdzv-conf is_host; None: torchrun's heuristic
     token: Token = field(default=Token(), repr=False)
+    endpoints: tuple[tuple[str, int], ...] = ()  # every candidate listed (the first: host, port)
 
 
 def check(spec: RendezvousSpec) -> tuple[Options | None, list[str]]:
     problems = unknown_keys(spec, CONF_KEYS, SETTINGS_KEYS)
-    host, port = "", 0
-    try:
-        host, port = split_endpoint(spec.endpoint, DEFAULT_PORT)
-    except ValueError as exc:
-        problems.append(str(exc))
+    endpoints: list[tuple[str, int]] = []
+    for text in spec.endpoint.split(",") if spec.endpoint.strip() else [""]:
+        try:
+            endpoints.append(split_endpoint(text, DEFAULT_PORT))
+        except ValueError as exc:
+            problems.append(str(exc))
+    host, port = endpoints[0] if endpoints else ("", 0)
     is_host = (
         parse_bool("is_host", spec.conf["is_host"], problems) if "is_host" in spec.conf else None
     )
@@ -67,7 +73,8 @@ def check(spec: RendezvousSpec) -> tuple[Options | None, list[str]]:
             "serve several machines; use --standalone for one)"
         )
     token = token_from_conf(spec.conf, os.environ, problems)
-    return (None if problems else Options(host, port, is_host, token)), problems
+    options = Options(host, port, is_host, token, tuple(endpoints))
+    return (None if problems else options), problems
 
 
 def open_store(
@@ -109,13 +116,16 @@ def open_handler(
     where = f"the c10d store at {options.host}:{options.port}"
     if (warning := no_token_warning(options.token, where)) is not None:
         log.warning("%s", warning)
-    store = open_store(
+    endpoints = options.endpoints or ((options.host, options.port),)
+    successors = AgentStoreSuccessors(endpoints, options.token, spec.run_id, settings)
+    store = successors.newest() or open_store(
         options.host, options.port, options.is_host, settings, options.token, spec.run_id
     )
     check_store(store, spec.run_id, where)
     addr = node_address(options.host, options.port, spec.local_addr)
-    reach = lastword.agent_store(options.host, options.port, options.token)
-    return DynamicRendezvous.for_spec(store, spec, settings, addr, where, reach)
+    at = successors.current
+    reach = lastword.agent_store(at.host, at.port, options.token)
+    return DynamicRendezvous.for_spec(store, spec, settings, addr, where, reach, successors)
 
 
 BACKEND = Backend(

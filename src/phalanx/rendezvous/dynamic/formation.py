@@ -37,6 +37,7 @@ from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted, Rend
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
 from phalanx.rendezvous.dynamic.admission import check_admission
 from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
+from phalanx.rendezvous.dynamic.failover import failed_over, quorum
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
@@ -60,6 +61,7 @@ class RoundFormer:
         admit_mismatch: bool = False,
         arriving: Callable[[], None] = lambda: None,
         standing_by: Callable[[], None] = lambda: None,
+        majority: bool = False,
     ) -> None:
         """``worker_port``: the workers' master port in every round (a program that was
         given its port, ``phalanx.spawn``); None: node 0 picks a free port each round.
@@ -70,7 +72,8 @@ class RoundFormer:
         running round -- a fresh node, a spare, a member that came back too late for a
         place, each time it loses the race for one; ``arriving``: called after that, just
         before it takes a slot (its fence stands down while it waits and arms from then:
-        ``Fence.stand_down``, ``Fence.arrived``)."""
+        ``Fence.stand_down``, ``Fence.arrived``). ``majority``: the store may move to a
+        successor (c10d): a restart round also needs ``failover.quorum``."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -81,6 +84,7 @@ class RoundFormer:
         self._admit_mismatch = admit_mismatch
         self._arriving = arriving
         self._standing_by = standing_by
+        self._majority = majority
         self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock, where=where)
         self._queue = QueuedNodes(board, settings, clock)
         self._was_spare = False  # this join waited as a spare (round t-1 ran at MAX)
@@ -290,14 +294,17 @@ class RoundFormer:
                 return decided
 
     def _close_with(self, t: int, joined: int) -> Decision:
-        """Close round t with the ``joined`` arrivals, or fail it when they are below MIN."""
-        if joined >= self._min:
+        """Close round t with the ``joined`` arrivals, or fail it below MIN (or the quorum)."""
+        need = self._min
+        if t > 0 and self._majority and (before := self._b.decision(t - 1)) is not None:
+            need = quorum(self._min, before.count, failed_over(self._b, t - 1))
+        if joined >= need:
             return self._b.close(t, Decision(count=min(joined, self._max)))
         if t > 0:
             why = f"only {joined} node(s) are left after round {t - 1}"
         else:
             why = f"only {joined} node(s) joined within join_timeout={self._s.join_timeout:g}s"
-        return self._b.close(t, Decision(failure=f"{why}; at least {self._min} needed"))
+        return self._b.close(t, Decision(failure=f"{why}; at least {need} needed"))
 
     def _wait_decided(
         self,

@@ -10,17 +10,14 @@ leases (etcd): see ``pulse``. Either way the node fences itself (``fence()``; se
 ``phalanx.rendezvous.fencing``) when no write has proved it alive for ``fence_after``.
 
 Store trouble: ``next_round`` raises ``RendezvousError``; ``report_done`` and ``shutdown``
-are on the way out and only log it; ``failures`` returns nothing once the store counts as
-lost. Its parts live beside it: the round joined, with its calls (``joined``: what
-``next_round`` returns), the exit barrier (``barrier``), the fence (``nodefence``), what a
-stopping node tells the job (``stopping``), the exchanges (``exchange``), leaving
-(``departure``). What stays here is the handler's state -- this node's last round, what
-``report_done`` said, the wiring a ``rejoin`` renews.
+only log it; ``failures`` returns nothing once the store counts as lost. Its parts live
+beside it: ``joined`` (the round, with its calls), ``barrier``, ``nodefence``, ``stopping``,
+``exchange``, ``departure``, ``failover`` (the store's host lost). What stays here is the
+handler's state: this node's last round, what ``report_done`` said, the wiring ``rejoin`` renews.
 
 Growth: node rank 0 of each round deletes the round before the previous one (``sweep``). On
-a store that outlives the job (etcd, a ``DurableStore``) the last node to leave -- the last
-to depart after success, or the last survivor to leave a failed job -- deletes every key of
-the run but ``stopped``, the tombstone that refuses a reused run id.
+a store that outlives the job (etcd) the last node to leave deletes every key of the run but
+``stopped``, the tombstone that refuses a reused run id.
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.barrier import ExitBarrier
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.departure import Departure
+from phalanx.rendezvous.dynamic.failover import Failover, Successors, unanswered
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.joined import JoinedRound, Wires
 from phalanx.rendezvous.dynamic.keys import Keys
@@ -50,21 +48,14 @@ from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.lastword import Reach, Word, word
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.spec import RendezvousSpec
-from phalanx.rendezvous.stores.base import (
-    KVStore,
-    Malformed,
-    RenewingStore,
-    StoreUnavailable,
-)
+from phalanx.rendezvous.stores.base import KVStore, Malformed, RenewingStore, StoreUnavailable
 
 log = logging.getLogger("phalanx")
 
 
 class DynamicRendezvous:
     """One node's side of a multi-node rendezvous. Owns ``store`` (``shutdown`` closes it).
-
-    Constructing it does no I/O; the heartbeat thread starts when the first round forms.
-    """
+    Constructing it does no I/O; the heartbeat thread starts when the first round forms."""
 
     def __init__(
         self,
@@ -83,6 +74,7 @@ class DynamicRendezvous:
         where: str = "",
         admit_mismatch: bool = False,
         reach: Reach | None = None,
+        successors: Successors | None = None,
     ) -> None:
         """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
         ``where``: the store, as the waiting line names it.
@@ -93,7 +85,9 @@ class DynamicRendezvous:
         ``admit_mismatch``: join a running job even when its fingerprint differs (else this
         node is refused before the job hears of it: ``admission``).
         ``reach``: how a fresh process opens ``store`` as a client (``lastword``), for this
-        node's last word; None: it has none."""
+        node's last word; None: it has none.
+        ``successors``: where the store may move when its host is lost (``failover``);
+        None: it never moves (the store is etcd, or static's node 0)."""
         # The node range was checked with the spec (registry.check), once.
         if fixed_rank is not None and min_nodes != max_nodes:
             raise UsageError("static rendezvous needs a fixed --nnodes N, not MIN:MAX")
@@ -113,6 +107,8 @@ class DynamicRendezvous:
         self._reach = None if store.hosting else reach
         self._heard: Callable[[Word | None], None] | None = None  # ``on_last_word``'s
         self._joined: JoinedRound | None = None  # the last round this node joined
+        self._failover = None if successors is None else Failover(successors, self._settings)
+        self._superseded: str | None = None  # why this store host stopped: the store moved
         self._wire(run_id, node_id or uuid.uuid4().hex)
 
     def _wire(self, run_id: str, node_id: str) -> None:
@@ -124,7 +120,7 @@ class DynamicRendezvous:
         self._former = RoundFormer(
             board, self._settings, min_nodes, max_nodes, worker_port=worker_port,
             where=where, admit_mismatch=admit_mismatch, arriving=self._arriving,
-            standing_by=self._standing_by,
+            standing_by=self._standing_by, majority=self._failover is not None,
         )  # fmt: skip
         self._liveness = liveness = Liveness(board, self._settings, fence=self._fence)
         if self._ring is not None:
@@ -137,19 +133,27 @@ class DynamicRendezvous:
         )
         self._tell_last_word()
 
-    def rejoin(self) -> bool:
-        """After this node lost the store or fenced itself: wait until the store answers
-        again (at most ``close_timeout``: a store that is gone for good ends the job soon), then be a
-        new member of the run -- a fresh node id, heartbeats and fence -- for the next round
-        (the others counted the old one lost). False when the store stayed out of reach, and
-        on etcd, where the node's lease expired with it (its keys with the lease)."""
+    def rejoin(self, failover_only: bool = False) -> bool:
+        """After this node lost the store or fenced itself: move to a successor's store
+        (``failover``), or wait until the store answers again (at most ``close_timeout``: a
+        store gone for good ends the job soon), then be a new member of the run -- a fresh
+        node id, heartbeats and fence -- for the next round (the others counted the old one
+        lost). ``failover_only`` (its workers failed: the store's host may have gone with
+        their peers): only a failover, once the store does not answer. False when the store
+        stayed out of reach, and on etcd, where the lease expired with it (its keys too)."""
         if self._closed or isinstance(self._store, RenewingStore):
             return False
         why = self._liveness.store_problem()
-        if why is None:
+        if failover_only and self._failover is not None:
+            why = why or unanswered(self._board)
+        if why is None or (failover_only and self._failover is None):
             return False  # not lost: nothing to come back from
         gone = time.time() - (time.monotonic() - self._liveness.last_answer())  # (wall clock)
-        self._liveness.stop()
+        if not failover_only:  # (else it beats on until it moves: it may not)
+            self._liveness.stop()
+        moved = self._fail_over(why, gone)
+        if moved is not None or failover_only:
+            return bool(moved)
         if not store_answers(self._board, self._settings):
             return False
         if self._fence is not None:
@@ -165,6 +169,31 @@ class DynamicRendezvous:
         log.info("rendezvous %r: the store answers again; rejoining as a new member", self.run_id)
         return True
 
+    def _fail_over(self, why: str, since: float) -> bool | None:
+        """The store's host is lost: True, moved to a successor's store; False, this node
+        served it and the others moved on; None: no failover (``failover``)."""
+        joined = self._joined
+        if self._failover is None or joined is None:
+            return None
+        keys, hosting = self._board.keys, self._store.hosting
+        found = self._failover.after_loss(keys, self._node_id, hosting, joined, why, since)
+        if isinstance(found, str):
+            self._superseded = found
+            return False
+        if found is None:
+            return None
+        self._liveness.stop()
+        old, self._store = self._store, found.store
+        old.close()
+        self._reach = found.reach
+        if self._fence is not None:
+            self._fence.rearm()
+        self._wire(keys.run_id, uuid.uuid4().hex)  # its old place: settled as rejoined
+        return True
+
+    def store_moved(self) -> dict[str, object] | None:
+        return None if self._failover is None else self._failover.take()
+
     @classmethod
     def for_spec(
         cls,
@@ -174,6 +203,7 @@ class DynamicRendezvous:
         addr: str,
         where: str = "",
         reach: Reach | None = None,
+        successors: Successors | None = None,
     ) -> DynamicRendezvous:
         """The handler a backend opens for ``spec`` over ``store`` (``addr``: this node's, as
         the others reach it; ``reach``: see ``__init__``). A static spec (a ``node_rank``
@@ -192,6 +222,7 @@ class DynamicRendezvous:
             where=where,
             admit_mismatch=spec.allow_mismatch,
             reach=reach,
+            successors=successors,
         )
 
     @property
@@ -233,7 +264,7 @@ class DynamicRendezvous:
         # The round's calls go over the wiring of the time: a rejoin renews it under them.
         self._joined = JoinedRound(
             self.run_id, membership, rank, (addr, port), lambda: self._wires, self._settings,
-            self._hostname,
+            self._hostname, before=None if last is None else last.verdict,
         )  # fmt: skip
         return self._joined
 
@@ -281,6 +312,8 @@ class DynamicRendezvous:
         self._tell_last_word()
 
     def poll(self) -> JobEvent | None:
+        if self._superseded is not None:
+            return JobEvent(EventKind.STORE_LOST, detail=self._superseded)
         problem = self._liveness.store_problem()
         if problem is not None:
             return JobEvent(EventKind.STORE_LOST, detail=problem)

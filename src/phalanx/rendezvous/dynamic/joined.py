@@ -70,6 +70,7 @@ class JoinedRound:
         wires: Callable[[], Wires],
         settings: RendezvousSettings,
         hostname: str,
+        before: RoundVerdict | None = None,
     ) -> None:
         self.result = RendezvousResult(
             run_id=run_id,
@@ -87,6 +88,8 @@ class JoinedRound:
         self.membership = membership
         self.rank = rank
         self.hostname = hostname
+        self.before = before  # the job's verdict on the round before (re-published on failover)
+        self.verdict: RoundVerdict | None = None  # the job's verdict on this one, once judged
 
     @property
     def board(self) -> Board:
@@ -148,7 +151,8 @@ class JoinedRound:
         if problem is not None:
             raise RendezvousError(problem)
         try:
-            return judge(self.board, self.membership, progressed, signature, self.settings)
+            self.verdict = judge(self.board, self.membership, progressed, signature, self.settings)
+            return self.verdict
         except StoreUnavailable as exc:
             raise self._unreachable(exc) from None
 

@@ -1,6 +1,7 @@
 """Where a run's rendezvous lives in the store: every key under ``phalanx/rdzv/<run id>/``.
 
 Job-wide keys:  ``round`` (the newest opened round), ``stopped`` (someone gave up for good),
+``epoch`` (how many times the store moved to a successor: ``failover``),
 ``failures`` + ``fail/<i>`` (the failure log) + ``fail_from`` (its first entry not yet
 swept), ``sweep_from`` (the oldest round not yet swept), ``hb/<node id>`` (liveness: a heartbeat counter, or a key bound to the node's lease;
 see ``pulse``).
@@ -8,6 +9,7 @@ Per round r, under ``r<r>/``: ``open``, ``joined`` (arrival counter), ``node/<sl
 arrival's details), ``waiting`` (nodes queued for this round while the previous one ran) + ``queued/<n>`` (the
 node id of each, whose heartbeat a restart round judges: ``queued``),
 ``closed`` (the decision: how many arrivals are in, or why the round failed), ``members``,
+``failover`` (re-published on a successor's store: the next round needs a strict majority),
 ``master``, ``fate/<rank>`` (how a member left the round: rejoined the next, lost, left),
 ``settled``/``gone``/``lost``/``all_settled`` (counting those fates), ``events`` + ``ev/<i>`` (the
 event log),
@@ -69,6 +71,10 @@ class Keys:
         return self.prefix + "stopped"
 
     @property
+    def epoch(self) -> str:
+        return self.prefix + "epoch"
+
+    @property
     def sweep_from(self) -> str:
         return self.prefix + "sweep_from"
 
@@ -119,6 +125,7 @@ class Keys:
         "open", "joined", "waiting", "closed", "members", "master", "settled", "gone", "lost",
         "all_settled", "events", "claim", "ok", "all_ok", "departed", "all_departed",
         "stack_requests", "judged", "progressed", "verdict", "preempted", "status_requests",
+        "failover",
     )  # fmt: skip
 
     def round_keys(

@@ -1,0 +1,132 @@
+"""Where c10d's agent store may move when its host is lost (``dynamic.failover``), and how a
+candidate serves or reaches one.
+
+The candidates: the endpoints of ``--rdzv-endpoint a:p,b:p,c:p`` in order, or, with one
+endpoint, the members of the last round in node-rank order, each at the address the others
+reach it at (which it published when it joined) and the endpoint's port. A successor's store
+is an agent store like the first: the same token both ways, the run id seeded (``claim``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from phalanx.rendezvous import lastword
+from phalanx.rendezvous.addr import is_this_machine, resolve
+from phalanx.rendezvous.backends.claim import RUN_KEY, seed
+from phalanx.rendezvous.dynamic.failover import TRY, Candidate, epoch_of
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.lastword import Reach
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
+from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+
+class AgentStoreSuccessors:
+    """c10d's ``failover.Successors``: the store is at ``current`` (the endpoint first, then
+    each successor in turn)."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, int]],
+        token: Token,
+        run_id: str,
+        settings: RendezvousSettings,
+    ) -> None:
+        self._listed = [Candidate(host, port) for host, port in endpoints]
+        self.current = self._listed[0]
+        self.epoch = 0  # of the store this node starts on (``newest``)
+        self._token = token
+        self._run_id = run_id
+        self._read_timeout = settings.read_timeout
+
+    def candidates(self, membership: Membership) -> list[Candidate]:
+        if len(self._listed) > 1:
+            return list(self._listed)
+        port = self._listed[0].port
+        return [Candidate(node.addr, port, node.node_rank) for node in membership.nodes]
+
+    def is_current(self, candidate: Candidate) -> bool:
+        return _same(candidate, self.current)
+
+    def is_me(self, candidate: Candidate, rank: int) -> bool:
+        if candidate.node_rank is not None:
+            return candidate.node_rank == rank
+        return is_this_machine(candidate.host)
+
+    def store_host(self, membership: Membership) -> int | None:
+        host = Candidate(self.current.host, 0)
+        found = [n.node_rank for n in membership.nodes if _same(Candidate(n.addr, 0), host)]
+        return found[0] if len(found) == 1 else None  # one machine, several nodes: unknown
+
+    def serve(self, candidate: Candidate, seed_keys: dict[str, bytes]) -> KVStore | None:
+        try:
+            return AgentKVStore.host(
+                candidate.host,
+                candidate.port,
+                token=self._token,
+                read_timeout=self._read_timeout,
+                seed={**seed(self._run_id), **seed_keys},
+            )
+        except OSError as exc:
+            log.warning(
+                "rendezvous: cannot serve the successor store on %s (%s); trying the next "
+                "candidate", candidate, exc.strerror or exc,
+            )  # fmt: skip
+            return None
+
+    def reach(self, candidate: Candidate, timeout: float) -> KVStore | None:
+        probe = AgentKVStore(candidate.host, candidate.port, self._token, read_timeout=timeout)
+        try:
+            found = probe.get(RUN_KEY)  # the handshake first: the token, proved both ways
+        except StoreUnavailable:
+            return None
+        finally:
+            probe.close()
+        if found is not None and found.decode("utf-8", "replace") != self._run_id:
+            return None  # another job's store on that port
+        return AgentKVStore(
+            candidate.host, candidate.port, self._token, read_timeout=self._read_timeout
+        )
+
+    def newest(self) -> KVStore | None:
+        """A node that starts while the job runs on a successor's store (listed endpoints
+        only: members are known only to members): the newest store the listed candidates
+        serve, one try each, as a client (``current`` and ``epoch`` set to it); None when
+        none serves one past the first store (a job starting: the first endpoint, as ever)."""
+        keys, best = Keys(self._run_id), None
+        for candidate in self._listed if len(self._listed) > 1 else []:
+            store = self.reach(candidate, TRY)
+            if store is None:
+                continue
+            try:
+                epoch = epoch_of(store, keys)
+            except (StoreUnavailable, ValueError):
+                epoch = 0
+            if epoch > self.epoch:
+                if best is not None:
+                    best.close()
+                best, self.epoch, self.current = store, epoch, candidate
+            else:
+                store.close()
+        if best is not None:
+            log.warning(
+                "rendezvous: the job's store moved (failover %d): joining it at %s",
+                self.epoch, self.current,
+            )  # fmt: skip
+        return best
+
+    def moved(self, candidate: Candidate) -> Reach:
+        self.current = candidate
+        return lastword.agent_store(candidate.host, candidate.port, self._token)
+
+
+def _same(a: Candidate, b: Candidate) -> bool:
+    """The same place: the same port, and the same host (as written, or resolved)."""
+    if a.port != b.port:
+        return False
+    return a.host == b.host or bool(resolve(a.host) & resolve(b.host))

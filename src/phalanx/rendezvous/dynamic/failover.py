@@ -1,0 +1,332 @@
+"""Going on without the node that served the rendezvous store (design.md, "When the store's
+host is lost"): the candidates to succeed it, the walk that finds the successor, what the
+survivors re-publish on the new store, and the quorum a restart round needs so that two
+sides of a partition never both run.
+
+Store-agnostic: how a candidate serves a store, or is reached at one, is the backend's
+(``Successors``; c10d's is ``backends.successor``). The walk and the quorum are pure
+(``tests/unit/test_failover.py`` drives them over the in-memory store).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from phalanx.rendezvous.api import RoundVerdict
+from phalanx.rendezvous.dynamic.board import Board, Decision, encode
+from phalanx.rendezvous.dynamic.joined import JoinedRound
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.lost import Untold
+from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.lastword import Reach
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+FEWEST = 3  # a round of 2 never fails over: its survivor could never be a majority
+TRY = 1.0  # seconds one try at a candidate may take (a filtered port never answers)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A place a successor store may be served: ``host:port``; ``node_rank``: the member of
+    the last round it is (candidates drawn from the members), None for a listed endpoint."""
+
+    host: str
+    port: int
+    node_rank: int | None = None
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+class Successors(Protocol):
+    """How a backend serves and reaches a candidate's store."""
+
+    current: Candidate  # where the store is served (the lost one's, until ``moved``)
+    epoch: int  # the failovers before the store this node started on (0: the first store)
+
+    def candidates(self, membership: Membership) -> list[Candidate]:
+        """Every candidate, in the order every member knows (``membership``: the last round)."""
+
+    def is_current(self, candidate: Candidate) -> bool:
+        """Whether ``candidate`` is where the store that was lost is served."""
+
+    def is_me(self, candidate: Candidate, rank: int) -> bool:
+        """Whether ``candidate`` is this node (node rank ``rank`` in the last round)."""
+
+    def serve(self, candidate: Candidate, seed: dict[str, bytes]) -> KVStore | None:
+        """Serve a new store at ``candidate`` here, holding ``seed`` before anyone connects;
+        None when it cannot (the port is taken: said in one line)."""
+
+    def reach(self, candidate: Candidate, timeout: float) -> KVStore | None:
+        """A client of the store at ``candidate`` once it answered within ``timeout`` (the
+        token proved both ways, the run id checked); None when it did not."""
+
+    def store_host(self, membership: Membership) -> int | None:
+        """The node rank of the member that served the lost store (None: none of them)."""
+
+    def moved(self, candidate: Candidate) -> Reach:
+        """The store is at ``candidate`` from now on: how a fresh process reaches it (the
+        last word's ``Reach``)."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """A failover this node took part in: the store of ``epoch`` is served at ``candidate``
+    (by this node when ``reach`` is None: else how a fresh process reaches it)."""
+
+    candidate: Candidate
+    store: KVStore
+    epoch: int
+    reach: Reach | None
+
+
+def epoch_of(store: KVStore, keys: Keys) -> int:
+    """How many failovers the store at hand is past the job's first store (0: the first)."""
+    data = store.get(keys.epoch)
+    return 0 if data is None else int(data)
+
+
+def quorum(min_nodes: int, members: int, failed_over: bool) -> int:
+    """The fewest nodes a restart round after a round of ``members`` may form with: MIN, and
+    on a store that took over from a lost one (``failed_over``) a strict majority of the
+    members; on the store that stayed, at least half. A strict majority and a half of the
+    same members cannot both exist, so the two sides of a partition never both run."""
+    if members < FEWEST:
+        return min_nodes  # a job of 2 never fails over: nothing to keep apart
+    return max(min_nodes, members // 2 + 1 if failed_over else (members + 1) // 2)
+
+
+def walk(
+    candidates: Sequence[Candidate],
+    successors: Successors,
+    rank: int,
+    epoch: int,
+    keys: Keys,
+    patience: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Candidate, KVStore, bool] | None:
+    """Find the store of ``epoch`` (one past the lost one): the first candidate alive
+    serves it, every other survivor finds it. The lost store's own place gets one try (if
+    it answers after all, and no other candidate serves the new store yet: None, rejoin
+    it); this node's place, it serves there (or, if it cannot, walks on); any other is
+    tried for ``patience`` seconds. Returns where, the store, and whether this node serves
+    it; None when the lost store answers or nobody serves."""
+    for candidate in candidates:
+        if successors.is_current(candidate):
+            store = successors.reach(candidate, TRY)
+            if store is not None:
+                store.close()
+                # Back from a pause just now? Another survivor may have moved already.
+                moved = superseded(candidates, successors, rank, epoch - 1, keys, 0, clock)
+                found = None if moved is None else successors.reach(moved, TRY)
+                return None if moved is None or found is None else (moved, found, False)
+        elif successors.is_me(candidate, rank):
+            seed = {keys.epoch: str(epoch).encode()}
+            if (store := successors.serve(candidate, seed)) is not None:
+                return candidate, store, True
+        elif (store := _wait_for(candidate, successors, epoch, keys, patience, clock)) is not None:
+            return candidate, store, False
+    return None
+
+
+def _wait_for(
+    candidate: Candidate,
+    successors: Successors,
+    epoch: int,
+    keys: Keys,
+    patience: float,
+    clock: Callable[[], float],
+) -> KVStore | None:
+    """The store of ``epoch`` at ``candidate``, once it answers (at most ``patience``)."""
+    until = clock() + patience
+    while True:
+        store = successors.reach(candidate, min(TRY, max(0.01, until - clock())))
+        if store is not None:
+            try:
+                if epoch_of(store, keys) >= epoch:
+                    return store
+            except (StoreUnavailable, ValueError):
+                pass
+            store.close()  # an older store (or junk): not the successor yet
+        if clock() >= until:
+            return None
+        time.sleep(min(0.25, max(0.0, until - clock())))
+
+
+def superseded(
+    candidates: Sequence[Candidate],
+    successors: Successors,
+    rank: int,
+    epoch: int,
+    keys: Keys,
+    patience: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> Candidate | None:
+    """For a store host that fenced itself (frozen, cut off): the candidate that serves a
+    newer store than its own (the others failed over while it was away), looked for among
+    the others, one try each, round after round for ``patience`` seconds; None: none does."""
+    others = [c for c in candidates if not (successors.is_me(c, rank) or successors.is_current(c))]
+    until = clock() + patience
+    while others:
+        for candidate in others:
+            store = successors.reach(candidate, TRY)
+            if store is None:
+                continue
+            try:
+                newer = epoch_of(store, keys) > epoch
+            except (StoreUnavailable, ValueError):
+                newer = False
+            store.close()
+            if newer:
+                return candidate
+        if clock() >= until:
+            return None
+        time.sleep(0.25)
+    return None
+
+
+def republish(
+    board: Board,
+    membership: Membership,
+    lost: int | None,
+    why: str,
+    since: float,
+    verdict: RoundVerdict | None,
+) -> None:
+    """Re-publish on the new store what the lost one held that the job needs next: round
+    ``membership.round`` as it closed (its members with the job's restart count: the
+    budget), the lost host's place (member ``lost``) settled as lost with its record and
+    ``NODE_LOST`` (posted once: by whoever settles it), and the job's verdict on the round
+    before (the crash-loop evidence). Every survivor calls it: each write is first-wins, the
+    same value from anyone. Store errors propagate (``StoreUnavailable``)."""
+    keys, r = board.keys, membership.round
+    board.put_first(keys.round(r, "members"), membership.to_json())
+    board.close(r, Decision(count=membership.count))
+    board.open_round(r)
+    board.store.set(keys.round(r, "failover"), b"1")  # the next round needs a strict majority
+    if verdict is not None and r > 0:
+        board.store.compare_set(keys.round(r - 1, "verdict"), None, encode(verdict.to_json()))
+    if lost is not None and board.settle(r, lost, membership.count, "lost"):
+        Untold(membership, lost, why, since).tell(board)
+
+
+def unanswered(board: Board) -> str | None:
+    """Why the store does not answer one bounded call now (None: it answers)."""
+    try:
+        board.latest_round()
+    except StoreUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def failed_over(board: Board, r: int) -> bool:
+    """Whether round ``r`` was re-published on a store that took over from a lost one."""
+    return board.store.get(board.keys.round(r, "failover")) is not None
+
+
+def _named(membership: Membership, rank: int | None, where: Candidate) -> str:
+    """Member ``rank`` as the lines name a node; ``where`` when it is none."""
+    if rank is None or rank >= membership.count:
+        return str(where)
+    node = membership.nodes[rank]
+    return f"node {rank} ({node.hostname}, {node.addr})"
+
+
+class Failover:
+    """This node's side of the store's failovers, across the job (the handler's): the
+    epoch of the store it uses, and the moves it took part in."""
+
+    def __init__(self, successors: Successors, settings: RendezvousSettings) -> None:
+        self.successors = successors
+        self.epoch = successors.epoch
+        self.last: dict[str, object] | None = None  # the last move, as the event log says it
+        self._patience = settings.heartbeat_timeout
+
+    def move(
+        self,
+        keys: Keys,
+        node_id: str,
+        membership: Membership,
+        rank: int,
+        why: str,
+        since: float,
+        verdict: RoundVerdict | None,
+    ) -> Move | None:
+        """After this member (``rank`` of ``membership``) lost the store (``why``, its last
+        answer at wall-clock ``since``): find the successor, re-publish the job's state
+        there, and return the move; None when the lost store answers after all, or no
+        candidate serves (the caller waits for the lost store, as without failover)."""
+        epoch = self.epoch + 1
+        candidates = self.successors.candidates(membership)
+        found = walk(candidates, self.successors, rank, epoch, keys, self._patience)
+        if found is None:
+            return None
+        candidate, store, served = found
+        lost = self.successors.store_host(membership)
+        lost_name = _named(membership, lost, self.successors.current)
+        by = candidate.node_rank  # a listed endpoint: the member at its address, if one is
+        if by is None:
+            by = next((n.node_rank for n in membership.nodes if n.addr == candidate.host), None)
+        successor = _named(membership, by, candidate)
+        how = (
+            f"served the rendezvous store and was lost ({why}); {successor} serves it now "
+            f"at {candidate} (failover {epoch})"
+        )
+        try:
+            republish(Board(store, keys, node_id), membership, lost, how, since, verdict)
+        except StoreUnavailable as exc:
+            log.warning("rendezvous: the new store at %s failed at once: %s", candidate, exc)
+            store.close()
+            return None
+        self.epoch = epoch
+        log.warning(
+            "rendezvous: the store's host, %s, is lost; %s serves the rendezvous store now at "
+            "%s (failover %d)%s", lost_name, successor, candidate, epoch,
+            " (this node)" if served else "",
+        )  # fmt: skip
+        self.last = {
+            "round": membership.round, "lost_node": lost, "lost_host": lost_name,
+            "successor_node": by, "successor": successor,
+            "endpoint": str(candidate), "epoch": epoch,
+        }  # fmt: skip
+        reach = self.successors.moved(candidate)
+        return Move(candidate, store, epoch, None if served else reach)
+
+    def after_loss(
+        self, keys: Keys, node_id: str, hosting: bool, joined: JoinedRound, why: str, since: float
+    ) -> Move | str | None:
+        """This node lost the store of its round ``joined`` (``why``; its last answer at
+        wall-clock ``since``): the move to the successor's store; why it must stop (it
+        served the lost store, and the others moved on: ``superseded``); None, no failover
+        (a round of 2; the lost store answers after all; nobody serves)."""
+        membership, rank = joined.membership, joined.rank
+        if membership.count < FEWEST:
+            return None
+        if hosting:
+            return self.superseded(keys, membership, rank)
+        return self.move(keys, node_id, membership, rank, why, since, joined.before)
+
+    def take(self) -> dict[str, object] | None:
+        """The last move, as the event log says it, once (None: none since the last take)."""
+        last, self.last = self.last, None
+        return last
+
+    def superseded(self, keys: Keys, membership: Membership, rank: int) -> str | None:
+        """For this node, which served the store and fenced itself: why it must stop, when
+        the others moved the job to a successor while it was away; None: they did not."""
+        candidates = self.successors.candidates(membership)
+        found = superseded(candidates, self.successors, rank, self.epoch, keys, self._patience)
+        if found is None:
+            return None
+        return (
+            f"superseded: while this node was away (frozen or cut off), the other nodes moved "
+            f"the job's rendezvous store to {_named(membership, found.node_rank, found)} at "
+            f"{found}; this node, which served the old one, is no longer part of the job"
+        )
