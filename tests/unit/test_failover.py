@@ -123,7 +123,22 @@ def test_the_first_survivor_in_the_order_serves_the_next_store() -> None:
     where, store, served = found
     assert (where, served) == (Candidate("10.0.0.2", 29400, 1), True)
     assert epoch_of(store, KEYS) == 1
-    assert places.tries == [lost]  # the lost store got one try; nobody else was waited for
+    # the lost store got one try, the later candidate one look (does it serve already?);
+    # nobody was waited for
+    assert places.tries == [lost, Candidate("10.0.0.3", 29400, 2)]
+
+
+def test_a_late_first_survivor_joins_the_store_a_later_one_served_in_its_place() -> None:
+    """Node 2 waited for node 1 in vain (node 1 late under load) and served: node 1 joins
+    it rather than serve a second store that would split the survivors, neither a quorum."""
+    lost = Candidate("10.0.0.1", 29400, 0)
+    later = Candidate("10.0.0.3", 29400, 2)
+    places = Places(lost, me=1)
+    served = places.serving[later] = MemoryServer()
+    served.data[KEYS.epoch] = b"1"
+    found = walk(_candidates(places), places, 1, 1, KEYS, patience=3, clock=Clock())
+    assert found is not None and found[:1] == (later,) and not found[2]
+    assert Candidate("10.0.0.2", 29400, 1) not in places.serving  # no second store
 
 
 def test_the_next_survivor_finds_it_and_passes_an_older_store_by() -> None:

@@ -128,11 +128,40 @@ def walk(
                 found = None if moved is None else successors.reach(moved, TRY)
                 return None if moved is None or found is None else (moved, found, False)
         elif successors.is_me(candidate, rank):
+            later = _served_later(candidates, candidate, successors, epoch, keys)
+            if later is not None:
+                return later
             seed = {keys.epoch: str(epoch).encode()}
             if (store := successors.serve(candidate, seed)) is not None:
                 return candidate, store, True
         elif (store := _wait_for(candidate, successors, epoch, keys, patience, clock)) is not None:
             return candidate, store, False
+    return None
+
+
+def _served_later(
+    candidates: Sequence[Candidate],
+    me: Candidate,
+    successors: Successors,
+    epoch: int,
+    keys: Keys,
+) -> tuple[Candidate, KVStore, bool] | None:
+    """The store of ``epoch``, when a candidate after this node already serves it, one try
+    each: a survivor that waited for this node in vain (this one late, under load) served
+    it, and serving a second one would split the survivors into two stores, neither with a
+    quorum. This node joins it instead; None: none does, this node serves."""
+    for candidate in candidates[candidates.index(me) + 1 :]:
+        if successors.is_current(candidate):
+            continue
+        store = successors.reach(candidate, TRY)
+        if store is None:
+            continue
+        try:
+            if epoch_of(store, keys) >= epoch:
+                return candidate, store, False
+        except (StoreUnavailable, ValueError):
+            pass
+        store.close()
     return None
 
 
@@ -247,7 +276,11 @@ class Failover:
         self.successors = successors
         self.epoch = successors.epoch
         self.last: dict[str, object] | None = None  # the last move, as the event log says it
-        self._patience = settings.heartbeat_timeout
+        # How long a survivor waits for an earlier candidate to serve: the survivors find
+        # the loss up to a heartbeat_timeout apart (a fence, an expired heartbeat), and the
+        # earlier one first gives the lost store a try; a late one joins a later candidate
+        # that served in its place (``_served_later``) rather than serve a second store.
+        self._patience = 2 * settings.heartbeat_timeout
 
     def move(
         self,
