@@ -6,6 +6,7 @@ report."""
 from __future__ import annotations
 
 import signal
+import threading
 
 # The job was preempted (asked to stop by its scheduler), not failed: sysexits' EX_TEMPFAIL,
 # "try again later", what a requeue wrapper or a scheduler's policy can key on.
@@ -109,3 +110,27 @@ def stopped_line(exc: Interrupted) -> str:
     if isinstance(exc, Preempted):
         return f"{exc}; exit {exc.exit_code} (run the job again)"
     return f"stopped by {exc}"
+
+
+# The signals the launcher handles in Python (stop, hang-up, stacks, preemption).
+_HANDLED = frozenset(
+    {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2}
+)
+
+
+def start_thread(thread: threading.Thread) -> None:
+    """Start ``thread`` with the launcher's signals held back until ``start()`` returns.
+
+    A stop signal's handler raises (``Interrupted``) in the main thread; raised inside
+    ``Thread.start()`` while the new thread bootstraps, the main thread exits under it and
+    the thread prints a ``KeyError`` traceback from ``threading`` (seen once: SIGTERM to a
+    c10d store host as its store thread started). Held back, the signal is handled right
+    after. The new thread keeps them blocked, so the kernel hands them to the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        thread.start()
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)

@@ -5,6 +5,7 @@ for what a user sees (one line, exit 2; ``--dry-run``)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -250,8 +251,9 @@ def test_preflight_asks_every_host_at_once(tmp_path: Path) -> None:
     done = run_phalanx(["--hosts", "a:1,b:1,c:1,d:1", "--rdzv-endpoint", "127.0.0.1:1",
                         str(script)], cwd=tmp_path, env=env, timeout=120)  # fmt: skip
     # Every probe passed; then the stand-in refuses to run the agents (exit 255, as a lost
-    # connection): the controller stops the job and says so.
+    # connection): the controller says so, and with every session lost the job fails. (Four
+    # c10d members may fail over, so a lost session no longer stops the others at once.)
     assert "pre-flight failed" not in done.stderr, done.stderr
     assert done.returncode == 1, done.stderr
-    assert "was lost; stopping the job on every host" in done.stderr
+    assert re.search(r"the ssh session to [abcd] was lost", done.stderr), done.stderr
     assert sorted(p.name for p in barrier.iterdir()) == ["a", "b", "c", "d"]

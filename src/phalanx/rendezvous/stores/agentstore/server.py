@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from phalanx.errors import start_thread
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
 from phalanx.rendezvous.stores.agentstore.listen import bind, bind_address
@@ -114,7 +115,7 @@ class StoreServer:
         self._wake_read.setblocking(False)
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._selector.register(self._wake_read, selectors.EVENT_READ)
-        self._thread.start()
+        start_thread(self._thread)  # a stop signal now must not cut the thread's start
 
     def drain(self, timeout: float) -> bool:
         """Take no new connections, and wait (at most ``timeout`` seconds) until every peer
