@@ -113,24 +113,35 @@ def stopped_line(exc: Interrupted) -> str:
 
 
 # The signals the launcher handles in Python (stop, hang-up, stacks, preemption).
-_HANDLED = frozenset(
-    {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2}
-)
+_HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+            signal.SIGUSR2)  # fmt: skip
 
 
 def start_thread(thread: threading.Thread) -> None:
-    """Start ``thread`` with the launcher's signals held back until ``start()`` returns.
+    """Start ``thread`` with the launcher's signal handlers held back until ``start()``
+    returns, then run what arrived meanwhile.
 
     A stop signal's handler raises (``Interrupted``) in the main thread; raised inside
     ``Thread.start()`` while the new thread bootstraps, the main thread exits under it and
     the thread prints a ``KeyError`` traceback from ``threading`` (seen once: SIGTERM to a
-    c10d store host as its store thread started). Held back, the signal is handled right
-    after. The new thread keeps them blocked, so the kernel hands them to the main thread."""
+    c10d store host as its store thread started). Blocking the signals would not do: the
+    kernel hands a process's signal to any thread that does not block it, and Python then
+    runs the handler in the main thread wherever it is."""
     if threading.current_thread() is not threading.main_thread():
         thread.start()
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+    arrived: list[int] = []
+    held = {
+        held_signal: signal.signal(held_signal, lambda got, frame: arrived.append(got))
+        for held_signal in _HANDLED
+        if callable(signal.getsignal(held_signal))
+    }
     try:
         thread.start()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for held_signal, handler in held.items():
+            signal.signal(held_signal, handler)
+    for got in arrived:
+        handler = held[signal.Signals(got)]
+        if callable(handler):
+            handler(got, None)

@@ -59,7 +59,11 @@ def test_a_paused_store_host_re_forms_the_job_with_the_node_that_fenced(
     shared.mkdir()
     _start(nodes, tmp_path, shared, max_restarts=2)
     _pause_the_store_host(nodes, shared)
-    wait_for(lambda: any(shared.glob("r*-1.steps")), HANG, "a round after the pause to step")
+    try:
+        wait_for(lambda: any(shared.glob("r*-1.steps")), HANG, "a round after the pause to step")
+    except AssertionError as timed_out:  # say what each agent did (seen once under load)
+        raise AssertionError(f"{timed_out}\n--- node 0:\n{nodes[0].stderr[-3000:]}"
+                             f"\n--- node 1:\n{nodes[1].stderr[-3000:]}") from None  # fmt: skip
     (shared / "stop").write_text("")
     codes = [node.finish(HANG) for node in nodes]
     err = nodes[1].stderr
