@@ -153,15 +153,25 @@ def _served_later(
     for candidate in candidates[candidates.index(me) + 1 :]:
         if successors.is_current(candidate):
             continue
-        store = successors.reach(candidate, TRY)
-        if store is None:
-            continue
-        try:
-            if epoch_of(store, keys) >= epoch:
-                return candidate, store, False
-        except (StoreUnavailable, ValueError):
-            pass
-        store.close()
+        if (store := _store_at(candidate, successors, TRY, epoch, keys)) is not None:
+            return candidate, store, False
+    return None
+
+
+def _store_at(
+    candidate: Candidate, successors: Successors, timeout: float, epoch: int, keys: Keys
+) -> KVStore | None:
+    """The store at ``candidate`` when it answers within ``timeout`` and is of ``epoch`` or
+    newer; None (closed) when it does not answer, is older (not the successor yet) or junk."""
+    store = successors.reach(candidate, timeout)
+    if store is None:
+        return None
+    try:
+        if epoch_of(store, keys) >= epoch:
+            return store
+    except (StoreUnavailable, ValueError):
+        pass
+    store.close()
     return None
 
 
@@ -176,14 +186,9 @@ def _wait_for(
     """The store of ``epoch`` at ``candidate``, once it answers (at most ``patience``)."""
     until = clock() + patience
     while True:
-        store = successors.reach(candidate, min(TRY, max(0.01, until - clock())))
+        store = _store_at(candidate, successors, min(TRY, max(0.01, until - clock())), epoch, keys)
         if store is not None:
-            try:
-                if epoch_of(store, keys) >= epoch:
-                    return store
-            except (StoreUnavailable, ValueError):
-                pass
-            store.close()  # an older store (or junk): not the successor yet
+            return store
         if clock() >= until:
             return None
         time.sleep(min(0.25, max(0.0, until - clock())))
@@ -205,15 +210,8 @@ def superseded(
     until = clock() + patience
     while others:
         for candidate in others:
-            store = successors.reach(candidate, TRY)
-            if store is None:
-                continue
-            try:
-                newer = epoch_of(store, keys) > epoch
-            except (StoreUnavailable, ValueError):
-                newer = False
-            store.close()
-            if newer:
+            if (store := _store_at(candidate, successors, TRY, epoch + 1, keys)) is not None:
+                store.close()
                 return candidate
         if clock() >= until:
             return None
