@@ -1,0 +1,87 @@
+"""The warm service's key (which launches share a service) and its directory's checks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx.service import job
+from phalanx.service.key import keyed, service_env, service_key
+from phalanx.service.paths import UnsafeDirectory, service_dir
+
+BASE = {"PATH": "/usr/bin", "HOME": "/home/u", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.parametrize(
+    ("name", "is_keyed"),
+    [
+        ("OMP_NUM_THREADS", True), ("MKL_NUM_THREADS", True), ("LD_PRELOAD", True),
+        ("LD_LIBRARY_PATH", True), ("PYTHONPATH", True), ("PYTHONHASHSEED", True),
+        ("TORCH_LOGS", True), ("PYTORCH_CUDA_ALLOC_CONF", True), ("CUDA_HOME", True),
+        ("HOME", True), ("LC_ALL", True), ("CUDA_VISIBLE_DEVICES", False),
+        ("SLURM_JOB_ID", False), ("RANK", False), ("MY_SECRET", False), ("PWD", False),
+    ],
+)  # fmt: skip
+def test_which_variables_are_keyed(name: str, is_keyed: bool) -> None:
+    assert keyed(name) is is_keyed
+
+
+def test_the_service_gets_only_the_keyed_variables() -> None:
+    env = {**BASE, "MY_SECRET": "x", "RANK": "3"}
+    assert service_env(env) == BASE
+
+
+def test_the_key_changes_with_what_acts_at_import_only(tmp_path: Path) -> None:
+    cwd = str(tmp_path)
+    key = service_key(BASE, (), cwd)
+    assert service_key({**BASE, "SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "1"}, (), cwd) == key
+    assert service_key({**BASE, "OMP_NUM_THREADS": "4"}, (), cwd) != key
+    assert service_key({**BASE, "LD_PRELOAD": "/x.so"}, (), cwd) != key
+    assert service_key(BASE, ("json",), cwd) != key
+
+
+def test_the_key_changes_when_a_package_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
+    before = service_key(BASE, (), "/")
+    (site / "newpkg-1.0.dist-info").mkdir()
+    assert service_key(BASE, (), "/") != before
+
+
+def test_the_key_changes_when_a_preloaded_module_of_ones_own_changes(tmp_path: Path) -> None:
+    package = tmp_path / "mine"
+    package.mkdir()
+    (package / "__init__.py").write_text("A = 1\n")
+    before = service_key(BASE, ("mine.sub",), str(tmp_path))
+    (package / "sub.py").write_text("B = 2\n")
+    assert service_key(BASE, ("mine.sub",), str(tmp_path)) != before
+
+
+def test_the_directory_is_made_private_and_checked(tmp_path: Path) -> None:
+    made = service_dir({"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert made == tmp_path / "phalanx-service" and (os.stat(made).st_mode & 0o777) == 0o700
+    os.chmod(made, 0o755)
+    with pytest.raises(UnsafeDirectory, match="mode 755"):
+        service_dir({"XDG_RUNTIME_DIR": str(tmp_path)})
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "phalanx-service").symlink_to(made)
+    with pytest.raises(UnsafeDirectory, match="not a directory"):
+        service_dir({"XDG_RUNTIME_DIR": str(other)})
+
+
+def test_the_agents_settings_are_read_without_changing_them() -> None:
+    old = os.umask(0o027)
+    try:
+        settings = job.collect()
+        assert settings.umask == 0o027 and os.umask(0o027) == 0o027
+    finally:
+        os.umask(old)
+    assert job.JobSettings.from_json(settings.to_json()) == settings
+    assert job.refusal(settings) is None  # this process can give a child its own settings
