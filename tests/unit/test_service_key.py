@@ -85,3 +85,13 @@ def test_the_agents_settings_are_read_without_changing_them() -> None:
         os.umask(old)
     assert job.JobSettings.from_json(settings.to_json()) == settings
     assert job.refusal(settings) is None  # this process can give a child its own settings
+
+
+def test_the_launchers_own_first_path_entry_is_not_in_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `phalanx` puts its bin directory there, `python -m phalanx` the working directory; the
+    # service and its workers drop it (isolated_main): the two launches share one service.
+    key = service_key(BASE, (), "/")
+    monkeypatch.setattr(sys, "path", ["/usr/local/bin", *sys.path[1:]])
+    assert service_key(BASE, (), "/") == key

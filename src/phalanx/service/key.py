@@ -114,6 +114,13 @@ def _tree(roots: list[str]) -> list[object]:
     return files
 
 
+def _path() -> list[str]:
+    # Without this launcher's own first entry (the ``phalanx`` command's directory, or the
+    # working directory under ``python -m phalanx``): the service and its workers start with
+    # ``isolated_main``, which drops it, so it must not make two launches' keys differ.
+    return sys.path if getattr(sys.flags, "safe_path", False) else sys.path[1:]
+
+
 def service_key(env: Mapping[str, str], preload: tuple[str, ...], cwd: str) -> str:
     """The key of the service a launch with this template environment and preload list may
     use (hex, 24 digits: the socket's name)."""
@@ -123,7 +130,7 @@ def service_key(env: Mapping[str, str], preload: tuple[str, ...], cwd: str) -> s
         "phalanx": __version__,
         "preload": list(preload),
         "env": service_env(env),
-        "installed": installed(p for p in sys.path if os.path.abspath(p) != cwd),
+        "installed": installed(p for p in _path() if os.path.abspath(p) != cwd),
         "sources": sources(("phalanx", "torch", *preload), cwd),
     }
     digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
