@@ -95,3 +95,9 @@ def test_the_launchers_own_first_path_entry_is_not_in_the_key(
     key = service_key(BASE, (), "/")
     monkeypatch.setattr(sys, "path", ["/usr/local/bin", *sys.path[1:]])
     assert service_key(BASE, (), "/") == key
+
+
+def test_the_key_changes_with_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = service_key(BASE, (), "/")
+    monkeypatch.setattr(sys, "executable", "/opt/other/bin/python3")
+    assert service_key(BASE, (), "/") != key
