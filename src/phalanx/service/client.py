@@ -31,6 +31,7 @@ from phalanx.worker.protocol import MAX_MESSAGE, ProtocolError, receive, send
 SERVICE_SHIM = isolated_main("phalanx.service.server")
 CONNECT_TIMEOUT = 5.0  # a live service accepts at once; one importing keeps us in its backlog
 ANSWER_TIMEOUT = 5.0
+STALE_TIMEOUT = 1.0  # a launch does not wait long for an old service's answer
 START_WAIT = 10.0  # for the service's first process to fork and exit  # status and stop are answered between two requests
 
 
@@ -71,7 +72,9 @@ def _connect(path: Path) -> socket.socket | None:
     return sock
 
 
-def _start(path: Path, env: Mapping[str, str], preload: tuple[str, ...], idle: float) -> None:
+def _start(
+    path: Path, env: Mapping[str, str], preload: tuple[str, ...], idle: float, lineage: str
+) -> None:
     """Bind ``path`` and start a service with it (the caller holds the key's lock)."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a dead service's: nothing listens (we just failed to connect)
@@ -85,7 +88,7 @@ def _start(path: Path, env: Mapping[str, str], preload: tuple[str, ...], idle: f
             # service forks once at start: its launcher reaps the first process at once and
             # never keeps a child that outlives it.
             [sys.executable, "-u", "-c", SERVICE_SHIM, str(listener.fileno()), str(idle),
-             ",".join(preload)],
+             lineage, ",".join(preload)],
             env=service_env(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -108,7 +111,7 @@ def connect(env: Mapping[str, str], preload: tuple[str, ...], idle: float, cwd: 
     starting it if needed, and say hello. Raises ``OSError``, ``ProtocolError`` or
     ``paths.UnsafeDirectory``; the caller falls back to a per-run template."""
     directory = paths.service_dir(env)
-    key = service_key(env, preload, cwd)
+    key, lineage = service_key(env, preload, cwd)
     path = paths.socket_path(directory, key)
     started = False
     sock = _connect(path)
@@ -116,9 +119,11 @@ def connect(env: Mapping[str, str], preload: tuple[str, ...], idle: float, cwd: 
         with paths.locked(path.with_suffix(".lock")):
             sock = _connect(path)
             if sock is None:
-                _start(path, env, preload, idle)
+                _start(path, env, preload, idle, lineage)
                 started = True
                 sock = _connect(path)
+        if started:
+            _stop_stale(directory, key, lineage)
     if sock is None:
         raise ProtocolError(f"the service at {path} did not start (see {path.with_suffix('.log')})")
     try:
@@ -129,9 +134,12 @@ def connect(env: Mapping[str, str], preload: tuple[str, ...], idle: float, cwd: 
     return Connection(sock, key, path, started)
 
 
-def ask(path: Path, message: dict[str, Any]) -> dict[str, Any] | None:
+def ask(
+    path: Path, message: dict[str, Any], timeout: float = ANSWER_TIMEOUT
+) -> dict[str, Any] | None:
     """Send ``message`` (status or stop) to the service at ``path``; its answer, or None
-    when no service listens there (a stale socket is removed)."""
+    when no service listens there (a stale socket is removed) or none came in ``timeout``
+    seconds (one still importing answers once it has)."""
     try:
         sock = _connect(path)
     except (OSError, ProtocolError):
@@ -140,13 +148,23 @@ def ask(path: Path, message: dict[str, Any]) -> dict[str, Any] | None:
         _remove_stale(path)
         return None
     with sock:
-        sock.settimeout(ANSWER_TIMEOUT)
+        sock.settimeout(timeout)
         try:
             send(sock, message)
             received = receive(sock, max_fds=0)
         except (OSError, ProtocolError):
             return None
     return received[0] if received is not None else None
+
+
+def _stop_stale(directory: Path, key: str, lineage: str) -> None:
+    """Tell the services of ``lineage`` under another key than ``key`` to stop: what they
+    imported changed since (each ends once its jobs have)."""
+    for path in paths.sockets(directory):
+        if path != paths.socket_path(directory, key):
+            answer = ask(path, {"status": 1}, STALE_TIMEOUT)
+            if answer is not None and answer.get("lineage") == lineage:
+                ask(path, {"stop": 1}, STALE_TIMEOUT)
 
 
 def _remove_stale(path: Path) -> None:

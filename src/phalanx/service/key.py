@@ -18,6 +18,9 @@ covers:
   package, an editable install, phalanx itself from a checkout): each ``.py`` file's path,
   size and mtime.
 
+A key's *lineage* leaves out what is installed and the sources: a service of the launch's
+lineage under another key is stale, and the launch that starts the new one stops it.
+
 ``CUDA_VISIBLE_DEVICES`` is not in the key: CUDA reads it when it initializes, in the
 worker, after the fork (the service refuses to serve if its imports initialized CUDA).
 """
@@ -121,17 +124,26 @@ def _path() -> list[str]:
     return sys.path if getattr(sys.flags, "safe_path", False) else sys.path[1:]
 
 
-def service_key(env: Mapping[str, str], preload: tuple[str, ...], cwd: str) -> str:
+def _digest(described: object) -> str:
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def service_key(env: Mapping[str, str], preload: tuple[str, ...], cwd: str) -> tuple[str, str]:
     """The key of the service a launch with this template environment and preload list may
-    use (hex, 24 digits: the socket's name)."""
-    described = {
+    use (hex, 24 digits: the socket's name), and its lineage: the same without what is
+    installed and the sources. A service of the same lineage and another key is stale (a
+    package or a preloaded module changed since it started): a launch that starts the new
+    one tells it to stop."""
+    lineage = {
         "python": os.path.realpath(sys.executable),
-        "version": sys.version,
-        "phalanx": __version__,
         "preload": list(preload),
         "env": service_env(env),
+    }
+    described = {
+        **lineage,
+        "version": sys.version,
+        "phalanx": __version__,
         "installed": installed(p for p in _path() if os.path.abspath(p) != cwd),
         "sources": sources(("phalanx", "torch", *preload), cwd),
     }
-    digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
-    return digest[:24]
+    return _digest(described), _digest(lineage)

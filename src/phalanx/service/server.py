@@ -1,4 +1,4 @@
-"""``python -u -c SERVICE_SHIM FD IDLE [MODULE,...]``: the warm service, a template that
+"""``python -u -c SERVICE_SHIM FD IDLE LINEAGE [MODULE,...]``: the warm service, a template that
 outlives its launch (``--keep-warm``).
 
 Started by the first launch of a key (``phalanx.service.client``) with the listening socket
@@ -189,7 +189,7 @@ class Service:
             "pid": os.getpid(), "key": self._path.name.removesuffix(paths.SOCKET),
             "python": sys.executable, "preload": list(self._preload),
             "started": self._started, "idle": self._idle, "idle_for": round(idle_for, 1),
-            "jobs": self._jobs(), "stopping": self._stopping,
+            "jobs": self._jobs(), "stopping": self._stopping, "lineage": self._ready["lineage"],
             "workers": sum(len(s.children) for s in self._sessions.values()),
             "agents": [s.agent for s in self._sessions.values() if s.agent],
         }  # fmt: skip
@@ -309,7 +309,8 @@ def reset_inherited_signals() -> None:
     """Start from python's defaults, not the first agent's: what a job's workers ignore or
     block is their own agent's (``job.apply``)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE}:
+    # SIGPIPE and SIGXFSZ python itself ignores at start-up, in every process
+    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, *job.RESET_AT_EXEC}:
         if signal.getsignal(sig) == signal.SIG_IGN:
             default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
             signal.signal(sig, default)
@@ -320,8 +321,8 @@ def main(argv: list[str]) -> None:
         os._exit(0)  # the launch that started us reaps this at once (``client._start``)
     become.install_exit_hook()  # first registered, so it runs after all the others
     listener = socket.socket(fileno=int(argv[0]))
-    idle = float(argv[1])
-    theirs = tuple(m for m in (argv[2] if len(argv) > 2 else "").split(",") if m)
+    idle, lineage = float(argv[1]), argv[2]
+    theirs = tuple(m for m in (argv[3] if len(argv) > 3 else "").split(",") if m)
     cgroups.leave_run_cgroup()
     reset_inherited_signals()
     try:
@@ -333,7 +334,7 @@ def main(argv: list[str]) -> None:
             os.unlink(listener.getsockname())
         sys.exit(1)  # waiting agents read the end of their connection: they fall back
     os.chdir("/")  # the first launch's directory was only where its preload modules are
-    service = Service(listener, idle, ready, theirs)
+    service = Service(listener, idle, {**ready, "lineage": lineage}, theirs)
     for sig in template.STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: None)  # noted by the wakeup fd: drain, then end
