@@ -22,7 +22,15 @@ from phalanx.resources.ports import free_port
 from phalanx.service.client import ask_all
 from phalanx.service.paths import service_dir, sockets
 from phalanx.supervisor.cgroup import hierarchies
-from support.launch import alive, launched, remove_job_cgroups, run_phalanx, wait_for, worker
+from support.launch import (
+    PHALANX,
+    alive,
+    launched,
+    remove_job_cgroups,
+    run_phalanx,
+    wait_for,
+    worker,
+)
 from support.services import end_services, service_pids
 
 HANG = 120.0  # only catches a hang
@@ -84,6 +92,7 @@ def _second_job_settings(cgroup: Path | None) -> Callable[[], None]:
 def test_the_next_launch_forks_from_the_service_and_keeps_nothing_of_the_first(
     job_dir: Path, tmp_path: Path, v1_cgroup: Path | None
 ) -> None:
+    end_services(os.environ)  # whatever order the tests run in, the first launch starts one
     first_env = {**os.environ, "PROBE_MARK": "one", "PROBE_ONLY_FIRST": "1"}
     args = [*KEEP, "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs")]
     first = run_phalanx([*args, "probe.py"], cwd=job_dir, env=first_env, timeout=HANG)
@@ -245,8 +254,30 @@ def test_an_agent_killed_with_its_guardian_leaves_no_worker(job_dir: Path, tmp_p
 
 
 def test_the_suite_leaves_no_service(job_dir: Path, tmp_path: Path) -> None:
-    assert "PET_KEEP_WARM" not in os.environ
-    assert os.environ["XDG_RUNTIME_DIR"] != "" and service_pids(os.environ)  # the tests' own
+    assert "PET_KEEP_WARM" not in os.environ  # no test gets a service unless it asks
+    assert Path(os.environ["XDG_RUNTIME_DIR"]).name.startswith("phalanx-test-runtime-")
+    if not service_pids(os.environ):  # run alone: make one
+        result = run_phalanx([*KEEP, "--log-dir", str(tmp_path), "probe.py"], cwd=job_dir)
+        assert result.returncode == 0, result.stderr
     pids = service_pids(os.environ)
+    assert pids
     assert end_services(os.environ) == []  # what conftest's pytest_sessionfinish runs
     assert not any(alive(p) for p in pids) and service_pids(os.environ) == []
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}  # no service there
+    for args, said in (
+        (["service", "restart"], "invalid choice: 'restart'"),
+        (["--keep-warm", "-1", worker("service_probe.py")], "--keep-warm"),
+        (["--keep-warm", "soon", worker("service_probe.py")], "--keep-warm"),
+    ):
+        done = subprocess.run(
+            [*PHALANX, *args], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2 and said in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    for action in ("status", "stop"):
+        done = subprocess.run([*PHALANX, "service", action], env=env, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0 and "no warm service runs" in done.stderr, done.stderr
