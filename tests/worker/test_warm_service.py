@@ -5,6 +5,7 @@ SIGKILLed with its guardian still leaves no worker; and the suite leaves no serv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -192,9 +193,12 @@ def test_only_its_user_can_reach_a_service(job_dir: Path, tmp_path: Path) -> Non
     assert ask_all(os.environ, {"status": 1})  # and its own user still gets answers
 
 
-def _two_nodes(job_dir: Path, tmp_path: Path, port: int, node: int) -> list[str]:
+def _two_nodes(
+    job_dir: Path, tmp_path: Path, port: int, node: int, second: list[str] | None = None
+) -> list[str]:
+    """Node ``node``'s command of a 2-node job; node 0 keeps warm, node 1 ``second``."""
     return [
-        *(KEEP if node == 0 else ["--cold-start"]), "--nnodes", "2", "--nproc-per-node", "1",
+        *(KEEP if node == 0 else (second or ["--cold-start"])), "--nnodes", "2", "--nproc-per-node", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "svc",
         "--rdzv-conf", f"{FAST},is_host={'true' if node == 0 else 'false'}",
         "--log-dir", str(tmp_path / f"n{node}"), "probe.py",
@@ -281,3 +285,31 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         done = subprocess.run([*PHALANX, "service", action], env=env, capture_output=True,
                               text=True, timeout=60)  # fmt: skip
         assert done.returncode == 0 and "no warm service runs" in done.stderr, done.stderr
+
+
+def test_each_node_forks_from_its_own_nodes_service(job_dir: Path, tmp_path: Path) -> None:
+    # Two agents on this machine stand for two nodes: each has a runtime directory of its own,
+    # as each node has its own filesystem, and the same key.
+    homes = [tmp_path / f"node{i}" for i in (0, 1)]
+    envs = [{**os.environ, "XDG_RUNTIME_DIR": str(home)} for home in homes]
+    parents: list[set[object]] = []
+    try:
+        for home in homes:
+            home.mkdir(mode=0o700)
+        for _ in range(2):  # the first launch starts each node's service, the second reuses it
+            port = free_port()
+            with contextlib.ExitStack() as stack:
+                nodes = [
+                    stack.enter_context(launched(_two_nodes(job_dir, tmp_path, port, i, KEEP),
+                                                 cwd=job_dir, env=envs[i]))
+                    for i in (0, 1)
+                ]  # fmt: skip
+                done = [node.communicate(timeout=HANG) for node in nodes]
+            assert [n.returncode for n in nodes] == [0, 0], [err for _, err in done]
+            parents.append({seen(out)[0]["ppid"] for out, _ in done})
+        services = [service_pids(env) for env in envs]
+        assert all(len(pids) == 1 for pids in services), services  # one per node
+        assert parents[0] == parents[1] == {services[0][0], services[1][0]}
+    finally:
+        for env in envs:
+            end_services(env)

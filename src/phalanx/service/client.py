@@ -17,7 +17,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,8 @@ SERVICE_SHIM = isolated_main("phalanx.service.server")
 CONNECT_TIMEOUT = 5.0  # a live service accepts at once; one importing keeps us in its backlog
 ANSWER_TIMEOUT = 5.0
 STALE_TIMEOUT = 1.0  # a launch does not wait long for an old service's answer
-START_WAIT = 10.0  # for the service's first process to fork and exit  # status and stop are answered between two requests
+START_WAIT = 10.0
+MAX_ADDRESS = 107  # bytes of a Unix socket's name (sun_path, less its terminating NUL)  # for the service's first process to fork and exit  # status and stop are answered between two requests
 
 
 @dataclass
@@ -52,12 +53,27 @@ def _socket() -> socket.socket:
     return sock
 
 
+@contextlib.contextmanager
+def _address(path: Path) -> Iterator[str]:
+    """``path`` as a socket address: a Unix socket's name is at most 107 bytes, so a longer
+    one (a deep ``TMPDIR``) is named through its directory, opened for the call."""
+    if len(os.fsencode(path)) <= MAX_ADDRESS:
+        yield str(path)
+        return
+    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{directory}/{path.name}"
+    finally:
+        os.close(directory)
+
+
 def _connect(path: Path) -> socket.socket | None:
     """A connection to the service listening at ``path``; None if none listens there."""
     sock = _socket()
     sock.settimeout(CONNECT_TIMEOUT)
     try:
-        sock.connect(str(path))
+        with _address(path) as address:
+            sock.connect(address)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
@@ -81,14 +97,15 @@ def _start(
     listener = _socket()
     log = append_to(path.with_suffix(".log"))
     try:
-        listener.bind(str(path))
+        with _address(path) as address:
+            listener.bind(address)
         listener.listen(64)
         first = subprocess.Popen(
             # -c, not -m: the working directory stays off sys.path (isolated_main). The
             # service forks once at start: its launcher reaps the first process at once and
             # never keeps a child that outlives it.
-            [sys.executable, "-u", "-c", SERVICE_SHIM, str(listener.fileno()), str(idle),
-             lineage, ",".join(preload)],
+            [sys.executable, "-u", "-c", SERVICE_SHIM, str(listener.fileno()), str(path),
+             str(idle), lineage, ",".join(preload)],
             env=service_env(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""``python -u -c SERVICE_SHIM FD IDLE LINEAGE [MODULE,...]``: the warm service, a template that
+"""``python -u -c SERVICE_SHIM FD PATH IDLE LINEAGE [MODULE,...]``: the warm service, a template that
 outlives its launch (``--keep-warm``).
 
 Started by the first launch of a key (``phalanx.service.client``) with the listening socket
@@ -59,13 +59,14 @@ class Service:
     def __init__(
         self,
         listener: socket.socket,
+        path: Path,
         idle: float,
         ready: dict[str, object],
         preload: tuple[str, ...],
     ) -> None:
         self._preload = preload
         self._listener: socket.socket | None = listener
-        self._path = Path(listener.getsockname())
+        self._path = path  # bound as a shorter name when long (``client._address``)
         self._inode = os.stat(self._path).st_ino
         self._idle = idle
         self._ready = ready
@@ -320,21 +321,20 @@ def main(argv: list[str]) -> None:
     if os.fork() > 0:
         os._exit(0)  # the launch that started us reaps this at once (``client._start``)
     become.install_exit_hook()  # first registered, so it runs after all the others
-    listener = socket.socket(fileno=int(argv[0]))
-    idle, lineage = float(argv[1]), argv[2]
-    theirs = tuple(m for m in (argv[3] if len(argv) > 3 else "").split(",") if m)
+    listener, path = socket.socket(fileno=int(argv[0])), Path(argv[1])
+    idle, lineage = float(argv[2]), argv[3]
+    theirs = tuple(m for m in (argv[4] if len(argv) > 4 else "").split(",") if m)
     cgroups.leave_run_cgroup()
     reset_inherited_signals()
     try:
         ready = template.preload(template.DEFAULT_PRELOAD, theirs)
     except BaseException:
         traceback.print_exc()
-        lock = Path(listener.getsockname()).with_suffix(".lock")
-        with paths.locked(lock), contextlib.suppress(OSError):
-            os.unlink(listener.getsockname())
+        with paths.locked(path.with_suffix(".lock")), contextlib.suppress(OSError):
+            os.unlink(path)
         sys.exit(1)  # waiting agents read the end of their connection: they fall back
     os.chdir("/")  # the first launch's directory was only where its preload modules are
-    service = Service(listener, idle, {**ready, "lineage": lineage}, theirs)
+    service = Service(listener, path, idle, {**ready, "lineage": lineage}, theirs)
     for sig in template.STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: None)  # noted by the wakeup fd: drain, then end
