@@ -28,7 +28,7 @@ from phalanx.worker.contract import isolated_main
 from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import MAX_MESSAGE, ProtocolError, receive, send
 
-SERVICE_SHIM = isolated_main("phalanx.service.server")
+SERVICE_SHIM = isolated_main("phalanx.service.entry")
 CONNECT_TIMEOUT = 5.0  # a live service accepts at once; one importing keeps us in its backlog
 ANSWER_TIMEOUT = 5.0
 STALE_TIMEOUT = 1.0  # a launch does not wait long for an old service's answer
