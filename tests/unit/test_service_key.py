@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import resource
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,22 @@ def test_the_key_changes_with_the_interpreter(monkeypatch: pytest.MonkeyPatch) -
     key = service_key(BASE, (), "/")
     monkeypatch.setattr(sys, "executable", "/opt/other/bin/python3")
     assert service_key(BASE, (), "/") != key
+
+
+def test_a_launch_under_nice_or_a_lower_hard_limit_gets_a_service_of_its_own() -> None:
+    probe = (
+        "import os, resource, sys; sys.path[:0] = sys.argv[1:]; "
+        "from phalanx.service.key import service_key; "
+        f"print(service_key({BASE!r}, (), '/'))"
+    )
+
+    def run(preexec: Callable[[], None]) -> str:
+        return subprocess.run([sys.executable, "-c", probe, *sys.path], preexec_fn=preexec,
+                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+
+    key = run(lambda: None)
+    assert run(lambda: None) == key
+    assert run(lambda: os.nice(5)) != key
+    lower = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    lower = 1024 if lower == resource.RLIM_INFINITY else max(0, lower - 1)
+    assert run(lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, lower))) != key

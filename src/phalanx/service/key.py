@@ -6,6 +6,8 @@ service starts one, so services of different keys coexist (each ends when idle).
 covers:
 
 - the interpreter (its real path and version) and phalanx's version;
+- the launch's nice value and hard resource limits (a service cannot give a worker a higher
+  priority or limit than its own without privilege);
 - the preload list, in order;
 - the environment variables that act while torch and the preload modules are imported
   (``service_env``: OpenMP and BLAS thread settings, ``LD_*``, ``PYTHON*``, torch's and
@@ -31,10 +33,12 @@ import hashlib
 import importlib.util
 import json
 import os
+import resource
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from phalanx.service.job import LIMITS
 from phalanx.version import __version__
 
 KEYED_PREFIXES = (
@@ -138,6 +142,11 @@ def service_key(env: Mapping[str, str], preload: tuple[str, ...], cwd: str) -> t
         "python": os.path.realpath(sys.executable),
         "preload": list(preload),
         "env": service_env(env),
+        # What a service started by one launch could not give another without privilege
+        # (``job.refusal``): a service per priority and per set of hard limits, so that one
+        # started under ``nice`` or a lower ``ulimit -H`` never turns other launches away.
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "hard_limits": {name: resource.getrlimit(number)[1] for name, number in LIMITS.items()},
     }
     described = {
         **lineage,
