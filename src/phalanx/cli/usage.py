@@ -28,7 +28,8 @@ KEEP_WARM_HELP = (
     "process of this user with torch and the --preload modules imported; the next launch with "
     "the same python, installed packages, preload list and import-time environment forks its "
     "workers from it instead of importing torch again. The script and its modules are always "
-    "imported fresh. See and stop: phalanx service status|stop."
+    "imported fresh; --cold-start and --no-python launches do not use it. See and stop: "
+    "phalanx service status|stop."
 )
 
 USAGE = f"""\
