@@ -265,8 +265,17 @@ def test_the_suite_leaves_no_service(job_dir: Path, tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
     pids = service_pids(os.environ)
     assert pids
-    assert end_services(os.environ) == []  # what conftest's pytest_sessionfinish runs
-    assert not any(alive(p) for p in pids) and service_pids(os.environ) == []
+    # Seen and stopped from the command line; then conftest's end (end_services) finds none.
+    status = subprocess.run([*PHALANX, "service", "status"], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert status.returncode == 0 and all(f"\n{p} " in status.stdout for p in pids), status
+    stop = subprocess.run([*PHALANX, "service", "stop"], capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0, stop.stderr
+    assert sorted(int(line.split()[2].rstrip(":")) for line in stop.stdout.splitlines()) == sorted(
+        pids
+    )
+    wait_for(lambda: not any(alive(p) for p in pids), HANG, "the stopped services to end")
+    assert end_services(os.environ) == [] and service_pids(os.environ) == []
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
