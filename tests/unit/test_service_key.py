@@ -7,6 +7,7 @@ import resource
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,19 @@ def test_a_launch_under_nice_or_a_lower_hard_limit_gets_a_service_of_its_own() -
     lower = resource.getrlimit(resource.RLIMIT_CORE)[1]
     lower = 1024 if lower == resource.RLIM_INFINITY else max(0, lower - 1)
     assert run(lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, lower))) != key
+
+
+def test_what_a_service_cannot_give_a_job_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    own = job.collect()
+    name, number = "RLIMIT_CORE", resource.RLIMIT_CORE
+    hard = resource.getrlimit(number)[1]
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # without privilege
+    if hard != resource.RLIM_INFINITY:
+        higher = {**own.limits, name: (0, resource.RLIM_INFINITY)}
+        assert "hard RLIMIT_CORE" in str(job.refusal(replace(own, limits=higher)))
+    assert "nice value" in str(job.refusal(replace(own, nice=own.nice - 1)))
+    for hierarchy, path in own.cgroups.items():  # where this machine has cgroups
+        elsewhere = {**own.cgroups, hierarchy: f"{path}/no-such-cgroup"}
+        refused = str(job.refusal(replace(own, cgroups=elsewhere)))
+        assert "could not join the job's cgroups" in refused
+    assert job.refusal(own) is None
