@@ -1,4 +1,5 @@
-"""The warm service's key (which launches share a service) and its directory's checks."""
+"""The warm service's key (which launches share a service), its directory's checks, and what
+it refuses to give a job (the settings each worker takes from its own agent)."""
 
 from __future__ import annotations
 
