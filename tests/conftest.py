@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import sys
+import tempfile
 from collections.abc import Callable, Generator, Iterator
 
 import pytest
@@ -24,6 +27,7 @@ from support.hosts import Loopback, NamespaceHosts, Node
 from support.memcluster import Cluster
 from support.netns import NetNamespaces, unavailable_reason
 from support.order import start_order
+from support.services import end_services
 
 STRICT = os.environ.get("CI") == "true"
 
@@ -32,6 +36,20 @@ STRICT = os.environ.get("CI") == "true"
 # job (exit 143) into a preemption (exit 75). Tests that want a scheduler set it themselves.
 for _marker in ("SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST", "PET_PREEMPT_SIGNALS"):
     os.environ.pop(_marker, None)
+
+# A warm service (--keep-warm) outlives the launch that started it, by design. No test gets
+# one unless it asks (PET_KEEP_WARM from a developer's shell is dropped); those a session
+# starts live in a directory of its own, and are ended when it finishes (pytest_sessionfinish).
+os.environ.pop("PET_KEEP_WARM", None)
+SERVICE_RUNTIME = tempfile.mkdtemp(prefix="phalanx-test-runtime-")
+os.environ["XDG_RUNTIME_DIR"] = SERVICE_RUNTIME
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    killed = end_services(os.environ)
+    shutil.rmtree(SERVICE_RUNTIME, ignore_errors=True)
+    if killed:  # a service that did not end when asked: a bug, said where it cannot be missed
+        print(f"\nwarm services that had to be SIGKILLed: {killed}", file=sys.stderr)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -143,7 +143,7 @@ def test_version_help_and_near_misses(tmp_path: Path) -> None:
     assert version.returncode == 0 and version.stdout.startswith("phalanx ")
     helped = cli(["help"], tmp_path)
     assert helped.returncode == 0, helped.stderr
-    assert "phalanx {stacks,status,logs,stop,ls,clean,timeline,check,help} ..." in helped.stdout
+    assert "phalanx {stacks,status,logs,stop,ls,clean,timeline,check,service,help} ..." in helped.stdout
     assert cli(["help", "status"], tmp_path).stdout.startswith("usage: phalanx status")
     assert error_line(cli(["statu"], tmp_path)).startswith(
         "phalanx: error: 'statu' is neither a training script nor a subcommand; did you mean status?"

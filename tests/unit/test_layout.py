@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("status", "timeline"),
     ("report",),
     ("supervisor", "hang", "nodecheck", "stragglers"),
+    ("service",),  # the warm service (--keep-warm): its process, key, client
     ("tick",),  # one reading of the ranks' progress per tick, fed to the watchers above
     ("plan",),
     ("rendezvous",),

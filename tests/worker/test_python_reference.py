@@ -1,7 +1,8 @@
 """Differential: inside a worker nothing differs from ``python -u script.py``.
 
 One probe (``tests/workers/python_probe.py``) prints a JSON of everything a script can observe
-of how it was started; it runs as rank 0 of a 1-worker phalanx job, warm and ``--cold-start``,
+of how it was started; it runs as rank 0 of a 1-worker phalanx job, warm, forked by the warm
+service (``--keep-warm``: the second launch, the service already warm) and ``--cold-start``,
 and under plain ``python -u`` with the very environment that worker had. The JSONs must be
 equal but for the differences listed in ``DOCUMENTED``, each checked to be exactly that.
 """
@@ -20,9 +21,11 @@ from typing import Any
 import pytest
 
 from support.launch import run_phalanx, worker
+from support.services import end_services
 
-MODES = {"warm": [], "cold": ["--cold-start"]}
+MODES = {"warm": [], "service": ["--keep-warm", "600"], "cold": ["--cold-start"]}
 WARM_LINE = "warm start: workers fork from template pid"
+SERVICE_LINE = "warm service: workers fork from service pid"
 
 # What a phalanx worker shows that plain python does not, and why. Everything else is equal.
 DOCUMENTED = {
@@ -69,7 +72,7 @@ def check_documented(mode: str, ours: dict[str, Any], ref: dict[str, Any], rank_
     files = [p for p in extra.values() if not p.startswith("/memfd:")]
     assert [Path(p).name for p in files] == ["stacks.txt"]
     assert all(Path(p).parent.samefile(rank_dir) for p in files)
-    assert (ours["gc_frozen"], ref["gc_frozen"]) == (mode == "warm", False)
+    assert (ours["gc_frozen"], ref["gc_frozen"]) == (mode != "cold", False)
     if mode == "cold":
         assert ours["native_threads"] == ref["native_threads"]
     assert set(ours["env"]) == set(ref["env"])
@@ -85,9 +88,17 @@ def test_a_worker_observes_what_python_u_gives_it(tmp_path: Path, mode: str) -> 
     (tmp_path / script).symlink_to(real / "probe.py")
     args = ["--lr", "0.1", "a b", "it's"]
     env = {**os.environ, "OMP_NUM_THREADS": "2"}  # a user's setting, passed through to torch
-    result = run_phalanx([*MODES[mode], "--log-dir", "logs", script, *args], cwd=tmp_path, env=env)
+    command = [*MODES[mode], "--log-dir", "logs", script, *args]
+    try:
+        if mode == "service":  # the first launch starts the service; the second is measured
+            assert run_phalanx(command, cwd=tmp_path, env=env).returncode == 0
+        result = run_phalanx(command, cwd=tmp_path, env=env)
+    finally:
+        end_services(os.environ)
     assert result.returncode == 0, result.stderr
     assert (WARM_LINE in result.stderr) == (mode == "warm"), result.stderr
+    assert (f"{SERVICE_LINE}" in result.stderr) == (mode == "service"), result.stderr
+    assert mode != "service" or "already warm" in result.stderr
     ours = probe_output(result.stdout)
 
     # The reference: python -u in the same cwd, stdin from /dev/null, stdout and stderr pipes,

@@ -35,7 +35,8 @@ from phalanx.supervisor.group import Supervisor
 from phalanx.supervisor.guardian import Guardian, GuardianLost
 from phalanx.supervisor.process import exec_worker
 from phalanx.supervisor.signals import SignalWatcher
-from phalanx.supervisor.warm import Template, open_template
+from phalanx.supervisor.warm import Template
+from phalanx.supervisor.warmservice import open_warm
 
 log = logging.getLogger("phalanx")
 
@@ -201,8 +202,8 @@ class Agent:
             rendezvous: RendezvousHandler | None = None
             supervisor: Supervisor | None = None
             try:
-                # Warm start: one template per run, imported while the rendezvous runs
-                template = open_template(config.workers, self._base_env, run_dir)
+                # Warm start (a service or a template) imports while the rendezvous runs
+                template = open_warm(config.workers, self._base_env, run_dir)
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
                 supervisor = self._supervisor(

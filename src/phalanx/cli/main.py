@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from phalanx.agent import configure_logging
-from phalanx.cli import check, clean, logs, ls, preempt, stacks, status, stop, timeline
+from phalanx.cli import check, clean, logs, ls, preempt, service, stacks, status, stop, timeline
 from phalanx.cli.argv import expanded, parse_launch
 from phalanx.cli.parser import build_parser
 from phalanx.cli.usage import SUBCOMMAND_NAMES, did_you_mean
@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "ls": ls.main,
     "clean": clean.main,
     "check": check.main,
+    "service": service.main,
     "help": lambda args: help_command(args),
 }
 

@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from phalanx.cli.usage import DESCRIPTION, EPILOG, USAGE, HelpFormatter
+from phalanx.cli.usage import DESCRIPTION, EPILOG, KEEP_WARM_HELP, USAGE, HelpFormatter
 from phalanx.errors import UsageError
 from phalanx.version import __version__
 
@@ -218,9 +218,8 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     switch("dry-run", "Print the plan (ranks, argv, environment per worker) and exit.")
     switch(
         "cold-start",
-        "Start every worker as a new python process, as torchrun does. By default phalanx "
-        "imports torch once per node in a template process and forks the workers from it "
-        "(falling back to a cold start, with a message, if that fails).",
+        "Start every worker as a new python process, as torchrun does. By default phalanx imports "
+        "torch once per node in a template and forks the workers from it (else starts cold).",
     )
     option(
         "preload",
@@ -231,6 +230,7 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "torch.use_deterministic_algorithms imports torch._inductor.config there, about 1 s "
         "of every worker start and restart: preload it.",
     )
+    option("keep-warm", "0", KEEP_WARM_HELP, metavar="SECONDS")
     switch(
         "spawn-owner",
         "The script spawns its own workers (TRELLIS.2 style, torch.multiprocessing.spawn): start ONE "

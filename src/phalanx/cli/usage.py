@@ -11,6 +11,7 @@ from phalanx.parsing import did_you_mean
 __all__ = [
     "DESCRIPTION",
     "EPILOG",
+    "KEEP_WARM_HELP",
     "SUBCOMMAND_NAMES",
     "USAGE",
     "HelpFormatter",
@@ -19,8 +20,17 @@ __all__ = [
 
 # The subcommands (``cli.main`` maps each to its module); ``help`` prints this usage.
 SUBCOMMAND_NAMES = (
-    "stacks", "status", "logs", "stop", "ls", "clean", "timeline", "check", "help",
+    "stacks", "status", "logs", "stop", "ls", "clean", "timeline", "check", "service", "help",
 )  # fmt: skip
+
+KEEP_WARM_HELP = (
+    "Seconds to keep a warm service after the job (default 0: off). The first launch leaves a "
+    "process of this user with torch and the --preload modules imported; the next launch with "
+    "the same python, installed packages, preload list and import-time environment forks its "
+    "workers from it instead of importing torch again. The script and its modules are always "
+    "imported fresh; --cold-start and --no-python launches do not use it. See and stop: "
+    "phalanx service status|stop."
+)
 
 USAGE = f"""\
 phalanx [options] training_script [script args ...]

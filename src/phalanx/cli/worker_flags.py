@@ -60,6 +60,9 @@ def worker_flags(
         start_method=str(ns.start_method),
         warm_start=not ns.cold_start,
         preload=preload,
+        keep_warm=p.parse(
+            lambda: parsing.parse_float(str(ns.keep_warm), "--keep-warm", minimum=0), 0.0
+        ),
         spawn_owner=bool(ns.spawn_owner),
         spawn_owner_flags=owner_flags,
     )

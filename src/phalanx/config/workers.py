@@ -29,6 +29,9 @@ class WorkersConfig:
     # False (--cold-start) execs every worker. --no-python programs are always exec'd.
     warm_start: bool = True
     preload: tuple[str, ...] = ()  # modules the template imports besides torch (--preload)
+    # Seconds the user's warm service stays after its last job (--keep-warm); 0: a per-run
+    # template (phalanx.supervisor.warmservice).
+    keep_warm: float = 0.0
     # One process per node that spawns its own workers (TRELLIS.2 style); phalanx appends
     # its node facts as flags, named by ``spawn_owner_flags`` (fact -> flag).
     spawn_owner: bool = False

@@ -98,7 +98,11 @@ class Template:
     """The agent's handle on the template process; ``launch`` is a supervisor ``Launch``."""
 
     def __init__(
-        self, proc: subprocess.Popen[bytes], sock: socket.socket, log_file: BinaryIO, log_path: Path
+        self,
+        proc: subprocess.Popen[bytes] | None,
+        sock: socket.socket,
+        log_file: BinaryIO | None,
+        log_path: Path,
     ) -> None:
         self._proc = proc
         self._sock = sock
@@ -134,23 +138,29 @@ class Template:
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self._proc.pid if self._proc is not None else 0
 
     def launch(self, worker: WorkerPlan) -> RunningWorker:
         cwd = os.getcwd()
         request = fork_request(worker, cwd)
-        if request is None or not self._ready():
+        if request is None:
             return exec_worker(worker)
+        if not self._ready():
+            return self._instead(worker)
         try:
             return self._fork(request)
         except OSError as exc:
             if exc.errno in LIMIT_ERRNOS:  # a cold start would hit the same limit
                 raise
             self._give_up(f"forking rank {worker.global_rank} failed: {exc}")
-            return exec_worker(worker)
+            return self._instead(worker)
         except ProtocolError as exc:
             self._give_up(f"forking rank {worker.global_rank} failed: {exc}")
-            return exec_worker(worker)
+            return self._instead(worker)
+
+    def _instead(self, worker: WorkerPlan) -> RunningWorker:
+        """How a worker starts once this template is given up: cold."""
+        return exec_worker(worker)
 
     def _ready(self) -> bool:
         if self._state == "starting":
@@ -160,15 +170,21 @@ class Template:
                 self._give_up(str(exc))
             else:
                 if "failed" in message:
-                    self._give_up(f"the template could not import: {message['failed']}")
+                    self._give_up(self._failed(str(message["failed"])))
                 else:
                     self._state = "ready"
-                    log.info(
-                        "warm start: workers fork from template pid %d (imports took %.1f s)",
-                        self.pid,
-                        message.get("seconds", 0.0),
-                    )
+                    self._on_ready(message)
         return self._state == "ready"
+
+    def _failed(self, why: str) -> str:
+        return f"the template could not import: {why}"
+
+    def _on_ready(self, message: dict[str, Any]) -> None:
+        log.info(
+            "warm start: workers fork from template pid %d (imports took %.1f s)",
+            self.pid,
+            message.get("seconds", 0.0),
+        )
 
     def _fork(self, request: ForkRequest) -> WarmWorker:
         out_r, out_w = os.pipe()
@@ -226,6 +242,8 @@ class Template:
                 os.close(fd)
 
     def _describe_exit(self) -> str:
+        if self._proc is None:
+            return "it closed the connection"
         try:
             code = self._proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
@@ -245,11 +263,13 @@ class Template:
         """Stop the template at once: it holds nothing but memory its workers shared."""
         with contextlib.suppress(OSError):
             self._sock.close()
-        with contextlib.suppress(ProcessLookupError):
-            self._proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(timeout=5)  # bounded: a process stuck in the kernel cannot be reaped
-        self._log.close()
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)  # bounded: one stuck in the kernel cannot be reaped
+        if self._log is not None:
+            self._log.close()
 
 
 def open_template(

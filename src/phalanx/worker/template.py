@@ -92,6 +92,26 @@ def _thread_name(tid: str) -> str:
         return tid  # it ended meanwhile
 
 
+def fork_blocked(mask: set[int]) -> int:
+    """``os.fork()`` with the stop signals blocked in the child (``mask`` back in the parent).
+
+    Blocked, not ignored: a stop signal sent to the child before ``become`` has restored its
+    dispositions (the agent's, the moment it has the pid) is kept pending and delivered when
+    ``become`` unblocks it."""
+    # What the gc docs advise for fork servers: the worker's collections then never scan
+    # (and so never copy) the inherited heap, and ``leave`` can tell the worker's own
+    # objects from the template's.
+    gc.freeze()
+    pid = -1
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0:  # the template (or a failed fork): its own mask back
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return pid
+
+
 class Server:
     """The request loop: fork on request, reap on exit. ``serve`` returns only in a child."""
 
@@ -105,7 +125,7 @@ class Server:
             for sig in signal.valid_signals()
             if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) is not None
         }
-        self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        self._mask: set[int] = set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
 
     def serve(self) -> ForkRequest | None:
         """Serve until the agent closes the socket (then None); a forked child gets its request."""
@@ -134,20 +154,7 @@ class Server:
             request = ForkRequest.from_json(message["fork"])  # type: ignore[arg-type]
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
-            # What the gc docs advise for fork servers: the worker's collections then never
-            # scan (and so never copy) the inherited heap, and ``leave`` can tell the
-            # worker's own objects from the template's.
-            gc.freeze()
-            # Blocked, not ignored: a stop signal sent to the child before ``become`` has
-            # restored its dispositions (the agent's, the moment it has the pid) is kept
-            # pending and delivered when ``become`` unblocks it.
-            pid = -1
-            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-            try:
-                pid = os.fork()
-            finally:
-                if pid != 0:  # the template (or a failed fork): its own mask back
-                    signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+            pid = fork_blocked(self._mask)
         except (ProtocolError, KeyError, TypeError, AttributeError, OSError) as exc:
             for fd in fds:
                 os.close(fd)
