@@ -234,6 +234,25 @@ def test_two_hundred_clients_connected_and_waiting_are_all_served() -> None:
         host.close()
 
 
+def test_many_keys_are_read_in_one_round_trip_in_order(hosted: AgentKVStore) -> None:
+    """``get_many`` sends every request at once and reads the replies in order: a thousand
+    keys (a round's arrivals), absent ones as None, values past one receive's size, and the
+    connection serves the next call as before."""
+    keys = [f"r1/node/{i}" for i in range(1, 1001)]
+    for i, key in enumerate(keys):
+        if i % 7:
+            hosted.set(key, f"arrival {i} ".encode() * (100 if i == 500 else 1))
+    other = _client(hosted.port)
+    try:
+        found = other.get_many([*keys, "master"])
+        assert found == [hosted.get(key) for key in keys] + [b"10.0.0.1:1234"]
+        assert found[0] is None and found[500] == b"arrival 500 " * 100
+        assert other.get_many([]) == [] and other.add("served", 1) == 1
+    finally:
+        other.close()
+    hosted.delete("served")
+
+
 def _frames(data: bytes) -> list[list[bytes]]:
     buffer = bytearray(data)
     return [wire.decode(payload) for payload in wire.split_frames(buffer, wire.MAX_FRAME)]

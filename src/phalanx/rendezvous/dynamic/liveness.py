@@ -3,9 +3,12 @@
 It does every periodic store operation, so ``poll()`` never touches the network:
 
 - it waits on the store for the next entry of the round's event log (a ``wait`` on its
-  key, at most ``event_interval``, a quarter heartbeat, at a time: the agent store parks the
-  wait and wakes it when the entry is written; on etcd, where a wait costs a read and a
-  watch stream, it reads the entry every ``event_interval`` instead), so a peer's failure
+  key: the agent store parks the wait and wakes it when the entry is written, so the wait
+  lasts until the thread's next heartbeat duties, one call a heartbeat interval while
+  nothing happens; from ``announce`` until ``follow``, while the node joins a round, a
+  quarter interval, ``event_interval``, at a time, so that the new round's events are
+  waited for soon after it forms; on etcd, where a wait costs a read and a watch stream,
+  it reads the entry every ``event_interval`` instead), so a peer's failure
   reaches ``poll()`` as soon as it is posted, and ``on_event`` is rung so the agent polls at
   once rather than at its next tick. It
   reads ahead only while the agent has consumed what was read (an agent restarts on the
@@ -112,6 +115,7 @@ class Liveness:
         # (view, index): the last wait found that entry absent; the next read of it is skipped
         # (the next wait is woken by it instead), so a quiet round costs one call per pause.
         self._absent: tuple[_View, int] | None = None
+        self._joining = False  # from ``announce`` to ``follow``: short event waits
 
     def _beater_for(self, bound: float) -> Beater:
         # Counters: while a beat waits for its answer the next goes out beside it, so that
@@ -136,6 +140,7 @@ class Liveness:
             self._pulse.follow()
             self._ring_watch.follow()
             self._next_beat = 0.0
+            self._joining = False
 
     def start(self) -> None:
         """Start the thread (once; later calls do nothing). Until the first ``follow`` it
@@ -149,7 +154,11 @@ class Liveness:
             self._beater.start(f"phalanx-beat-{self._b.node_id[:8]}")
 
     def announce(self) -> None:
-        """Show this node as alive before it joins a round (a leased key, on etcd)."""
+        """Show this node as alive before it joins a round (a leased key, on etcd); until
+        ``follow`` the thread's event waits are short (the round it will follow is not
+        known yet)."""
+        with self._lock:
+            self._joining = True
         self._pulse.announce()
 
     def stop_beating(self) -> None:
@@ -274,6 +283,8 @@ class Liveness:
             return False  # etcd: a wait is a read and a watch stream; a plain read is cheaper
         with self._lock:
             view, queued, index = self._view, bool(self._events), self._next_event
+            if not self._joining:  # a write wakes the wait: it may last until the next beat
+                seconds = max(seconds, self._next_beat - self._clock())
         if view is None or queued:
             return False  # joining, or the agent has not taken what was read: no read ahead
         try:

@@ -129,6 +129,17 @@ class AgentKVStore:
         reply = self._call([wire.GET, _key(key)], f"get {key!r}")
         return self._value(reply, 1, f"get {key!r}")
 
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Every key's value in one round trip: the requests go out together and the server
+        answers a connection's requests in order."""
+        request = f"get of {len(keys)} keys"
+        frames = b"".join(wire.encode([wire.GET, _key(key)]) for key in keys)
+        replies = self._exchange(frames, len(keys), request) if keys else []
+        return [
+            self._value(self._checked(reply, request), 1, f"get {key!r}")
+            for key, reply in zip(keys, replies, strict=True)
+        ]
+
     def set(self, key: str, value: bytes) -> None:
         if not value:
             raise ValueError(
@@ -198,7 +209,7 @@ class AgentKVStore:
         request = _HANDSHAKE
         if say_waiting:
             self._await_greeting(sock)
-        hello = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
+        (hello,) = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
         if len(hello) != 2 or hello[0] != auth.GREETING or len(hello[1]) != auth.NONCE_BYTES:
             raise MalformedReply(self.where, request, "it is not a phalanx rendezvous store")
         server_nonce, client_nonce = hello[1], auth.new_nonce()
@@ -209,7 +220,7 @@ class AgentKVStore:
             raise StoreTimedOut(f"{self.where} did not take {request} in time") from None
         except OSError as exc:
             raise StoreUnavailable(f"{self.where}: {request}: {_why(exc)}") from None
-        answer = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
+        (answer,) = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
         if answer[:1] == [wire.ERROR]:
             raise TokenRefused(
                 f"{self.where} refused this node: the two do not share the job's rendezvous "
@@ -271,15 +282,26 @@ class AgentKVStore:
     def _call(
         self, fields: Sequence[bytes], request: str, *, key: str | None = None, extra: float = 0.0
     ) -> list[bytes]:
+        (reply,) = self._exchange(wire.encode(fields), 1, request, extra)
+        return self._checked(reply, request, key)
+
+    def _exchange(
+        self, frames: bytes, count: int, request: str, extra: float = 0.0
+    ) -> list[list[bytes]]:
+        """Send ``frames`` (``count`` requests) on one connection; their replies, in order."""
         line = self._take()
         try:
             line.bound(self._read_timeout + extra)
-            self._send(line, fields, request)
-            reply = self._receive(line, request, wire.MAX_FRAME)
+            self._send(line, frames, request)
+            replies = self._receive(line, request, wire.MAX_FRAME, count)
         except BaseException:
             line.close()
             raise
         self._release(line)
+        return replies
+
+    def _checked(self, reply: list[bytes], request: str, key: str | None = None) -> list[bytes]:
+        """``reply`` if it is ``OK``; else the error it carries, raised."""
         if reply[:1] == [wire.ERROR]:
             why = reply[1][:200].decode("utf-8", "replace") if len(reply) > 1 else "no reason"
             if key is not None and why == "not an integer":
@@ -289,20 +311,23 @@ class AgentKVStore:
             raise MalformedReply(self.where, request, "neither ok nor error")
         return reply
 
-    def _send(self, line: Line, fields: Sequence[bytes], request: str) -> None:
+    def _send(self, line: Line, frames: bytes, request: str) -> None:
         try:
-            line.send(wire.encode(fields))
+            line.send(frames)
         except TimeoutError:
             raise StoreTimedOut(f"{self.where} did not take {request} in time") from None
         except OSError as exc:
             raise StoreUnavailable(f"{self.where}: {request}: {_why(exc)}") from None
 
-    def _receive(self, on: Line | socket.socket, request: str, limit: int) -> list[bytes]:
-        """The next reply on a connection (a ``Line``; a bare socket during the handshake)."""
+    def _receive(
+        self, on: Line | socket.socket, request: str, limit: int, count: int = 1
+    ) -> list[list[bytes]]:
+        """The next ``count`` replies on a connection (a ``Line``; a bare socket, one reply,
+        during the handshake)."""
         try:
             if isinstance(on, Line):
-                return on.receive(limit)
-            return wire.decode(read_frame(on, limit))
+                return on.receive(limit, count)
+            return [wire.decode(read_frame(on, limit))]
         except wire.FrameError as exc:
             raise MalformedReply(self.where, request, str(exc)) from None
         except TimeoutError:

@@ -49,11 +49,13 @@ class Line:
         except BlockingIOError:
             raise TimeoutError from None
 
-    def receive(self, limit: int) -> list[bytes]:
-        """The fields of the next reply (``wire.FrameError`` for junk; ``TimeoutError``,
-        ``OSError`` from the socket)."""
+    def receive(self, limit: int, count: int = 1) -> list[list[bytes]]:
+        """The fields of the next ``count`` replies (``wire.FrameError`` for junk;
+        ``TimeoutError``, ``OSError`` from the socket)."""
         try:
-            return wire.decode(read_frame(self.sock, limit))
+            if count == 1:
+                return [wire.decode(read_frame(self.sock, limit))]
+            return [wire.decode(payload) for payload in _read_frames(self.sock, limit, count)]
         except BlockingIOError:
             raise TimeoutError from None
 
@@ -77,6 +79,19 @@ def read_frame(sock: socket.socket, limit: int) -> bytes:
     while len(rest) < end:
         rest += _recv(sock, end - len(rest))
     return bytes(rest[wire.HEADER :])
+
+
+def _read_frames(sock: socket.socket, limit: int, count: int) -> list[bytes]:
+    """The payloads of the next ``count`` frames (the replies to as many requests sent
+    together, which the server answers in order); bytes past them are junk."""
+    buffer = bytearray()
+    payloads: list[bytes] = []
+    while len(payloads) < count:
+        buffer += _recv(sock, _FIRST_READ)
+        payloads += wire.split_frames(buffer, limit)
+    if len(payloads) > count or buffer:
+        raise wire.FrameError("bytes past the end of the replies")
+    return payloads
 
 
 def _recv(sock: socket.socket, size: int) -> bytes:
