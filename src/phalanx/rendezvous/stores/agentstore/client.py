@@ -132,7 +132,7 @@ class AgentKVStore:
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         """Every key's value in one round trip: the requests go out together and the server
         answers a connection's requests in order."""
-        request = f"get of {len(keys)} keys"
+        request = f"get {len(keys)} keys"
         frames = b"".join(wire.encode([wire.GET, _key(key)]) for key in keys)
         replies = self._exchange(frames, len(keys), request) if keys else []
         return [
