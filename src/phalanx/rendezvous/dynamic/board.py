@@ -92,6 +92,14 @@ class Board:
             return self.store.get_many(keys)
         return [self.store.get(key) for key in keys]
 
+    def counters(self, keys: list[str]) -> list[int]:
+        """The integers at ``keys`` (absent: 0) by plain reads, as ``counter``: one round
+        trip on a ``BatchedStore``."""
+        return [
+            0 if data is None else _integer(k, data)
+            for k, data in zip(keys, self.get_many(keys), strict=True)
+        ]
+
     def read_int(self, key: str) -> int:
         return self.store.add(key, 0)
 

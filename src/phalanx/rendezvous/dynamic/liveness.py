@@ -20,8 +20,10 @@ It does every periodic store operation, so ``poll()`` never touches the network:
   requests the round has had (``phalanx stacks`` on any node), for ``stack_requests()``:
   one ``get`` per heartbeat rather than per event check, since a person waits for that
   answer, not a restart; and likewise how many status requests (``phalanx status``), for
-  ``status_requests()``: one more ``get``; and how many agents wait for the next round
-  (spares, ``phalanx status``), for ``spares()``: one more plain read.
+  ``status_requests()``; and how many agents wait for the next round (spares, ``phalanx
+  status``), for ``spares()``. These three and the event counter (for a hole in the log,
+  ``_skip_hole``) are plain reads made together: one round trip on the agent store
+  (``BatchedStore``), four reads elsewhere.
 
 The thread keeps watching the previous round while the agent is in ``next_round`` (that
 is how members that died during a restart are found and the restart stops waiting for
@@ -313,14 +315,16 @@ class Liveness:
         if now < self._next_beat:
             return
         self._next_beat = now + self._s.heartbeat_interval
-        if view is not None:
-            self._skip_hole(view)
         if view is None:
             return  # joining: nobody to judge yet
+        r, keys = view.membership.round, self._b.keys
+        # The round's counters, in one round trip where the store can (``BatchedStore``).
+        events, requests, statuses, spares = self._b.counters(
+            [keys.round(r, "events"), keys.round(r, "stack_requests"),
+             keys.round(r, "status_requests"), keys.round(r + 1, "waiting")]
+        )  # fmt: skip
+        self._skip_hole(view, events)
         self._ring_watch.tell_untold(view.membership)  # a post that failed on an earlier tick
-        requests = self._b.answers.stack_requests(view.membership.round)
-        statuses = self._b.answers.status_requests(view.membership.round)
-        spares = self._b.counter(self._b.keys.round(view.membership.round + 1, "waiting"))
         with self._lock:
             if self._view is view:  # not the previous round's count after a switch
                 self._stack_requests = max(self._stack_requests, requests)
@@ -348,20 +352,21 @@ class Liveness:
                 self._events.append(found[1])
             self._ring()
 
-    def _skip_hole(self, view: _View) -> None:
-        """Step over an entry whose writer died between taking its slot and writing it.
+    def _skip_hole(self, view: _View, taken_up_to: int) -> None:
+        """Step over an entry whose writer died between taking its slot and writing it
+        (``taken_up_to``: the event counter, just read).
 
         The clock starts when the counter first shows the slot taken, not when this reader
         began waiting for it, and the entry is read once more just before it is skipped: a
         writer that takes the slot right after the reader last looked has ``heartbeat_timeout``
         to write it, and an entry written at the last moment is delivered, never skipped.
-        (Checked once per heartbeat interval: the counter read is the only cost.)
+        (Checked once per heartbeat interval: the counter's read is the only cost.)
         """
         with self._lock:
             if self._view is not view or self._events:
                 return  # the reader is not waiting at a hole while an event is queued
             index, hole = self._next_event, self._hole
-        taken = self._b.event_count(view.membership.round) >= index
+        taken = taken_up_to >= index
         now = self._clock()
         with self._lock:
             if self._view is not view or self._next_event != index:
