@@ -7,18 +7,19 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import ClassVar
 
 import pytest
 
 from phalanx.errors import RendezvousError
-from phalanx.rendezvous.api import EventKind
-from phalanx.rendezvous.dynamic.board import LEFT, Board
+from phalanx.rendezvous.api import EventKind, NodeInfo
+from phalanx.rendezvous.dynamic.board import LEFT, Board, parsed
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.keys import Keys
-from phalanx.rendezvous.dynamic.members import Arrival
+from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
+from phalanx.rendezvous.stores.base import MalformedValue
 from support.launch import wait_for
 from support.memcluster import (
     FAST,
@@ -367,3 +368,19 @@ def test_a_full_restart_round_is_closed_once_by_its_last_arrival() -> None:
         again = [f.result(WAIT) for f in early] + [last]
     assert {m.round for m, _, _ in again} == {1}
     assert _SlowClose.proposals == [keys.round(1, "closed")]
+
+
+def test_a_membership_is_written_as_lists_and_read_in_both_forms() -> None:
+    """Every node reads the membership each round: it is stored as a list per field (half
+    the bytes of an object per node at 1,024 nodes); the object form is still read, and
+    lists of different lengths are a malformed value, not a shorter membership."""
+    nodes = tuple(NodeInfo(rank, f"host{rank}", f"10.0.0.{rank}", 8) for rank in range(3))
+    members = Membership(2, 1, ("a", "b", "c"), nodes, ({"code": "x"}, {}, {}))
+    body = members.to_json()
+    assert body["hostnames"] == ["host0", "host1", "host2"] and "nodes" not in body
+    assert Membership.from_json(body) == members
+    objects = {k: v for k, v in body.items() if k not in ("ranks", "hostnames", "addrs")}
+    objects["nodes"] = [asdict(node) for node in nodes]
+    assert Membership.from_json(objects) == members
+    with pytest.raises(MalformedValue, match="differ in length"):
+        parsed("members", {**body, "addrs": ["10.0.0.0"]}, Membership.from_json)
