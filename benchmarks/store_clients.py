@@ -4,9 +4,11 @@ A driver holds ``--count`` real connections to the store, one rendezvous agent's
 each, and puts on them the load that agents put on the store, by running phalanx's own code
 on them rather than a model of it: ``RoundFormer.form`` (the join algorithm: joins,
 compare-and-sets, waits) in one thread per client for a round, and ``Liveness`` (the
-heartbeat thread: event-log reads every quarter second, a heartbeat write, the event counter,
-the ring watch and the stacks-request count every second) for the steady state. Every store
-call but ``wait`` (which blocks by design) is timed. The parent steers the phases by lines on
+heartbeat and watch threads: the wait for the next event, the heartbeat write, the round's
+counters and the ring watch's read, about once a second each on the agent store, where
+they run on twins as in a real agent; the event read every quarter second elsewhere) for the
+steady state and beside the restart round. Every store call but ``wait`` (which blocks by
+design) is timed; a ``get_many`` is one call. The parent steers the phases by lines on
 stdin and gets one JSON line back per phase.
 """
 
