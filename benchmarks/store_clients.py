@@ -4,9 +4,11 @@ A driver holds ``--count`` real connections to the store, one rendezvous agent's
 each, and puts on them the load that agents put on the store, by running phalanx's own code
 on them rather than a model of it: ``RoundFormer.form`` (the join algorithm: joins,
 compare-and-sets, waits) in one thread per client for a round, and ``Liveness`` (the
-heartbeat thread: event-log reads every quarter second, a heartbeat write, the event counter,
-the ring watch and the stacks-request count every second) for the steady state. Every store
-call but ``wait`` (which blocks by design) is timed. The parent steers the phases by lines on
+heartbeat and watch threads: the wait for the next event, the heartbeat write, the round's
+counters and the ring watch's read, about once a second each on the agent store, where
+they run on twins as in a real agent; the event read every quarter second elsewhere) for the
+steady state and beside the restart round. Every store call but ``wait`` (which blocks by
+design) is timed; a ``get_many`` is one call. The parent steers the phases by lines on
 stdin and gets one JSON line back per phase.
 """
 
@@ -42,6 +44,13 @@ from phalanx.rendezvous.stores.tcp import TcpKVStore
 HOST = "127.0.0.1"
 SETTINGS = RendezvousSettings(join_timeout=120.0, close_timeout=60.0)
 CONNECTING = 64  # connections a driver opens at once
+# How long a driver's thread may hold the interpreter lock while others want it. A driver
+# holds a hundred agents' threads in one interpreter (a real agent has a handful); at the
+# default 5 ms every thread that waits for the lock wakes 200 times a second to ask for it,
+# and with hundreds waiting those wake-ups took more CPU than the agents (a restart round
+# of 512 agents took 21 s instead of 1.4 s). An agent's threads mostly wait on sockets and
+# let go of the lock there, so this changes the driver's overhead, not the agents' calls.
+SWITCH_INTERVAL = 0.2
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,27 @@ class Timed:
         self.inner.close()
 
 
+class TimedAgentStore(Timed):
+    """A ``Timed`` agent store handle, with what the rendezvous finds on one: ``twin``, so
+    that ``Liveness`` runs as in a real agent (its watch and heartbeat threads on handles of
+    their own, the watch's wait for the next event parked on the server), and ``get_many``
+    (the arrivals read in one round trip: one call, one latency)."""
+
+    inner: AgentKVStore
+
+    def twin(self, read_timeout: float) -> KVStore:
+        return TimedAgentStore(self.inner.twin(read_timeout), self._record)
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        return self._timed("get_many", lambda: self.inner.get_many(keys))  # type: ignore[no-any-return]
+
+
+def timed(store: KVStore, record: Callable[[str, float], None]) -> Timed:
+    if isinstance(store, AgentKVStore):
+        return TimedAgentStore(store, record)
+    return Timed(store, record)
+
+
 class Driver:
     """``count`` agents of a job of ``total``; agent ``first + i`` is this driver's i-th."""
 
@@ -145,7 +175,7 @@ class Driver:
         # In parallel: one TCPStore connect in about 30 takes 5 s here (torch's client retries).
         with ThreadPoolExecutor(max_workers=CONNECTING) as pool:
             connected = list(pool.map(lambda _: kind.connect(port), range(count)))
-        self.stores = [Timed(store, self._record) for store in connected]
+        self.stores = [timed(store, self._record) for store in connected]
         keys = Keys(run_id)
         self.agents = []
         for i, store in enumerate(self.stores):
@@ -164,7 +194,8 @@ class Driver:
 
     def form_round(self) -> None:
         """Every agent joins the next round at once (rejoining, after the first), as
-        ``next_round`` does, while the heartbeat threads (if started) go on."""
+        ``next_round`` does, while the heartbeat threads (if started) go on: each agent's
+        ``Liveness`` hears of the join (``announce``) and then follows the new round."""
         errors: list[BaseException] = []
 
         def join(i: int) -> None:
@@ -172,11 +203,16 @@ class Driver:
             board, arrival = self.agents[i]
             former = RoundFormer(board, SETTINGS, self.total, self.total)
             prior = self.memberships[i]
+            liveness = self.liveness[i] if self.liveness else None
             try:
+                if liveness is not None:
+                    liveness.announce()
                 membership, rank, _ = former.form(
                     arrival, prior[0] if prior else None, prior[1] if prior else None
                 )
                 self.memberships[i] = (membership, rank)
+                if liveness is not None:
+                    liveness.follow(membership, rank)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -215,6 +251,7 @@ def drive(kind: str, port: int, run_id: str, first: int, count: int, total: int)
     """The driver's side of the line protocol (see ``store_load.Children``)."""
     raise_fd_limit()
     threading.stack_size(512 * 1024)  # hundreds of threads; they need little stack
+    sys.setswitchinterval(SWITCH_INTERVAL)
     driver = Driver(STORES[kind], port, run_id, first, count, total)
     print("ready", flush=True)
     for line in sys.stdin:

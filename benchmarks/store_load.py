@@ -3,8 +3,9 @@
 ``--clients`` agents (1,024 by default), each one real socket connection to the store, put on
 it the load that phalanx's rendezvous puts on it, by running phalanx's own rendezvous code
 (see ``store_clients.py``): every agent joins a first round at once, then the heartbeat
-threads run for ``--seconds`` (the steady state while workers train: about 8 store calls per
-agent per second, each agent's ticks at its own point of the second), then every agent
+threads run for ``--seconds`` (the steady state while workers train: about 4 store calls per
+agent per second on the agent store, 10 on TCPStore, each agent's ticks at its own point of
+the second), then every agent
 rejoins a restart round with its heartbeats still on.
 Each store in ``store_clients.STORES`` gets the same load in the same run, one after the
 other; for each phase it prints the store calls per second, the calls per agent, and the
@@ -12,9 +13,11 @@ latency of one call (p50, p99, max; ``wait`` is counted but not timed, since it 
 until its keys exist), with the CPU the server and the drivers used.
 
 The store's server runs in a process of its own; the clients are spread over ``--drivers``
-processes, one thread per client (and one more per client for its heartbeat, as in an
-agent). The drivers' CPU is printed so that one can tell whether they, and not the store,
-were the limit: compare with a run at ``--clients 256``. ``--quick`` is a smoke run.
+processes, one thread per client (and the heartbeat's threads, as in an agent; the drivers
+switch threads every 0.2 s at most, see ``store_clients.SWITCH_INTERVAL``). The drivers' CPU
+is printed so that one can tell whether they, and not the store, were the limit: compare
+with a run at ``--clients 256``, or with more ``--drivers`` (32 held 1,024 agents better
+than 16 here). ``--quick`` is a smoke run.
 """
 
 from __future__ import annotations

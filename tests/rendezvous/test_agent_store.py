@@ -16,9 +16,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
+from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
+from phalanx.rendezvous.dynamic.board import Board
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.liveness import Liveness
+from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.agentstore import (
     AgentKVStore,
     StoreServer,
@@ -234,6 +241,25 @@ def test_two_hundred_clients_connected_and_waiting_are_all_served() -> None:
         host.close()
 
 
+def test_many_keys_are_read_in_one_round_trip_in_order(hosted: AgentKVStore) -> None:
+    """``get_many`` sends every request at once and reads the replies in order: a thousand
+    keys (a round's arrivals), absent ones as None, values past one receive's size, and the
+    connection serves the next call as before."""
+    keys = [f"r1/node/{i}" for i in range(1, 1001)]
+    for i, key in enumerate(keys):
+        if i % 7:
+            hosted.set(key, f"arrival {i} ".encode() * (100 if i == 500 else 1))
+    other = _client(hosted.port)
+    try:
+        found = other.get_many([*keys, "master"])
+        assert found == [hosted.get(key) for key in keys] + [b"10.0.0.1:1234"]
+        assert found[0] is None and found[500] == b"arrival 500 " * 100
+        assert other.get_many([]) == [] and other.add("served", 1) == 1
+    finally:
+        other.close()
+    hosted.delete("served")
+
+
 def _frames(data: bytes) -> list[list[bytes]]:
     buffer = bytearray(data)
     return [wire.decode(payload) for payload in wire.split_frames(buffer, wire.MAX_FRAME)]
@@ -352,3 +378,44 @@ def wait_for_refusal(port: int) -> None:
         return False
 
     wait_for(refused, HANG, "the draining store to refuse connections", every=0.02)
+
+
+class _CountedWaits(AgentKVStore):
+    """An agent store handle whose twins (the watch and heartbeat threads') count waits."""
+
+    waits: ClassVar[list[float]] = []
+
+    def twin(self, read_timeout: float) -> AgentKVStore:
+        twin = _CountedWaits(*self._address, self._token, read_timeout=read_timeout)
+        return twin
+
+    def wait(self, keys: list[str], timeout: float) -> bool:
+        _CountedWaits.waits.append(timeout)
+        return super().wait(keys, timeout)
+
+
+def test_the_watch_waits_for_the_next_event_a_heartbeat_at_a_time_and_is_woken_by_it(
+    hosted: AgentKVStore,
+) -> None:
+    """While nothing happens the watch thread's wait for the next event is parked on the
+    server until its next heartbeat duties: about one wait a heartbeat interval, not four
+    (load only makes fewer); a peer's event posted meanwhile still wakes it at once."""
+    settings = RendezvousSettings(heartbeat_interval=0.4, heartbeat_timeout=4.0)
+    keys = Keys("watch")
+    store = _CountedWaits("127.0.0.1", hosted.port, TOKEN, read_timeout=5)
+    members = Membership(0, 0, ("a", "b"), (NodeInfo(0, "a", "x", 1), NodeInfo(1, "b", "y", 1)))
+    liveness = Liveness(Board(store, keys, "a"), settings)
+    liveness.follow(members, 0)
+    _CountedWaits.waits.clear()
+    liveness.start()
+    try:
+        start = time.monotonic()
+        time.sleep(2.0)
+        intervals = (time.monotonic() - start) / settings.heartbeat_interval
+        assert 0 < len(_CountedWaits.waits) <= intervals + 2, _CountedWaits.waits
+        event = JobEvent(EventKind.PEER_FAILED, 1, "rank 1 failed", {"rank": 1})
+        Board(hosted, keys, "b").post_event(0, event, about="b")
+        wait_for(lambda: liveness.next_event() is not None, HANG, "the event read")
+    finally:
+        liveness.stop()
+        store.close()

@@ -6,15 +6,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+from typing import ClassVar
 
 import pytest
 
 from phalanx.errors import RendezvousError
-from phalanx.rendezvous.api import EventKind
-from phalanx.rendezvous.dynamic.board import LEFT, Board
+from phalanx.rendezvous.api import EventKind, NodeInfo
+from phalanx.rendezvous.dynamic.board import LEFT, Board, parsed
+from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
+from phalanx.rendezvous.stores.base import MalformedValue
 from support.launch import wait_for
 from support.memcluster import (
     FAST,
@@ -327,3 +332,55 @@ def test_a_queued_node_is_live_until_its_heartbeat_is_heartbeat_timeout_old() ->
     assert queue.live(1, 3) == 1  # s1 and the hole are lost
     board.store.set(board.keys.heartbeat("s2"), LEFT)
     assert queue.live(1, 3) == 0
+
+
+class _SlowClose(MemoryStore):
+    """A handle whose proposals to close a round take a while (as under load): whoever is
+    woken meanwhile finds the round undecided."""
+
+    proposals: ClassVar[list[str]] = []
+
+    def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes
+    ) -> tuple[bool, bytes | None]:
+        if key.endswith("/closed"):
+            self.proposals.append(key)
+            time.sleep(0.3)
+        return super().compare_set(key, expected, desired)
+
+
+def test_a_full_restart_round_is_closed_once_by_its_last_arrival() -> None:
+    """The MAX-th arrival of a restart round closes it before it settles its place in the
+    round before: its settle is the last and wakes every member that rejoined, which would
+    each propose the close themselves if they found the round undecided."""
+    server = MemoryServer()
+    keys = Keys("job")
+    boards = [Board(_SlowClose(server), keys, f"node-{i}") for i in range(3)]
+    formers = [RoundFormer(b, FAST, 3, 3) for b in boards]
+    arrivals = [Arrival(b.node_id, f"host{i}", "127.0.0.1", 1) for i, b in enumerate(boards)]
+    with ThreadPoolExecutor(3) as pool:
+        first = list(pool.map(lambda i: formers[i].form(arrivals[i], None, None), range(3)))
+        _SlowClose.proposals.clear()
+        # Two rejoin and wait for the round before to settle; then the third, the MAX-th.
+        early = [pool.submit(formers[i].form, arrivals[i], *first[i][:2]) for i in (0, 1)]
+        wait_for(lambda: server.data.get(keys.round(1, "joined")) == b"2", WAIT, "two rejoined")
+        last = formers[2].form(arrivals[2], *first[2][:2])
+        again = [f.result(WAIT) for f in early] + [last]
+    assert {m.round for m, _, _ in again} == {1}
+    assert _SlowClose.proposals == [keys.round(1, "closed")]
+
+
+def test_a_membership_is_written_as_lists_and_read_in_both_forms() -> None:
+    """Every node reads the membership each round: it is stored as a list per field (half
+    the bytes of an object per node at 1,024 nodes); the object form is still read, and
+    lists of different lengths are a malformed value, not a shorter membership."""
+    nodes = tuple(NodeInfo(rank, f"host{rank}", f"10.0.0.{rank}", 8) for rank in range(3))
+    members = Membership(2, 1, ("a", "b", "c"), nodes, ({"code": "x"}, {}, {}))
+    body = members.to_json()
+    assert body["hostnames"] == ["host0", "host1", "host2"] and "nodes" not in body
+    assert Membership.from_json(body) == members
+    objects = {k: v for k, v in body.items() if k not in ("ranks", "hostnames", "addrs")}
+    objects["nodes"] = [asdict(node) for node in nodes]
+    assert Membership.from_json(objects) == members
+    with pytest.raises(MalformedValue, match="differ in length"):
+        parsed("members", {**body, "addrs": ["10.0.0.0"]}, Membership.from_json)

@@ -36,7 +36,7 @@ from phalanx.config import shown_run_id
 from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted, RendezvousError
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
 from phalanx.rendezvous.dynamic.admission import check_admission
-from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
+from phalanx.rendezvous.dynamic.board import Board, Decision, decode, encode, parsed
 from phalanx.rendezvous.dynamic.failover import failed_over, quorum
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
@@ -131,9 +131,11 @@ class RoundFormer:
                 t += 1
                 continue
             self._b.store.set(self._keys.node(t, slot), encode(me.to_json()))
+            # Closed before settling: the last settle wakes all, who would each propose a close.
+            full = self._b.close(t, Decision(count=self._max)) if slot == self._max else None
             if rejoining and prior is not None and prior_rank is not None:
                 self._b.settle(t - 1, prior_rank, prior.count, "rejoined")
-            decision = self._await_decision(t, slot, deadline)
+            decision = full or self._await_decision(t, slot, deadline)
             if decision.failed:
                 raise self._ended(decision.failure)
             if slot > decision.count:  # closed without this node: queue for the next round
@@ -243,8 +245,6 @@ class RoundFormer:
 
     # -- closing ---------------------------------------------------------------------------
     def _await_decision(self, t: int, slot: int, deadline: float) -> Decision:
-        if slot == self._max:
-            return self._b.close(t, Decision(count=self._max))
         if t > 0:
             return self._await_restart(t, deadline)
         # Round 0: MIN in, the last call; fewer, until the join deadline.
@@ -350,12 +350,11 @@ class RoundFormer:
                 f"round {t} closed with {count} nodes, but the node(s) in slot(s) {missing} "
                 f"never announced themselves within close_timeout={self._s.close_timeout:g}s"
             )
-        arrivals = []
-        for k in keys:
-            body = self._b.get_json(k)
-            if body is None:
+        arrivals = []  # read in one round trip where the store can (the agent store)
+        for k, data in zip(keys, self._b.get_many(keys), strict=True):
+            if data is None:
                 raise RendezvousError(f"round {t}: arrival {k!r} vanished from the store")
-            arrivals.append(parsed(k, body, Arrival.from_json))
+            arrivals.append(parsed(k, decode(data, k), Arrival.from_json))
         restarts = 0
         if t > 0:
             before = self._keys.round(t - 1, "members")

@@ -3,9 +3,12 @@
 It does every periodic store operation, so ``poll()`` never touches the network:
 
 - it waits on the store for the next entry of the round's event log (a ``wait`` on its
-  key, at most ``event_interval``, a quarter heartbeat, at a time: the agent store parks the
-  wait and wakes it when the entry is written; on etcd, where a wait costs a read and a
-  watch stream, it reads the entry every ``event_interval`` instead), so a peer's failure
+  key: the agent store parks the wait and wakes it when the entry is written, so the wait
+  lasts until the thread's next heartbeat duties, one call a heartbeat interval while
+  nothing happens; from ``announce`` until ``follow``, while the node joins a round, a
+  quarter interval, ``event_interval``, at a time, so that the new round's events are
+  waited for soon after it forms; on etcd, where a wait costs a read and a watch stream,
+  it reads the entry every ``event_interval`` instead), so a peer's failure
   reaches ``poll()`` as soon as it is posted, and ``on_event`` is rung so the agent polls at
   once rather than at its next tick. It
   reads ahead only while the agent has consumed what was read (an agent restarts on the
@@ -17,8 +20,10 @@ It does every periodic store operation, so ``poll()`` never touches the network:
   requests the round has had (``phalanx stacks`` on any node), for ``stack_requests()``:
   one ``get`` per heartbeat rather than per event check, since a person waits for that
   answer, not a restart; and likewise how many status requests (``phalanx status``), for
-  ``status_requests()``: one more ``get``; and how many agents wait for the next round
-  (spares, ``phalanx status``), for ``spares()``: one more plain read.
+  ``status_requests()``; and how many agents wait for the next round (spares, ``phalanx
+  status``), for ``spares()``. These three and the event counter (for a hole in the log,
+  ``_skip_hole``) are plain reads made together: one round trip on the agent store
+  (``BatchedStore``), four reads elsewhere.
 
 The thread keeps watching the previous round while the agent is in ``next_round`` (that
 is how members that died during a restart are found and the restart stops waiting for
@@ -112,6 +117,7 @@ class Liveness:
         # (view, index): the last wait found that entry absent; the next read of it is skipped
         # (the next wait is woken by it instead), so a quiet round costs one call per pause.
         self._absent: tuple[_View, int] | None = None
+        self._joining = False  # from ``announce`` to ``follow``: short event waits
 
     def _beater_for(self, bound: float) -> Beater:
         # Counters: while a beat waits for its answer the next goes out beside it, so that
@@ -136,6 +142,7 @@ class Liveness:
             self._pulse.follow()
             self._ring_watch.follow()
             self._next_beat = 0.0
+            self._joining = False
 
     def start(self) -> None:
         """Start the thread (once; later calls do nothing). Until the first ``follow`` it
@@ -149,7 +156,11 @@ class Liveness:
             self._beater.start(f"phalanx-beat-{self._b.node_id[:8]}")
 
     def announce(self) -> None:
-        """Show this node as alive before it joins a round (a leased key, on etcd)."""
+        """Show this node as alive before it joins a round (a leased key, on etcd); until
+        ``follow`` the thread's event waits are short (the round it will follow is not
+        known yet)."""
+        with self._lock:
+            self._joining = True
         self._pulse.announce()
 
     def stop_beating(self) -> None:
@@ -274,6 +285,8 @@ class Liveness:
             return False  # etcd: a wait is a read and a watch stream; a plain read is cheaper
         with self._lock:
             view, queued, index = self._view, bool(self._events), self._next_event
+            if not self._joining:  # a write wakes the wait: it may last until the next beat
+                seconds = max(seconds, self._next_beat - self._clock())
         if view is None or queued:
             return False  # joining, or the agent has not taken what was read: no read ahead
         try:
@@ -302,14 +315,16 @@ class Liveness:
         if now < self._next_beat:
             return
         self._next_beat = now + self._s.heartbeat_interval
-        if view is not None:
-            self._skip_hole(view)
         if view is None:
             return  # joining: nobody to judge yet
+        r, keys = view.membership.round, self._b.keys
+        # The round's counters, in one round trip where the store can (``BatchedStore``).
+        events, requests, statuses, spares = self._b.counters(
+            [keys.round(r, "events"), keys.round(r, "stack_requests"),
+             keys.round(r, "status_requests"), keys.round(r + 1, "waiting")]
+        )  # fmt: skip
+        self._skip_hole(view, events)
         self._ring_watch.tell_untold(view.membership)  # a post that failed on an earlier tick
-        requests = self._b.answers.stack_requests(view.membership.round)
-        statuses = self._b.answers.status_requests(view.membership.round)
-        spares = self._b.counter(self._b.keys.round(view.membership.round + 1, "waiting"))
         with self._lock:
             if self._view is view:  # not the previous round's count after a switch
                 self._stack_requests = max(self._stack_requests, requests)
@@ -337,20 +352,21 @@ class Liveness:
                 self._events.append(found[1])
             self._ring()
 
-    def _skip_hole(self, view: _View) -> None:
-        """Step over an entry whose writer died between taking its slot and writing it.
+    def _skip_hole(self, view: _View, taken_up_to: int) -> None:
+        """Step over an entry whose writer died between taking its slot and writing it
+        (``taken_up_to``: the event counter, just read).
 
         The clock starts when the counter first shows the slot taken, not when this reader
         began waiting for it, and the entry is read once more just before it is skipped: a
         writer that takes the slot right after the reader last looked has ``heartbeat_timeout``
         to write it, and an entry written at the last moment is delivered, never skipped.
-        (Checked once per heartbeat interval: the counter read is the only cost.)
+        (Checked once per heartbeat interval: the counter's read is the only cost.)
         """
         with self._lock:
             if self._view is not view or self._events:
                 return  # the reader is not waiting at a hole while an event is queued
             index, hole = self._next_event, self._hole
-        taken = self._b.event_count(view.membership.round) >= index
+        taken = taken_up_to >= index
         now = self._clock()
         with self._lock:
             if self._view is not view or self._next_event != index:

@@ -15,7 +15,9 @@ rendezvous turns into ``EventKind.STORE_LOST`` / ``RendezvousError``.
 A store with leases (etcd) also implements ``LeasedStore``; the rendezvous then uses keys
 that die with their owner for liveness instead of heartbeat counters (see ``pulse``). A
 store that outlives the job (etcd) also implements ``DurableStore``, so the last node to
-leave can remove the run's keys.
+leave can remove the run's keys. A store that reads many keys in one round trip (the agent
+store) implements ``BatchedStore``; the node that assembles a round's membership reads the
+arrivals with it.
 """
 
 from __future__ import annotations
@@ -138,3 +140,11 @@ class TwinnedStore(KVStore, Protocol):
 
     def twin(self, read_timeout: float) -> KVStore:
         """A new handle on the same store (closing it closes only its own connections)."""
+
+
+@runtime_checkable
+class BatchedStore(KVStore, Protocol):
+    """A ``KVStore`` that reads many keys in one round trip."""
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """``[get(key) for key in keys]``, each read as a ``get`` is, in one round trip."""

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
 from phalanx.rendezvous.stores.agentstore.conf import HOW_TO_SET
+from phalanx.rendezvous.stores.agentstore.line import Line, read_frame
 from phalanx.rendezvous.stores.agentstore.server import StoreServer
 from phalanx.rendezvous.stores.base import (
     Malformed,
@@ -72,7 +73,7 @@ class AgentKVStore:
         self._server = server
         self._linger = linger
         self.hosting = server is not None
-        self._idle: list[socket.socket] = []
+        self._idle: list[Line] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -128,6 +129,17 @@ class AgentKVStore:
         reply = self._call([wire.GET, _key(key)], f"get {key!r}")
         return self._value(reply, 1, f"get {key!r}")
 
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Every key's value in one round trip: the requests go out together and the server
+        answers a connection's requests in order."""
+        request = f"get {len(keys)} keys"
+        frames = b"".join(wire.encode([wire.GET, _key(key)]) for key in keys)
+        replies = self._exchange(frames, len(keys), request) if keys else []
+        return [
+            self._value(self._checked(reply, request), 1, f"get {key!r}")
+            for key, reply in zip(keys, replies, strict=True)
+        ]
+
     def set(self, key: str, value: bytes) -> None:
         if not value:
             raise ValueError(
@@ -164,8 +176,8 @@ class AgentKVStore:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for sock in idle:
-            sock.close()
+        for line in idle:
+            line.close()
         if self._server is not None:
             # The host leaves last: a peer may still read what it needs for its own exit
             # (the job's stop, the failure records) after the rendezvous let this node go.
@@ -174,7 +186,7 @@ class AgentKVStore:
 
     # Connections.
 
-    def _open(self, *, say_waiting: bool = False) -> socket.socket:
+    def _open(self, *, say_waiting: bool = False) -> Line:
         """A new connection that has passed the handshake (``say_waiting``: a line every
         ``REPORT_EVERY`` seconds while the server stays silent, for the first connection)."""
         try:
@@ -191,19 +203,24 @@ class AgentKVStore:
         except BaseException:
             sock.close()
             raise
-        return sock
+        return Line(sock)
 
     def _handshake(self, sock: socket.socket, say_waiting: bool = False) -> None:
         request = _HANDSHAKE
         if say_waiting:
             self._await_greeting(sock)
-        hello = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
+        (hello,) = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
         if len(hello) != 2 or hello[0] != auth.GREETING or len(hello[1]) != auth.NONCE_BYTES:
             raise MalformedReply(self.where, request, "it is not a phalanx rendezvous store")
         server_nonce, client_nonce = hello[1], auth.new_nonce()
         proof = auth.client_proof(self._key, server_nonce, client_nonce)
-        self._send(sock, [proof, client_nonce], request)
-        answer = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
+        try:
+            sock.sendall(wire.encode([proof, client_nonce]))
+        except TimeoutError:
+            raise StoreTimedOut(f"{self.where} did not take {request} in time") from None
+        except OSError as exc:
+            raise StoreUnavailable(f"{self.where}: {request}: {_why(exc)}") from None
+        (answer,) = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
         if answer[:1] == [wire.ERROR]:
             raise TokenRefused(
                 f"{self.where} refused this node: the two do not share the job's rendezvous "
@@ -247,7 +264,7 @@ class AgentKVStore:
         finally:
             sock.settimeout(self._read_timeout)
 
-    def _take(self) -> socket.socket:
+    def _take(self) -> Line:
         with self._lock:
             if self._closed:
                 raise StoreUnavailable(f"{self.where}: closed")
@@ -255,25 +272,36 @@ class AgentKVStore:
                 return self._idle.pop()
         return self._open()
 
-    def _release(self, sock: socket.socket) -> None:
+    def _release(self, line: Line) -> None:
         with self._lock:
             if not self._closed:
-                self._idle.append(sock)
+                self._idle.append(line)
                 return
-        sock.close()
+        line.close()
 
     def _call(
         self, fields: Sequence[bytes], request: str, *, key: str | None = None, extra: float = 0.0
     ) -> list[bytes]:
-        sock = self._take()
+        (reply,) = self._exchange(wire.encode(fields), 1, request, extra)
+        return self._checked(reply, request, key)
+
+    def _exchange(
+        self, frames: bytes, count: int, request: str, extra: float = 0.0
+    ) -> list[list[bytes]]:
+        """Send ``frames`` (``count`` requests) on one connection; their replies, in order."""
+        line = self._take()
         try:
-            sock.settimeout(self._read_timeout + extra)
-            self._send(sock, fields, request)
-            reply = self._receive(sock, request, wire.MAX_FRAME)
+            line.bound(self._read_timeout + extra)
+            self._send(line, frames, request)
+            replies = self._receive(line, request, wire.MAX_FRAME, count)
         except BaseException:
-            sock.close()
+            line.close()
             raise
-        self._release(sock)
+        self._release(line)
+        return replies
+
+    def _checked(self, reply: list[bytes], request: str, key: str | None = None) -> list[bytes]:
+        """``reply`` if it is ``OK``; else the error it carries, raised."""
         if reply[:1] == [wire.ERROR]:
             why = reply[1][:200].decode("utf-8", "replace") if len(reply) > 1 else "no reason"
             if key is not None and why == "not an integer":
@@ -283,25 +311,30 @@ class AgentKVStore:
             raise MalformedReply(self.where, request, "neither ok nor error")
         return reply
 
-    def _send(self, sock: socket.socket, fields: Sequence[bytes], request: str) -> None:
+    def _send(self, line: Line, frames: bytes, request: str) -> None:
         try:
-            sock.sendall(wire.encode(fields))
+            line.send(frames)
         except TimeoutError:
             raise StoreTimedOut(f"{self.where} did not take {request} in time") from None
         except OSError as exc:
             raise StoreUnavailable(f"{self.where}: {request}: {_why(exc)}") from None
 
-    def _receive(self, sock: socket.socket, request: str, limit: int) -> list[bytes]:
+    def _receive(
+        self, on: Line | socket.socket, request: str, limit: int, count: int = 1
+    ) -> list[list[bytes]]:
+        """The next ``count`` replies on a connection (a ``Line``; a bare socket, one reply,
+        during the handshake)."""
         try:
-            header = _read_exactly(sock, wire.HEADER)
-            body = _read_exactly(sock, wire.frame_length(header, limit))
-            return wire.decode(body)
+            if isinstance(on, Line):
+                return on.receive(limit, count)
+            return [wire.decode(read_frame(on, limit))]
         except wire.FrameError as exc:
             raise MalformedReply(self.where, request, str(exc)) from None
         except TimeoutError:
             hint = _NOT_A_STORE if request == _HANDSHAKE else ""
+            within = on.timeout if isinstance(on, Line) else on.gettimeout()
             raise StoreTimedOut(
-                f"{self.where} did not answer {request} within {sock.gettimeout():g} s{hint}"
+                f"{self.where} did not answer {request} within {within:g} s{hint}"
             ) from None
         except OSError as exc:
             raise StoreUnavailable(f"{self.where}: {request}: {_why(exc)}") from None
@@ -325,16 +358,6 @@ class AgentKVStore:
             return wire.decode_int(reply[1])
         except (IndexError, wire.FrameError) as exc:
             raise MalformedReply(self.where, request, str(exc) or "no number") from None
-
-
-def _read_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < size:
-        chunk = sock.recv(size - len(chunks))
-        if not chunk:
-            raise ConnectionResetError(0, "the server closed the connection")
-        chunks += chunk
-    return bytes(chunks)
 
 
 def _key(key: str) -> bytes:
