@@ -1,8 +1,12 @@
 """A long run under random faults: ``python benchmarks/soak.py --minutes 10 --every 30 --seed N``.
 
 Three phalanx agents in network namespaces (``--nnodes 2:2``, one CPU worker each, so one
-agent is a hot spare), the rendezvous on a real 3-member etcd in a fourth namespace (or
-``--backend c10d``: the store on node 0, which then gets no node-level fault), the bundled
+agent is a hot spare), the rendezvous on a real 3-member etcd in a fourth namespace; or
+``--backend c10d``: four agents at ``--nnodes 3`` (one spare), the store served by node 0's
+agent at first, every node's address a candidate (``--rdzv-endpoint a:p,b:p,c:p,d:p``) so the
+store fails over when its host is lost, and the store's host (wherever it is now) gets no
+fault but its own, "store host lost" (its agent and workers SIGKILLed; the agent is started
+again once a successor serves, and joins the job there). The bundled
 trainer (``soak_trainer.py``), and one fault every ``--every`` seconds drawn from ``--seed``
 (each kind once before any repeats): worker SIGKILL, worker exception, worker hang (found by
 the hang watch, on by default), agent SIGKILL, node cut off (link down, then up), node frozen
@@ -45,11 +49,15 @@ from support.netns import NetNamespaces  # noqa: E402
 
 KINDS = ("worker_kill", "worker_exception", "worker_hang", "agent_kill", "node_cut",
          "node_freeze", "etcd_member", "log_disk_full", "link_flap", "spare_freeze",
-         "guardian_kill")  # fmt: skip
+         "guardian_kill", "store_host_lost")  # fmt: skip
 CONF = ("heartbeat_interval=0.5,heartbeat_timeout=6,last_call_timeout=1,join_timeout=300,"
         "exit_barrier_timeout=30")  # fmt: skip
 # etcd's own keys (a c10d agent refuses them: the c10d variant had never started)
 ETCD_CONF = "lease_ttl=4,request_timeout=3"
+# c10d: a restart round below --nnodes 3 waits this long for one to join before it fails: when
+# the store's host is lost, the spare goes with the store (it waited there), and it and the
+# lost host's agent, started again, join the successor's store within it.
+C10D_CONF = "last_call_timeout=20"
 HOLD = 10.0  # how long a cut, a freeze, a dead etcd member or a full disk lasts
 FLAPS, FLAP_DOWN, FLAP_UP = 3, 4.0, 1.0  # a link flap: down 4 s, up 1 s, three times
 # How long a spare stays frozen once chosen: below what counts it lost (c10d: heartbeat_timeout
@@ -59,6 +67,10 @@ SPARE_HOLD = {"c10d": 5.0, "etcd": 2.5}
 # steps): a hung rank is named after about 1 s and its round fails at 10x that, about 10 s
 # (the faults come every 30 s). No --stall-timeout: the hangs are the default watch's.
 HANG_WATCH = "floor=1,factor=3"
+PORT = 29400  # c10d: the store's port on every candidate
+# Per backend: agents, --nnodes (the world: one worker per member), the batch over it. c10d
+# runs rounds of 3, the fewest that fail over (a survivor of 2 is no majority).
+SHAPE = {"etcd": (3, "2:2", 2), "c10d": (4, "3", 3)}
 
 
 def schedule(
@@ -76,11 +88,12 @@ class Soak:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.out = args, Path(args.out)
         self.rng = random.Random(args.seed + 1)
+        self.agents, self.nnodes, self.world = SHAPE[args.backend]
         self.spaces = NetNamespaces(4)
         self.hosts = NamespaceHosts(self.spaces)
         self.etcd: EtcdCluster | None = None
         self.nodes: list[Node] = []
-        self.gens = [0, 0, 0]
+        self.gens = [0] * self.agents
         self.all_logs: list[Path] = []
         self.pids = self.out / "pids"
         self.marks = self.out / "marks"  # each worker's first step: when the job was back
@@ -96,9 +109,11 @@ class Soak:
         cfg = json.loads((HERE.parent / "examples/configs/tiny.json").read_text())
         cfg.update(steps=self.args.steps, checkpoint_every=self.args.checkpoint_every,
                    log_every=self.args.checkpoint_every, keep=2)  # fmt: skip
+        if self.world == 3:  # the batch splits evenly over 3 workers
+            cfg.update(global_batch_size=24, dataset_size=480)
         (self.out / "config.json").write_text(json.dumps(cfg))
         self.spaces.create()
-        for i in range(3):
+        for i in range(self.agents):
             disk = self.out / f"disk{i}"
             disk.mkdir()
             subprocess.run(
@@ -109,12 +124,12 @@ class Soak:
                                     prefix=tuple(self.spaces.command(3, [])))  # fmt: skip
             self.etcd.start()
             endpoint = ",".join(u.split("//")[1] for u in self.etcd.endpoints)
-        else:
-            endpoint = f"{self.spaces.addr(0)}:29400"
+        else:  # every node a candidate for the store, node 0's first
+            endpoint = ",".join(f"{self.spaces.addr(i)}:{PORT}" for i in range(self.agents))
         self.rdzv = ["--rdzv-backend", self.args.backend, "--rdzv-endpoint", endpoint,
                      "--rdzv-id", "soak", "--rdzv-conf",
-                     f"{ETCD_CONF},{CONF}" if self.args.backend == "etcd" else CONF]  # fmt: skip
-        for i in range(3):
+                     f"{ETCD_CONF},{CONF}" if self.args.backend == "etcd" else f"{CONF},{C10D_CONF}"]  # fmt: skip
+        for i in range(self.agents):
             self.nodes.append(self._agent(i))
 
     def _agent(self, i: int) -> Node:
@@ -122,7 +137,7 @@ class Soak:
         name = f"n{i}g{self.gens[i]}"
         # --preload: the trainer's torch.use_deterministic_algorithms imports
         # torch._inductor.config, 1.1 s of every worker start here; the template does it once
-        args = [*self.rdzv, "--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "1000",
+        args = [*self.rdzv, "--nnodes", self.nnodes, "--nproc-per-node", "1", "--max-restarts", "1000",
                 "--hang-watch", HANG_WATCH, "--preload", "torch._inductor.config",
                 str(HERE / "soak_trainer.py"), "--config",
                 str(self.out / "config.json"), "--output_dir", str(self.job)]  # fmt: skip
@@ -163,7 +178,9 @@ class Soak:
         return False
 
     def sample(self) -> dict[int, dict[str, int]]:
-        got, active = {}, self.workers()
+        """Each active agent's figures; ``hosts``: it serves the store (c10d: a successor
+        starts to, with a connection and a thread per client: compared apart)."""
+        got, active, host = {}, self.workers(), self.store_host()
         for i, node in enumerate(self.nodes):
             if i not in active:
                 continue  # a spare does less than an active agent: only active ones compare
@@ -173,7 +190,7 @@ class Soak:
                     continue
                 # the agent is the python under `ip netns exec` (which execs it in place)
                 got[i] = {"gen": self.gens[i], "rss": p.memory_info().rss, "threads": p.num_threads(),
-                          "fds": p.num_fds()}  # fmt: skip
+                          "fds": p.num_fds(), "hosts": int(i == host)}  # fmt: skip
             except psutil.Error:
                 pass
         return got
@@ -184,10 +201,15 @@ class Soak:
         mid-re-form would count the passing threads of a round's start and stop as growth)."""
         end = time.time() + within
         while time.time() < end and not self.done():
+            self.keep_agents()  # (a store host lost last: its agent, started again, is awaited)
             before = self.workers()
             time.sleep(3)
             marked = {int(m.name.rsplit(".", 1)[1]) for m in self.marks.iterdir()}
-            if len(before) == 2 and self.workers() == before and set(before.values()) <= marked:
+            if (
+                len(before) == self.world
+                and self.workers() == before
+                and set(before.values()) <= marked
+            ):
                 break
         return self.sample()
 
@@ -203,10 +225,20 @@ class Soak:
         except ValueError:
             return None
 
+    def store_host(self) -> int | None:
+        """c10d: the node whose namespace serves the store's port (None: none, or etcd)."""
+        for i in range(self.agents if self.args.backend == "c10d" else 0):
+            listed = subprocess.run(self.spaces.command(i, ["ss", "-ltnH", f"sport = :{PORT}"]),
+                                    capture_output=True, text=True)  # fmt: skip
+            if listed.stdout.strip():
+                return i
+        return None
+
     # -- faults --------------------------------------------------------------------------
     def inject(self, kind: str) -> dict[str, Any]:
         workers = self.workers()
-        eligible = sorted(n for n in workers if self.args.backend == "etcd" or n != 0)
+        host = self.store_host()
+        eligible = sorted(n for n in workers if n != host)
         record: dict[str, Any] = {"kind": kind, "at": time.time()}
         if kind.startswith("worker_") or kind in (
             "agent_kill",
@@ -216,11 +248,17 @@ class Soak:
             "link_flap",
             "spare_freeze",
             "guardian_kill",
+            "store_host_lost",
         ):
             if not eligible:
                 record["skipped"] = "no worker running"
                 return record
             n = self.rng.choice(eligible if not kind.startswith("worker_") else sorted(workers))
+            if kind == "store_host_lost":
+                if host is None or host not in workers:
+                    record["skipped"] = "the store's host runs no worker"
+                    return record
+                n = host
             record["node"] = n
         if kind == "worker_kill":
             os.kill(workers[n], signal.SIGKILL)
@@ -264,8 +302,27 @@ class Soak:
             filler.unlink()
         elif kind == "guardian_kill":
             record.update(self._kill_guardian(self.nodes[n].proc.pid))
+        elif kind == "store_host_lost":
+            record["successor"] = self._lose_store_host(n)
         record["ended"] = time.time()
         return record
+
+    def _lose_store_host(self, n: int) -> int | None:
+        """SIGKILL node ``n``'s agent and every process under it (the store's host lost
+        whole), and wait (bounded) until another node serves the store: the node started
+        again only then joins the successor's store (started sooner, before any successor
+        serves, it would find no newer store and serve the first one again). Returns the
+        successor (None: none within ``HOLD`` * 3 s)."""
+        for p in reversed(self._tree(self.nodes[n].proc.pid)):
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGKILL)
+        end = time.time() + 3 * HOLD
+        while time.time() < end and not self.done():
+            host = self.store_host()
+            if host is not None and host != n:
+                return host
+            time.sleep(0.2)
+        return None
 
     def _spare_freeze(self, n: int, workers: dict[int, int], record: dict[str, Any]) -> None:
         """Freeze the spare (an agent without a worker), kill member ``n``'s agent so that
@@ -336,7 +393,7 @@ class Soak:
         )
         t0 = time.time()
         self.start()
-        while len(self.workers()) < 2:
+        while len(self.workers()) < self.world:
             time.sleep(0.2)
             if time.time() - t0 > 180:
                 raise RuntimeError("the job did not start")
@@ -376,15 +433,12 @@ class Soak:
 
     def kinds(self) -> tuple[str, ...]:
         chosen = tuple(self.args.kinds.split(",")) if self.args.kinds else KINDS
-        return (
-            chosen
-            if self.args.backend == "etcd"
-            else tuple(k for k in chosen if k != "etcd_member")
-        )
+        other = "store_host_lost" if self.args.backend == "etcd" else "etcd_member"
+        return tuple(k for k in chosen if k != other)
 
     def leftovers(self) -> dict[str, Any]:
         procs = {}
-        for name in self.spaces.names[:3]:
+        for name in self.spaces.names[: self.agents]:
             listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
             procs[name] = [int(p) for p in listed.stdout.split()]
         from phalanx.supervisor.cgroup import hierarchies
@@ -401,7 +455,7 @@ class Soak:
             remove_job_cgroups(logs)
         if self.etcd is not None:
             self.etcd.stop()
-        for i in range(3):  # the logs leave the tmpfs for the report before it goes
+        for i in range(self.agents):  # the logs leave the tmpfs for the report before it goes
             disk = self.out / f"disk{i}"
             # symlinks kept as such: a killed agent leaves its ranks' progress links dangling
             shutil.copytree(disk, self.out / "logs" / disk.name, ignore=shutil.ignore_patterns("filler"),
@@ -445,7 +499,9 @@ def main() -> int:
     rep.job_per_fault(soak.faults, rep.read_events(soak.all_logs), rep.read_marks(soak.marks))
     batch = json.loads((out / "config.json").read_text())["global_batch_size"]
     step = rep.step_seconds(soak.all_logs, batch)
-    ref = rep.reference(out)
+    # (world 3, c10d: the same resumes; world 2: the sum of two floats has no order)
+    resumes = rep.resumed_from(soak.all_logs) if soak.world > 2 else None
+    ref = rep.reference(out, soak.world, resumes)
     same = soak.done() and rep.same_weights(soak.job / "final.pt", ref)
     count, bad = rep.checkpoints_loadable(soak.job / "checkpoints")
     wall = (clock["finished"] or time.time()) - clock["first_step"]

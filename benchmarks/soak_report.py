@@ -16,14 +16,34 @@ from phalanx.events.run import read_run_events
 HERE = Path(__file__).resolve().parent
 
 
-def reference(out: Path) -> Path:
-    """The same trainer, config and world size (2), uninterrupted, without the step delay."""
+def reference(out: Path, world: int = 2, resumes: list[int] | None = None) -> Path:
+    """The same trainer, config and world size, uninterrupted, without the step delay. With
+    ``resumes`` (the steps the job resumed from), resumed from the same steps: at a world of 3
+    the trainer itself is not bit-identical across a resume (DDP's first step after a resume
+    reduces its gradients in buckets of another layout, and a sum of three floats depends on
+    its order; of two it does not), so the job is compared with the same resumes, each one
+    stop and start of an otherwise uninterrupted run."""
     ref = out / "reference"
-    argv = [sys.executable, "-m", "phalanx", "--standalone", "--nproc-per-node", "2", "--log-dir",
-            str(out / "reference-logs"), str(HERE / "soak_trainer.py"), "--config",
-            str(out / "config.json"), "--output_dir", str(ref)]  # fmt: skip
-    subprocess.run(argv, check=True, capture_output=True, timeout=1800)
+    cfg = json.loads((out / "config.json").read_text())
+    for i, steps in enumerate([*sorted(set(resumes or [])), cfg["steps"]]):
+        config = out / f"reference-config-{i}.json"
+        config.write_text(json.dumps({**cfg, "steps": steps}))
+        argv = [sys.executable, "-m", "phalanx", "--standalone", "--nproc-per-node", str(world),
+                "--log-dir", str(out / "reference-logs"), str(HERE / "soak_trainer.py"),
+                "--config", str(config), "--output_dir", str(ref)]  # fmt: skip
+        subprocess.run(argv, check=True, capture_output=True, timeout=1800)
     return ref / "final.pt"
+
+
+def resumed_from(logs: list[Path]) -> list[int]:
+    """The steps the job resumed from, as its first rank said each time (every node's runs)."""
+    found = []
+    for folder in logs:
+        for out in folder.glob("*/attempt_*/rank_*/stdout.log") if folder.is_dir() else []:
+            for line in out.read_text(errors="replace").splitlines():
+                if "; resumed from step " in line:
+                    found.append(int(line.rsplit(" ", 1)[1]))
+    return found
 
 
 def same_weights(a: Path, b: Path) -> bool:
@@ -199,14 +219,16 @@ def by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def agent_lives(history: list[tuple[float, dict[int, dict[str, int]]]]) -> list[dict[str, Any]]:
     """Each active agent (node, generation) seen in at least two samples, with its first and
-    last figures and when they were taken (seconds into the run), longest-lived first."""
-    seen: dict[tuple[int, int], list[tuple[float, dict[str, int]]]] = {}
+    last figures and when they were taken (seconds into the run), longest-lived first. An
+    agent that began to serve the store (c10d: a successor) is compared from then on."""
+    seen: dict[tuple[int, int, int], list[tuple[float, dict[str, int]]]] = {}
     for at, sample in history:
         for node, figures in sample.items():
-            seen.setdefault((int(node), figures["gen"]), []).append((at, figures))
+            key = (int(node), figures["gen"], figures.get("hosts", 0))
+            seen.setdefault(key, []).append((at, figures))
     lives = [{"node": node, "gen": gen, "from_s": got[0][0], "to_s": got[-1][0],
               "first": got[0][1], "last": got[-1][1]}
-             for (node, gen), got in seen.items() if len(got) > 1]  # fmt: skip
+             for (node, gen, _), got in seen.items() if len(got) > 1]  # fmt: skip
     return sorted(lives, key=lambda life: life["from_s"] - life["to_s"])
 
 

@@ -214,6 +214,26 @@ class Fence:
         with self._lock:
             return self._reason
 
+    def due(self) -> str | None:
+        """``reason``, the fence fired here first if its deadline has passed, for a reader
+        that must not depend on the fence's thread having run: after the whole agent was paused
+        (SIGSTOP, a frozen VM) every thread wakes at once, and the supervisor, reading an
+        exit that came meanwhile, may run first: by the clock that exit is phalanx's."""
+        with self._lock:
+            now, deadline = self._clock(), self._deadline
+            fire = (
+                self._reason is None
+                and not self._standing_down
+                and deadline is not None
+                and now >= deadline
+            )
+            killed = self._fire_locked(now) if fire else 0
+            reason = self._reason
+        if fire:
+            self._say(killed)
+            self._changed.set()  # its thread returns
+        return reason
+
     @property
     def fired_at(self) -> float | None:
         with self._lock:

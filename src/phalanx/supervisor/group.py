@@ -182,8 +182,9 @@ class Supervisor:
         timeout = max(0.0, next_poll - time.monotonic())
         bound = self._preempt.wait_bound() if self._preempt is not None else None
         events = selector.select(timeout if bound is None else min(timeout, bound))
-        # Read before the exits: the fence's SIGKILLs are phalanx's, not failures.
-        fenced = self._fence.reason if self._fence is not None else None
+        # Read before the exits: the fence's SIGKILLs are phalanx's, not failures (``due``:
+        # nor an exit that came while a paused agent's fence fell due).
+        fenced = self._fence.due() if self._fence is not None else None
         self._reaper.handle_events(events, slots, streams, selector, bool(fenced))
         if any(key.fd == signals.fd for key, _ in events):
             signals.drain()  # or select would return at once forever

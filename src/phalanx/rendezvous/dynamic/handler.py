@@ -139,13 +139,18 @@ class DynamicRendezvous:
         store gone for good ends the job soon), then be a new member of the run -- a fresh
         node id, heartbeats and fence -- for the next round (the others counted the old one
         lost). ``failover_only`` (its workers failed: the store's host may have gone with
-        their peers): only a failover, once the store does not answer. False when the store
+        their peers): only a failover, once the store does not answer; but as without it when
+        the store counts as lost here too, or this node fenced (which of the two the agent
+        heard first is a race: a paused store host hears both at once). False when the store
         stayed out of reach, and on etcd, where the lease expired with it (its keys too)."""
         if self._closed or isinstance(self._store, RenewingStore):
             return False
         why = self._liveness.store_problem()
+        if failover_only and why is not None:
+            failover_only = False
+            log.warning("rendezvous: %s; rejoining the job when the store answers again", why)
         if failover_only and self._failover is not None:
-            why = why or unanswered(self._board)
+            why = unanswered(self._board)
         if why is None or (failover_only and self._failover is None):
             return False  # not lost: nothing to come back from
         gone = time.time() - (time.monotonic() - self._liveness.last_answer())  # (wall clock)
