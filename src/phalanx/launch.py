@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.agent import Agent
 from phalanx.config import LaunchConfig, RendezvousConfig
 from phalanx.consistency.fingerprint import Target, node_fingerprint, target_of
 from phalanx.errors import UsageError
@@ -39,6 +38,8 @@ class Launch:
         """This node's part of the job, to its end: the exit code (``contain``: the job in a
         cgroup of its own where one can be made -- the CLI's, not ``phalanx.spawn``'s agent,
         which is the user's own process)."""
+        from phalanx.agent import Agent  # the agent's modules only where a node runs
+
         agent = Agent(self.config, self.open_rendezvous, self.run_id, environ, contain=contain)
         return agent.run()
 

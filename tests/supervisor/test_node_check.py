@@ -4,7 +4,10 @@ round.
 
 - a slow node: its agent (and what it starts) under a CPU quota of 2 % of a core (a cgroup
   of the test's own: v1 ``cpu.cfs_quota_us`` here, v2 ``cpu.max`` elsewhere; so low since
-  on this shared 2-core machine a healthy "node" may get no more than a fifth of a core);
+  on this shared 2-core machine a healthy "node" may get no more than a fifth of a core).
+  The agent is moved into it once it has joined the rendezvous, before the other nodes
+  start, so before any round and its check: its start-up (0.4 s of CPU, 20 s at 2 %) is
+  not what is tested;
 - a lossy link: a fifth of node 1's packets dropped at random, in and out (iptables);
 - a slow link: node 3's sending rate limited to 4 Mbit/s (``tc tbf``).
 
@@ -21,6 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from phalanx.events import read_events
@@ -50,18 +54,35 @@ def check(
     nodes: list[Node],
     tmp: Path,
     run_id: str,
-    wrap: dict[int, Callable[[list[str]], list[str]]] | None = None,
+    slow: tuple[int, cpuquota.CpuQuota] | None = None,
 ) -> list[tuple[int, str]]:
-    """``phalanx check`` on every node; each node's exit code and output."""
+    """``phalanx check`` on every node (``slow``: that node under that quota, ``throttle``);
+    each node's exit code and output."""
     net = NamespaceHosts(spaces)
     port = free_port()
-    started = []
-    for i in range(N):
+
+    def start(i: int) -> Node:
         args = rdzv(spaces, i, port, run_id)
-        wrapped = (wrap or {}).get(i)
-        started.append(Node(net, i, args, tmp, f"{run_id}-n{i}", env=TOKEN, subcommand="check", wrap=wrapped))  # fmt: skip
-    nodes += started
-    return [(node.finish(HANG), node.stdout + node.stderr) for node in started]
+        return Node(net, i, args, tmp, f"{run_id}-n{i}", env=TOKEN, subcommand="check")
+
+    started = {i: start(i) for i in sorted({0} if slow is None else {0, slow[0]})}
+    nodes += started.values()
+    if slow is not None:
+        throttle(started[slow[0]], slow[1], f" of {N} present")
+    rest = {i: start(i) for i in range(N) if i not in started}
+    nodes += rest.values()
+    ordered = [(started | rest)[i] for i in range(N)]
+    return [(node.finish(HANG), node.stdout + node.stderr) for node in ordered]
+
+
+def throttle(node: Node, quota: cpuquota.CpuQuota, joined: str) -> None:
+    """Once ``node`` says ``joined`` (its "waiting for nodes: K of N present" line: it is in
+    the rendezvous, and no round, so no check, can start without the nodes not started yet),
+    move its agent and every process it started into ``quota``."""
+    wait_for(lambda: joined in node.stderr, HANG, f"{node.err.stem} to join the rendezvous")
+    agent = psutil.Process(node.proc.pid)  # (ip netns exec runs the agent in its own process)
+    for proc in [agent, *agent.children(recursive=True)]:
+        quota.enter(proc.pid)
 
 
 def named(output: str) -> set[str]:
@@ -89,8 +110,7 @@ def test_a_node_under_a_cpu_quota_is_named_by_every_node(
     quota: Callable[[float], cpuquota.CpuQuota],
 ) -> None:
     spaces = netns(N)
-    slow = quota(0.02)
-    results = check(spaces, nodes, tmp_path, "quota", {2: slow.wrap})
+    results = check(spaces, nodes, tmp_path, "quota", (2, quota(0.02)))
     for code, output in results:
         assert code == 1 and named(output) == {spaces.addr(2)}, output
         line = next(x for x in output.splitlines() if spaces.addr(2) + ")" in x)
@@ -129,10 +149,16 @@ def test_a_job_checks_its_nodes_before_the_round(
     slow = quota(0.02)
     net = NamespaceHosts(spaces)
     port = free_port()
-    for i in range(N):
+
+    def start(i: int) -> Node:
         args = [*rdzv(spaces, i, port, "job"), "--nproc-per-node", "1", "--cold-start",
                 worker("echo_args.py")]  # fmt: skip
-        nodes.append(Node(net, i, args, tmp_path, f"n{i}", env=TOKEN, wrap=slow.wrap if i == 2 else None))  # fmt: skip
+        return Node(net, i, args, tmp_path, f"n{i}", env=TOKEN)
+
+    first = [start(0), start(2)]
+    nodes += first
+    throttle(first[1], slow, f" of {N} present")
+    nodes[:] = [first[0], start(1), first[1], start(3)]
     assert [n.finish(HANG) for n in nodes] == [0] * N, nodes[0].stderr + nodes[2].stderr
     for node in nodes:
         assert named(node.stderr) == {spaces.addr(2)}, node.stderr
@@ -157,7 +183,7 @@ def test_exclude_makes_the_slow_node_leave_and_the_job_goes_on_without_it(
 ) -> None:
     """``--node-check exclude`` in an elastic job (3:4 nodes): the node under the quota
     exits 69 with one line saying so; the others form a round of 3 and finish. (The slow
-    node, which starts slowly under its quota, joins before the others start.)"""
+    node joins before the others start, and is throttled then: ``throttle``.)"""
     spaces = netns(N)
     slow = quota(0.02)
     net = NamespaceHosts(spaces)
@@ -166,11 +192,11 @@ def test_exclude_makes_the_slow_node_leave_and_the_job_goes_on_without_it(
     def start(i: int) -> Node:
         args = [*rdzv(spaces, i, port, "exclude", f"3:{N}", 10), "--nproc-per-node", "1",
                 "--cold-start", "--node-check", "exclude", worker("echo_args.py")]  # fmt: skip
-        return Node(net, i, args, tmp_path, f"n{i}", env=TOKEN, wrap=slow.wrap if i == 2 else None)  # fmt: skip
+        return Node(net, i, args, tmp_path, f"n{i}", env=TOKEN)
 
     first = [start(0), start(2)]  # the slow node is in before the others come
     nodes += first
-    wait_for(lambda: "2 of 3..4 present" in first[0].stderr, HANG, "the slow node to join")
+    throttle(first[1], slow, f" of 3..{N} present")
     nodes[:] = [first[0], start(1), first[1], start(3)]
     codes = [n.finish(HANG) for n in nodes]
     assert codes == [0, 0, 69, 0], "".join(n.stderr for n in nodes)

@@ -31,6 +31,7 @@ from phalanx.status import StatusService
 from phalanx.status.files import stop_marker
 from phalanx.supervisor.cgroup import JobCgroup
 from phalanx.supervisor.clock import WallClock
+from phalanx.supervisor.console import configure_logging as configure_logging
 from phalanx.supervisor.group import Supervisor
 from phalanx.supervisor.guardian import Guardian, GuardianLost
 from phalanx.supervisor.process import exec_worker
@@ -55,16 +56,6 @@ def _job_end(events: EventLog, files: RunFiles, exc: PhalanxError) -> None:
     else:
         outcome = "failed"
     events.emit("job_end", outcome=outcome, exit_code=exc.exit_code)
-
-
-def configure_logging() -> None:
-    """Launcher messages go to stderr as ``phalanx: ...`` (once, whoever calls first)."""
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("phalanx: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
 
 
 def guardian_lost(events: EventLog, lost: GuardianLost) -> None:

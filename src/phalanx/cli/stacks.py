@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from phalanx.agent.runfiles import LAUNCHER_FILE
 from phalanx.cli.args import Parser, add_run_dir, run_directory
 from phalanx.errors import PhalanxError, UsageError
 from phalanx.hang.stacks import catches
+from phalanx.status.launcher import LAUNCHER_FILE
 from phalanx.worker.contract import STACK_SIGNAL
 
 

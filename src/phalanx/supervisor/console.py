@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import IO, Any, BinaryIO
 
@@ -21,6 +22,16 @@ log = logging.getLogger("phalanx")
 
 NAMES = ("stdout", "stderr")
 OnLost = Callable[[list[str], str], None]  # (the streams lost, why)
+
+
+def configure_logging() -> None:
+    """Launcher messages go to stderr as ``phalanx: ...`` (once, whoever calls first)."""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("phalanx: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 class Console:
