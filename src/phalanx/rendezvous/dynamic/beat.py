@@ -12,11 +12,6 @@ writes a value of its own, so the proof a beat gives counts from that beat's own
 
 When the node leaves on purpose (``stop_beating``), the thread first lets the beats in
 flight end (each within ``bound``), then writes ``LEFT``: no older beat lands after it.
-
-The beats run on threads that stay (at most ``hedge``, one while the store answers in
-time), handed each beat by the scheduling thread: a thread started per beat cost a thread's
-creation every second, in every agent, and most of the CPU of a thousand agents' heartbeats
-driven from one machine (``benchmarks/store_load.py``).
 """
 
 from __future__ import annotations
@@ -51,12 +46,8 @@ class Beater:
         self._hedge = max(1, hedge)
         self._answered, self._failed, self._expelled = answered, failed, expelled
         self._lock = threading.Lock()
-        self._handed = threading.Condition(self._lock)  # a beat to take, or the stop
-        self._landed = threading.Condition(self._lock)  # a beat ended
         self._beating = True
-        self._waiting = 0  # beats handed out that no thread has taken yet
-        self._flying = 0  # beats handed out that have not ended
-        self._workers = 0  # threads that take beats
+        self._flight: list[threading.Thread] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -70,12 +61,12 @@ class Beater:
         a ``LEFT`` written after this is not overwritten by an older beat landing late."""
         with self._lock:
             self._beating = False
-            self._landed.wait_for(lambda: self._flying == 0, timeout=self._bound)
+            flight = list(self._flight)
+        for beat in flight:
+            beat.join(timeout=self._bound)
 
     def stop(self, wait: float) -> None:
         self._stop.set()
-        with self._lock:
-            self._handed.notify_all()  # the beat threads end
         if self._thread is not None:
             self._thread.join(timeout=wait)
 
@@ -83,39 +74,17 @@ class Beater:
         while not self._stop.is_set():
             with self._lock:
                 beating = self._beating
-                if beating and self._flying < self._hedge:
-                    self._flying += 1
-                    self._waiting += 1
-                    if self._workers < self._flying:  # every beat thread is busy: one more
-                        self._workers += 1
-                        threading.Thread(
-                            target=self._work, name="phalanx-beat", daemon=True
-                        ).start()
-                    self._handed.notify()
-                elif not beating:
-                    self._landed.wait_for(lambda: self._flying == 0, timeout=self._bound)
+                self._flight = [beat for beat in self._flight if beat.is_alive()]
+                if beating and len(self._flight) < self._hedge:
+                    beat = threading.Thread(target=self._beat, name="phalanx-beat", daemon=True)
+                    beat.start()
+                    self._flight.append(beat)
+                flight = [] if beating else list(self._flight)
             if not beating:
+                for beat in flight:
+                    beat.join(timeout=self._bound)
                 self._write_left()
             self._stop.wait(self._interval)
-
-    def _work(self) -> None:
-        """A beat thread: take a beat, write it, until ``stop``."""
-        while True:
-            with self._lock:
-                self._handed.wait_for(lambda: self._waiting > 0 or self._stop.is_set())
-                if self._stop.is_set():
-                    return
-                self._waiting -= 1
-            try:
-                self._beat()
-            except BaseException:
-                with self._lock:  # a bug ends this thread (as it ended a beat's): no worker
-                    self._workers -= 1
-                raise
-            finally:
-                with self._lock:
-                    self._flying -= 1
-                    self._landed.notify_all()
 
     def _beat(self) -> None:
         try:
