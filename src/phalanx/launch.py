@@ -14,9 +14,9 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phalanx.config import LaunchConfig, RendezvousConfig
-from phalanx.consistency.fingerprint import Target, node_fingerprint, target_of
 from phalanx.errors import UsageError
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import NodeInfo, RendezvousHandler, RendezvousResult
@@ -26,6 +26,9 @@ from phalanx.rendezvous.registry import backend_problem, check, conf_keys, open_
 from phalanx.rendezvous.settings import settings_problems
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
+
+if TYPE_CHECKING:  # a one-node launch hashes no code: hashlib and the fingerprint only on many
+    from phalanx.consistency.fingerprint import Target
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ def check_launch(
     rendezvous = check(rendezvous_spec(config.rendezvous, config.checks.allow_mismatch))
     if rendezvous.problems:
         return None, rendezvous.problems
+    from phalanx.consistency.fingerprint import node_fingerprint, target_of
+
     target = checked or target_of(config.workers)
 
     def open_multi_node() -> RendezvousHandler:

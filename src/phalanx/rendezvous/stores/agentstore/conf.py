@@ -21,6 +21,9 @@ from phalanx.rendezvous.stores.agentstore.auth import NO_TOKEN, Token
 
 TOKEN_FILE_KEY = "token_file"
 CONF_KEYS = frozenset({TOKEN_FILE_KEY, "token"})  # "token" is known only to be refused
+# c10d's --rdzv-conf keys (static's are CONF_KEYS): here, not in its backend, so that a one-node
+# job checks them without importing the store and the dynamic rendezvous (``registry.KEYS``)
+C10D_KEYS = frozenset({"is_host", "store_type"}) | CONF_KEYS
 HOW_TO_SET = f"set the same {RDZV_TOKEN_ENV} or --rdzv-conf token_file=PATH on every node"
 
 
