@@ -15,7 +15,8 @@ timeline, each step from the launcher's start:
 - ``first fork`` / ``last fork``: the service's answer to the first / last fork request;
 - ``workers started``: the ``workers_started`` event;
 - ``first start`` / ``last start``: a rank's first line (``bench_worker`` after its imports);
-- ``all past barrier``; ``launcher exit`` (seen gone, as ``scenarios`` sees it).
+- ``all past barrier``; ``launcher exit`` (seen gone, as ``scenarios`` sees it);
+- ``agent's CPU (s)``: the agent process's own user + system time, to its exit (not a step).
 
 The stamps come from wrapping those functions, from outside: a wrapper script starts
 python, installs an import hook that wraps them once their module ran, then runs ``phalanx``
@@ -75,7 +76,11 @@ class Finder:  # not importlib.abc's: that import alone costs 20 ms
         spec.loader.exec_module = exec_module
         return spec
 sys.meta_path.insert(0, Finder())
-atexit.register(lambda: open(OUT, "w").write(json.dumps([*STAMPS, ("atexit", time.time())])))
+import resource
+def cpu():
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return [("atexit", time.time()), ("cpu", use.ru_utime + use.ru_stime)]
+atexit.register(lambda: open(OUT, "w").write(json.dumps([*STAMPS, *cpu()])))
 import runpy
 runpy.run_module("phalanx", run_name="__main__", alter_sys=True)
 """
@@ -130,6 +135,7 @@ def one(nproc: int, importtime: bool) -> dict[str, float]:
         row["last start"] = max(t for t, _ in ranks["start"].values()) - started
         row["all past barrier"] = max(t for t, _ in ranks["barrier"].values()) - started
         row["launcher exit"] = exited - started
+        row["agent's CPU (s)"] = seen["cpu"]
         return row
 
 
