@@ -25,7 +25,7 @@ from phalanx.rendezvous.local import LocalRendezvous
 from phalanx.rendezvous.registry import backend_problem, check, conf_keys, open_handler
 from phalanx.rendezvous.settings import settings_problems
 from phalanx.rendezvous.spec import RendezvousSpec
-from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
+from phalanx.rendezvous.stores.agentstore.conf import TOKEN_FILE_KEY, token_from_conf
 
 if TYPE_CHECKING:  # a one-node launch hashes no code: hashlib and the fingerprint only on many
     from phalanx.consistency.fingerprint import Target
@@ -123,7 +123,8 @@ def _one_node_problems(nodes: RendezvousConfig) -> list[str]:
     problems = settings_problems(conf, nodes.rdzv_backend, conf_keys(nodes.rdzv_backend))[1]
     if nodes.rdzv_id != "none" and (problem := check_run_id(nodes.rdzv_id)) is not None:
         problems.append(problem)
-    token_from_conf(conf, {}, problems)  # no store here, but token= is refused everywhere
+    if conf.keys() & {"token", TOKEN_FILE_KEY}:  # no store here, but token= is refused
+        token_from_conf(conf, {}, problems)  # everywhere (and a token file must be readable)
     return problems
 
 

@@ -19,7 +19,7 @@ NOT_ON_ONE_NODE = (
     "phalanx.rendezvous.dynamic.formation", "phalanx.rendezvous.stores.agentstore.server",
     "phalanx.rendezvous.stores.agentstore.client", "phalanx.rendezvous.addr",
     "phalanx.nodecheck.round", "phalanx.nodecheck.probes", "phalanx.nodecheck.verdict",
-    "phalanx.consistency.", "importlib.metadata", "email.", "csv", "concurrent.futures",
+    "phalanx.consistency.", "importlib.metadata", "email.", "csv", "concurrent.futures", "psutil",
 )  # fmt: skip
 # ... and what it must import (the probe is seeing the agent run, not an early exit).
 RUNS_THE_AGENT = ("phalanx.agent.agent", "phalanx.supervisor.group", "phalanx.rendezvous.local")
@@ -44,3 +44,20 @@ def test_a_one_node_launch_imports_only_what_runs_it(tmp_path: Path) -> None:
     assert set(RUNS_THE_AGENT) <= imported
     wrong = sorted(m for m in imported if m.startswith(NOT_ON_ONE_NODE) or m in NOT_ON_ONE_NODE)
     assert wrong == []
+
+
+def test_one_node_still_refuses_what_it_checks_without_the_backend(tmp_path: Path) -> None:
+    """Its --rdzv-conf keys and token checked from the light modules, as before."""
+    script = tmp_path / "job.py"
+    script.write_text("")
+    for conf, said in (
+        ("token=x", "--rdzv-conf token: the rendezvous token is never given on the command line"),
+        ("token_file=/nonexistent", "--rdzv-conf token_file=/nonexistent: cannot read it"),
+        ("bogus=1", "--rdzv-conf bogus: unknown key for c10d (known: close_timeout,"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "phalanx", "--standalone", "--rdzv-conf", conf, str(script)],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 2 and said in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
