@@ -135,7 +135,8 @@ def main(argv: list[str]) -> int:
                     samples.setdefault(row, {}).setdefault(name, []).append(value)
             print(f"repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
     finally:
-        ask_all(os.environ, {"stop": 1})
+        ask_all(os.environ, {"stop": 1})  # it ends at once (no job), removing its socket
+        shutil.rmtree(os.environ["XDG_RUNTIME_DIR"], ignore_errors=True)
     print(table(samples, units, names, args.reps))
     print()
     print(
