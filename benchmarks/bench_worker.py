@@ -1,7 +1,8 @@
 """usage: bench_worker.py SCENARIO OUT_DIR [IDLE_SECONDS] -- the worker every benchmark runs.
 
 Each rank writes ``OUT_DIR/start.<restart>.<rank>``, joins a Gloo group, passes a barrier and writes ``OUT_DIR/barrier.<restart>.<rank>``
-(``time.time()``, its pid and ``time.monotonic()``: the clock the agents' events carry). Then, by scenario: ``launch`` exits; ``kill`` (first attempt
+(``time.time()``, its pid, ``time.monotonic()``: the clock the agents' events carry, and its
+parent's pid). Then, by scenario: ``launch`` exits; ``kill`` (first attempt
 only) has rank 1 write ``kill.0.1`` and SIGKILL itself while the others wait to be stopped;
 ``idle`` sleeps IDLE_SECONDS.
 """
@@ -19,7 +20,7 @@ import torch.distributed as dist
 def mark(out_dir: str, event: str, restart: int, rank: int) -> None:
     path = os.path.join(out_dir, f"{event}.{restart}.{rank}")
     with open(path + ".tmp", "w") as handle:
-        handle.write(f"{time.time()!r} {os.getpid()} {time.monotonic()!r}")
+        handle.write(f"{time.time()!r} {os.getpid()} {time.monotonic()!r} {os.getppid()}")
     os.replace(path + ".tmp", path)  # readers never see a half-written file
 
 

@@ -14,9 +14,9 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phalanx.config import LaunchConfig, RendezvousConfig
-from phalanx.consistency.fingerprint import Target, node_fingerprint, target_of
 from phalanx.errors import UsageError
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import NodeInfo, RendezvousHandler, RendezvousResult
@@ -25,7 +25,10 @@ from phalanx.rendezvous.local import LocalRendezvous
 from phalanx.rendezvous.registry import backend_problem, check, conf_keys, open_handler
 from phalanx.rendezvous.settings import settings_problems
 from phalanx.rendezvous.spec import RendezvousSpec
-from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
+from phalanx.rendezvous.stores.agentstore.conf import TOKEN_FILE_KEY, token_from_conf
+
+if TYPE_CHECKING:  # a one-node launch hashes no code: hashlib and the fingerprint only on many
+    from phalanx.consistency.fingerprint import Target
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ def check_launch(
     rendezvous = check(rendezvous_spec(config.rendezvous, config.checks.allow_mismatch))
     if rendezvous.problems:
         return None, rendezvous.problems
+    from phalanx.consistency.fingerprint import node_fingerprint, target_of
+
     target = checked or target_of(config.workers)
 
     def open_multi_node() -> RendezvousHandler:
@@ -118,7 +123,8 @@ def _one_node_problems(nodes: RendezvousConfig) -> list[str]:
     problems = settings_problems(conf, nodes.rdzv_backend, conf_keys(nodes.rdzv_backend))[1]
     if nodes.rdzv_id != "none" and (problem := check_run_id(nodes.rdzv_id)) is not None:
         problems.append(problem)
-    token_from_conf(conf, {}, problems)  # no store here, but token= is refused everywhere
+    if conf.keys() & {"token", TOKEN_FILE_KEY}:  # no store here, but token= is refused
+        token_from_conf(conf, {}, problems)  # everywhere (and a token file must be readable)
     return problems
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phalanx.errors import UsageError
+from phalanx.rendezvous import registry
 from phalanx.rendezvous.dynamic.members import Arrival, assign_ranks
 from phalanx.rendezvous.registry import BACKENDS, create_handler, spec_problems
 from phalanx.rendezvous.settings import (
@@ -185,3 +186,10 @@ def test_assign_fixed_ranks() -> None:
         assign_ranks([arrival("b", fixed=1), arrival("a", fixed=1)])
     with pytest.raises(ValueError, match=r"outside 0\.\.1"):
         assign_ranks([arrival("b", fixed=2), arrival("a", fixed=0)])
+
+
+@pytest.mark.parametrize("name", sorted(registry.BACKENDS))
+def test_a_backends_keys_are_known_without_loading_it(name: str) -> None:
+    """``conf_keys`` reads a light module (a one-node launch checks its keys without
+    importing the backend): the same keys as the backend's own."""
+    assert registry.conf_keys(name) == registry.load_backend(name).keys

@@ -16,16 +16,22 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phalanx import exclusion
 from phalanx.config import LaunchConfig
-from phalanx.consistency.compare import mismatch_table
-from phalanx.consistency.perargs import ArgsDifference, args_difference
 from phalanx.errors import MismatchError, NodeExcluded, RendezvousError
 from phalanx.events.log import EventLog
-from phalanx.nodecheck import Action, Verdict, check_round
-from phalanx.nodecheck.round import OFF, SAME, Skipped
+from phalanx.nodecheck.settings import Action
 from phalanx.rendezvous.api import CheckExchange, RendezvousHandler, RendezvousResult, Round
+
+if TYPE_CHECKING:
+    from phalanx.consistency.perargs import ArgsDifference
+    from phalanx.nodecheck import Verdict
+    from phalanx.nodecheck.round import Skipped
+
+# The comparison and the check themselves (``consistency``, ``nodecheck``: 30 ms of imports)
+# are imported where a round has more than one node to compare or check: never on one node.
 
 log = logging.getLogger("phalanx")
 
@@ -63,6 +69,8 @@ def node_check(
     if exchanges is None or joined.num_nodes < 2:
         checked.remember(joined, passed=False)
         return None
+    from phalanx.nodecheck.round import Skipped
+
     began = time.monotonic()
     verdict = _check(config, exchanges.check, joined, run_dir, checked)
     if verdict is None:
@@ -88,6 +96,8 @@ def _check(
 ) -> Verdict | Skipped | None:
     """This node's part of the round's check (None: off, not repeated, or cut short: it says
     so in a line)."""
+    from phalanx.nodecheck.round import OFF, SAME, check_round
+
     before = checked.same(joined)
     checked.remember(joined, passed=False)  # until this round's check passes
     try:
@@ -186,6 +196,12 @@ def check_same_code(
     others also see ``JOB_STOPPED``), or warn with the table under ``allow_mismatch``. Script
     arguments that differ are no reason to stop: one line and a ``script_args_differ``
     event name them (``consistency.perargs``), once for as long as they stay the same."""
+    if not joined.fingerprints:  # one node: nothing to compare (what the comparison says)
+        said.news(None)
+        return
+    from phalanx.consistency.compare import mismatch_table
+    from phalanx.consistency.perargs import args_difference
+
     differ = args_difference(joined.nodes, joined.fingerprints, joined.round)
     if differ is not None and said.news(differ):
         log.info("%s", differ.line)

@@ -66,18 +66,21 @@ def _near_subcommand(word: str, environ: Mapping[str, str]) -> str | None:
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    # The launch path's modules (the agent and all it runs), imported only to launch.
-    from phalanx.cli import preempt
+    # The launch path's modules (the agent and all it runs), imported only to launch; what
+    # only --hosts or --dry-run uses, only then (a launch's own start is on its critical path).
     from phalanx.cli.argv import expanded, parse_launch
-    from phalanx.hosts.run import run_hosts
-    from phalanx.plan import describe
 
     argv = expanded(argv, environ)
     launch = parse_launch(argv, environ)
     config = launch.config
     if config.remote.hosts:
+        from phalanx.hosts.run import run_hosts
+
         return run_hosts(config, argv)
     if config.dry_run:
+        from phalanx.cli import preempt
+        from phalanx.plan import describe
+
         settings = preempt.describe(
             config.recovery.preempt_signals, config.recovery.preempt_grace, config.recovery.requeue
         )

@@ -23,8 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-import psutil
-
 from phalanx.hang.analysis import HangAnalysis, RankState, analyse
 from phalanx.hang.files import write_atomic, write_stacks_file
 from phalanx.hang.jobstacks import JobStacks
@@ -312,19 +310,20 @@ def _suspects(analysis: HangAnalysis) -> str:
     return "; suspects: " + ", ".join(f"rank {s.rank}" for s in analysis.suspects)
 
 
-# Process states in which no stack can come (``psutil``'s names), said in words.
-_ODD_STATES = {
-    psutil.STATUS_STOPPED: "stopped (state T)",
-    psutil.STATUS_TRACING_STOP: "stopped by a tracer (state t)",
-    psutil.STATUS_DISK_SLEEP: "in the kernel (state D, disk sleep)",
-    psutil.STATUS_ZOMBIE: "a zombie (state Z: exited, not yet reaped)",
-}
-
-
 def odd_state(pid: int) -> str:
-    """Why ``pid`` cannot answer a stack request, when its state says (else "")."""
+    """Why ``pid`` cannot answer a stack request, when its state says (else ""). psutil is
+    imported here, when a rank did not answer: not on every launch (8 ms of its start)."""
+    import psutil
+
+    # Process states in which no stack can come (``psutil``'s names), said in words.
+    odd_states = {
+        psutil.STATUS_STOPPED: "stopped (state T)",
+        psutil.STATUS_TRACING_STOP: "stopped by a tracer (state t)",
+        psutil.STATUS_DISK_SLEEP: "in the kernel (state D, disk sleep)",
+        psutil.STATUS_ZOMBIE: "a zombie (state Z: exited, not yet reaped)",
+    }
     try:
-        return _ODD_STATES.get(psutil.Process(pid).status(), "")
+        return odd_states.get(psutil.Process(pid).status(), "")
     except psutil.Error:
         return ""
 

@@ -78,6 +78,13 @@ def _counts_problems(
     return problems
 
 
+def _keep_warm_problems(keep_warm: float) -> list[str]:
+    """``keep_warm`` as ``--keep-warm`` takes it: seconds, 0 (no service) or more."""
+    if isinstance(keep_warm, int | float) and 0 <= keep_warm < float("inf"):
+        return []
+    return [f"keep_warm: expected seconds >= 0 (0: no warm service), got {keep_warm!r}"]
+
+
 def _hang_watch(spec: str, problems: list[str]) -> tuple[HangWatch | None, list[str]]:
     """``hang_watch``'s settings, and ``problems`` with its own when it is wrong."""
     try:
@@ -116,6 +123,7 @@ def spawn(
     rdzv_port: int | None = None,
     allow_mismatch: bool = False,
     hang_watch: str = "on",
+    keep_warm: float = 0.0,
 ) -> None:
     """Run ``fn(local_rank, *args)`` in ``num_gpus`` processes on this node.
 
@@ -144,12 +152,17 @@ def spawn(
     (the program's main script, ``sys.argv[0]``, and the files its arguments name): a
     difference raises ``MismatchError`` (exit code 2) on every node before any process
     starts, unless ``allow_mismatch`` (then it is a warning).
+
+    ``keep_warm`` (seconds; the CLI's ``--keep-warm``): the processes fork from this user's
+    warm service, which stays that long after its last job ended, so that the program's next
+    ``spawn`` (or launch) forks from it without importing torch again; 0 (the default): from
+    a template of this call's own, as without it (docs/how-to/warm-service.md).
     """
     worker_port, agents_port, problems = _ports(num_nodes, master_port, rdzv_port)
     problems = (
         _counts_problems(num_gpus, num_nodes, node_rank, max_restarts, stall_timeout) + problems
     )
-    watch, problems = _hang_watch(hang_watch, problems)
+    watch, problems = _hang_watch(hang_watch, problems + _keep_warm_problems(keep_warm))
     if problems:
         raise UsageError(problems)
     chosen_backend = resolve_backend(backend)
@@ -157,7 +170,7 @@ def spawn(
     with tempfile.TemporaryDirectory(prefix="phalanx-spawn-") as scratch:
         payload = _write_payload(Path(scratch), fn, args)
         config = LaunchConfig(
-            _workers(payload, num_gpus, shutdown_timeout),
+            _workers(payload, num_gpus, shutdown_timeout, float(keep_warm)),
             _nodes(num_nodes, node_rank, master_addr, agents_port, worker_port),
             LogsConfig(log_dir=Path(log_dir) if log_dir is not None else None),
             ChecksConfig(stall_timeout, watch, allow_mismatch=allow_mismatch),
@@ -172,7 +185,9 @@ def spawn(
         _run(config, env)
 
 
-def _workers(payload: Path, num_gpus: int, shutdown_timeout: float) -> WorkersConfig:
+def _workers(
+    payload: Path, num_gpus: int, shutdown_timeout: float, keep_warm: float
+) -> WorkersConfig:
     """Each worker runs phalanx's entry point, which unpickles ``fn`` from ``payload``."""
     return WorkersConfig(
         program="phalanx.worker.spawn_entry",
@@ -180,6 +195,7 @@ def _workers(payload: Path, num_gpus: int, shutdown_timeout: float) -> WorkersCo
         mode=LaunchMode.MODULE,
         nproc_per_node=num_gpus,
         shutdown_timeout=shutdown_timeout,
+        keep_warm=keep_warm,
     )
 
 

@@ -18,7 +18,6 @@ are named where ranks advance on their own between synchronizations.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -80,6 +79,8 @@ def _reached(samples: deque[tuple[float, int]]) -> float:
 def judge(rates: Mapping[str, float], fraction: float) -> dict[str, tuple[float, float]]:
     """``{name: (its rate, the others' median rate)}`` for each name below ``fraction`` of
     the others' median."""
+    import statistics  # only where ranks are compared: not at every launch (fractions, decimal)
+
     named: dict[str, tuple[float, float]] = {}
     for name, rate in rates.items():
         peers = [other for key, other in rates.items() if key != name]

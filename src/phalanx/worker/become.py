@@ -32,8 +32,9 @@ through ``run_job`` again -- exactly what a cold worker does.
 
 Known differences, none visible to the script itself: ``os.getppid()`` is the template,
 ``/proc/PID/cmdline`` shows the template's command, the string hash seed is the template's
-(shared by the workers of a node), and ``sys.modules`` already holds what the template
-imported (torch, ``--preload`` modules).
+(shared by the workers of a node), ``sys.modules`` already holds what the template
+imported (torch, ``--preload`` modules), and the ``weakref.finalize`` callbacks those imports
+registered are the template's: a worker does not run them at exit (``disown_finalizers``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import runpy
 import signal
 import sys
 import types
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -102,6 +104,18 @@ FRESH_STATE: dict[str, Callable[[Any], None]] = {
 }
 
 
+def disown_finalizers() -> None:
+    """Leave the finalizers registered before the fork to the template: not run at this
+    worker's exit (those the job registers are). torch's import registers 134, one per
+    operator library, whose unregistering took 0.1-0.2 s of CPU at each worker's exit --
+    work that dies with the process anyway; and a preloaded module's finalizer that removes
+    a shared resource (its temporary directory) would remove it from under the template and
+    every other worker. ``_registry`` is private, but ``finalize.atexit`` is public."""
+    registry: dict[weakref.finalize[Any, Any], Any] = weakref.finalize._registry  # type: ignore[attr-defined]
+    for finalizer in list(registry):
+        finalizer.atexit = False
+
+
 def become(
     request: ForkRequest,
     stdio: tuple[int, int],
@@ -115,6 +129,7 @@ def become(
     imports -- what a cold worker has after importing the same modules.
     """
     os.setpgid(0, 0)  # the supervisor and the guardian kill the group whose id is our pid
+    disown_finalizers()
     die_with_parent(template_pid)  # the template in turn dies with the agent
     for target, fd in zip((1, 2), stdio, strict=True):
         os.dup2(fd, target)

@@ -35,14 +35,13 @@ from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings, parse_bool
 from phalanx.rendezvous.spec import Backend, RendezvousSpec, split_endpoint, unknown_keys
 from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
-from phalanx.rendezvous.stores.agentstore.conf import CONF_KEYS as TOKEN_KEYS
+from phalanx.rendezvous.stores.agentstore.conf import C10D_KEYS as CONF_KEYS
 from phalanx.rendezvous.stores.agentstore.conf import no_token_warning, token_from_conf
 from phalanx.rendezvous.stores.base import StoreUnavailable
 
 log = logging.getLogger("phalanx")
 
 DEFAULT_PORT = 29400  # torchrun's default for c10d
-CONF_KEYS = frozenset({"is_host", "store_type"}) | TOKEN_KEYS
 
 
 @dataclass(frozen=True)

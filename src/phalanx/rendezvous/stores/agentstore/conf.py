@@ -15,12 +15,18 @@ join); the agent says so once at start, on loopback too (any local process reach
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from phalanx.rendezvous.credentials import RDZV_TOKEN_ENV
-from phalanx.rendezvous.stores.agentstore.auth import NO_TOKEN, Token
+
+if TYPE_CHECKING:  # auth (hashlib, hmac, secrets) where a token is read: a one-node job reads
+    from phalanx.rendezvous.stores.agentstore.auth import Token  # its keys here, never a token
 
 TOKEN_FILE_KEY = "token_file"
 CONF_KEYS = frozenset({TOKEN_FILE_KEY, "token"})  # "token" is known only to be refused
+# c10d's --rdzv-conf keys (static's are CONF_KEYS): here, not in its backend, so that a one-node
+# job checks them without importing the store and the dynamic rendezvous (``registry.KEYS``)
+C10D_KEYS = frozenset({"is_host", "store_type"}) | CONF_KEYS
 HOW_TO_SET = f"set the same {RDZV_TOKEN_ENV} or --rdzv-conf token_file=PATH on every node"
 
 
@@ -28,6 +34,8 @@ def token_from_conf(
     conf: Mapping[str, str], environ: Mapping[str, str], problems: list[str]
 ) -> Token:
     """The job's token (``NO_TOKEN`` when none is set); problems appended to ``problems``."""
+    from phalanx.rendezvous.stores.agentstore.auth import NO_TOKEN, Token
+
     if "token" in conf:
         problems.append(
             "--rdzv-conf token: the rendezvous token is never given on the command line (ps "
