@@ -49,7 +49,6 @@ def _events(node: Node) -> list[dict[str, object]]:
     return [json.loads(line) for line in lines]
 
 
-@pytest.mark.xfail(reason="not fixed yet: they wait as spares for ever", strict=True)
 @pytest.mark.parametrize("how", ["sigkill", "fenced"])
 def test_agents_started_again_after_every_member_went_resume_the_job(
     etcd: EtcdCluster, nodes: list[Node], tmp_path: Path, how: str
@@ -91,9 +90,10 @@ def test_agents_started_again_after_every_member_went_resume_the_job(
         raise AssertionError("\n".join(node.stderr[-2000:] for node in again)) from None
     assert [node.proc.returncode for node in again] == [0, 0], [n.stderr for n in again]
     said = sorted(node.stdout.strip() for node in again)
-    assert said == [f"resumed rank={r} step=5 restart=1 world=2" for r in (0, 1)], said
+    assert said == [f"[rank{r}]: resumed rank={r} step=5 restart=1 world=2" for r in (0, 1)], said
     for node in again:
         (gone,) = [e for e in _events(node) if e["kind"] == "round_abandoned"]
         assert (gone["round"], gone["restart_count"]) == (0, 1), gone
         assert "every member of round 0 is gone" in str(gone["reason"]), gone
-        assert "every member of round 0 is gone" in node.stderr, node.stderr
+    # The node that opened the round says so in its log (both may, racing: one claim won).
+    assert any("every member of round 0 is gone" in n.stderr for n in again), again[0].stderr
