@@ -63,9 +63,8 @@ class Joining:
             return self.between.cut_short(state, exc, no_round(state, exc))
         joined = at.result
         self.events.node = joined.node_rank
-        if (
-            joined.abandoned
-        ):  # every member of the round before was gone: a waiting node opened this one
+        # Every member of the round before was gone: a node waiting to join opened this one.
+        if joined.abandoned:
             self.events.emit(
                 "round_abandoned",
                 round=joined.round - 1,
