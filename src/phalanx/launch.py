@@ -62,9 +62,12 @@ class Launch:
         return build_plan(self.config, result, Path("<run directory>"), environ)
 
 
-def rendezvous_spec(nodes: RendezvousConfig, allow_mismatch: bool) -> RendezvousSpec:
+def rendezvous_spec(
+    nodes: RendezvousConfig, allow_mismatch: bool, max_restarts: int = 0
+) -> RendezvousSpec:
     """The rendezvous record as the backends take it (``allow_mismatch``: the nodes' code
-    may differ, a check the rendezvous makes)."""
+    may differ, a check the rendezvous makes; ``max_restarts``: the job's budget, which a
+    node waiting to join spends when every member of the running round is gone)."""
     return RendezvousSpec(
         backend=nodes.rdzv_backend,
         run_id=nodes.rdzv_id,
@@ -78,6 +81,7 @@ def rendezvous_spec(nodes: RendezvousConfig, allow_mismatch: bool) -> Rendezvous
         local_addr=nodes.local_addr,
         worker_port=nodes.worker_port,
         allow_mismatch=allow_mismatch,
+        max_restarts=max_restarts,
     )
 
 
@@ -92,7 +96,10 @@ def check_launch(
     if not config.rendezvous.is_multi_node:
         problems = _one_node_problems(config.rendezvous)
         return (None if problems else _one_node(config)), problems
-    rendezvous = check(rendezvous_spec(config.rendezvous, config.checks.allow_mismatch))
+    spec = rendezvous_spec(
+        config.rendezvous, config.checks.allow_mismatch, config.recovery.max_restarts
+    )
+    rendezvous = check(spec)
     if rendezvous.problems:
         return None, rendezvous.problems
     from phalanx.consistency.fingerprint import node_fingerprint, target_of

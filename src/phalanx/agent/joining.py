@@ -63,6 +63,14 @@ class Joining:
             return self.between.cut_short(state, exc, no_round(state, exc))
         joined = at.result
         self.events.node = joined.node_rank
+        # Every member of the round before was gone: a node waiting to join opened this one.
+        if joined.abandoned:
+            self.events.emit(
+                "round_abandoned",
+                round=joined.round - 1,
+                reason=joined.abandoned,
+                restart_count=joined.restart_count,
+            )
         self.events.emit(
             "rdzv_done",
             round=joined.round,

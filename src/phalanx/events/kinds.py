@@ -72,6 +72,11 @@ KINDS: dict[str, tuple[str, ...]] = {
     # per node by every node that learns of it; that node is the round's root cause ahead of
     # any rank that failed only because a peer went away.
     "node_lost": ("round", "lost_node", "lost_host", "addr", "node_id", "reason"),
+    # Every member of round ``round`` was gone (lost: fenced, killed; or left) with nobody left
+    # to restart the job, and a node waiting to join opened the next round
+    # (``rendezvous.dynamic.abandoned``): ``reason`` as the log says it, and the job's
+    # ``restart_count`` with this restart. Said by every node of the new round.
+    "round_abandoned": ("round", "reason", "restart_count"),
     # The rendezvous store's host was lost and the store moved to a successor (c10d,
     # ``dynamic.failover``): the round it happened in, the lost host (node rank, "node N
     # (host, addr)"), the successor (node rank, or null for a listed endpoint; its name), the

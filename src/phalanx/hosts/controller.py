@@ -157,7 +157,7 @@ class Controller:
             ended = [s for s in sessions if s.ended_at is not None]
             lost = [s for s in ended if s.proc.returncode == SSH_LOST]
             if lost and (self._plan.spares or self._plan.fails_over):
-                self._carry_on(lost)  # a spare takes the host's place, or the others go on
+                self._carry_on(lost, sessions)  # a spare takes its place, or the others go on
             elif lost:  # said even when every session ended at once: the cause is the ssh link
                 return self._stop_all(sessions, f"the ssh session to {lost[0].host.name} was lost")
             if len(ended) == len(sessions):
@@ -167,16 +167,16 @@ class Controller:
             if failed and time.monotonic() - min(failed) > AFTER_FAILURE:
                 return self._stop_all(sessions, "a host failed and the others did not follow")
 
-    def _carry_on(self, lost: list[Session]) -> None:
+    def _carry_on(self, lost: list[Session], sessions: list[Session]) -> None:
         """With spare hosts, or three members or more, a lost host is a lost member: its agent
         stops itself (its lifeline is gone) and the job re-forms with a spare in its place, or
-        without it (the store's host: on a successor's store)."""
+        without it (the store's host: on a successor's store) -- while a session is left."""
+        running = sum(s.ended_at is None for s in sessions)
+        code = _job_code(sessions, tolerate_lost=True)  # the job's, if none is left
         for session in lost:
             if session.host.name not in self._told_lost:
                 self._told_lost.add(session.host.name)
-                print(f"phalanx: the ssh session to {session.host.name} was lost; the job goes "
-                      "on without it (its agent stops itself; a spare host takes its place, or "
-                      "the others re-form without it)", file=sys.stderr, flush=True)  # fmt: skip
+                print(lost_line(session.host.name, running, code), file=sys.stderr, flush=True)
 
     def _stop_all(self, sessions: list[Session], why: str) -> int:
         print(f"phalanx: {why}; stopping the job on every host", file=sys.stderr, flush=True)
@@ -195,6 +195,28 @@ class Controller:
                 session.kill()
             for relay in session.relays:
                 relay.join(max(0.1, deadline - time.monotonic()))
+
+
+def lost_line(host: str, running: int, code: int) -> str:
+    """What the controller says when the ssh session to ``host`` is lost and the job may go
+    on without a host (spares, or a store that fails over): it goes on while ``running``
+    sessions are left; with none left it ends here with ``code``, the job's exit status."""
+    if running:
+        return (
+            f"phalanx: the ssh session to {host} was lost; the job goes on without it (its agent "
+            "stops itself; a spare host takes its place, or the others re-form without it)"
+        )
+    if code == 0:
+        return (
+            f"phalanx: the ssh session to {host} was lost after the other hosts finished the "
+            "job: it ends here (exit 0; that host's agent stops itself)"
+        )
+    return (
+        f"phalanx: the ssh session to {host} was lost, and the job has no session left (every "
+        f"host's was lost or ended): it ends here (exit {code}); each agent whose session was "
+        "lost stops itself (its lifeline is gone); start the job again to go on from its last "
+        "checkpoint"
+    )
 
 
 def _job_code(

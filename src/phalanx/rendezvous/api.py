@@ -66,6 +66,9 @@ class RendezvousResult:
     # Each member's agent (in ``nodes`` order): an id fresh for every agent process, so a
     # node whose agent was restarted is a new member; empty where the rendezvous has none.
     node_ids: tuple[str, ...] = ()
+    # Why the round before this one was abandoned (every member of it gone, the restart
+    # opened by a node waiting to join: ``dynamic.abandoned``); "" it was not.
+    abandoned: str = ""
 
     @property
     def num_nodes(self) -> int:

@@ -33,6 +33,9 @@ class RendezvousSpec:
     fingerprint: Mapping[str, str] = field(default_factory=dict)
     # --allow-mismatch: a node whose fingerprint differs from a running job's joins it anyway.
     allow_mismatch: bool = False
+    # --max-restarts: spent by a node waiting to join when every member of the running round
+    # is gone (``dynamic.abandoned``); members claim theirs through ``Round.claim_restart``.
+    max_restarts: int = 0
 
 
 def heartbeat_fencing(settings: RendezvousSettings, options: Any) -> FenceTiming:

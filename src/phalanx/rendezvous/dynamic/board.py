@@ -74,6 +74,10 @@ class Decision:
         return bool(self.failure)
 
 
+def _claim(body: dict[str, Any]) -> tuple[bool, str]:
+    return bool(body["restart"]), str(body.get("abandoned", ""))
+
+
 class Board:
     def __init__(self, store: KVStore, keys: Keys, node_id: str) -> None:
         self.store = store
@@ -216,10 +220,20 @@ class Board:
         key = self.keys.round(r, "claim")
         return parsed(key, self.put_first(key, {"restart": restart}), lambda b: bool(b["restart"]))
 
-    def claimed_restart(self, r: int) -> bool:
+    def abandon(self, r: int, restart: bool, reason: str) -> tuple[bool, str]:
+        """The restart decision after round ``r``, claimed by a node waiting for the next one
+        because every member is gone (``abandoned``, ``reason``): the first claim decides for
+        all, as ``claim``. Returns it, and why the round was abandoned ("": a member claimed
+        first)."""
+        key = self.keys.round(r, "claim")
+        return parsed(key, self.put_first(key, {"restart": restart, "abandoned": reason}), _claim)
+
+    def claimed_restart(self, r: int) -> tuple[bool, str]:
+        """Whether a restart was claimed after round ``r``, and why the round was abandoned
+        ("": it was not, or nothing was claimed)."""
         key = self.keys.round(r, "claim")
         found = self.get_json(key)
-        return bool(found and parsed(key, found, lambda b: bool(b["restart"])))
+        return (False, "") if found is None else parsed(key, found, _claim)
 
     def post_progress(self, r: int, progressed: bool) -> int:
         """This member of round ``r`` judged it: counted in ``judged``, and in ``progressed``

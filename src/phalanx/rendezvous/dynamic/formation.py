@@ -24,7 +24,8 @@ arrivals); nobody scans the membership:
 A node that finds the round closed without it (it came late, or beyond MAX) queues for
 the next round; if the running round has room, its members see ``NODE_WAITING``. A spare
 (it queued while the round ran with MAX members) that the job ends without -- it finished,
-or it failed -- leaves with exit 0: not needed (``NotNeeded``).
+or it failed -- leaves with exit 0: not needed (``NotNeeded``). One that finds every member
+of the running round gone opens the next round itself (``abandoned``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from collections.abc import Callable
 
 from phalanx.config import shown_run_id
 from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted, RendezvousError
-from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
+from phalanx.rendezvous.api import NodeInfo
+from phalanx.rendezvous.dynamic.abandoned import Abandoned
 from phalanx.rendezvous.dynamic.admission import check_admission
 from phalanx.rendezvous.dynamic.board import Board, Decision, decode, encode, parsed
 from phalanx.rendezvous.dynamic.failover import failed_over, quorum
@@ -62,6 +64,7 @@ class RoundFormer:
         arriving: Callable[[], None] = lambda: None,
         standing_by: Callable[[], None] = lambda: None,
         majority: bool = False,
+        max_restarts: int = 0,
     ) -> None:
         """``worker_port``: the workers' master port in every round (a program that was
         given its port, ``phalanx.spawn``); None: node 0 picks a free port each round.
@@ -73,7 +76,8 @@ class RoundFormer:
         place, each time it loses the race for one; ``arriving``: called after that, just
         before it takes a slot (its fence stands down while it waits and arms from then:
         ``Fence.stand_down``, ``Fence.arrived``). ``majority``: the store may move to a
-        successor (c10d): a restart round also needs ``failover.quorum``."""
+        successor (c10d): a restart round also needs ``failover.quorum``. ``max_restarts``:
+        the budget a waiting node spends when every member is gone (``abandoned``)."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -87,6 +91,7 @@ class RoundFormer:
         self._majority = majority
         self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock, where=where)
         self._queue = QueuedNodes(board, settings, clock)
+        self._abandoned = Abandoned(board, settings, max_restarts, clock)
         self._was_spare = False  # this join waited as a spare (round t-1 ran at MAX)
         self._ran = False  # this node was a member of a round (ran workers) in this job
 
@@ -121,9 +126,9 @@ class RoundFormer:
                 if not self._admit_mismatch:
                     check_admission(self._b, t, me.fingerprint)
                 if not self._b.is_open(t) and t not in queued:
-                    self._queue_for(t, me)  # round t-1 runs without us: wait for the next
+                    self._queue.queue(t, me, self._max)  # round t-1 runs without us
                     queued.add(t)
-                deadline = self._wait_open(t, deadline)
+                deadline = self._wait_open(t, deadline, me.hostname)
                 self._arriving()
             slot = self._b.store.add(self._keys.round(t, "joined"), 1)
             if slot > self._max:  # full: queue for the next round
@@ -190,18 +195,9 @@ class RoundFormer:
             t += 1
         return t
 
-    def _queue_for(self, t: int, me: Arrival) -> None:
-        self._queue.record(t, me.node_id)
-        running = self._b.decision(t - 1)
-        if running is not None and not running.failed and running.count < self._max:
-            event = JobEvent(
-                EventKind.NODE_WAITING,
-                detail=f"node {me.hostname} ({me.addr}) waits to join (round {t})",
-            )
-            self._b.post_event(t - 1, event, about=me.node_id)
-
-    def _wait_open(self, t: int, deadline: float) -> float:
-        """Wait while round t-1 runs, until round t opens; give up if the job ends first.
+    def _wait_open(self, t: int, deadline: float, hostname: str) -> float:
+        """Wait while round t-1 runs, until round t opens (by this node when it finds every
+        member of round t-1 gone: ``abandoned``); give up if the job ends first.
         Past ``join_timeout`` a spare (round t-1 runs with MAX members: nothing is missing
         but this node's place) keeps waiting for the job's life; returns the join deadline
         for the rest of the round (the timeout again from now, for such a spare)."""
@@ -213,6 +209,8 @@ class RoundFormer:
             self._was_spare |= spare and not self._ran
             if self._b.all_ok(t - 1):
                 raise self._not_needed(t)
+            if self._abandoned.check(t, hostname):
+                continue
             left = deadline - self._clock()
             if left <= 0 and spare:
                 deadline = self._clock() + self._s.join_timeout
@@ -355,14 +353,15 @@ class RoundFormer:
             if data is None:
                 raise RendezvousError(f"round {t}: arrival {k!r} vanished from the store")
             arrivals.append(parsed(k, decode(data, k), Arrival.from_json))
-        restarts = 0
+        restarts, abandoned = 0, ""
         if t > 0:
             before = self._keys.round(t - 1, "members")
             previous = self._b.get_json(before)
             restarts = (
                 parsed(before, previous, lambda b: int(b["restart_count"])) if previous else 0
             )
-            restarts += int(self._b.claimed_restart(t - 1))
+            claimed, abandoned = self._b.claimed_restart(t - 1)
+            restarts += int(claimed)
         try:
             ranks = assign_ranks(arrivals)
         except ValueError as exc:
@@ -379,6 +378,7 @@ class RoundFormer:
                 for i in order
             ),
             fingerprints=tuple(arrivals[i].fingerprint for i in order),
+            abandoned=abandoned,
         )
         # put_first adds the writer's id; the membership itself is the same from any writer.
         return self._b.put_first(self._keys.round(t, "members"), membership.to_json())

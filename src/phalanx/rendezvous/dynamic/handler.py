@@ -75,6 +75,7 @@ class DynamicRendezvous:
         admit_mismatch: bool = False,
         reach: Reach | None = None,
         successors: Successors | None = None,
+        max_restarts: int = 0,
     ) -> None:
         """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
         ``where``: the store, as the waiting line names it.
@@ -87,13 +88,15 @@ class DynamicRendezvous:
         ``reach``: how a fresh process opens ``store`` as a client (``lastword``), for this
         node's last word; None: it has none.
         ``successors``: where the store may move when its host is lost (``failover``);
-        None: it never moves (the store is etcd, or static's node 0)."""
+        None: it never moves (the store is etcd, or static's node 0).
+        ``max_restarts``: the job's budget, spent by this node if it finds every member of the
+        round it waits behind gone (``abandoned``)."""
         # The node range was checked with the spec (registry.check), once.
         if fixed_rank is not None and min_nodes != max_nodes:
             raise UsageError("static rendezvous needs a fixed --nnodes N, not MIN:MAX")
         self._settings = settings or RendezvousSettings()
         self._store = store
-        self._shape = (min_nodes, max_nodes, worker_port, where, admit_mismatch)
+        self._shape = (min_nodes, max_nodes, worker_port, where, admit_mismatch, max_restarts)
         self._fence = fence_for(store, self._settings)
         self._addr = addr
         self._hostname = hostname or socket.gethostname()
@@ -114,13 +117,14 @@ class DynamicRendezvous:
     def _wire(self, run_id: str, node_id: str) -> None:
         """This node as member ``node_id`` of run ``run_id``: its board, round former,
         heartbeats, barrier and departure (the last round joined is kept)."""
-        min_nodes, max_nodes, worker_port, where, admit_mismatch = self._shape
+        min_nodes, max_nodes, worker_port, where, admit_mismatch, max_restarts = self._shape
         self._node_id = node_id
         self._board = board = Board(self._store, Keys(run_id), node_id)
         self._former = RoundFormer(
             board, self._settings, min_nodes, max_nodes, worker_port=worker_port,
             where=where, admit_mismatch=admit_mismatch, arriving=self._arriving,
             standing_by=self._standing_by, majority=self._failover is not None,
+            max_restarts=max_restarts,
         )  # fmt: skip
         self._liveness = liveness = Liveness(board, self._settings, fence=self._fence)
         if self._ring is not None:
@@ -215,20 +219,12 @@ class DynamicRendezvous:
         given) fixes the node count at ``max_nodes`` and this node's rank."""
         static = spec.node_rank is not None
         return cls(
-            store,
-            run_id=spec.run_id,
-            min_nodes=spec.max_nodes if static else spec.min_nodes,
-            max_nodes=spec.max_nodes,
-            addr=addr,
-            settings=settings,
-            worker_port=spec.worker_port,
-            fixed_rank=spec.node_rank,
-            fingerprint=spec.fingerprint,
-            where=where,
-            admit_mismatch=spec.allow_mismatch,
-            reach=reach,
-            successors=successors,
-        )
+            store, run_id=spec.run_id, min_nodes=spec.max_nodes if static else spec.min_nodes,
+            max_nodes=spec.max_nodes, addr=addr, settings=settings, worker_port=spec.worker_port,
+            fixed_rank=spec.node_rank, fingerprint=spec.fingerprint, where=where,
+            admit_mismatch=spec.allow_mismatch, reach=reach, successors=successors,
+            max_restarts=spec.max_restarts,
+        )  # fmt: skip
 
     @property
     def run_id(self) -> str:

@@ -82,6 +82,7 @@ class JoinedRound:
             master_port=master[1],
             fingerprints=membership.fingerprints,
             node_ids=membership.node_ids,
+            abandoned=membership.abandoned,
         )
         self._wires = wires
         self.settings = settings

@@ -52,6 +52,8 @@ class Membership:
     node_ids: tuple[str, ...]
     nodes: tuple[NodeInfo, ...]
     fingerprints: tuple[dict[str, str], ...] = ()  # by node rank, as ``nodes``
+    # Why the round before was abandoned (every member gone: ``abandoned``); "" it was not.
+    abandoned: str = ""
 
     @property
     def count(self) -> int:
@@ -67,6 +69,7 @@ class Membership:
             "node_ids": list(self.node_ids),
             **{column: [getattr(node, field) for node in self.nodes] for column, field in _COLUMNS},
             "fingerprints": list(self.fingerprints),
+            **({"abandoned": self.abandoned} if self.abandoned else {}),
         }
 
     @classmethod
@@ -86,6 +89,7 @@ class Membership:
             fingerprints=tuple(
                 {str(k): str(v) for k, v in fp.items()} for fp in body.get("fingerprints", ())
             ),
+            abandoned=str(body.get("abandoned", "")),
         )
 
 

@@ -25,7 +25,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.board import Board
+from phalanx.rendezvous.dynamic.members import Arrival
 from phalanx.rendezvous.dynamic.pulse import Verdict, pulse_for
 from phalanx.rendezvous.settings import RendezvousSettings
 
@@ -68,6 +70,15 @@ class QueuedNodes:
         self._pulse = pulse_for(board, settings, clock)  # only its ``judge`` is used
         self._ids: dict[tuple[int, int], str] = {}  # (round, place) -> node id, read once
         self._holes: dict[tuple[int, int], float] = {}  # place taken, id not seen: since
+
+    def queue(self, t: int, me: Arrival, max_nodes: int) -> None:
+        """Queue ``me`` for round ``t``, as round t-1 runs without it; if that round has room
+        (fewer than ``max_nodes``), its members see ``NODE_WAITING`` and re-form with it."""
+        self.record(t, me.node_id)
+        running = self._b.decision(t - 1)
+        if running is not None and not running.failed and running.count < max_nodes:
+            detail = f"node {me.hostname} ({me.addr}) waits to join (round {t})"
+            self._b.post_event(t - 1, JobEvent(EventKind.NODE_WAITING, detail=detail), me.node_id)
 
     def record(self, t: int, node_id: str) -> None:
         """Queue ``node_id`` for round ``t``."""

@@ -1,0 +1,152 @@
+"""A round whose every member is gone, closed by a node that waits for the next one.
+
+A node that arrives while a round runs waits for the next round (a spare beyond MAX, or a
+newcomer to a job below MAX: ``formation``), and only a member opens a restart round: the
+one that finds a peer lost claims the restart and opens it. When every member goes at once
+(each fenced under CPU starvation, all SIGKILLed with their workers) nobody is left to, and
+the waiting nodes -- the agents started again among them -- used to wait for ever.
+
+So while it waits, a node judges the running round's members by the rule their watchers use
+for ``node_lost`` (``pulse``: a heartbeat counter unchanged for ``heartbeat_timeout`` on this
+node's clock from its first look; on etcd a lapsed lease; the guardian's ``died``), along
+the members in rank order up to the first one alive, as the ring watch does. When none is
+alive and one at least is lost (the others left on purpose), it does what their watchers
+would have done, each step a compare-and-set that any number of waiting nodes may race
+through with one outcome:
+
+1. settles each member's place (lost; left for one that left) and, where its own settling
+   won, tells the round: the ``node_lost`` record is the root cause the job's report names;
+2. claims the restart after the round (``Board.abandon``: the first claim decides for every
+   node, so the budget pays once however many wait), within ``--max-restarts`` and unless
+   a member had finished its workers, as a member's claim is;
+3. opens the next round, which forms from the waiting nodes by the usual MIN/MAX rules; its
+   membership carries the job's restart count and why the round before was abandoned
+   (``round_abandoned`` in each node's event log). With no restart left every waiting node
+   ends with the same error, and so does any started later under the run id.
+
+Not a split brain: a member whose heartbeat is fresh (alive but slow) is not lost, and the
+walk stops at it (one read per wake while the round runs); a read that fails knows nothing:
+what was seen is forgotten, so a silence is timed afresh from when the store answers again.
+A member judged lost has fenced itself by then (``fencing``: its own clock is quicker).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from phalanx.config import shown_run_id
+from phalanx.errors import RendezvousError
+from phalanx.rendezvous.api import restarts_left
+from phalanx.rendezvous.dynamic.board import Board, parsed
+from phalanx.rendezvous.dynamic.lost import tell_lost
+from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.pulse import Verdict, pulse_for
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.base import Malformed, StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+Judge = Callable[[str], tuple[Verdict, str]]
+
+
+def gone(node_ids: Sequence[str], judge: Judge) -> dict[int, tuple[Verdict, str]] | None:
+    """Each member's verdict (by rank), when no member of the round is alive and one at least
+    is lost; None otherwise. Judges in rank order and stops at the first member alive; one
+    that looks quiet (not heard from lately, not yet lost) is no proof either way: the walk
+    goes on past it, so the others' silences are timed from now too (pure but for
+    ``judge``)."""
+    verdicts: dict[int, tuple[Verdict, str]] = {}
+    for rank, node_id in enumerate(node_ids):
+        verdicts[rank] = judge(node_id)
+        if verdicts[rank][0] is Verdict.ALIVE:
+            return None
+    kinds = {verdict for verdict, _ in verdicts.values()}
+    return verdicts if Verdict.LOST in kinds and Verdict.QUIET not in kinds else None
+
+
+class Abandoned:
+    """The check a waiting node makes on every wake (``formation``'s wait for round t)."""
+
+    def __init__(
+        self,
+        board: Board,
+        settings: RendezvousSettings,
+        max_restarts: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._b = board
+        self._max_restarts = max_restarts
+        self._clock = clock
+        self._pulse = pulse_for(board, settings, clock)  # only its ``judge`` is used
+        self._running: Membership | None = None  # the running round's members, read once
+
+    def check(self, t: int, hostname: str) -> bool:
+        """Whether round t is open now because round t-1 was found abandoned (this node, on
+        ``hostname``, opened it, or another waiting node did). Raises ``RendezvousError``
+        when it was and the job has no restart left."""
+        try:
+            running = self._members(t - 1)
+            if running is None:
+                return False
+            now = self._clock()
+            verdicts = gone(running.node_ids, lambda node_id: self._pulse.judge(node_id, now))
+            if verdicts is None:
+                return False
+            return self._abandon(running, verdicts, hostname)
+        except Malformed:
+            raise  # junk is final: the join ends on it, as on any other read
+        except StoreUnavailable as exc:
+            # Knows nothing: a silence seen before the failure is not counted past it.
+            self._pulse.follow()
+            log.info("rendezvous: could not judge the running round's members: %s", exc)
+            return False
+
+    def _members(self, r: int) -> Membership | None:
+        """Round r's members once it closed (not failed) and its membership is written."""
+        if self._running is not None and self._running.round == r:
+            return self._running
+        decision = self._b.decision(r)
+        if decision is None or decision.failed:
+            return None
+        key = self._b.keys.round(r, "members")
+        body = self._b.get_json(key)
+        if body is None or "fail" in body:
+            return None
+        self._running = parsed(key, body, Membership.from_json)
+        self._pulse.follow()  # a round not seen before: its silences are timed from now
+        return self._running
+
+    def _abandon(
+        self, running: Membership, verdicts: dict[int, tuple[Verdict, str]], hostname: str
+    ) -> bool:
+        r, b = running.round, self._b
+        for rank, (verdict, why) in verdicts.items():
+            fate = "lost" if verdict is Verdict.LOST else "left"
+            if b.settle(r, rank, running.count, fate) and fate == "lost":
+                log.warning("rendezvous: %s", tell_lost(b, running, rank, why))
+        lost = sum(verdict is Verdict.LOST for verdict, _ in verdicts.values())
+        rest = ", the others left" if lost < running.count else ""
+        reason = (
+            f"every member of round {r} is gone ({lost} of {running.count} lost{rest}; none "
+            f"is left to restart the job), found by {hostname} while it waited to join"
+        )
+        within = restarts_left(running.restart_count, self._max_restarts) > 0
+        finished = within and b.any_ok(r)
+        restart, said = b.abandon(r, within and not finished, reason)
+        if not restart:
+            why = "a member had finished its workers" if finished else (
+                f"no restart left (--max-restarts {self._max_restarts}, "
+                f"{running.restart_count} spent)"
+            )  # fmt: skip
+            raise RendezvousError(
+                f"rendezvous {shown_run_id(b.keys.run_id)}: the job cannot go on: "
+                f"{said or reason}; {why}"
+            )
+        b.open_round(r + 1)
+        log.warning(
+            "rendezvous: %s: opening round %d as restart %d of %d",
+            said or reason, r + 1, running.restart_count + 1, self._max_restarts,
+        )  # fmt: skip
+        return True
