@@ -1,30 +1,28 @@
 """Forming one round: join, agree when it closes and who is in, pick the master port.
 
-Every node does O(1) store operations per round (one node, the assembler, reads the n
-arrivals); nobody scans the membership:
+Every node does O(1) store operations per round (the assembler reads the n arrivals):
 
 1. **Join** round t: ``slot = add(joined)``, then write the arrival under ``node/<slot>``.
    A member of round t-1 (a restart) first opens round t, and after joining records its
    fate in t-1 as ``rejoined``.
 2. **Close**: one compare-and-set on ``closed`` decides for everyone how many arrivals are in
-   (slots 1..n) -- or that the round failed. The MAX-th arrival closes at once. In round 0
+   (slots 1..n) -- or that the round failed. The MAX-th arrival closes at once (unless a
+   quorum of members decides, below). In round 0
    an arrival with slot >= MIN closes after the last-call window unless someone did first.
-   In a later round nodes first wait until every member of round t-1 is accounted for
-   (rejoined, lost, or left -- so a member still stopping its workers is waited for, not
-   dropped); then the round closes at once when every survivor and every queued node
+   Later, nodes first wait until every member of round t-1 is accounted for (rejoined,
+   lost, or left: a member still stopping its workers is waited for, not dropped); then the round closes at once when every survivor and every queued node
    (spare or newcomer) is in, after the last call otherwise -- but not while a queued node
    that still beats is missing (``queued``: a spare that hiccups when it is chosen is
    waited for until its heartbeat is ``heartbeat_timeout`` old, and at most
    ``heartbeat_timeout`` past the last call) -- and fails when fewer than MIN nodes are
-   left.
+   left, or (c10d) too few of round t-1's members (``majority``: no split brain).
 3. **Membership**: slot 1 reads the n arrivals, assigns node ranks, writes ``members``
    (a deterministic result, so any node can redo it if slot 1 died). Node rank 0 picks a
    free port on its host and publishes ``master``.
 
-A node that finds the round closed without it (it came late, or beyond MAX) queues for
-the next round; if the running round has room, its members see ``NODE_WAITING``. A spare
-(it queued while the round ran with MAX members) that the job ends without -- it finished,
-or it failed -- leaves with exit 0: not needed (``NotNeeded``).
+A node that finds the round closed without it (late, or beyond MAX) queues for the next
+round (its members see ``NODE_WAITING`` if it has room). A spare (it queued while the round
+ran with MAX members) the job ends without leaves with exit 0 (``NotNeeded``).
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted, Rend
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
 from phalanx.rendezvous.dynamic.admission import check_admission
 from phalanx.rendezvous.dynamic.board import Board, Decision, decode, encode, parsed
-from phalanx.rendezvous.dynamic.failover import failed_over, quorum
+from phalanx.rendezvous.dynamic.majority import close_restart, expire_late, failed_over
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
@@ -72,8 +70,8 @@ class RoundFormer:
         running round -- a fresh node, a spare, a member that came back too late for a
         place, each time it loses the race for one; ``arriving``: called after that, just
         before it takes a slot (its fence stands down while it waits and arms from then:
-        ``Fence.stand_down``, ``Fence.arrived``). ``majority``: the store may move to a
-        successor (c10d): a restart round also needs ``failover.quorum``."""
+        ``Fence.stand_down``, ``Fence.arrived``). ``majority``: the store may move (c10d):
+        a restart round needs a quorum of the last round's members (``majority``)."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -131,8 +129,9 @@ class RoundFormer:
                 t += 1
                 continue
             self._b.store.set(self._keys.node(t, slot), encode(me.to_json()))
-            # Closed before settling: the last settle wakes all, who would each propose a close.
-            full = self._b.close(t, Decision(count=self._max)) if slot == self._max else None
+            # Closed before settling: the last settle wakes all, who would each propose a close
+            # (not where a quorum of members decides: that is known once they settled).
+            full = self._b.close(t, Decision(count=self._max)) if self._full(t, slot) else None
             if rejoining and prior is not None and prior_rank is not None:
                 self._b.settle(t - 1, prior_rank, prior.count, "rejoined")
             decision = full or self._await_decision(t, slot, deadline)
@@ -244,6 +243,9 @@ class RoundFormer:
         return self._finished()
 
     # -- closing ---------------------------------------------------------------------------
+    def _full(self, t: int, slot: int) -> bool:
+        return slot == self._max and not (self._majority and t > 0)
+
     def _await_decision(self, t: int, slot: int, deadline: float) -> Decision:
         if t > 0:
             return self._await_restart(t, deadline)
@@ -258,16 +260,15 @@ class RoundFormer:
         ``restart_close`` says (checked again every heartbeat interval past the last call:
         a queued node that still beats is on its way)."""
         settled = self._keys.round(t - 1, "all_settled")
+        if self._majority and failed_over(self._b, t - 1):  # members lost with its host
+            expire_late(self._b, t - 1, self._s.heartbeat_timeout, self._clock)
         decided = self._wait_decided(t, deadline, settled, deadline, settling=True)
         if decided is not None:
             return decided
         if self._clock() >= deadline:
+            why = f"members of round {t - 1} neither rejoined nor were found lost"
             return self._b.close(
-                t,
-                Decision(
-                    failure=f"members of round {t - 1} neither rejoined nor were found "
-                    f"lost within join_timeout={self._s.join_timeout:g}s"
-                ),
+                t, Decision(failure=f"{why} within join_timeout={self._s.join_timeout:g}s")
             )
         previous = self._b.decision(t - 1)
         survivors = (previous.count if previous else 0) - self._b.read_int(
@@ -295,16 +296,15 @@ class RoundFormer:
 
     def _close_with(self, t: int, joined: int) -> Decision:
         """Close round t with the ``joined`` arrivals, or fail it below MIN (or the quorum)."""
-        need = self._min
-        if t > 0 and self._majority and (before := self._b.decision(t - 1)) is not None:
-            need = quorum(self._min, before.count, failed_over(self._b, t - 1))
-        if joined >= need:
+        if t > 0 and self._majority:
+            return close_restart(self._b, t, joined, (self._min, self._max))
+        if joined >= self._min:
             return self._b.close(t, Decision(count=min(joined, self._max)))
         if t > 0:
             why = f"only {joined} node(s) are left after round {t - 1}"
         else:
             why = f"only {joined} node(s) joined within join_timeout={self._s.join_timeout:g}s"
-        return self._b.close(t, Decision(failure=f"{why}; at least {need} needed"))
+        return self._b.close(t, Decision(failure=f"{why}; at least {self._min} needed"))
 
     def _wait_decided(
         self,
