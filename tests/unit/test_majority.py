@@ -158,3 +158,17 @@ def test_a_member_lost_with_the_store_host_is_given_up_once_its_keepalive_expire
     expire_late(board, 4, 0.05, time.monotonic)  # again: nothing more told
     assert len(board.failures()) == 2
     assert close_restart(board, 5, 1, (1, 3)).failed
+
+
+def test_the_member_that_completes_the_quorum_confirms_the_store_before_the_round_closes() -> None:
+    """At ``--nnodes 3`` the two survivors of 3 are a quorum but not MIN: the round waits for
+    a third node (the spare, the lost host started again), which joins only a confirmed
+    store. So the store is confirmed once the members' quorum is there, not at the close."""
+    server, board = _successor([1])
+    expire_late(board, 4, 0.05, time.monotonic)  # member 2 not there yet: no quorum (expired)
+    assert not confirmed(MemoryStore(server), KEYS, 1)
+    server, board = _successor([1, 2])
+    expire_late(board, 4, 0.05, time.monotonic)
+    assert confirmed(MemoryStore(server), KEYS, 1)
+    assert decode(server.data[KEYS.confirmed]) == {"epoch": 1, "round": 5}
+    assert board.decision(5) is None  # not closed: MIN 3 waits for one more

@@ -101,8 +101,8 @@ class AgentStoreSuccessors:
         failover number the listed candidates serve (``majority.choose``), as a client
         (``current`` and ``epoch`` set to it); None when none serves a confirmed one past the
         first store (a job starting: the first endpoint, as ever). A newer store that is not
-        confirmed (a successor forming its first round, or a node cut off from the others
-        serving its own) is never joined: all are looked at again, once a second, while one
+        confirmed (a successor its survivors are still reaching, or a node cut off from the
+        others serving its own) is never joined: all are looked at again, once a second, while one
         is there, for at most ``patience`` seconds."""
         keys, until, said = Keys(self._run_id), time.monotonic() + patience, False
         while len(self._listed) > 1:
@@ -114,9 +114,9 @@ class AgentStoreSuccessors:
                     if not (sure or said):
                         said = True
                         log.warning(
-                            "rendezvous: the store at %s (failover %d) is not confirmed (no "
-                            "round of the job's members formed on it yet): waiting for one "
-                            "that is, at most %gs", candidate, epoch, patience,
+                            "rendezvous: the store at %s (failover %d) is not confirmed (a "
+                            "quorum of the job's last members has not reached it): waiting "
+                            "for one that is, at most %gs", candidate, epoch, patience,
                         )  # fmt: skip
                 time.sleep(1.0)
                 continue

@@ -10,10 +10,10 @@ of one member set always share a member, and a member joins one store per failov
 so two failover stores never both form a round; a half and a strict majority cannot both
 exist either, so the old store and a successor never both run.
 
-A store that took over is *confirmed* once a round formed on it (``confirm``): a quorum of
-the last round's members is there. A node cut off from the others that served a store of
-its own never gets that mark, and nodes that start later never join such a store
-(``choose``): they wait for a confirmed one.
+A store that took over is *confirmed* once a quorum of the last round's members reached it
+(``confirm``; before its round closes, which may need one more node for MIN). A node cut off
+from the others that served a store of its own never gets that mark, and nodes that start
+later never join such a store (``choose``): they wait for a confirmed one.
 """
 
 from __future__ import annotations
@@ -95,9 +95,9 @@ def close_restart(board: Board, t: int, joined: int, nodes: tuple[int, int]) -> 
 
 
 def confirm(board: Board, r: int) -> None:
-    """Round ``r`` formed on this store, one that took over: a quorum of the last round's
-    members is here. Marked with the store's failover number and the round (first write
-    wins; the same from anyone)."""
+    """A quorum of the last round's members reached this store, one that took over, for
+    round ``r`` (or round ``r`` formed on it). Marked with the store's failover number and
+    the round (first write wins)."""
     epoch = int(board.store.get(board.keys.epoch) or b"0")
     mark = encode({"epoch": epoch, "round": r})
     board.store.compare_set(board.keys.confirmed, None, mark)
@@ -105,7 +105,8 @@ def confirm(board: Board, r: int) -> None:
 
 def confirmed(store: KVStore, keys: Keys, epoch: int) -> bool:
     """Whether the store (of failover ``epoch``) may be joined by a node that starts: the
-    job's first store, or one a round formed on. Store errors propagate."""
+    job's first store, or one a quorum of the last round's members reached. Store errors
+    propagate."""
     return epoch == 0 or store.get(keys.confirmed) is not None
 
 
@@ -137,8 +138,15 @@ def expire_late(board: Board, r: int, timeout: float, clock: Callable[[], float]
         return board.store.get(settled) is None and board.decision(r + 1) is None
 
     def quorate() -> bool:
-        return rejoined(board, r) >= majority(membership.count, True)
+        if rejoined(board, r) < majority(membership.count, True):
+            return False
+        confirm(board, r + 1)
+        return True
 
+    # The member that completes the quorum confirms the store at once, before the round
+    # closes: where MIN needs one more node (the spare, the lost host started again), that
+    # node joins only a confirmed store.
+    quorate()
     if keepalive(missing, quorate, timeout, lambda s: board.store.wait([settled], s), clock):
         return
     epoch = int(board.store.get(keys.epoch) or b"0")
