@@ -61,17 +61,14 @@ class RoundFormer:
         standing_by: Callable[[], None] = lambda: None,
         majority: bool = False,
     ) -> None:
-        """``worker_port``: the workers' master port in every round (a program that was
-        given its port, ``phalanx.spawn``); None: node 0 picks a free port each round.
-        ``where``: the store, as the waiting line names it.
-        ``admit_mismatch``: join a running job whose code or arguments differ from this
-        node's (``admission``; --allow-mismatch).
-        ``standing_by``: called whenever this node goes (back) to waiting as no member of a
-        running round -- a fresh node, a spare, a member that came back too late for a
-        place, each time it loses the race for one; ``arriving``: called after that, just
-        before it takes a slot (its fence stands down while it waits and arms from then:
-        ``Fence.stand_down``, ``Fence.arrived``). ``majority``: the store may move (c10d):
-        a restart round needs a quorum of the last round's members (``majority``)."""
+        """``worker_port``: the workers' master port in every round (``phalanx.spawn``);
+        None: node 0 picks a free port each round. ``where``: the store, as the waiting line
+        names it. ``admit_mismatch``: join a running job whose code or arguments differ
+        (``admission``; --allow-mismatch). ``standing_by``: called whenever this node goes
+        (back) to waiting as no member of a running round (each time it loses the race for
+        a place); ``arriving``: after that, just before it takes a slot (``Fence.stand_down``,
+        ``Fence.arrived``). ``majority``: the store may move (c10d): a restart round needs a
+        quorum of the last round's members (``majority``)."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -124,16 +121,15 @@ class RoundFormer:
                 deadline = self._wait_open(t, deadline)
                 self._arriving()
             slot = self._b.store.add(self._keys.round(t, "joined"), 1)
-            if slot > self._max:  # full: queue for the next round
+            if slot > self._max:  # full: queue for the next round (a member: here for it)
+                self._rejoined(t, prior, prior_rank, rejoining)
                 rejoining = False
                 t += 1
                 continue
             self._b.store.set(self._keys.node(t, slot), encode(me.to_json()))
-            # Closed before settling: the last settle wakes all, who would each propose a close
-            # (not where a quorum of members decides: that is known once they settled).
+            # Closed before settling (the last settle wakes all, who would each propose a close).
             full = self._b.close(t, Decision(count=self._max)) if self._full(t, slot) else None
-            if rejoining and prior is not None and prior_rank is not None:
-                self._b.settle(t - 1, prior_rank, prior.count, "rejoined")
+            self._rejoined(t, prior, prior_rank, rejoining)
             decision = full or self._await_decision(t, slot, deadline)
             if decision.failed:
                 raise self._ended(decision.failure)
@@ -146,6 +142,12 @@ class RoundFormer:
             return membership, rank, self._master(membership, rank)
 
     # -- joining ---------------------------------------------------------------------------
+    def _rejoined(self, t: int, prior: Membership | None, rank: int | None, back: bool) -> None:
+        """A member of round t-1 (``prior``) is ``back``: its old place settles as rejoined,
+        also when round t is full (it waits here for t+1): t closes once t-1 settled."""
+        if back and prior is not None and rank is not None:
+            self._b.settle(t - 1, rank, prior.count, "rejoined")
+
     def _check_stopped(self) -> None:
         """Raise if the job stopped."""
         stopped = self._b.stopped()
@@ -201,9 +203,9 @@ class RoundFormer:
 
     def _wait_open(self, t: int, deadline: float) -> float:
         """Wait while round t-1 runs, until round t opens; give up if the job ends first.
-        Past ``join_timeout`` a spare (round t-1 runs with MAX members: nothing is missing
-        but this node's place) keeps waiting for the job's life; returns the join deadline
-        for the rest of the round (the timeout again from now, for such a spare)."""
+        Past ``join_timeout`` a spare (round t-1 runs with MAX members) keeps waiting for the
+        job's life; returns the join deadline for the rest of the round (for such a spare,
+        the timeout again from now)."""
         key = self._keys.round(t, "open")
         waited_past = False
         while not self._b.is_open(t):
@@ -224,8 +226,7 @@ class RoundFormer:
                 )
             self._line.check(t, deadline, queued=True, spare=spare)
             self._b.store.wait([key], min(left, self._s.heartbeat_interval))
-        # A spare that waited past the timeout gets the whole timeout for the round it joins
-        # (not what was left of the last extension).
+        # A spare that waited past the timeout gets the whole timeout for the round it joins.
         return self._clock() + self._s.join_timeout if waited_past else deadline
 
     def _spare(self, t: int) -> bool:
@@ -243,7 +244,7 @@ class RoundFormer:
         return self._finished()
 
     # -- closing ---------------------------------------------------------------------------
-    def _full(self, t: int, slot: int) -> bool:
+    def _full(self, t: int, slot: int) -> bool:  # (a members' quorum is known once settled)
         return slot == self._max and not (self._majority and t > 0)
 
     def _await_decision(self, t: int, slot: int, deadline: float) -> Decision:
