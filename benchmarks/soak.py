@@ -179,8 +179,11 @@ class Soak:
 
     def sample(self) -> dict[int, dict[str, int]]:
         """Each active agent's figures; ``hosts``: it serves the store (c10d: a successor
-        starts to, with a connection and a thread per client: compared apart)."""
-        got, active, host = {}, self.workers(), self.store_host()
+        starts to, with a connection and a thread per client: compared apart). Asked of each
+        node's own namespace: ``store_host`` names the first that listens, and another may
+        too for a moment (a cut-off member's store, one closing), which mislabeled the one
+        serving the job's store as a client (its clients' descriptors counted as growth)."""
+        got, active = {}, self.workers()
         for i, node in enumerate(self.nodes):
             if i not in active:
                 continue  # a spare does less than an active agent: only active ones compare
@@ -190,7 +193,7 @@ class Soak:
                     continue
                 # the agent is the python under `ip netns exec` (which execs it in place)
                 got[i] = {"gen": self.gens[i], "rss": p.memory_info().rss, "threads": p.num_threads(),
-                          "fds": p.num_fds(), "hosts": int(i == host)}  # fmt: skip
+                          "fds": p.num_fds(), "hosts": int(self._listens(i))}  # fmt: skip
             except psutil.Error:
                 pass
         return got
@@ -228,11 +231,17 @@ class Soak:
     def store_host(self) -> int | None:
         """c10d: the node whose namespace serves the store's port (None: none, or etcd)."""
         for i in range(self.agents if self.args.backend == "c10d" else 0):
-            listed = subprocess.run(self.spaces.command(i, ["ss", "-ltnH", f"sport = :{PORT}"]),
-                                    capture_output=True, text=True)  # fmt: skip
-            if listed.stdout.strip():
+            if self._listens(i):
                 return i
         return None
+
+    def _listens(self, i: int) -> bool:
+        """c10d: node ``i``'s namespace serves the store's port."""
+        if self.args.backend != "c10d":
+            return False
+        listed = subprocess.run(self.spaces.command(i, ["ss", "-ltnH", f"sport = :{PORT}"]),
+                                capture_output=True, text=True)  # fmt: skip
+        return bool(listed.stdout.strip())
 
     # -- faults --------------------------------------------------------------------------
     def inject(self, kind: str) -> dict[str, Any]:

@@ -55,23 +55,30 @@ def _start(
     tmp_path: Path,
     nnodes: str = "2:3",
     listed: bool = False,
+    delay: str = "0.5",
 ) -> tuple[NamespaceHosts, Path]:
     """Three agents; ``listed``: the candidates named, ``--rdzv-endpoint`` n0,n1,n2."""
     hosts, shared = NamespaceHosts(spaces), tmp_path / "shared"
     shared.mkdir()
     for i in range(3):
-        nodes.append(_agent(hosts, i, tmp_path, nnodes, listed))
+        nodes.append(_agent(hosts, i, tmp_path, nnodes, listed, delay=delay))
     return hosts, shared
 
 
 def _agent(
-    hosts: NamespaceHosts, i: int, tmp_path: Path, nnodes: str, listed: bool, name: str = ""
+    hosts: NamespaceHosts,
+    i: int,
+    tmp_path: Path,
+    nnodes: str,
+    listed: bool,
+    name: str = "",
+    delay: str = "0.5",
 ) -> Node:
     rdzv = c10d_args(hosts, PORT, nnodes, "failover", CONF)
     if listed:
         where = rdzv.index("--rdzv-endpoint") + 1
         rdzv[where] = ",".join(f"{hosts.addr(j)}:{PORT}" for j in range(3))
-    env = {"FAILOVER_STEP_DELAY": "0.5"} if listed else {}  # time for a node to come back
+    env = {"FAILOVER_STEP_DELAY": delay} if listed else {}  # time for a node to come back
     args = [*rdzv, "--max-restarts", "2",
             worker("failover_train.py"), str(tmp_path / "shared"), str(STEPS)]  # fmt: skip
     return Node(hosts, i, args, tmp_path, name, env=env)
@@ -190,19 +197,65 @@ def test_a_frozen_store_host_does_not_come_back_as_a_second_store(
 def test_a_partition_one_side_goes_on_the_cut_off_store_host_stops(
     netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
 ) -> None:
-    """At ``--nnodes 1:3`` the store's host alone would be enough nodes; it is not a half of
-    the last round's 3, the two others are a strict majority (``failover.quorum``)."""
+    """At ``--nnodes 1:3`` the store's host alone would be enough nodes, and with the spare
+    that waits on its side (on its machine) two: but only the last round's members count,
+    and it alone is not a half of the 3; the two others are a strict majority
+    (``majority``). Counting the spare, both sides would run a round."""
     spaces = netns(3)
     hosts, shared = _start(spaces, nodes, tmp_path, "1:3")
     wait_for(_training(nodes, shared), HANG, "all three nodes to train")
+    spare = _agent(hosts, 0, tmp_path, "1:3", False, "n0-spare")
+    nodes.append(spare)
+    wait_for(lambda: "a spare: it waits" in spare.stderr, HANG, "the spare to wait")
     spaces.cut(0)
     try:
         assert nodes[0].finish(HANG) == 1, nodes[0].stderr[-4000:]
         last = nodes[0].stderr.strip().splitlines()[-1]
-        assert "only 1 node(s) are left" in last and "at least 2 needed" in last, last
+        assert "only 1 of the last round's 3 members are left on this store" in last, last
+        assert "at least 2 needed" in last, last
+        assert spare.finish(HANG) == 0, spare.stderr[-4000:]  # not needed: it never ran
+        assert "not needed" in spare.stderr and "round 1: node rank" not in spare.stderr
         _survivors_finished(nodes, hosts, shared, reference)
     finally:
         spaces.heal(0)
+
+
+def test_a_member_cut_off_serves_a_store_no_newcomer_joins_and_it_stops(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
+) -> None:
+    """The soak's case: node 2, which does not host the store, is cut off and reaches no
+    candidate, so it serves a store of its own (failover 1). A newcomer started on its
+    machine meanwhile (it reaches only that store) does not join it: no round of the job's
+    members formed there (unconfirmed); node 2 gets no quorum of the last round's members
+    and stops in one line; the link back, the newcomer joins the job where the two others
+    went on, and exactly one round runs at a time: the job finishes bit-identical."""
+    spaces = netns(3)
+    hosts, shared = _start(spaces, nodes, tmp_path, listed=True, delay="1.5")
+    wait_for(_training(nodes, shared), HANG, "all three nodes to train")
+    spaces.cut(2)
+    try:
+        served = lambda: "(failover 1) (this node)" in nodes[2].stderr  # noqa: E731
+        wait_for(served, HANG, "node 2 to serve a store of its own")
+        newcomer = _agent(hosts, 2, tmp_path, "2:3", True, "n2-new", delay="1.5")
+        nodes.append(newcomer)
+        said = ("is not confirmed", "joining it at", "round 1: node rank")
+        wait_for(lambda: any(s in newcomer.stderr for s in said), HANG, "the newcomer to look")
+        assert nodes[2].finish(HANG) == 1, nodes[2].stderr[-4000:]
+    finally:
+        spaces.heal(2)
+    last = nodes[2].stderr.strip().splitlines()[-1]
+    assert "cut off: only 1 of the last round's 3 members reached the store" in last, last
+    assert "round 1: node rank" not in nodes[2].stderr  # no round formed on its store
+    assert f"store at {hosts.addr(2)}:{PORT} (failover 1) is not confirmed" in newcomer.stderr
+    assert "joining it at" not in newcomer.stderr, newcomer.stderr[-4000:]
+    for node in nodes[:2]:
+        assert node.finish(HANG) == 0, node.stderr[-6000:]
+        assert "serves the rendezvous store now" not in node.stderr  # the store stayed
+    # It joined the job's store (then the job re-formed with it), or the job finished first.
+    code = newcomer.finish(HANG)
+    assert code == 0 or "the job finished while" in newcomer.stderr, newcomer.stderr[-4000:]
+    assert "world=2" in (shared / "steps-1").read_text()  # the two went on without node 2
+    assert (shared / "final.bin").read_bytes() == reference
 
 
 @needs_sshd
@@ -256,3 +309,46 @@ def test_under_a_hostfile_the_others_fail_over_when_the_first_hosts_agent_is_sig
     finally:
         hosts.stop()
         remove_job_cgroups(logs)
+
+
+# A worker that needs no torch: it says its world size per restart, and in restart 0 it
+# waits to be stopped (the job re-forms after the losses), later it finishes at once.
+SLEEPER = """import os, pathlib, sys, time
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+name = f"r{restart}-rank{os.environ['RANK']}"
+(pathlib.Path(sys.argv[1]) / name).write_text(os.environ["WORLD_SIZE"])
+if restart == "0":
+    time.sleep(600)
+"""
+
+
+def test_a_member_lost_with_the_store_host_is_not_waited_for_until_join_timeout(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
+) -> None:
+    """Five agents (no torch: cheap) at ``--nnodes 3:5``; the store's host and one more
+    member SIGKILLed together. On the successor's store nobody has the second one's
+    heartbeats: it is given up once the three survivors (a strict majority of 5) are there
+    and its keepalive expired, and the restart round forms with the three -- before, it
+    waited for it until join_timeout (600 s here) and then failed."""
+    spaces = netns(5)
+    hosts, shared = NamespaceHosts(spaces), tmp_path / "shared"
+    shared.mkdir()
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    conf = CONF.replace("join_timeout=60", "join_timeout=600")
+    for i in range(5):
+        rdzv = c10d_args(hosts, PORT, "3:5", "failover", conf)
+        rdzv[rdzv.index("--rdzv-endpoint") + 1] = ",".join(
+            f"{hosts.addr(j)}:{PORT}" for j in range(5)
+        )
+        args = [*rdzv, "--max-restarts", "1", "--cold-start", str(script), str(shared)]
+        nodes.append(Node(hosts, i, args, tmp_path))
+    started = lambda: len(list(shared.glob("r0-*"))) == 5  # noqa: E731
+    wait_for(started, HANG, "all five nodes to run")
+    assert {(shared / f"r0-rank{r}").read_text() for r in range(5)} == {"5"}
+    for i in (0, 4):
+        _kill_tree(nodes[i].proc.pid)
+    for node in nodes[1:4]:
+        assert node.finish(HANG) == 0, node.stderr[-6000:]
+        assert "serves the rendezvous store now" in node.stderr, node.stderr[-4000:]
+    assert {p.read_text() for p in shared.glob("r1-*")} == {"3"}, list(shared.iterdir())

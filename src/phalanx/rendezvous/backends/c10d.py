@@ -117,7 +117,7 @@ def open_handler(
         log.warning("%s", warning)
     endpoints = options.endpoints or ((options.host, options.port),)
     successors = AgentStoreSuccessors(endpoints, options.token, spec.run_id, settings)
-    store = successors.newest() or open_store(
+    store = successors.newest(settings.join_timeout) or open_store(
         options.host, options.port, options.is_host, settings, options.token, spec.run_id
     )
     check_store(store, spec.run_id, where)

@@ -10,6 +10,7 @@ is an agent store like the first: the same token both ways, the run id seeded (`
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from phalanx.rendezvous import lastword
@@ -17,6 +18,7 @@ from phalanx.rendezvous.addr import is_this_machine, resolve
 from phalanx.rendezvous.backends.claim import RUN_KEY, seed
 from phalanx.rendezvous.dynamic.failover import TRY, Candidate, epoch_of
 from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.majority import choose, confirmed
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.lastword import Reach
 from phalanx.rendezvous.settings import RendezvousSettings
@@ -93,32 +95,59 @@ class AgentStoreSuccessors:
             candidate.host, candidate.port, self._token, read_timeout=self._read_timeout
         )
 
-    def newest(self) -> KVStore | None:
+    def newest(self, patience: float) -> KVStore | None:
         """A node that starts while the job runs on a successor's store (listed endpoints
-        only: members are known only to members): the newest store the listed candidates
-        serve, one try each, as a client (``current`` and ``epoch`` set to it); None when
-        none serves one past the first store (a job starting: the first endpoint, as ever)."""
-        keys, best = Keys(self._run_id), None
-        for candidate in self._listed if len(self._listed) > 1 else []:
+        only: members are known only to members): the confirmed store with the highest
+        failover number the listed candidates serve (``majority.choose``), as a client
+        (``current`` and ``epoch`` set to it); None when none serves a confirmed one past the
+        first store (a job starting: the first endpoint, as ever). A newer store that is not
+        confirmed (a successor its survivors are still reaching, or a node cut off from the
+        others serving its own) is never joined: all are looked at again, once a second, while one
+        is there, for at most ``patience`` seconds."""
+        keys, until, said = Keys(self._run_id), time.monotonic() + patience, False
+        while len(self._listed) > 1:
+            found = self._look(keys)
+            best, again = choose([(epoch, sure) for _, _, epoch, sure in found])
+            if again and time.monotonic() < until:
+                for candidate, store, epoch, sure in found:
+                    store.close()
+                    if not (sure or said):
+                        said = True
+                        log.warning(
+                            "rendezvous: the store at %s (failover %d) is not confirmed (a "
+                            "quorum of the job's last members has not reached it): waiting "
+                            "for one that is, at most %gs", candidate, epoch, patience,
+                        )  # fmt: skip
+                time.sleep(1.0)
+                continue
+            chosen = None if best is None or found[best][2] == 0 else found[best]
+            for _, store, _, _ in found:
+                if chosen is None or store is not chosen[1]:
+                    store.close()
+            if chosen is None:
+                return None
+            self.current, store, self.epoch, _ = chosen
+            log.warning(
+                "rendezvous: the job's store moved (failover %d): joining it at %s",
+                self.epoch, self.current,
+            )  # fmt: skip
+            return store
+        return None
+
+    def _look(self, keys: Keys) -> list[tuple[Candidate, KVStore, int, bool]]:
+        """Every listed candidate that serves the job's store, one try each: where, a
+        client of it, its failover number and whether it is confirmed."""
+        found = []
+        for candidate in self._listed:
             store = self.reach(candidate, TRY)
             if store is None:
                 continue
             try:
                 epoch = epoch_of(store, keys)
+                found.append((candidate, store, epoch, confirmed(store, keys, epoch)))
             except (StoreUnavailable, ValueError):
-                epoch = 0
-            if epoch > self.epoch:
-                if best is not None:
-                    best.close()
-                best, self.epoch, self.current = store, epoch, candidate
-            else:
                 store.close()
-        if best is not None:
-            log.warning(
-                "rendezvous: the job's store moved (failover %d): joining it at %s",
-                self.epoch, self.current,
-            )  # fmt: skip
-        return best
+        return found
 
     def moved(self, candidate: Candidate) -> Reach:
         self.current = candidate

@@ -1,11 +1,11 @@
 """Going on without the node that served the rendezvous store (design.md, "When the store's
 host is lost"): the candidates to succeed it, the walk that finds the successor, what the
-survivors re-publish on the new store, and the quorum a restart round needs so that two
-sides of a partition never both run.
+survivors re-publish on the new store. The quorum a restart round needs, so that two sides
+of a partition never both run, is ``majority``'s.
 
 Store-agnostic: how a candidate serves a store, or is reached at one, is the backend's
-(``Successors``; c10d's is ``backends.successor``). The walk and the quorum are pure
-(``tests/unit/test_failover.py`` drives them over the in-memory store).
+(``Successors``; c10d's is ``backends.successor``). The walk is pure
+(``tests/unit/test_failover.py`` drives it over the in-memory store).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from phalanx.rendezvous.dynamic.board import Board, Decision, encode
 from phalanx.rendezvous.dynamic.joined import JoinedRound
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.lost import Untold
+from phalanx.rendezvous.dynamic.majority import FEWEST, confirmed
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.lastword import Reach
 from phalanx.rendezvous.settings import RendezvousSettings
@@ -28,7 +29,6 @@ from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
 
 log = logging.getLogger("phalanx")
 
-FEWEST = 3  # a round of 2 never fails over: its survivor could never be a majority
 TRY = 1.0  # seconds one try at a candidate may take (a filtered port never answers)
 
 
@@ -93,16 +93,6 @@ def epoch_of(store: KVStore, keys: Keys) -> int:
     return 0 if data is None else int(data)
 
 
-def quorum(min_nodes: int, members: int, failed_over: bool) -> int:
-    """The fewest nodes a restart round after a round of ``members`` may form with: MIN, and
-    on a store that took over from a lost one (``failed_over``) a strict majority of the
-    members; on the store that stayed, at least half. A strict majority and a half of the
-    same members cannot both exist, so the two sides of a partition never both run."""
-    if members < FEWEST:
-        return min_nodes  # a job of 2 never fails over: nothing to keep apart
-    return max(min_nodes, members // 2 + 1 if failed_over else (members + 1) // 2)
-
-
 def walk(
     candidates: Sequence[Candidate],
     successors: Successors,
@@ -159,15 +149,22 @@ def _served_later(
 
 
 def _store_at(
-    candidate: Candidate, successors: Successors, timeout: float, epoch: int, keys: Keys
+    candidate: Candidate,
+    successors: Successors,
+    timeout: float,
+    epoch: int,
+    keys: Keys,
+    sure: bool = False,
 ) -> KVStore | None:
     """The store at ``candidate`` when it answers within ``timeout`` and is of ``epoch`` or
-    newer; None (closed) when it does not answer, is older (not the successor yet) or junk."""
+    newer (``sure``: and confirmed, ``majority``); None (closed) when it does not answer,
+    is older (not the successor yet), unconfirmed or junk."""
     store = successors.reach(candidate, timeout)
     if store is None:
         return None
     try:
-        if epoch_of(store, keys) >= epoch:
+        found = epoch_of(store, keys)
+        if found >= epoch and (not sure or confirmed(store, keys, found)):
             return store
     except (StoreUnavailable, ValueError):
         pass
@@ -202,15 +199,19 @@ def superseded(
     keys: Keys,
     patience: float,
     clock: Callable[[], float] = time.monotonic,
+    sure: bool = False,
 ) -> Candidate | None:
     """For a store host that fenced itself (frozen, cut off): the candidate that serves a
     newer store than its own (the others failed over while it was away), looked for among
-    the others, one try each, round after round for ``patience`` seconds; None: none does."""
+    the others, one try each, round after round for ``patience`` seconds; None: none does.
+    ``sure``: only a confirmed one counts (a member cut off like this host may serve a store
+    of its own, which no majority joined: it must not make the host give up)."""
     others = [c for c in candidates if not (successors.is_me(c, rank) or successors.is_current(c))]
     until = clock() + patience
     while others:
         for candidate in others:
-            if (store := _store_at(candidate, successors, TRY, epoch + 1, keys)) is not None:
+            store = _store_at(candidate, successors, TRY, epoch + 1, keys, sure)
+            if store is not None:
                 store.close()
                 return candidate
         if clock() >= until:
@@ -251,11 +252,6 @@ def unanswered(board: Board) -> str | None:
     except StoreUnavailable as exc:
         return str(exc)
     return None
-
-
-def failed_over(board: Board, r: int) -> bool:
-    """Whether round ``r`` was re-published on a store that took over from a lost one."""
-    return board.store.get(board.keys.round(r, "failover")) is not None
 
 
 def _named(membership: Membership, rank: int | None, where: Candidate) -> str:
@@ -353,7 +349,9 @@ class Failover:
         """For this node, which served the store and fenced itself: why it must stop, when
         the others moved the job to a successor while it was away; None: they did not."""
         candidates = self.successors.candidates(membership)
-        found = superseded(candidates, self.successors, rank, self.epoch, keys, self._patience)
+        found = superseded(
+            candidates, self.successors, rank, self.epoch, keys, self._patience, sure=True
+        )
         if found is None:
             return None
         return (

@@ -1,31 +1,29 @@
 """Forming one round: join, agree when it closes and who is in, pick the master port.
 
-Every node does O(1) store operations per round (one node, the assembler, reads the n
-arrivals); nobody scans the membership:
+Every node does O(1) store operations per round (the assembler reads the n arrivals):
 
 1. **Join** round t: ``slot = add(joined)``, then write the arrival under ``node/<slot>``.
    A member of round t-1 (a restart) first opens round t, and after joining records its
    fate in t-1 as ``rejoined``.
 2. **Close**: one compare-and-set on ``closed`` decides for everyone how many arrivals are in
-   (slots 1..n) -- or that the round failed. The MAX-th arrival closes at once. In round 0
+   (slots 1..n) -- or that the round failed. The MAX-th arrival closes at once (unless a
+   quorum of members decides, below). In round 0
    an arrival with slot >= MIN closes after the last-call window unless someone did first.
-   In a later round nodes first wait until every member of round t-1 is accounted for
-   (rejoined, lost, or left -- so a member still stopping its workers is waited for, not
-   dropped); then the round closes at once when every survivor and every queued node
+   Later, nodes first wait until every member of round t-1 is accounted for (rejoined,
+   lost, or left: a member still stopping its workers is waited for, not dropped); then the round closes at once when every survivor and every queued node
    (spare or newcomer) is in, after the last call otherwise -- but not while a queued node
    that still beats is missing (``queued``: a spare that hiccups when it is chosen is
    waited for until its heartbeat is ``heartbeat_timeout`` old, and at most
    ``heartbeat_timeout`` past the last call) -- and fails when fewer than MIN nodes are
-   left.
+   left, or (c10d) too few of round t-1's members (``majority``: no split brain).
 3. **Membership**: slot 1 reads the n arrivals, assigns node ranks, writes ``members``
    (a deterministic result, so any node can redo it if slot 1 died). Node rank 0 picks a
    free port on its host and publishes ``master``.
 
-A node that finds the round closed without it (it came late, or beyond MAX) queues for
-the next round; if the running round has room, its members see ``NODE_WAITING``. A spare
-(it queued while the round ran with MAX members) that the job ends without -- it finished,
-or it failed -- leaves with exit 0: not needed (``NotNeeded``). One that finds every member
-of the running round gone opens the next round itself (``abandoned``).
+A node that finds the round closed without it (late, or beyond MAX) queues for the next
+round (its members see ``NODE_WAITING`` if it has room). A spare (it queued while the round
+ran with MAX members) the job ends without leaves with exit 0 (``NotNeeded``). One that
+finds every member of the running round gone opens the next round itself (``abandoned``).
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from phalanx.rendezvous.api import NodeInfo
 from phalanx.rendezvous.dynamic.abandoned import Abandoned
 from phalanx.rendezvous.dynamic.admission import check_admission
 from phalanx.rendezvous.dynamic.board import Board, Decision, decode, encode, parsed
-from phalanx.rendezvous.dynamic.failover import failed_over, quorum
+from phalanx.rendezvous.dynamic.majority import close_restart, expire_late, failed_over
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
@@ -66,18 +64,15 @@ class RoundFormer:
         majority: bool = False,
         max_restarts: int = 0,
     ) -> None:
-        """``worker_port``: the workers' master port in every round (a program that was
-        given its port, ``phalanx.spawn``); None: node 0 picks a free port each round.
-        ``where``: the store, as the waiting line names it.
-        ``admit_mismatch``: join a running job whose code or arguments differ from this
-        node's (``admission``; --allow-mismatch).
-        ``standing_by``: called whenever this node goes (back) to waiting as no member of a
-        running round -- a fresh node, a spare, a member that came back too late for a
-        place, each time it loses the race for one; ``arriving``: called after that, just
-        before it takes a slot (its fence stands down while it waits and arms from then:
-        ``Fence.stand_down``, ``Fence.arrived``). ``majority``: the store may move to a
-        successor (c10d): a restart round also needs ``failover.quorum``. ``max_restarts``:
-        the budget a waiting node spends when every member is gone (``abandoned``)."""
+        """``worker_port``: the workers' master port in every round (``phalanx.spawn``);
+        None: node 0 picks a free port each round. ``where``: the store, as the waiting line
+        names it. ``admit_mismatch``: join a running job whose code or arguments differ
+        (``admission``; --allow-mismatch). ``standing_by``: called whenever this node goes
+        (back) to waiting as no member of a running round (each time it loses the race for
+        a place); ``arriving``: after that, just before it takes a slot (``Fence.stand_down``,
+        ``Fence.arrived``). ``majority``: the store may move (c10d): a restart round needs a
+        quorum of the last round's members (``majority``). ``max_restarts``: the budget a
+        waiting node spends when every member is gone (``abandoned``)."""
         self._b = board
         self._keys = board.keys
         self._s = settings
@@ -131,15 +126,15 @@ class RoundFormer:
                 deadline = self._wait_open(t, deadline, me.hostname)
                 self._arriving()
             slot = self._b.store.add(self._keys.round(t, "joined"), 1)
-            if slot > self._max:  # full: queue for the next round
+            if slot > self._max:  # full: queue for the next round (a member: here for it)
+                self._rejoined(t, prior, prior_rank, rejoining)
                 rejoining = False
                 t += 1
                 continue
             self._b.store.set(self._keys.node(t, slot), encode(me.to_json()))
-            # Closed before settling: the last settle wakes all, who would each propose a close.
-            full = self._b.close(t, Decision(count=self._max)) if slot == self._max else None
-            if rejoining and prior is not None and prior_rank is not None:
-                self._b.settle(t - 1, prior_rank, prior.count, "rejoined")
+            # Closed before settling (the last settle wakes all, who would each propose a close).
+            full = self._b.close(t, Decision(count=self._max)) if self._full(t, slot) else None
+            self._rejoined(t, prior, prior_rank, rejoining)
             decision = full or self._await_decision(t, slot, deadline)
             if decision.failed:
                 raise self._ended(decision.failure)
@@ -152,6 +147,12 @@ class RoundFormer:
             return membership, rank, self._master(membership, rank)
 
     # -- joining ---------------------------------------------------------------------------
+    def _rejoined(self, t: int, prior: Membership | None, rank: int | None, back: bool) -> None:
+        """A member of round t-1 (``prior``) is ``back``: its old place settles as rejoined,
+        also when round t is full (it waits here for t+1): t closes once t-1 settled."""
+        if back and prior is not None and rank is not None:
+            self._b.settle(t - 1, rank, prior.count, "rejoined")
+
     def _check_stopped(self) -> None:
         """Raise if the job stopped."""
         stopped = self._b.stopped()
@@ -223,8 +224,7 @@ class RoundFormer:
                 )
             self._line.check(t, deadline, queued=True, spare=spare)
             self._b.store.wait([key], min(left, self._s.heartbeat_interval))
-        # A spare that waited past the timeout gets the whole timeout for the round it joins
-        # (not what was left of the last extension).
+        # A spare that waited past the timeout gets the whole timeout for the round it joins.
         return self._clock() + self._s.join_timeout if waited_past else deadline
 
     def _spare(self, t: int) -> bool:
@@ -242,6 +242,9 @@ class RoundFormer:
         return self._finished()
 
     # -- closing ---------------------------------------------------------------------------
+    def _full(self, t: int, slot: int) -> bool:  # (a members' quorum is known once settled)
+        return slot == self._max and not (self._majority and t > 0)
+
     def _await_decision(self, t: int, slot: int, deadline: float) -> Decision:
         if t > 0:
             return self._await_restart(t, deadline)
@@ -256,16 +259,15 @@ class RoundFormer:
         ``restart_close`` says (checked again every heartbeat interval past the last call:
         a queued node that still beats is on its way)."""
         settled = self._keys.round(t - 1, "all_settled")
+        if self._majority and failed_over(self._b, t - 1):  # members lost with its host
+            expire_late(self._b, t - 1, self._s.heartbeat_timeout, self._clock)
         decided = self._wait_decided(t, deadline, settled, deadline, settling=True)
         if decided is not None:
             return decided
         if self._clock() >= deadline:
+            why = f"members of round {t - 1} neither rejoined nor were found lost"
             return self._b.close(
-                t,
-                Decision(
-                    failure=f"members of round {t - 1} neither rejoined nor were found "
-                    f"lost within join_timeout={self._s.join_timeout:g}s"
-                ),
+                t, Decision(failure=f"{why} within join_timeout={self._s.join_timeout:g}s")
             )
         previous = self._b.decision(t - 1)
         survivors = (previous.count if previous else 0) - self._b.read_int(
@@ -293,16 +295,15 @@ class RoundFormer:
 
     def _close_with(self, t: int, joined: int) -> Decision:
         """Close round t with the ``joined`` arrivals, or fail it below MIN (or the quorum)."""
-        need = self._min
-        if t > 0 and self._majority and (before := self._b.decision(t - 1)) is not None:
-            need = quorum(self._min, before.count, failed_over(self._b, t - 1))
-        if joined >= need:
+        if t > 0 and self._majority:
+            return close_restart(self._b, t, joined, (self._min, self._max))
+        if joined >= self._min:
             return self._b.close(t, Decision(count=min(joined, self._max)))
         if t > 0:
             why = f"only {joined} node(s) are left after round {t - 1}"
         else:
             why = f"only {joined} node(s) joined within join_timeout={self._s.join_timeout:g}s"
-        return self._b.close(t, Decision(failure=f"{why}; at least {need} needed"))
+        return self._b.close(t, Decision(failure=f"{why}; at least {self._min} needed"))
 
     def _wait_decided(
         self,

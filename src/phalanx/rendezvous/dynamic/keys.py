@@ -1,7 +1,8 @@
 """Where a run's rendezvous lives in the store: every key under ``phalanx/rdzv/<run id>/``.
 
 Job-wide keys:  ``round`` (the newest opened round), ``stopped`` (someone gave up for good),
-``epoch`` (how many times the store moved to a successor: ``failover``),
+``epoch`` (how many times the store moved to a successor: ``failover``), ``confirmed``
+(a round formed on this successor's store: ``majority``),
 ``failures`` + ``fail/<i>`` (the failure log) + ``fail_from`` (its first entry not yet
 swept), ``sweep_from`` (the oldest round not yet swept), ``hb/<node id>`` (liveness: a heartbeat counter, or a key bound to the node's lease;
 see ``pulse``).
@@ -73,6 +74,10 @@ class Keys:
     @property
     def epoch(self) -> str:
         return self.prefix + "epoch"
+
+    @property
+    def confirmed(self) -> str:
+        return self.prefix + "confirmed"
 
     @property
     def sweep_from(self) -> str:

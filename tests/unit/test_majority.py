@@ -1,0 +1,174 @@
+"""No split brain where the c10d store may move (``rendezvous.dynamic.majority``), as pure
+decisions and over the in-memory store: only the last round's members count toward a
+restart round's quorum, a store that took over is confirmed once a round formed on it, a
+node that starts joins only a confirmed store, and members lost with the store's host are
+given up once their keepalive expired. The real thing (agents in network namespaces, a
+member cut off serving a store of its own) is in ``tests/multinode/test_store_failover.py``."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from phalanx.rendezvous.api import NodeInfo
+from phalanx.rendezvous.dynamic.board import Board, decode
+from phalanx.rendezvous.dynamic.failover import republish
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.majority import (
+    choose,
+    close_restart,
+    confirmed,
+    expire_late,
+    keepalive,
+    short_of,
+)
+from phalanx.rendezvous.dynamic.members import Membership
+from support.memory_store import MemoryServer, MemoryStore
+
+KEYS = Keys("job")
+ROUND = Membership(
+    round=4,
+    restart_count=2,
+    node_ids=("h", "a", "b"),
+    nodes=tuple(NodeInfo(r, f"n{r}", f"10.0.0.{r + 1}", 1) for r in range(3)),
+)
+
+
+@pytest.mark.parametrize(
+    ("min_nodes", "joined", "members", "rejoined", "failed_over", "why"),
+    [
+        (2, 2, 3, 2, True, None),  # the two survivors of 3 on the successor's store
+        (2, 2, 3, 1, True, "cut off: only 1 of the last round's 3 members"),  # + a newcomer
+        (1, 3, 3, 1, True, "cut off: only 1 of the last round's 3"),  # + two newcomers
+        (1, 2, 3, 1, False, "only 1 of the last round's 3 members are left on this store"),
+        (1, 2, 4, 2, False, None),  # a half of 4 on the old store ...
+        (1, 3, 4, 2, True, "at least 3 needed"),  # ... and never a half on a successor's
+        (3, 2, 3, 2, True, "only 2 node(s) are left after round 4; at least 3 needed"),
+        (3, 3, 3, 2, True, None),  # MIN counts the newcomer
+        (1, 1, 2, 1, False, None),  # a job of 2 never fails over: MIN only
+        (2, 2, 2, 0, True, None),
+    ],
+)
+def test_only_the_last_rounds_members_count_toward_the_majority(
+    min_nodes: int, joined: int, members: int, rejoined: int, failed_over: bool, why: str | None
+) -> None:
+    found = short_of(min_nodes, joined, members, rejoined, failed_over, 4)
+    assert (found is None) == (why is None), found
+    assert why is None or (found is not None and why in found), found
+
+
+@pytest.mark.parametrize("members", range(3, 8))
+def test_no_two_stores_both_form_a_round_whatever_joins_them(members: int) -> None:
+    """The last round's members split over the old store and two successors' (each member
+    on one store), any number of newcomers on each: at most one store may form a round."""
+    for old, first in itertools.product(range(members + 1), repeat=2):
+        second = members - old - first
+        if second < 0:
+            continue
+        sides = [(old, False), (first, True), (second, True)]
+        formed = [
+            side
+            for side, (rejoined, moved) in enumerate(sides)
+            if short_of(1, rejoined + 5, members, rejoined, moved, 0) is None
+        ]
+        assert len(formed) <= 1, (old, first, second, formed)
+
+
+@pytest.mark.parametrize(
+    ("seen", "chosen"),
+    [
+        ([], (None, False)),  # nobody serves: a job starting
+        ([(0, True)], (0, False)),
+        ([(0, True), (1, False)], (0, True)),  # the successor forming, or a cut-off node's
+        ([(0, True), (1, True)], (1, False)),  # the newest confirmed one
+        ([(2, True), (1, True), (3, False)], (0, True)),
+        ([(3, True), (2, False)], (0, False)),  # an older unconfirmed one is no reason to wait
+        ([(1, False)], (None, True)),  # only an unconfirmed one: never joined
+    ],
+)
+def test_a_node_that_starts_joins_the_newest_confirmed_store(
+    seen: list[tuple[int, bool]], chosen: tuple[int | None, bool]
+) -> None:
+    assert choose(seen) == chosen
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> bool:
+        self.now += seconds
+        return False
+
+
+@pytest.mark.parametrize(("quorate", "expired_at"), [(True, 4.0), (False, 12.0)])
+def test_a_missing_members_keepalive_expires_sooner_once_a_quorum_is_here(
+    quorate: bool, expired_at: float
+) -> None:
+    clock = Clock()
+    assert not keepalive(lambda: True, lambda: quorate, 4.0, clock.wait, clock)
+    assert clock.now == expired_at
+    assert keepalive(lambda: clock.now < 2, lambda: True, 4.0, clock.wait, clock)  # it came
+
+
+def _successor(rejoined: list[int]) -> tuple[MemoryServer, Board]:
+    """The store that took over after ``ROUND`` (failover 1), its lost host (member 0)
+    settled; each of ``rejoined`` came and took a slot in round 5."""
+    server = MemoryServer()
+    server.data[KEYS.epoch] = b"1"
+    board = Board(MemoryStore(server), KEYS, "x")
+    republish(board, ROUND, 0, "served the store and was lost", 1.0, None)
+    for rank in rejoined:
+        board.store.add(KEYS.round(5, "joined"), 1)
+        board.settle(4, rank, ROUND.count, "rejoined")
+    return server, board
+
+
+def test_a_cut_off_members_store_forms_no_round_with_newcomers_and_stays_unconfirmed() -> None:
+    server, board = _successor([2])
+    board.store.add(KEYS.round(5, "joined"), 2)  # two newcomers: MAX reached
+    board.settle(4, 1, ROUND.count, "lost")  # the other member never came
+    decision = close_restart(board, 5, 3, (1, 3))
+    assert decision.failed and decision.failure.startswith("cut off: only 1 of the last round's")
+    assert not confirmed(MemoryStore(server), KEYS, 1)
+
+
+def test_a_round_of_the_majority_confirms_the_store() -> None:
+    server, board = _successor([1, 2])
+    assert not confirmed(board.store, KEYS, 1)
+    assert close_restart(board, 5, 2, (2, 3)).count == 2
+    assert confirmed(MemoryStore(server), KEYS, 1)
+    assert decode(server.data[KEYS.confirmed]) == {"epoch": 1, "round": 5}
+
+
+def test_a_member_lost_with_the_store_host_is_given_up_once_its_keepalive_expired() -> None:
+    """The store's host and member 2 lost at once: member 1 alone of 3 is no quorum, so it
+    gives member 2 three keepalives, then settles it lost (told once); the round fails."""
+    server, board = _successor([1])
+    expire_late(board, 4, 0.05, time.monotonic)
+    assert server.data[KEYS.round(4, "all_settled")] == b"1"
+    assert server.data[KEYS.fate(4, 2)].startswith(b"lost:")
+    lost = [f for f in board.failures() if f["node_rank"] == 2]
+    assert len(lost) == 1 and "before its keepalive expired" in str(lost[0]["reason"])
+    expire_late(board, 4, 0.05, time.monotonic)  # again: nothing more told
+    assert len(board.failures()) == 2
+    assert close_restart(board, 5, 1, (1, 3)).failed
+
+
+def test_the_member_that_completes_the_quorum_confirms_the_store_before_the_round_closes() -> None:
+    """At ``--nnodes 3`` the two survivors of 3 are a quorum but not MIN: the round waits for
+    a third node (the spare, the lost host started again), which joins only a confirmed
+    store. So the store is confirmed once the members' quorum is there, not at the close."""
+    server, board = _successor([1])
+    expire_late(board, 4, 0.05, time.monotonic)  # member 2 not there yet: no quorum (expired)
+    assert not confirmed(MemoryStore(server), KEYS, 1)
+    server, board = _successor([1, 2])
+    expire_late(board, 4, 0.05, time.monotonic)
+    assert confirmed(MemoryStore(server), KEYS, 1)
+    assert decode(server.data[KEYS.confirmed]) == {"epoch": 1, "round": 5}
+    assert board.decision(5) is None  # not closed: MIN 3 waits for one more
