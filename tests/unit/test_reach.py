@@ -206,6 +206,11 @@ def test_the_scan_is_bounded(tmp_path: Path) -> None:
     assert answer == reach.Reach(True, f"stopped after {reach.MAX_FILES} files")
 
 
+def test_a_file_too_big_to_read(tmp_path: Path) -> None:
+    big = "x = 0\n" * (reach.MAX_BYTES // 6 + 1)
+    assert script(tmp_path, {"main.py": "import big\n", "big.py": big})
+
+
 def test_what_the_template_imports(tmp_path: Path) -> None:
     """torch unless the program never imports it; any --preload keeps it."""
     write(tmp_path, {"free.py": "import time\n", "uses.py": "import torch\n", "job.py": ""})

@@ -17,9 +17,10 @@ module that is neither the user's nor the standard library's (an installed packa
 compiled or source-less module, a file it cannot read or parse, ``exec``/``eval``/``compile``,
 an ``import_module``/``__import__`` of a name that is not a literal, a standard module that
 imports by data (``pickle``, ``runpy``, ``importlib.util``...), a relative import outside a
-package, or a scan past ``MAX_FILES`` files or ``MAX_SECONDS``. Being wrong the other way
-costs only time: a worker that imports torch after all pays its own import, as a cold
-worker (and every torchrun worker) does. Nothing is cached: each agent run reads afresh.
+package, a file over ``MAX_BYTES``, or a scan past ``MAX_FILES`` files or ``MAX_SECONDS``.
+Being wrong the other way costs only time: a worker that imports torch after all pays its
+own import, as a cold worker (and every torchrun worker) does. Nothing is cached: each agent
+run reads afresh.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 
 TARGET = "torch"
 MAX_FILES = 200
+MAX_BYTES = 1 << 20  # one file: parsing a generated module of many MB alone would pass the time
 MAX_SECONDS = 0.25  # the template starts after the scan: it must stay far below a torch import
 # Standard modules that import modules named in data or run code from other files.
 RUN_OTHER_CODE = frozenset(
@@ -166,6 +168,8 @@ def _source(path: Path) -> Path:
 def _imports(path: Path, name: str, package: bool) -> Iterator[str]:
     """The absolute names of every module ``path`` may import."""
     try:
+        if path.stat().st_size > MAX_BYTES:
+            raise _May(f"{path} is over {MAX_BYTES} bytes")
         tree = ast.parse(path.read_bytes(), str(path))
     except (SyntaxError, ValueError, OSError) as exc:
         raise _May(f"{path} cannot be parsed ({exc})") from exc
