@@ -197,6 +197,12 @@ def test_compiled_code_cannot_be_read(tmp_path: Path) -> None:
 
 def test_a_missing_script(tmp_path: Path) -> None:
     assert may_import_torch("script", "nowhere.py", str(tmp_path), {}).may
+    assert may_import_torch("script", ".", str(tmp_path), {}).may  # a directory
+
+
+def test_a_file_python_cannot_read(tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_bytes(b"import json\x00\n")
+    assert may_import_torch("script", "main.py", str(tmp_path), {}).may
 
 
 def test_the_scan_is_bounded(tmp_path: Path) -> None:

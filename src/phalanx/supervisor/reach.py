@@ -69,7 +69,7 @@ class _May(Exception):
 
 def may_import_torch(kind: str, target: str, cwd: str, env: Mapping[str, str]) -> Reach:
     """Whether ``python -u TARGET`` (``kind`` "script") or ``python -u -m TARGET`` ("module"),
-    run in ``cwd`` with ``env``, may import torch. Never raises for the user's input."""
+    run in ``cwd`` with ``env``, may import torch. Never raises."""
     safe = bool(env.get("PYTHONSAFEPATH"))  # python then prepends nothing to sys.path
     extra = [os.path.join(cwd, p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     scan = _Scan(time.monotonic() + MAX_SECONDS)
@@ -87,8 +87,9 @@ def may_import_torch(kind: str, target: str, cwd: str, env: Mapping[str, str]) -
         files = scan.run()
     except _May as why:
         return Reach(True, str(why))
-    except (OSError, ValueError, RecursionError) as exc:  # a path or a tree too odd to follow
-        return Reach(True, f"the scan of {target} failed: {exc}")
+    # A path or a tree too odd to follow (or a bug here) costs a torch import, never the launch.
+    except Exception as exc:
+        return Reach(True, f"the scan of {target} failed: {type(exc).__name__}: {exc}")
     return Reach(False, f"{target} never imports {TARGET} ({files} files read)")
 
 
