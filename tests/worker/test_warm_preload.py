@@ -1,8 +1,8 @@
 """The template imports torch only when the job's program would (docs/explanation/design.md,
 "Warm start"; ``phalanx.supervisor.reach``).
 
-Two real launches, one worker each: a script that imports only the standard library, and one
-that reaches torch through a module of its own. Each worker says, before its own imports
+Three real launches, one worker each: a script that imports only the standard library (also
+run as ``-m``), and one that reaches torch through a module of its own. Each worker says, before its own imports
 run, whether torch was already in ``sys.modules`` (inherited from the template it was forked
 from), and the template's log line says what it imported.
 """
@@ -33,19 +33,21 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, s
     for name, text in PROGRAMS.items():
         (root / name).write_text(text)
     found = {}
-    for script in ("free.py", "trains.py"):
-        logs = root / f"logs-{script}"
-        result = run_phalanx(["--nproc-per-node", "1", "--log-dir", str(logs), script], cwd=root)
+    for script in ("free.py", "-m free", "trains.py"):
+        logs = root / f"logs-{script.replace(' ', '')}"
+        args = ["--nproc-per-node", "1", "--log-dir", str(logs), *script.split()]
+        result = run_phalanx(args, cwd=root)
         assert result.returncode == 0, result.stderr
         (run_dir,) = logs.iterdir()
         found[script] = (result.stdout, result.stderr, (run_dir / "template.log").read_text())
     return found
 
 
+@pytest.mark.parametrize("how", ["free.py", "-m free"])
 def test_a_script_that_never_imports_torch_forks_from_a_template_without_it(
-    launches: dict[str, tuple[str, str, str]],
+    launches: dict[str, tuple[str, str, str]], how: str
 ) -> None:
-    stdout, stderr, template_log = launches["free.py"]
+    stdout, stderr, template_log = launches[how]
     assert json.loads(stdout.split("]: ", 1)[1].splitlines()[0]) == {"torch": False}
     assert f"{WARM_LINE}" in stderr
     assert "(nothing imported: the program never imports torch)" in stderr
