@@ -224,11 +224,11 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
     option(
         "preload",
         "",
-        "Modules the warm-start template imports besides torch, MOD[,MOD...] (e.g. "
-        "numpy,transformers): imported once per node before the ranks are known, so they "
-        "must not read RANK/LOCAL_RANK or start threads when imported. A script that calls "
-        "torch.use_deterministic_algorithms imports torch._inductor.config there, about 1 s "
-        "of every worker start and restart: preload it.",
+        "Modules the warm-start template imports besides torch, MOD[,MOD...] (e.g. numpy): once "
+        "per node before the ranks are known, so they must not read RANK/LOCAL_RANK or start "
+        "threads. torch.use_deterministic_algorithms imports torch._inductor.config: preload it. "
+        "Without --preload the template imports torch only if the program's source (its own "
+        "modules followed) may import it; any --preload (torch too) makes it import torch.",
     )
     option("keep-warm", "0", KEEP_WARM_HELP, metavar="SECONDS")
     switch(

@@ -1,7 +1,10 @@
 """Warm start, the agent's side: one template process per agent run, workers forked from it.
 
 ``open_template`` starts ``phalanx.worker.template`` with the environment every worker of
-this node shares and returns at once; the template imports torch while the rendezvous runs.
+this node shares and returns at once; the template imports torch while the rendezvous runs
+-- unless the job's program provably never imports it and no ``--preload`` is given
+(``template_imports``, ``phalanx.supervisor.reach``): then it imports nothing, and forking
+still skips the interpreter's and phalanx's start-up.
 ``Template.launch`` has the supervisor's ``Launch`` signature: the first call waits for the
 template to be ready, then each call sends one fork request with the worker's stdout and
 stderr pipe ends (``SCM_RIGHTS``) and gets back the pid and a pidfd, so the supervisor
@@ -37,6 +40,7 @@ from phalanx.plan import WorkerPlan
 from phalanx.plan.env import node_env
 from phalanx.resources.limits import LIMIT_ERRNOS
 from phalanx.supervisor.process import RunningWorker, exec_worker
+from phalanx.supervisor.reach import may_import_torch
 from phalanx.worker.contract import TEMPLATE_SHIM
 from phalanx.worker.nofollow import append_to
 from phalanx.worker.protocol import ForkRequest, ProtocolError, make_pair, receive, send
@@ -46,6 +50,7 @@ log = logging.getLogger("phalanx")
 # Every mode whose workers are python running a file or module (--run-path runs the module
 # phalanx.worker.run_path, so it keeps its semantics); --no-python programs are exec'd.
 WARM_MODES = frozenset({LaunchMode.SCRIPT, LaunchMode.MODULE, LaunchMode.RUN_PATH})
+TORCH = ("torch",)  # what the template imports before the --preload modules, by default
 READY_TIMEOUT = 120.0  # importing torch on a loaded machine; a cold start would wait as long
 REPLY_TIMEOUT = 30.0  # one fork, or one exit status after the pidfd said the worker ended
 
@@ -55,6 +60,16 @@ def template_env(workers: WorkersConfig, base_env: Mapping[str, str]) -> dict[st
     request then carries the worker's whole environment. Libraries read it at import, in the
     template."""
     return node_env(workers, base_env)
+
+
+def template_imports(workers: WorkersConfig, env: Mapping[str, str], cwd: str) -> tuple[str, ...]:
+    """What the template imports before the ``--preload`` modules: torch, unless the program
+    cannot reach it (its source read, not run: ``supervisor.reach``). Any
+    ``--preload`` keeps torch: those modules are the user's own choice of what to pay once."""
+    if workers.preload:
+        return TORCH
+    kind = "module" if workers.mode is LaunchMode.MODULE else "script"
+    return TORCH if may_import_torch(kind, workers.program, cwd, env).may else ()
 
 
 def fork_request(worker: WorkerPlan, cwd: str, python: str = sys.executable) -> ForkRequest | None:
@@ -112,14 +127,20 @@ class Template:
         self._statuses: dict[int, int] = {}  # pid -> wait status, as the template reported it
 
     @classmethod
-    def start(cls, env: Mapping[str, str], preload: tuple[str, ...], log_path: Path) -> Template:
+    def start(
+        cls,
+        env: Mapping[str, str],
+        preload: tuple[str, ...],
+        log_path: Path,
+        imports: tuple[str, ...] = TORCH,
+    ) -> Template:
         ours, theirs = make_pair()
         log_file = os.fdopen(append_to(log_path), "ab")
         try:
             proc = subprocess.Popen(
                 # -c, not -m: the working directory stays off sys.path (isolated_main).
                 [sys.executable, "-u", "-c", TEMPLATE_SHIM,
-                 str(theirs.fileno()), str(os.getpid()), ",".join(preload)],
+                 str(theirs.fileno()), str(os.getpid()), ",".join(preload), ",".join(imports)],
                 env=dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -180,10 +201,13 @@ class Template:
         return f"the template could not import: {why}"
 
     def _on_ready(self, message: dict[str, Any]) -> None:
+        seconds = float(message.get("seconds", 0.0))
         log.info(
-            "warm start: workers fork from template pid %d (imports took %.1f s)",
+            "warm start: workers fork from template pid %d (%s)",
             self.pid,
-            message.get("seconds", 0.0),
+            f"imports took {seconds:.1f} s"
+            if message.get("modules", TORCH)
+            else "nothing imported: the program never imports torch",
         )
 
     def _fork(self, request: ForkRequest) -> WarmWorker:
@@ -279,10 +303,10 @@ def open_template(
     the mode execs programs (``--no-python``), or the process cannot be started (logged)."""
     if not workers.warm_start or workers.mode not in WARM_MODES:
         return None
+    env = template_env(workers, base_env)
     try:
-        return Template.start(
-            template_env(workers, base_env), workers.preload, run_dir / "template.log"
-        )
+        imports = template_imports(workers, env, os.getcwd())
+        return Template.start(env, workers.preload, run_dir / "template.log", imports)
     except OSError as exc:
         log.warning("warm start unavailable (%s); starting workers cold", exc)
         return None

@@ -1,10 +1,12 @@
-"""``python -u -c TEMPLATE_SHIM FD PARENT_PID [MODULE,...]``: the warm-start template.
+"""``python -u -c TEMPLATE_SHIM FD PARENT_PID [MODULE,...] [OURS,...]``: the warm-start template.
 
 One per node, started by the agent with the environment every worker of the node shares
 (``OMP_NUM_THREADS`` included: the OpenMP runtime reads it once, when torch loads it). It
-imports torch and the ``--preload`` modules, reports ``ready`` on the socket ``FD``, then
-forks one worker per request, for this attempt and every restart. Forking skips the
-interpreter start-up and the torch import each worker would otherwise pay.
+imports ``OURS`` (torch, unless the agent found that the program never imports it: then
+nothing; see ``phalanx.supervisor.reach``) and the ``--preload`` modules ``MODULE``,
+reports ``ready`` on the socket ``FD``, then forks one worker per request, for this attempt
+and every restart. Forking skips the interpreter start-up and the torch import each worker
+would otherwise pay.
 
 The working directory is not on ``sys.path`` (``TEMPLATE_SHIM``: see
 ``phalanx.worker.contract.isolated_main``), so a user's ``types.py`` or ``random.py`` there
@@ -77,11 +79,13 @@ def preload(ours: tuple[str, ...], theirs: tuple[str, ...] = ()) -> dict[str, ob
     threads = [_thread_name(tid) for tid in os.listdir("/proc/self/task")]
     seconds = time.monotonic() - started
     print(
-        f"template pid {os.getpid()}: imported {', '.join(modules)} in {seconds:.2f} s; "
+        f"template pid {os.getpid()}: imported {', '.join(modules) or 'no module'} in "
+        f"{seconds:.2f} s; "
         f"{len(threads)} OS threads before the first fork: {', '.join(threads)}",
         file=sys.stderr,
     )
-    return {"ready": os.getpid(), "seconds": round(seconds, 3), "threads": len(threads)}
+    return {"ready": os.getpid(), "seconds": round(seconds, 3), "threads": len(threads),
+            "modules": list(modules)}  # fmt: skip
 
 
 def _thread_name(tid: str) -> str:
@@ -216,9 +220,10 @@ def main(argv: list[str]) -> None:
     fd, parent = int(argv[0]), int(argv[1])
     become.die_with_parent(parent)
     theirs = tuple(m for m in (argv[2] if len(argv) > 2 else "").split(",") if m)
+    ours = tuple(m for m in argv[3].split(",") if m) if len(argv) > 3 else DEFAULT_PRELOAD
     sock = socket.socket(fileno=fd)
     try:
-        ready = preload(DEFAULT_PRELOAD, theirs)
+        ready = preload(ours, theirs)
     except BaseException as exc:  # ImportError, an exception raised by a module, SystemExit...
         traceback.print_exc()
         send(sock, {"failed": f"{type(exc).__name__}: {exc}"})
