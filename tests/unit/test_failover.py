@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.rendezvous.api import NodeInfo, RoundVerdict
+from phalanx.rendezvous.api import RoundVerdict
 from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.failover import (
     Candidate,
@@ -17,7 +17,6 @@ from phalanx.rendezvous.dynamic.failover import (
     superseded,
     walk,
 )
-from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.majority import failed_over, quorum
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.lastword import Reach
@@ -25,14 +24,7 @@ from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.agentstore import Token
 from phalanx.rendezvous.stores.base import KVStore
 from support.memory_store import MemoryServer, MemoryStore
-
-KEYS = Keys("job")
-ROUND = Membership(
-    round=4,
-    restart_count=2,
-    node_ids=("h", "a", "b"),
-    nodes=tuple(NodeInfo(r, f"n{r}", f"10.0.0.{r + 1}", 1) for r in range(3)),
-)
+from support.rounds import KEYS, ROUND
 
 
 @pytest.mark.parametrize(

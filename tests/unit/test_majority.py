@@ -12,10 +12,8 @@ import time
 
 import pytest
 
-from phalanx.rendezvous.api import NodeInfo
 from phalanx.rendezvous.dynamic.board import Board, decode
 from phalanx.rendezvous.dynamic.failover import republish
-from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.majority import (
     choose,
     close_restart,
@@ -24,16 +22,8 @@ from phalanx.rendezvous.dynamic.majority import (
     keepalive,
     short_of,
 )
-from phalanx.rendezvous.dynamic.members import Membership
 from support.memory_store import MemoryServer, MemoryStore
-
-KEYS = Keys("job")
-ROUND = Membership(
-    round=4,
-    restart_count=2,
-    node_ids=("h", "a", "b"),
-    nodes=tuple(NodeInfo(r, f"n{r}", f"10.0.0.{r + 1}", 1) for r in range(3)),
-)
+from support.rounds import KEYS, ROUND
 
 
 @pytest.mark.parametrize(
