@@ -6,6 +6,7 @@ output pipes and nothing of its siblings'; a fork that fails in the middle of a 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -119,3 +120,25 @@ def test_a_fork_failing_in_a_batch_fails_that_rank_and_the_ranks_before_it_are_s
             template.close()
     assert str(failed.value).startswith("cannot start rank 2: cannot create another process")
     assert len(forked) == 2 and len(started) == 3, started  # rank 3 was not tried
+
+
+def test_a_single_fork_that_fails_raises_the_limit(tmp_path: Path) -> None:
+    """``Template.launch`` (one worker: one request of one) names the limit as the batch does."""
+    config = LaunchConfig(WorkersConfig(program=worker("batch_probe.py")))
+    joined = RendezvousResult(
+        run_id="one", round=0, restart_count=0, node_rank=0,
+        nodes=(NodeInfo(0, "localhost", "127.0.0.1", 1),),
+        master_addr="127.0.0.1", master_port=free_port(),
+    )  # fmt: skip
+    plan = build_plan(config, joined, tmp_path / "run", dict(os.environ))
+    with _pids_cgroup(1) as group:  # the template alone: no fork fits
+        template = Template.start(
+            template_env(config.workers, os.environ), (), tmp_path / "template.log", imports=()
+        )
+        try:
+            (group / "cgroup.procs").write_text(f"{template.pid}\n")
+            with pytest.raises(OSError) as failed:
+                template.launch(plan.workers[0])
+        finally:
+            template.close()
+    assert failed.value.errno == errno.EAGAIN

@@ -249,12 +249,12 @@ class Template:
         return started + one_by_one(self._instead)(workers[len(forked) :])
 
     def _fork(self, request: ForkRequest) -> WarmWorker:
-        (worker, *_), error = self._fork_many([request])
+        forked, error = self._fork_many([request])
         if error is not None:
             if error.get("errno") in LIMIT_ERRNOS:  # the template's fork hit a limit
                 raise OSError(int(error["errno"]), str(error["error"]))
             raise ProtocolError(str(error["error"]))
-        return worker
+        return forked[0]
 
     def _fork_many(
         self, requests: list[ForkRequest]
