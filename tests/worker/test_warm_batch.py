@@ -9,9 +9,11 @@ import contextlib
 import errno
 import json
 import os
+import signal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import psutil
 import pytest
 
 from phalanx.config import LaunchConfig, WorkersConfig
@@ -19,6 +21,7 @@ from phalanx.plan import WorkerPlan, build_plan
 from phalanx.rendezvous.api import NodeInfo, RendezvousResult
 from phalanx.resources.limits import StartFailed
 from phalanx.resources.ports import free_port
+from phalanx.supervisor import warm
 from phalanx.supervisor.group import Supervisor
 from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.signals import SignalWatcher
@@ -142,3 +145,37 @@ def test_a_single_fork_that_fails_raises_the_limit(tmp_path: Path) -> None:
         finally:
             template.close()
     assert failed.value.errno == errno.EAGAIN
+
+
+def test_a_template_that_does_not_answer_is_ended_and_the_workers_start_cold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stalled template (SIGSTOP, after it said ready) gets the round's request and never
+    answers: the launch says so, starts the workers cold, and the template is killed, so
+    nothing it might still fork runs beside them."""
+    monkeypatch.setattr(warm, "REPLY_TIMEOUT", 1.0)  # 30 s in a launch
+    config = LaunchConfig(WorkersConfig(program=worker("batch_probe.py"), nproc_per_node=2))
+    joined = RendezvousResult(
+        run_id="stalled", round=0, restart_count=0, node_rank=0,
+        nodes=(NodeInfo(0, "localhost", "127.0.0.1", 2),),
+        master_addr="127.0.0.1", master_port=free_port(),
+    )  # fmt: skip
+    env = {**os.environ, "PROBE_WAIT": "1"}
+    plan = build_plan(config, joined, tmp_path / "run", env)
+    log_path = tmp_path / "template.log"
+    template = Template.start(template_env(config.workers, env), (), log_path, imports=())
+    started: Started = []
+    try:
+        wait_for(lambda: "imported" in log_path.read_text(), HANG, "the template's ready")
+        os.kill(template.pid, signal.SIGSTOP)
+        started = template.launch_all(plan.workers)
+        assert len(started) == 2 and not any(isinstance(s, BaseException) for s in started)
+        assert all(psutil.Process(s.pid).ppid() == os.getpid() for s in started)  # cold
+        wait_for(lambda: not alive(template.pid), HANG, "the stalled template to be killed")
+    finally:
+        for each in started:
+            if not isinstance(each, BaseException):
+                os.killpg(each.pid, signal.SIGKILL)
+                each.reap()
+                each.close()
+        template.close()

@@ -236,8 +236,10 @@ class Template:
         except OSError as exc:
             if exc.errno in LIMIT_ERRNOS:  # a cold start would hit the same limit
                 return [exc]
+            self._abandon()
             forked, error = [], {"error": str(exc)}
         except ProtocolError as exc:
+            self._abandon()
             forked, error = [], {"error": str(exc)}
         started: Started = list(forked)
         if error is None:
@@ -288,6 +290,18 @@ class Template:
         if "error" not in reply and len(forked) < len(requests):
             reply = {**reply, "error": f"{len(forked)} of {len(requests)} workers in the answer"}
         return forked, (reply if "error" in reply else None)
+
+    def _abandon(self) -> None:
+        """A request went unanswered (no answer in time, or a broken one): what the template
+        forked for it may run, unknown to the supervisor, while the same ranks start
+        elsewhere. Ending the connection ends them: the template kills its children when
+        the agent's end closes, the service its session's; a per-run template is killed
+        too (its children die with it), since a stalled one may never read that end."""
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
 
     def exit_status(self, pid: int) -> int:
         """The return code of a forked worker (negative: killed by that signal)."""
