@@ -1,10 +1,11 @@
 """usage: bench_worker.py SCENARIO OUT_DIR [IDLE_SECONDS] -- the worker every benchmark runs.
 
-Each rank writes ``OUT_DIR/start.<restart>.<rank>``, joins a Gloo group, passes a barrier and writes ``OUT_DIR/barrier.<restart>.<rank>``
+Each rank writes ``OUT_DIR/start.<restart>.<rank>``, joins a Gloo group (``joined``), passes a
+barrier and writes ``OUT_DIR/barrier.<restart>.<rank>``
 (``time.time()``, its pid, ``time.monotonic()``: the clock the agents' events carry, and its
 parent's pid). Then, by scenario: ``launch`` exits; ``kill`` (first attempt
 only) has rank 1 write ``kill.0.1`` and SIGKILL itself while the others wait to be stopped;
-``idle`` sleeps IDLE_SECONDS.
+``idle`` sleeps IDLE_SECONDS. ``left``: past ``destroy_process_group``, about to exit.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main() -> None:
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     mark(out_dir, "start", restart, rank)
     dist.init_process_group("gloo")
+    mark(out_dir, "joined", restart, rank)
     dist.barrier()
     mark(out_dir, "barrier", restart, rank)
     if scenario == "kill" and restart == 0:
@@ -40,6 +42,7 @@ def main() -> None:
     elif scenario == "idle":
         time.sleep(float(sys.argv[3]))
     dist.destroy_process_group()
+    mark(out_dir, "left", restart, rank)
 
 
 if __name__ == "__main__":

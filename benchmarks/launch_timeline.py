@@ -12,10 +12,15 @@ timeline, each step from the launcher's start:
 - ``service connected``: ``open_warm`` returned (connected, ``hello`` sent);
 - ``rendezvous``: the standalone round is known (``LocalRendezvous.next_round`` returned);
 - ``service ready``: the service's ``ready`` answer read;
-- ``first fork`` / ``last fork``: the service's answer to the first / last fork request;
+- ``forks sent`` / ``forks answered``: the fork request of the round's workers sent (one
+  request per 64 workers) / the service's last answer read;
 - ``workers started``: the ``workers_started`` event;
 - ``first start`` / ``last start``: a rank's first line (``bench_worker`` after its imports);
-- ``all past barrier``; ``launcher exit`` (seen gone, as ``scenarios`` sees it);
+- ``all joined``: every rank's ``init_process_group`` returned (the store's rendezvous);
+- ``all past barrier``; ``first left`` / ``all left``: past ``destroy_process_group``;
+- ``first exit`` / ``last exit`` / ``job_end``: the agent's events; ``agent returned``,
+  ``main returned``, ``atexit`` (the launcher's own), ``launcher exit`` (seen gone, as
+  ``scenarios`` sees it);
 - ``agent's CPU (s)``: the agent process's own user + system time, to its exit (not a step).
 
 The stamps come from wrapping those functions, from outside: a wrapper script starts
@@ -50,12 +55,14 @@ STAMPED = {
     "phalanx.agent.agent": ["Agent.run"],
     "phalanx.supervisor.warmservice": ["open_warm"],
     "phalanx.rendezvous.local": ["LocalRendezvous.next_round"],
-    "phalanx.supervisor.warm": ["Template._ready", "Template._fork"],
+    # _fork_many: one request for a round's workers; _fork: one per worker (before issue 43's
+    # batching: stamped too, so that the timeline reads the code before it the same way)
+    "phalanx.supervisor.warm": ["Template._ready", "Template._fork", "Template._fork_many"],
 }
 WRAPPER = r"""
 import sys, time, json, os, atexit, importlib.machinery, functools
 STAMPS = [("python up", time.time())]
-ENTRY = ("parse_launch", "Agent.run"); STAMPED = json.loads(sys.argv[1]); OUT = sys.argv[2]; sys.argv = ["phalanx", *sys.argv[3:]]
+ENTRY = ("parse_launch", "Agent.run", "Template._fork", "Template._fork_many"); STAMPED = json.loads(sys.argv[1]); OUT = sys.argv[2]; sys.argv = ["phalanx", *sys.argv[3:]]
 def stamp(name, fn, on_entry):
     @functools.wraps(fn)
     def wrapped(*a, **k):
@@ -73,7 +80,8 @@ class Finder:  # not importlib.abc's: that import alone costs 20 ms
             for dotted in STAMPED[name]:
                 owner, _, attr = dotted.rpartition(".")
                 holder = getattr(module, owner) if owner else module
-                setattr(holder, attr, stamp(dotted, getattr(holder, attr), dotted in ENTRY))
+                if hasattr(holder, attr):  # the code before a change may not have it
+                    setattr(holder, attr, stamp(dotted, getattr(holder, attr), dotted in ENTRY))
         spec.loader.exec_module = exec_module
         return spec
 sys.meta_path.insert(0, Finder())
@@ -93,8 +101,8 @@ STEPS = [
     ("service connected", "open_warm"),
     ("rendezvous", "LocalRendezvous.next_round"),
     ("service ready", "Template._ready"),
-    ("first fork", "Template._fork"),
-    ("last fork", "Template._fork*"),
+    ("forks sent", "forks>"),
+    ("forks answered", "forks*"),
     ("agent returned", "Agent.run"),
     ("main returned", "main"),
     ("atexit", "atexit"),
@@ -119,22 +127,27 @@ def one(nproc: int, importtime: bool) -> dict[str, float]:
         seen: dict[str, float] = {}
         for name, when in json.loads(stamps.read_text()):
             seen.setdefault(name, when)
-            if name == "Template._fork":
-                seen["Template._fork*"] = when
+            if name.startswith("Template._fork"):  # the first request sent, the last answer
+                seen.setdefault("forks>", when)
+                if not name.endswith(">"):
+                    seen["forks*"] = when
         (events,) = logs.glob("*/events.jsonl")
         for line in events.read_text().splitlines():
             event = json.loads(line)
             if event["kind"] in ("workers_started", "worker_exit", "job_end"):
                 seen.setdefault(event["kind"], event["t"])
                 seen[event["kind"] + "*"] = event["t"]
-        ranks = {e: scenarios._stamps(out, e, 0) for e in ("start", "barrier")}
+        ranks = {e: scenarios._stamps(out, e, 0) for e in ("start", "joined", "barrier", "left")}
         row = {label: seen[key] - started for label, key in STEPS if key in seen}
         for label, key in (("workers started", "workers_started"), ("first exit", "worker_exit"),
                            ("last exit", "worker_exit*"), ("job_end", "job_end")):  # fmt: skip
             row[label] = seen[key] - started
         row["first start"] = min(t for t, _ in ranks["start"].values()) - started
         row["last start"] = max(t for t, _ in ranks["start"].values()) - started
+        row["all joined"] = max(t for t, _ in ranks["joined"].values()) - started
         row["all past barrier"] = max(t for t, _ in ranks["barrier"].values()) - started
+        row["first left"] = min(t for t, _ in ranks["left"].values()) - started
+        row["all left"] = max(t for t, _ in ranks["left"].values()) - started
         row["launcher exit"] = exited - started
         row["agent's CPU (s)"] = seen["cpu"]
         return row

@@ -1,5 +1,3 @@
-import sys
+from phalanx.cli.main import command
 
-from phalanx.cli.main import main
-
-sys.exit(main())
+command()

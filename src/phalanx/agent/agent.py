@@ -34,7 +34,6 @@ from phalanx.supervisor.clock import WallClock
 from phalanx.supervisor.console import configure_logging as configure_logging
 from phalanx.supervisor.group import Supervisor
 from phalanx.supervisor.guardian import Guardian, GuardianLost
-from phalanx.supervisor.process import exec_worker
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.supervisor.warm import Template
 from phalanx.supervisor.warmservice import open_warm
@@ -247,7 +246,7 @@ class Agent:
         return Supervisor(
             guardian, shutdown_timeout=config.workers.shutdown_timeout,
             monitor_interval=config.workers.monitor_interval, console=self._console,
-            launch=template.launch if template is not None else exec_worker,
+            launch_all=template.launch_all if template is not None else None,
             on_console_lost=lambda names, why: events.emit(
                 "console_lost", streams=names, reason=why),
             duplicate_filters=filters, wall_clock=wall_clock.now,

@@ -20,6 +20,7 @@ from pathlib import Path
 from phalanx.service import cgroups, job, paths
 from phalanx.service.server import Service
 from phalanx.worker import become, leave, template
+from phalanx.worker.batch import STOP_SIGNALS
 
 
 def reset_inherited_signals() -> None:
@@ -51,7 +52,7 @@ def main(argv: list[str]) -> None:
         sys.exit(1)  # waiting agents read the end of their connection: they fall back
     os.chdir("/")  # the first launch's directory was only where its preload modules are
     service = Service(listener, path, idle, {**ready, "lineage": lineage}, theirs)
-    for sig in template.STOP_SIGNALS:
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: None)  # noted by the wakeup fd: drain, then end
     signal.set_wakeup_fd(service.wakeup_fd)

@@ -5,7 +5,7 @@ with the listening socket already bound, it imports torch and the preload module
 per-run template does (``phalanx.worker.template.preload``), then serves any number of agents of its user at once,
 each on its own connection (a session): the agent says ``hello`` with its process settings
 (``phalanx.service.job``), gets ``ready``, and then sends fork requests exactly as to the
-template (``phalanx.worker.protocol``). ``status`` and ``stop`` are answered too.
+template (``phalanx.worker.protocol``; a round's workers in one, ``phalanx.worker.batch``). ``status`` and ``stop`` are answered too.
 
 - A peer of another uid is refused (``SO_PEERCRED``), besides the socket's 0700 directory.
 - Each session holds a pidfd of its agent. When the agent dies (even by SIGKILL) or closes
@@ -35,8 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.service import job, paths
-from phalanx.worker import become, template
-from phalanx.worker.protocol import MAX_MESSAGE, ForkRequest, ProtocolError, receive, send
+from phalanx.worker import become
+from phalanx.worker.batch import fork_batch
+from phalanx.worker.protocol import (
+    BATCH,
+    MAX_MESSAGE,
+    ForkRequest,
+    ProtocolError,
+    receive,
+    send,
+)
 
 Reply = tuple[dict[str, Any], tuple[int, ...]]
 
@@ -138,7 +146,7 @@ class Service:
         if session is None:
             return None  # ended earlier in this round of events
         try:
-            received = receive(sock)
+            received = receive(sock, max_fds=2 * BATCH)
         except (ProtocolError, OSError) as exc:
             with contextlib.suppress(OSError):
                 send(sock, {"error": f"{type(exc).__name__}: {exc}"})
@@ -147,7 +155,7 @@ class Service:
             self._end(session)
             return None
         message, fds = received
-        if "fork" in message and session.settings is not None:
+        if "forks" in message and session.settings is not None:
             return self._fork(session, message, fds)
         for fd in fds:
             os.close(fd)
@@ -197,31 +205,18 @@ class Service:
     def _fork(
         self, session: Session, message: dict[str, Any], fds: list[int]
     ) -> ForkRequest | None:
-        """Fork a worker for ``session``; the request in the child, None in the service."""
-        try:
-            if len(fds) != 2:
-                raise ProtocolError(f"expected a fork request with 2 fds, got {len(fds)}")
-            request = ForkRequest.from_json(message["fork"])
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            pid = template.fork_blocked(self._mask)
-        except (ProtocolError, KeyError, TypeError, AttributeError, OSError) as exc:
-            for fd in fds:
-                os.close(fd)
-            code = exc.errno if isinstance(exc, OSError) else None
-            send(session.sock, {"error": f"{type(exc).__name__}: {exc}", "errno": code})
-            return None
-        if pid == 0:
-            self._become(session, request, (fds[0], fds[1]))
+        """Fork the request's workers for ``session`` (``batch``): a child's request in that
+        child; None in the service, once the answer is sent."""
+        forked = fork_batch(message, fds, self._mask)
+        if forked.child is not None:
+            request, stdio = forked.child
+            self._become(session, request, stdio)
             return request
-        for fd in fds:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)
-        pidfd = os.pidfd_open(pid)
-        session.children[pid] = pidfd
-        self._selector.register(pidfd, selectors.EVENT_READ, ("child", (session, pid)))
-        send(session.sock, {"pid": pid}, (pidfd,))
+        for pid, pidfd in forked.children:
+            session.children[pid] = pidfd
+            self._selector.register(pidfd, selectors.EVENT_READ, ("child", (session, pid)))
+        with contextlib.suppress(OSError):  # an agent gone meanwhile: its end is read next
+            send(session.sock, *forked.answer())
         return None
 
     def _become(self, session: Session, request: ForkRequest, stdio: tuple[int, int]) -> None:

@@ -37,7 +37,7 @@ from phalanx.supervisor.guardian import Guardian
 from phalanx.supervisor.logs import LogStream, finish_all
 from phalanx.supervisor.pipes import PipeSelector
 from phalanx.supervisor.preempt import Preemption, PreemptWatch, kill_margin
-from phalanx.supervisor.process import RunningWorker, exec_worker
+from phalanx.supervisor.process import exec_worker
 from phalanx.supervisor.reap import Reaper, drain
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.supervisor.slot import (
@@ -46,6 +46,7 @@ from phalanx.supervisor.slot import (
     running_workers,
     wire_logs,
 )
+from phalanx.supervisor.start import Launch, LaunchAll, one_by_one
 from phalanx.supervisor.stop import Stopper
 
 log = logging.getLogger("phalanx")
@@ -72,7 +73,6 @@ class RoundResult:
     preemption: Preemption | None = None
 
 
-Launch = Callable[[WorkerPlan], RunningWorker]
 # Called every monitor tick with (plan, pid) of every live worker; True stops the round.
 OnTick = Callable[[Sequence[tuple[WorkerPlan, int]]], bool]
 
@@ -85,6 +85,7 @@ class Supervisor:
         shutdown_timeout: float,
         monitor_interval: float,
         launch: Launch = exec_worker,
+        launch_all: LaunchAll | None = None,
         console: tuple[BinaryIO, BinaryIO] | None = None,
         on_console_lost: OnLost = lambda names, why: None,
         duplicate_filters: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ()),
@@ -94,11 +95,13 @@ class Supervisor:
     ) -> None:
         """``wall_clock``: the time stamped on each exit, for display (``supervisor.clock``).
         ``fence``: guards every worker group (``phalanx.rendezvous.fencing``).
-        ``on_console_lost``: told once when the console goes away (``supervisor.console``)."""
+        ``on_console_lost``: told once when the console goes away (``supervisor.console``).
+        ``launch_all``: starts a round's workers (a warm template's); else ``launch``, one by
+        one."""
         self._guardian = guardian
         self._fence = fence
         self._monitor_interval = monitor_interval
-        self._launch = launch
+        self._launch_all = launch_all if launch_all is not None else one_by_one(launch)
         self._console = Console(console, on_console_lost) if console is not None else None
         self._duplicate_filters = duplicate_filters
         self._host = host or socket.gethostname()
@@ -149,8 +152,7 @@ class Supervisor:
         streams: dict[int, LogStream] = {}
         self._preempt = preempt
         try:
-            for worker in plan.workers:
-                self._start(worker, plan, selector, streams, slots)
+            self._start_all(plan, selector, streams, slots)
             # The first ticks come quickly (0.1 s, then doubling up to ``every``): the workers'
             # start and first progress are recorded as they happen, then a quiet job ticks
             # as seldom as ``every`` allows.
@@ -298,29 +300,41 @@ class Supervisor:
             return self._result(Outcome.FAILED, slots)
         return self._result(Outcome.REMOTE, slots, event=event)
 
-    def _start(
+    def _start_all(
         self,
-        worker: WorkerPlan,
         plan: RoundPlan,
         selector: PipeSelector,
         streams: dict[int, LogStream],
         slots: list[Slot],
     ) -> None:
-        """Start ``worker`` into ``slots``; a limit reached on the way (descriptors,
-        processes, threads) raises ``StartFailed``, which ends the round."""
-        try:
+        """Start the round's workers into ``slots``, all at once (``LaunchAll``: a warm
+        template forks them from one request). Every worker started gets its slot, and so is
+        stopped with the others, before anything can fail; a limit reached on the way
+        (descriptors, processes, threads) then raises ``StartFailed``, which ends the round."""
+        for worker in plan.workers:
             make_log_dir(str(worker.log_dir))
             self._counters.make(worker.log_dir)  # in memory, linked from there
-            proc = self._launch(worker)
-            self._guardian.watch(proc.pid)  # the worker leads its own process group
-            if self._fence is not None:
-                self._fence.guard(proc.pid)  # killed at once if the node has fenced already
-            slot = Slot(worker, proc, [])
-            slots.append(slot)  # from here on, stopped with the others whatever fails below
-            selector.register(proc.exit_fd, selectors.EVENT_READ, slot)
-            wire_logs(slot, plan, selector, streams, self._console, self._duplicate_filters)
+        started = self._launch_all(plan.workers)
+        slots += [
+            Slot(w, p, [])
+            for w, p in zip(plan.workers, started, strict=False)
+            if not isinstance(p, BaseException)
+        ]
+        failure = next((p for p in started if isinstance(p, BaseException)), None)
+        rank = plan.workers[0].global_rank if plan.workers else 0
+        try:
+            for slot in slots:
+                rank = slot.plan.global_rank
+                self._guardian.watch(slot.proc.pid)  # the worker leads its own process group
+                if self._fence is not None:
+                    self._fence.guard(slot.proc.pid)  # killed at once if the node has fenced
+                selector.register(slot.proc.exit_fd, selectors.EVENT_READ, slot)
+                wire_logs(slot, plan, selector, streams, self._console, self._duplicate_filters)
+            if failure is not None:  # the one that could not start, once the others are wired
+                rank = plan.workers[len(slots)].global_rank
+                raise failure
         except (OSError, RuntimeError) as exc:
-            failed = start_failed(worker.global_rank, exc)
+            failed = start_failed(rank, exc)
             if failed is None:
                 raise
             raise failed from None

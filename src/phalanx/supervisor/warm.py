@@ -5,11 +5,12 @@ this node shares and returns at once; the template imports torch while the rende
 -- unless the job's program provably never imports it and no ``--preload`` is given
 (``template_imports``, ``phalanx.supervisor.reach``): then it imports nothing, and forking
 still skips the interpreter's and phalanx's start-up.
-``Template.launch`` has the supervisor's ``Launch`` signature: the first call waits for the
-template to be ready, then each call sends one fork request with the worker's stdout and
-stderr pipe ends (``SCM_RIGHTS``) and gets back the pid and a pidfd, so the supervisor
-watches, logs and stops a forked worker exactly as an exec'd one. Restarts fork again from
-the same template.
+``Template.launch_all`` is the supervisor's ``LaunchAll``: it waits for the template to be
+ready, then sends one request for the round's workers with each one's stdout and stderr pipe
+ends (``SCM_RIGHTS``) and gets back, in one answer, each pid and a pidfd (the template forks
+them back to back: ``phalanx.worker.batch``), so the supervisor watches, logs and stops a
+forked worker exactly as an exec'd one; ``Template.launch`` does the same for one worker.
+Restarts fork again from the same template.
 
 Fallback: when the template cannot start, fails to import, is not ready in
 ``READY_TIMEOUT`` seconds or dies, one line is logged and workers start cold
@@ -21,6 +22,7 @@ starts cold too.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import select
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,9 +43,10 @@ from phalanx.plan.env import node_env
 from phalanx.resources.limits import LIMIT_ERRNOS
 from phalanx.supervisor.process import RunningWorker, exec_worker
 from phalanx.supervisor.reach import may_import_torch
+from phalanx.supervisor.start import Started, one_by_one
 from phalanx.worker.contract import TEMPLATE_SHIM
 from phalanx.worker.nofollow import append_to
-from phalanx.worker.protocol import ForkRequest, ProtocolError, make_pair, receive, send
+from phalanx.worker.protocol import BATCH, ForkRequest, ProtocolError, make_pair, receive, send
 
 log = logging.getLogger("phalanx")
 
@@ -210,26 +213,95 @@ class Template:
             else "nothing imported: the program never imports torch",
         )
 
-    def _fork(self, request: ForkRequest) -> WarmWorker:
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+    def launch_all(self, workers: Sequence[WorkerPlan]) -> Started:
+        """A supervisor ``LaunchAll``: the workers forked in one request per ``BATCH`` (one
+        that must be exec'd is, in its place; ``launch``'s fallbacks apply)."""
+        cwd = os.getcwd()
+        todo = [(worker, fork_request(worker, cwd)) for worker in workers]
+        started: Started = []
+        while todo and not (started and isinstance(started[-1], BaseException)):
+            batch = list(itertools.takewhile(lambda pair: pair[1] is not None, todo[:BATCH]))
+            if batch and self._ready():
+                started += self._fork_all(
+                    [w for w, _ in batch], [r for _, r in batch if r is not None]
+                )
+                del todo[: len(batch)]
+            else:
+                started += one_by_one(self.launch)([todo.pop(0)[0]])
+        return started
+
+    def _fork_all(self, workers: list[WorkerPlan], requests: list[ForkRequest]) -> Started:
         try:
-            send(self._sock, {"fork": request.to_json()}, (out_w, err_w))
-            reply, fds = self._next(lambda m: "pid" in m or "error" in m, REPLY_TIMEOUT)
+            forked, error = self._fork_many(requests)
+        except OSError as exc:
+            if exc.errno in LIMIT_ERRNOS:  # a cold start would hit the same limit
+                return [exc]
+            self._abandon()
+            forked, error = [], {"error": str(exc)}
+        except ProtocolError as exc:
+            self._abandon()
+            forked, error = [], {"error": str(exc)}
+        started: Started = list(forked)
+        if error is None:
+            return started
+        if error.get("errno") in LIMIT_ERRNOS:  # the template's fork hit a limit
+            return [*started, OSError(int(error["errno"]), str(error["error"]))]
+        failed = workers[len(forked)]
+        self._give_up(f"forking rank {failed.global_rank} failed: {error['error']}")
+        return started + one_by_one(self._instead)(workers[len(forked) :])
+
+    def _fork(self, request: ForkRequest) -> WarmWorker:
+        forked, error = self._fork_many([request])
+        if error is not None:
+            if error.get("errno") in LIMIT_ERRNOS:  # the template's fork hit a limit
+                raise OSError(int(error["errno"]), str(error["error"]))
+            raise ProtocolError(str(error["error"]))
+        return forked[0]
+
+    def _fork_many(
+        self, requests: list[ForkRequest]
+    ) -> tuple[list[WarmWorker], dict[str, Any] | None]:
+        """One round trip: the workers forked (in order), and the answer when one was not."""
+        reads: list[int] = []
+        writes: list[int] = []
+        try:
+            for _ in range(2 * len(requests)):  # each worker's stdout and stderr
+                read, write = os.pipe()
+                reads.append(read)
+                writes.append(write)
+            send(self._sock, {"forks": [r.to_json() for r in requests]}, tuple(writes))
+            reply, pidfds = self._next(
+                lambda m: "pids" in m or "error" in m, REPLY_TIMEOUT, len(requests)
+            )
         except BaseException:
-            os.close(out_r)
-            os.close(err_r)
+            _close(reads)
             raise
         finally:
-            os.close(out_w)
-            os.close(err_w)
-        if "error" in reply or len(fds) != 1:
-            for fd in (out_r, err_r, *fds):
-                os.close(fd)
-            if reply.get("errno") in LIMIT_ERRNOS:  # the template's fork hit a limit
-                raise OSError(int(reply["errno"]), str(reply["error"]))
-            raise ProtocolError(str(reply.get("error", "no pidfd in the reply")))
-        return WarmWorker(self, int(reply["pid"]), fds[0], out_r, err_r)
+            _close(writes)
+        pids = reply.get("pids", [])
+        if not isinstance(pids, list) or len(pids) != len(pidfds) or len(pids) > len(requests):
+            _close(reads + pidfds)
+            raise ProtocolError(f"a fork answer with {len(pidfds)} pidfds for pids {pids!r}")
+        forked = [
+            WarmWorker(self, int(pid), pidfd, reads[2 * i], reads[2 * i + 1])
+            for i, (pid, pidfd) in enumerate(zip(pids, pidfds, strict=True))
+        ]
+        _close(reads[2 * len(forked) :])
+        if "error" not in reply and len(forked) < len(requests):
+            reply = {**reply, "error": f"{len(forked)} of {len(requests)} workers in the answer"}
+        return forked, (reply if "error" in reply else None)
+
+    def _abandon(self) -> None:
+        """A request went unanswered (no answer in time, or a broken one): what the template
+        forked for it may run, unknown to the supervisor, while the same ranks start
+        elsewhere. Ending the connection ends them: the template kills its children when
+        the agent's end closes, the service its session's; a per-run template is killed
+        too (its children die with it), since a stalled one may never read that end."""
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
 
     def exit_status(self, pid: int) -> int:
         """The return code of a forked worker (negative: killed by that signal)."""
@@ -245,7 +317,7 @@ class Template:
         return os.waitstatus_to_exitcode(self._statuses.pop(pid))
 
     def _next(
-        self, wanted: Callable[[dict[str, Any]], bool], timeout: float
+        self, wanted: Callable[[dict[str, Any]], bool], timeout: float, max_fds: int = 1
     ) -> tuple[dict[str, Any], list[int]]:
         """Read messages until ``wanted`` matches one (returned with its fds); exit statuses
         are kept as they pass."""
@@ -254,7 +326,7 @@ class Template:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([self._sock], [], [], remaining)[0]:
                 raise ProtocolError(f"no answer from the template in {timeout:.0f} s")
-            received = receive(self._sock, max_fds=1)
+            received = receive(self._sock, max_fds=max_fds)
             if received is None:
                 raise ProtocolError(f"the template exited ({self._describe_exit()})")
             message, fds = received
@@ -294,6 +366,12 @@ class Template:
                 self._proc.wait(timeout=5)  # bounded: one stuck in the kernel cannot be reaped
         if self._log is not None:
             self._log.close()
+
+
+def _close(fds: Iterable[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def open_template(

@@ -9,10 +9,13 @@ travels in a sealed memfd sent as the last fd, the packet saying only ``{"memfd"
 =========================  ==============================================================
 template -> agent          ``{"ready": pid, "seconds": s, "threads": n}`` once, or
                            ``{"failed": "why"}`` and the template exits
-agent -> template          a ``ForkRequest`` and two fds (the worker's stdout and stderr
+agent -> template          ``{"forks": [ForkRequest, ...]}``: a round's workers (at most
+                           ``BATCH``), with two fds for each, in order (its stdout and stderr
                            pipe write ends)
-template -> agent          ``{"pid": pid}`` and one fd (a pidfd of the new worker), or
-                           ``{"error": "why"}``
+template -> agent          ``{"pids": [pid, ...]}`` and one fd for each (a pidfd of the new
+                           worker), in order; with ``"error": "why"`` and ``"errno"`` when
+                           a request could not be forked: the one after the last pid (the
+                           rest were not tried)
 template -> agent (async)  ``{"exit": pid, "status": wait_status}`` when a worker ends
 =========================  ==============================================================
 
@@ -36,6 +39,9 @@ from typing import Any
 INLINE_MAX = 64 * 1024
 MAX_MESSAGE = 2 * INLINE_MAX  # the socket buffers asked for, and the largest packet read
 OUT_OF_LINE = "memfd"
+# Fork requests in one message: two fds each, and a memfd, within the kernel's 253 fds a
+# message may carry (SCM_MAX_FD). A round of more workers is sent as several.
+BATCH = 64
 
 
 class ProtocolError(Exception):

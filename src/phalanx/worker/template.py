@@ -4,8 +4,8 @@ One per node, started by the agent with the environment every worker of the node
 (``OMP_NUM_THREADS`` included: the OpenMP runtime reads it once, when torch loads it). It
 imports ``OURS`` (torch, unless the agent found that the program never imports it: then
 nothing; see ``phalanx.supervisor.reach``) and the ``--preload`` modules ``MODULE``,
-reports ``ready`` on the socket ``FD``, then forks one worker per request, for this attempt
-and every restart. Forking skips the interpreter start-up and the torch import each worker
+reports ``ready`` on the socket ``FD``, then forks the workers of each request
+(``phalanx.worker.batch``: a round's in one), for this attempt and every restart. Forking skips the interpreter start-up and the torch import each worker
 would otherwise pay.
 
 The working directory is not on ``sys.path`` (``TEMPLATE_SHIM``: see
@@ -29,7 +29,6 @@ See ``phalanx.worker.become`` for what a forked worker sets up, and
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib
 import os
 import selectors
@@ -42,15 +41,10 @@ import traceback
 from typing import Any
 
 from phalanx.worker import become, boot, leave  # every worker runs boot first: import once
-from phalanx.worker.protocol import ForkRequest, ProtocolError, receive, send
+from phalanx.worker.batch import STOP_SIGNALS, fork_batch
+from phalanx.worker.protocol import BATCH, ForkRequest, ProtocolError, receive, send
 
 DEFAULT_PRELOAD = ("torch",)
-# A scheduler signals every process of a job (Slurm's scancel --signal, a pod's SIGTERM):
-# the template ignores these (it is the agent's to stop: SIGKILL, or its death signal), and
-# blocks them around each fork, so that one sent to a new worker before it has its own
-# dispositions back stays pending until it has them (``become``), instead of being ignored.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-                signal.SIGUSR2)  # fmt: skip
 
 
 def preload(ours: tuple[str, ...], theirs: tuple[str, ...] = ()) -> dict[str, object]:
@@ -96,26 +90,6 @@ def _thread_name(tid: str) -> str:
         return tid  # it ended meanwhile
 
 
-def fork_blocked(mask: set[int]) -> int:
-    """``os.fork()`` with the stop signals blocked in the child (``mask`` back in the parent).
-
-    Blocked, not ignored: a stop signal sent to the child before ``become`` has restored its
-    dispositions (the agent's, the moment it has the pid) is kept pending and delivered when
-    ``become`` unblocks it."""
-    # What the gc docs advise for fork servers: the worker's collections then never scan
-    # (and so never copy) the inherited heap, and ``leave`` can tell the worker's own
-    # objects from the template's.
-    gc.freeze()
-    pid = -1
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        pid = os.fork()
-    finally:
-        if pid != 0:  # the template (or a failed fork): its own mask back
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    return pid
-
-
 class Server:
     """The request loop: fork on request, reap on exit. ``serve`` returns only in a child."""
 
@@ -137,46 +111,32 @@ class Server:
             for key, _ in self._selector.select():
                 if key.data is None:
                     try:
-                        received = receive(self._sock)
+                        received = receive(self._sock, max_fds=2 * BATCH)
                     except ProtocolError as exc:
                         send(self._sock, {"error": f"ProtocolError: {exc}"})
                         continue
                     if received is None:
                         self._stop_children()
                         return None
-                    message, fds = received
-                    if self._fork(message, fds):
-                        return ForkRequest.from_json(message["fork"])
+                    request = self._fork(*received)
+                    if request is not None:
+                        return request
                 else:
                     self._reap(key.data)
 
-    def _fork(self, message: dict[str, object], fds: list[int]) -> bool:
-        """Fork a worker; True in the child. A bad request gets an error reply, not a crash."""
-        try:
-            if "fork" not in message or len(fds) != 2:
-                raise ProtocolError(f"expected a fork request with 2 fds, got {sorted(message)}")
-            request = ForkRequest.from_json(message["fork"])  # type: ignore[arg-type]
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            pid = fork_blocked(self._mask)
-        except (ProtocolError, KeyError, TypeError, AttributeError, OSError) as exc:
-            for fd in fds:
-                os.close(fd)
-            code = exc.errno if isinstance(exc, OSError) else None  # a limit is named by the agent
-            send(self._sock, {"error": f"{type(exc).__name__}: {exc}", "errno": code})
-            return False
-        if pid == 0:
-            self._become(request, (fds[0], fds[1]))
-            return True
-        for fd in fds:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)  # also here, so the group exists before the agent hears the pid
-        pidfd = os.pidfd_open(pid)
-        self._children[pid] = pidfd
-        self._selector.register(pidfd, selectors.EVENT_READ, pid)
-        send(self._sock, {"pid": pid}, (pidfd,))
-        return False
+    def _fork(self, message: dict[str, Any], fds: list[int]) -> ForkRequest | None:
+        """Fork the request's workers (``batch``): a child's request in that child; None
+        here, once the answer is sent. A bad request gets an error answer, not a crash."""
+        forked = fork_batch(message, fds, self._mask)
+        if forked.child is not None:
+            request, stdio = forked.child
+            self._become(request, stdio)
+            return request
+        for pid, pidfd in forked.children:
+            self._children[pid] = pidfd
+            self._selector.register(pidfd, selectors.EVENT_READ, pid)
+        send(self._sock, *forked.answer())
+        return None
 
     def _become(self, request: ForkRequest, stdio: tuple[int, int]) -> None:
         try:
