@@ -104,7 +104,7 @@ class DynamicRendezvous:
         self._fingerprint = dict(fingerprint or {})
         self._stopped_by: int | None = None  # the signal that stopped this node (report_done)
         self._preempted = False  # and whether it was a preemption
-        self._closed = False
+        self._closed = self._joining = False  # ``_joining``: ``next_round`` began, not returned
         self._ring: Callable[[], None] | None = None  # ``on_event``'s
         # A store this node hosts dies with its agent: nobody would hear the last word.
         self._reach = None if store.hosting else reach
@@ -238,10 +238,9 @@ class DynamicRendezvous:
     def next_round(self, local_world_size: int) -> JoinedRound:
         if self._closed or self._done is not None:
             raise RendezvousError("this node already left the rendezvous")
-        problem = self._liveness.store_problem()
-        if problem is not None:
+        if (problem := self._liveness.store_problem()) is not None:
             raise RendezvousError(problem)
-        last = self._joined
+        last, self._joining = self._joined, True
         try:
             self._liveness.announce()
             self._liveness.start()  # beats while joining: see ``Liveness``
@@ -267,6 +266,7 @@ class DynamicRendezvous:
             self.run_id, membership, rank, (addr, port), lambda: self._wires, self._settings,
             self._hostname, before=None if last is None else last.verdict,
         )  # fmt: skip
+        self._joining = False
         return self._joined
 
     def _arrival(self, local_world_size: int) -> Arrival:
@@ -311,8 +311,7 @@ class DynamicRendezvous:
     def poll(self) -> JobEvent | None:
         if self._superseded is not None:
             return JobEvent(EventKind.STORE_LOST, detail=self._superseded)
-        problem = self._liveness.store_problem()
-        if problem is not None:
+        if (problem := self._liveness.store_problem()) is not None:
             return JobEvent(EventKind.STORE_LOST, detail=problem)
         return self._liveness.next_event()
 
@@ -359,7 +358,8 @@ class DynamicRendezvous:
         members (``stopping``); with no round before, the job stops. False: leave ``joined``."""
         if self._junk or self._liveness.store_problem() is not None:
             return joined is None
-        placed = placed_in(self._board, -1 if joined is None else joined.membership.round)
+        after = -1 if joined is None else joined.membership.round
+        placed = placed_in(self._board, after) if self._joining else None
         if placed is not None:  # (no beat may land after its LEFT; no last word after it)
             self._liveness.stop_beating()
             self._tell_last_word(withdrawn=True)
