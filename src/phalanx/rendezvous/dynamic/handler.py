@@ -42,7 +42,7 @@ from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.lost import store_answers, tell_rejoining
 from phalanx.rendezvous.dynamic.members import Arrival
 from phalanx.rendezvous.dynamic.nodefence import fence_for
-from phalanx.rendezvous.dynamic.stopping import tell_left_while_joining
+from phalanx.rendezvous.dynamic.stopping import placed_in, tell_left_while_joining
 from phalanx.rendezvous.dynamic.sweep import sweep
 from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.lastword import Reach, Word, word
@@ -104,7 +104,7 @@ class DynamicRendezvous:
         self._fingerprint = dict(fingerprint or {})
         self._stopped_by: int | None = None  # the signal that stopped this node (report_done)
         self._preempted = False  # and whether it was a preemption
-        self._closed = False
+        self._closed = self._joining = False  # ``_joining``: ``next_round`` began, not returned
         self._ring: Callable[[], None] | None = None  # ``on_event``'s
         # A store this node hosts dies with its agent: nobody would hear the last word.
         self._reach = None if store.hosting else reach
@@ -238,10 +238,9 @@ class DynamicRendezvous:
     def next_round(self, local_world_size: int) -> JoinedRound:
         if self._closed or self._done is not None:
             raise RendezvousError("this node already left the rendezvous")
-        problem = self._liveness.store_problem()
-        if problem is not None:
+        if (problem := self._liveness.store_problem()) is not None:
             raise RendezvousError(problem)
-        last = self._joined
+        last, self._joining = self._joined, True
         try:
             self._liveness.announce()
             self._liveness.start()  # beats while joining: see ``Liveness``
@@ -267,22 +266,19 @@ class DynamicRendezvous:
             self.run_id, membership, rank, (addr, port), lambda: self._wires, self._settings,
             self._hostname, before=None if last is None else last.verdict,
         )  # fmt: skip
+        self._joining = False
         return self._joined
 
     def _arrival(self, local_world_size: int) -> Arrival:
         """This node as it asks to join the next round (where it was in the last one)."""
         last = self._joined
         return Arrival(
-            node_id=self._node_id,
-            hostname=self._hostname,
-            addr=self._addr,
-            local_world_size=local_world_size,
-            prev_rank=-1 if last is None else last.rank,
+            node_id=self._node_id, hostname=self._hostname, addr=self._addr,
+            local_world_size=local_world_size, prev_rank=-1 if last is None else last.rank,
             prev_round=-1 if last is None else last.membership.round,
-            fixed_rank=self._fixed_rank,
-            hosts_store=self._store.hosting,
+            fixed_rank=self._fixed_rank, hosts_store=self._store.hosting,
             fingerprint=self._fingerprint,
-        )
+        )  # fmt: skip
 
     def _standing_by(self) -> None:
         """It waits as no member of a running round: no fence (a pause now must not count)."""
@@ -315,8 +311,7 @@ class DynamicRendezvous:
     def poll(self) -> JobEvent | None:
         if self._superseded is not None:
             return JobEvent(EventKind.STORE_LOST, detail=self._superseded)
-        problem = self._liveness.store_problem()
-        if problem is not None:
+        if (problem := self._liveness.store_problem()) is not None:
             return JobEvent(EventKind.STORE_LOST, detail=problem)
         return self._liveness.next_event()
 
@@ -343,9 +338,10 @@ class DynamicRendezvous:
             self._done = False  # the job failed elsewhere after this node's workers finished
             joined.stop_job(self._stopped_by, self._preempted)
             return
+        if self._done is None and not ok and self._left_while_joining(joined):
+            self._done = False
+            return
         if self._done is not None or joined is None:
-            if not ok and self._done is None and joined is None:
-                self._left_while_joining()
             self._done = ok if self._done is None else self._done
             return
         self._done = ok
@@ -357,12 +353,22 @@ class DynamicRendezvous:
         if joined.leave(ok) and not ok:
             joined.stop_job(self._stopped_by, self._preempted)
 
-    def _left_while_joining(self) -> None:
+    def _left_while_joining(self, joined: JoinedRound | None) -> bool:
+        """Gave up: a round that closed with it while ``next_round`` ran is left as by its running
+        members (``stopping``); with no round before, the job stops. False: leave ``joined``."""
         if self._junk or self._liveness.store_problem() is not None:
-            return
+            return joined is None
+        after = -1 if joined is None else joined.membership.round
+        placed = placed_in(self._board, after) if self._joining else None
+        if placed is not None:  # (no beat may land after its LEFT; no last word after it)
+            self._liveness.stop_beating()
+            self._tell_last_word(withdrawn=True)
+        elif joined is not None:
+            return False
         tell_left_while_joining(
-            self._board, self._hostname, self._addr, self._stopped_by, self._preempted
+            self._board, placed, self._hostname, self._addr, self._stopped_by, self._preempted
         )
+        return True
 
     def shutdown(self) -> None:
         if self._closed:
@@ -378,16 +384,14 @@ class DynamicRendezvous:
 
     # -- internals -------------------------------------------------------------------------
     def _tell_last_word(self, withdrawn: bool = False) -> None:
-        """Give the ``on_last_word`` listener this node's word as it stands now (none once
-        it leaves on purpose)."""
+        """Give ``on_last_word``'s listener this node's word now (none once it left on purpose)."""
         if self._heard is None:
             return
         reach = None if withdrawn else self._reach
         self._heard(None if reach is None else word(reach, self.run_id, self._node_id))
 
     def _leave(self) -> None:
-        """Leave the run's store as ``departure`` says, if a round formed and the store is
-        still there."""
+        """Leave the run's store as ``departure`` says, if a round formed and the store is there."""
         if self._joined is None or self._liveness.store_problem() is not None:
             return
         membership, barrier = self._joined.membership, self._wires.barrier

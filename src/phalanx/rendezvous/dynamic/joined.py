@@ -177,7 +177,9 @@ class JoinedRound:
         the signal that stopped it, if one did)."""
         if self.liveness.store_problem() is not None:
             return
-        tell_job_stopped(self.board, self.membership, self.rank, self.hostname, signum, preempted)
+        tell_job_stopped(
+            self.board, self.membership.round, self.rank, self.hostname, signum, preempted
+        )
 
     def await_peers(self, interrupted: Callable[[], bool] = lambda: False) -> JobEvent | None:
         _, event = self._wires().barrier.once(self.membership, interrupted)

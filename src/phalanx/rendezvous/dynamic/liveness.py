@@ -109,7 +109,7 @@ class Liveness:
         proved = fence.proved_alive if fence is not None else (lambda start: None)
         self._pulse = pulse_for(board, settings, clock, proved, beat_store)
         self._beater = self._beater_for(bound)
-        self._ring_watch = RingWatch(board, self._pulse)
+        self._ring_watch = RingWatch(board, self._pulse, settings.heartbeat_timeout)
         self._next_beat = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

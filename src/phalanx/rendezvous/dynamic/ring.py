@@ -5,6 +5,13 @@ A node judged lost is settled as such in the round's store (``Board.settle``: on
 wins) and told to the whole job (``lost.Untold``). While the next node looks quiet or lost
 the watch judges the ones after it too, so a run of dead nodes is found together and the
 ring stays covered: O(1) reads per node per interval, not O(n).
+
+A node whose heartbeat says it left (``LEFT``) is passed over once its place in the round is
+settled (it left this round, or rejoined the next). Until then the ``LEFT`` may be from an
+earlier round: a node stopped while it joined this one, after the round closed with it, has
+no other heartbeat to show (it tells the round the job stopped: ``stopping``; should that
+fail, or the node die between its writes, nobody else would). So a ``LEFT`` without a
+settled place is a silence: lost after ``heartbeat_timeout``, as stopped beats are.
 """
 
 from __future__ import annotations
@@ -23,15 +30,21 @@ class RingWatch:
     """The thread's own state (``follow`` only starts it afresh): the nodes it judged lost
     in the followed round, and those it settled as lost but has not told yet."""
 
-    def __init__(self, board: Board, pulse: Pulse) -> None:
+    def __init__(self, board: Board, pulse: Pulse, patience: float) -> None:
+        """``patience``: how long a ``LEFT`` with no settled place counts as alive
+        (``heartbeat_timeout``)."""
         self._b = board
         self._pulse = pulse
+        self._patience = patience
         self._declared: set[str] = set()
+        # Node id -> when its LEFT was first read with its place unsettled (None: settled).
+        self._left: dict[str, float | None] = {}
         self._untold: list[Untold] = []  # settled as lost, not yet told
 
     def follow(self) -> None:
         """A new round: nobody in it is judged yet."""
         self._declared = set()
+        self._left = {}
 
     def watch(self, members: Membership, rank: int, now: float) -> None:
         """Judge the nodes after ``rank`` in the ring, up to the first one alive."""
@@ -41,10 +54,29 @@ class RingWatch:
             if node_id in self._declared:
                 continue
             verdict, why = self._pulse.judge(node_id, now)
+            if verdict is Verdict.LEFT:
+                verdict, why = self._left_how(members, other, now)
             if verdict is Verdict.LOST:
                 self._declare_lost(members, other, why)
             elif verdict is Verdict.ALIVE:
                 return  # it watches the rest of the ring
+
+    def _left_how(self, members: Membership, rank: int, now: float) -> tuple[Verdict, str]:
+        """Member ``rank``'s ``LEFT``, judged by its place in the round (one read until it is
+        found settled, then none)."""
+        node_id = members.node_ids[rank]
+        since = self._left.setdefault(node_id, now)
+        if since is None:
+            return Verdict.LEFT, ""
+        if self._b.store.get(self._b.keys.fate(members.round, rank)) is not None:
+            self._left[node_id] = None
+            return Verdict.LEFT, ""
+        if now - since < self._patience:
+            return Verdict.QUIET, ""
+        return Verdict.LOST, (
+            f"its heartbeat says it left, but its place in round {members.round} is still "
+            f"unsettled after {now - since:.0f} s (it went while it joined the round)"
+        )
 
     def _declare_lost(self, members: Membership, rank: int, why: str) -> None:
         self._declared.add(members.node_ids[rank])
