@@ -24,10 +24,22 @@ NAMES = ("stdout", "stderr")
 OnLost = Callable[[list[str], str], None]  # (the streams lost, why)
 
 
+class _StopKeepingHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A ``StreamHandler`` that lets a stop through. Where phalanx waits on others, a signal
+    raises ``Interrupted`` (a ``SystemExit``) from inside whatever runs, a line's write
+    included; ``logging`` catches every ``Exception`` there and prints "--- Logging error ---"
+    instead, and the stop was lost: the wait went on as if no signal had come."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exception(), SystemExit):
+            raise  # called from logging's except block: the stop goes on
+        super().handleError(record)
+
+
 def configure_logging() -> None:
     """Launcher messages go to stderr as ``phalanx: ...`` (once, whoever calls first)."""
     if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StopKeepingHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("phalanx: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
