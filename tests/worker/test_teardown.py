@@ -2,7 +2,8 @@
 
 - SIGKILL after ``--shutdown-timeout`` for a worker that ignores SIGTERM.
 - The launcher SIGKILLed: the guardian alone (the workers dropped their death signal) and
-  ``PR_SET_PDEATHSIG`` alone (the guardian was SIGKILLed first) each leave no worker.
+  ``PR_SET_PDEATHSIG`` alone (the launcher stopped, so that it cannot start a new guardian,
+  and its guardian SIGKILLed first) each leave no worker.
 - The fork race: a launcher killed between a child's fork and its ``prctl`` (driven with
   ptrace by ``support/fork_race.py``): the child exits at once instead of running on.
 
@@ -117,6 +118,8 @@ def test_guardian_alone_ends_workers_and_children_when_the_launcher_is_killed(
         launcher.kill()
         launcher.wait(10)
         wait_for(lambda: not any(alive(p) for p in pids), GONE_WAIT, "the guardian's SIGKILL")
+        if template is not None:  # stopped, it still dies of its own death signal
+            wait_for(lambda: not alive(template.pid), GONE_WAIT, "the template's death signal")
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
@@ -153,7 +156,9 @@ def test_pdeathsig_alone_ends_the_workers_when_the_launcher_is_killed(
 ) -> None:
     """The guardian is SIGKILLed first: only the death signal can end the worker (and, warm,
     the template, whose death in turn signals the worker). A worker's own children are the
-    guardian's job, so this worker has none."""
+    guardian's job, so this worker has none. The launcher is stopped before: running, it
+    replaces a lost guardian at once, and the new one would kill the worker and the template
+    (the test then passed with the template's death signal removed)."""
     launcher, pids, out = _start(tmp_path, MODES[mode], child=False, clear=False)
     leftovers.extend(pids)
     try:
@@ -163,14 +168,15 @@ def test_pdeathsig_alone_ends_the_workers_when_the_launcher_is_killed(
         if template is not None:
             leftovers.append(template.pid)
             template.suspend()
+        psutil.Process(launcher.pid).suspend()  # no replacement guardian
         guardian.kill()
         wait_for(lambda: not alive(guardian.pid), GONE_WAIT, "the guardian to die")
-        launcher.kill()
+        launcher.kill()  # stopped, it still dies of SIGKILL
         launcher.wait(10)
         wait_for(lambda: not any(alive(p) for p in pids), GONE_WAIT, "the death signal")
         if template is not None:
-            # The template's death is what signalled the workers (they may be gone while it
-            # still finishes its own exit), so it too is waited for, within the same bound.
+            # Its death is what signalled the worker, so it is dead; waited for all the same
+            # (bounded, like every check of another process's end).
             wait_for(lambda: not alive(template.pid), GONE_WAIT, "the template's death signal")
     finally:
         if launcher.poll() is None:
