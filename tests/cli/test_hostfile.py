@@ -138,8 +138,8 @@ def test_dry_run_prints_every_host_command_and_the_forwarded_environment(tmp_pat
         assert "--hosts" not in command and "--dry-run" not in command
     ssh_lines = [line for line in out.splitlines() if line.startswith(("a: ssh", "b: ssh"))]
     assert ssh_lines == [
-        f"a: ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=1 -o ServerAliveCountMax=4 -F '{config}' -T a COMMAND",
-        f"b: ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=1 -o ServerAliveCountMax=4 -F '{config}' -T b COMMAND",
+        f"a: ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=1 -o ServerAliveCountMax=2 -F '{config}' -T a COMMAND",
+        f"b: ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=1 -o ServerAliveCountMax=2 -F '{config}' -T b COMMAND",
     ]
 
 
@@ -149,7 +149,9 @@ def test_dry_run_skips_an_excluded_host_and_the_next_host_takes_its_place(
     """An exclusion file naming host b (by its address, as an agent writes it): b is not
     started, c takes its place; with a fourth host, d waits as a spare (beyond --nnodes 2)."""
     config = tmp_path / "ssh config"
-    config.write_text("".join(f"Host {h}\n  HostName 10.1.2.{i}\n" for i, h in enumerate("abcd", 3)))
+    config.write_text(
+        "".join(f"Host {h}\n  HostName 10.1.2.{i}\n" for i, h in enumerate("abcd", 3))
+    )
     excluded = tmp_path / "excluded.jsonl"
     excluded.write_text('{"node": "x", "addr": "10.1.2.4", "reason": "root cause twice"}\n')
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
@@ -157,9 +159,15 @@ def test_dry_run_skips_an_excluded_host_and_the_next_host_takes_its_place(
             "--dry-run", worker("allreduce.py")]  # fmt: skip
     done = run_phalanx(["--nnodes", "2", *base], cwd=tmp_path, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert f"phalanx: b (10.1.2.4) is not started: excluded in {excluded} (root cause twice)" in done.stdout
+    assert (
+        f"phalanx: b (10.1.2.4) is not started: excluded in {excluded} (root cause twice)"
+        in done.stdout
+    )
     commands = [line for line in done.stdout.splitlines() if line.startswith("  COMMAND: ")]
-    assert [line.split(": ")[0] for line in done.stdout.splitlines() if " ssh " in line] == ["a", "c"]
+    assert [line.split(": ")[0] for line in done.stdout.splitlines() if " ssh " in line] == [
+        "a",
+        "c",
+    ]
     assert all("--nnodes 2 " in c for c in commands) and "--local-addr 10.1.2.5 " in commands[1]
     four = ["--hosts", "a:1,b:1,c:1,d:1", *base[2:]]
     done = run_phalanx(["--nnodes", "2", *four], cwd=tmp_path, env=env, timeout=60)

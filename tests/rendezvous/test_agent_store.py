@@ -35,6 +35,7 @@ from phalanx.rendezvous.stores.agentstore import (
     wire,
 )
 from phalanx.rendezvous.stores.agentstore.conf import token_from_conf
+from phalanx.rendezvous.stores.agentstore.line import read_frame
 from phalanx.rendezvous.stores.base import MalformedReply, StoreUnavailable
 from support.impostor import Impostor
 from support.launch import wait_for
@@ -289,9 +290,53 @@ def test_the_token_file_wins_over_the_variable(tmp_path: Path) -> None:
 
 
 def test_a_frame_past_the_limit_ends_that_connection_only(hosted: AgentKVStore) -> None:
-    with pytest.raises(StoreUnavailable):
+    """The server reads the frame's length and refuses it: the client sees the reset while
+    it still sends, or the refusal's reply when every byte fit in the sockets' buffers (a
+    slow server thread); either way its next call is served, on a fresh connection."""
+    with pytest.raises(StoreUnavailable) as refused:
         hosted.set("big", b"x" * (wire.MAX_FRAME + 1))
+    if isinstance(refused.value, MalformedReply):
+        said = str(refused.value)
+        assert "sent junk (a frame of" in said and "rendezvous token" not in said, said
     _unchanged(hosted)
+
+
+def _serve_raw(listener: socket.socket, replies: list[list[bytes]]) -> None:
+    """The server's side of the protocol with the token, by hand: per reply, a connection
+    taken, its handshake, one request read, the reply sent and the connection closed."""
+    for reply in replies:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(HANG)
+            nonce = auth.new_nonce()
+            conn.sendall(wire.encode([auth.GREETING, nonce]))
+            _, client_nonce = wire.decode(read_frame(conn, wire.MAX_HANDSHAKE_FRAME))
+            conn.sendall(wire.encode([wire.OK, auth.server_proof(TOKEN.key, nonce, client_nonce)]))
+            read_frame(conn, wire.MAX_FRAME)
+            conn.sendall(wire.encode(reply))
+
+
+def test_a_connection_that_got_an_error_reply_is_not_used_again() -> None:
+    """A server that refuses a request ends its connection (the case above when the refusal
+    is read as a reply): the client's next call goes out on a fresh connection, and is
+    served. Deterministic here: the raw server closes right after its error reply."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(HANG)
+    refusal = [wire.ERROR, b"refused: this connection sent junk; it is closed"]
+    server = threading.Thread(
+        target=_serve_raw, args=(listener, [refusal, [wire.OK, wire.TRUE]]), daemon=True
+    )
+    server.start()
+    client = AgentKVStore("127.0.0.1", listener.getsockname()[1], TOKEN, read_timeout=HANG)
+    try:
+        with pytest.raises(MalformedReply, match="sent junk"):
+            client.set("k", b"v")
+        assert client.delete("k") is True
+    finally:
+        client.close()
+        server.join(HANG)
+        listener.close()
+    assert not server.is_alive()
 
 
 def test_a_name_that_resolves_to_loopback_only_listens_everywhere(tmp_path: Path) -> None:

@@ -2,13 +2,16 @@
 
 - SIGKILL after ``--shutdown-timeout`` for a worker that ignores SIGTERM.
 - The launcher SIGKILLed: the guardian alone (the workers dropped their death signal) and
-  ``PR_SET_PDEATHSIG`` alone (the guardian was SIGKILLed first) each leave no worker.
+  ``PR_SET_PDEATHSIG`` alone (the launcher stopped, so that it cannot start a new guardian,
+  and its guardian SIGKILLed first; warm, the template frozen) each leave no worker.
 - The fork race: a launcher killed between a child's fork and its ``prctl`` (driven with
   ptrace by ``support/fork_race.py``): the child exits at once instead of running on.
 
 In the warm start the workers' parent is the template, which would also kill them when the
 agent's socket closes; the template is SIGSTOPped first so that path cannot do the work (a
-stopped process still dies of SIGKILL, so its own death signal still fires).
+stopped process still dies of SIGKILL, so its own death signal still fires; the kernel also
+continues it, its group orphaned, but the SIGKILL came first). Where its own death signal is
+the thing tested, it is frozen instead (see that test).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import psutil
 import pytest
 
 from phalanx.supervisor.cgroup import hierarchies
+from support.freezer import frozen
 from support.launch import (
     PHALANX,
     alive,
@@ -117,6 +121,8 @@ def test_guardian_alone_ends_workers_and_children_when_the_launcher_is_killed(
         launcher.kill()
         launcher.wait(10)
         wait_for(lambda: not any(alive(p) for p in pids), GONE_WAIT, "the guardian's SIGKILL")
+        if template is not None:  # stopped, it still dies of its own death signal
+            wait_for(lambda: not alive(template.pid), GONE_WAIT, "the template's death signal")
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
@@ -153,31 +159,50 @@ def test_pdeathsig_alone_ends_the_workers_when_the_launcher_is_killed(
 ) -> None:
     """The guardian is SIGKILLed first: only the death signal can end the worker (and, warm,
     the template, whose death in turn signals the worker). A worker's own children are the
-    guardian's job, so this worker has none."""
+    guardian's job, so this worker has none. The launcher is stopped before: running, it
+    replaces a lost guardian at once, and the new one would do the work (the test passed with
+    the death signals removed). Warm, the template is frozen (cgroup-v1 freezer), not
+    stopped: the kernel continues a stopped process whose group the launcher's death
+    orphans, and its own cleanup would do the work; frozen, it runs nothing, so a SIGKILL
+    pending on it can only be its death signal, and thawed it dies of it."""
     launcher, pids, out = _start(tmp_path, MODES[mode], child=False, clear=False)
     leftovers.extend(pids)
     try:
         assert (out / "deathsig0").read_text() == f"{int(signal.SIGKILL)} {int(signal.SIGKILL)}"
         guardian, template = _helpers(launcher)
         assert (template is not None) == (mode == "warm")
-        if template is not None:
+        psutil.Process(launcher.pid).suspend()  # no replacement guardian
+        if template is None:
+            _kill_guardian_then_launcher(launcher, guardian)
+        else:
             leftovers.append(template.pid)
-            template.suspend()
-        guardian.kill()
-        wait_for(lambda: not alive(guardian.pid), GONE_WAIT, "the guardian to die")
-        launcher.kill()
-        launcher.wait(10)
+            with frozen(template.pid, f"phalanx-test-pdeathsig-{template.pid}"):
+                _kill_guardian_then_launcher(launcher, guardian)
+                assert _sigkill_pending(template.pid), "the template got no death signal"
+            # Thawed (and waited for by ``frozen``): it died of it, and signalled the worker.
         wait_for(lambda: not any(alive(p) for p in pids), GONE_WAIT, "the death signal")
-        if template is not None:
-            # The template's death is what signalled the workers (they may be gone while it
-            # still finishes its own exit), so it too is waited for, within the same bound.
-            wait_for(lambda: not alive(template.pid), GONE_WAIT, "the template's death signal")
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait(10)
         wait_for(lambda: not any(alive(p) for p in leftovers), GONE_WAIT, "the job to be gone")
         remove_job_cgroups(tmp_path / "logs")  # its guardian, which would have, was killed
+
+
+def _kill_guardian_then_launcher(
+    launcher: subprocess.Popen[bytes], guardian: psutil.Process
+) -> None:
+    guardian.kill()
+    wait_for(lambda: not alive(guardian.pid), GONE_WAIT, "the guardian to die")
+    launcher.kill()  # stopped, it still dies of SIGKILL
+    launcher.wait(10)
+
+
+def _sigkill_pending(pid: int) -> bool:
+    """Whether SIGKILL is pending on ``pid`` (its thread's or its process's pending set)."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    pending = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd", "ShdPnd"))]
+    return any(mask & (1 << (signal.SIGKILL - 1)) for mask in pending)
 
 
 FORK_RACE = Path(__file__).parents[1] / "support" / "fork_race.py"

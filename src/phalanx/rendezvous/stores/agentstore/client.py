@@ -4,7 +4,9 @@ A handle keeps a small pool of authenticated connections, one per thread that is
 call at the time (the agent's thread and its heartbeat thread: two, usually), so a ``wait``
 parked on the server never holds up another thread's calls. A connection that fails is
 closed and the call raises ``StoreUnavailable``; the next call opens a fresh one, so a
-store that comes back (or a connection reset by a middlebox) costs one failed call.
+store that comes back (or a connection reset by a middlebox) costs one failed call. A
+connection that got an error reply is closed too: the server ends the connections whose
+requests it refuses, and a dead one back in the pool would fail the next, good, call.
 
 Every call is bounded: connecting and each request by ``read_timeout``, a ``wait`` by its
 own timeout plus ``read_timeout``. Replies that break the protocol raise ``MalformedReply``
@@ -297,7 +299,13 @@ class AgentKVStore:
         except BaseException:
             line.close()
             raise
-        self._release(line)
+        if any(reply[:1] == [wire.ERROR] for reply in replies):
+            # The server closes a connection after refusing what came on it (a frame past
+            # the limit, junk): pooled, it would fail the next call, a good one. Errors are
+            # rare, so a line that got one is never reused.
+            line.close()
+        else:
+            self._release(line)
         return replies
 
     def _checked(self, reply: list[bytes], request: str, key: str | None = None) -> list[bytes]:

@@ -273,7 +273,13 @@ class StoreServer:
                 "rendezvous store: refused %s: it %s (later refusals of %s are not logged)",
                 peer.name, why, host,
             )  # fmt: skip
-        self._send(peer, [wire.ERROR, _REFUSED])
+        # A peer that proved the token is told what was wrong, not that it lacks the token.
+        said = (
+            f"refused: this connection {why}; it is closed".encode()
+            if peer.authenticated
+            else _REFUSED
+        )
+        self._send(peer, [wire.ERROR, said])
         peer.closing = True
         peer.inbox.clear()
         if not peer.outbox:
