@@ -9,6 +9,8 @@ run resumed from its checkpoint, bit-identical to an uninterrupted run).
 The order is forced: the survivors' agents are held (SIGSTOP) while node 0's agent and
 workers are SIGKILLed and its agent started again, until the new agent serves; only then do
 the survivors look for a successor. Three agents at ``--nnodes 2:3``, one Gloo worker each.
+The survivors tell the agent on the empty store, which ends at once; started again, it joins
+the job on the successor's store.
 """
 
 from __future__ import annotations
@@ -55,8 +57,17 @@ def test_a_store_host_started_again_at_once_is_not_taken_for_the_jobs_store(
     finally:
         for pid in held:
             os.kill(pid, signal.SIGCONT)
-    _survivors_finished(nodes, hosts, shared, reference, listed=True)
+    # Told by the survivors, the agent on the empty store ends at once (not at join_timeout),
+    # and started again (its supervisor would) it joins the job on the successor's store.
+    assert again.finish(HANG) == 1, again.stderr[-4000:]
     place = f"{hosts.addr(0)}:{PORT}"
+    assert f"the job's store at {place} was lost before this agent started again" in again.stderr
+    assert "round 0: node rank" not in again.stderr  # no round formed on the empty store
+    third = _agent(hosts, 0, tmp_path, "2:3", True, "n0c")
+    nodes.append(third)
+    _survivors_finished(nodes, hosts, shared, reference, listed=True)
     for node in nodes[1:3]:
         assert f"{place} serves a store that is not the job's" in node.stderr, node.stderr[-4000:]
-    assert "round 1: node rank" not in again.stderr  # no round formed on the empty store
+    assert third.finish(HANG) == 0, third.stderr[-4000:]
+    assert f"(failover 1): joining it at {hosts.addr(1)}:{PORT}" in third.stderr
+    assert "world=3" in (shared / "steps-1").read_text()  # re-formed with it, no restart

@@ -12,7 +12,9 @@ import pytest
 
 from phalanx.rendezvous.backends.claim import RUN_KEY, STORE_KEY, seed
 from phalanx.rendezvous.backends.successor import AgentStoreSuccessors
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.failover import Candidate
+from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
 from phalanx.rendezvous.stores.base import KVStore
@@ -60,12 +62,17 @@ def test_a_fresh_store_at_the_lost_stores_place_is_not_the_jobs(
     assert again is not None  # the job's store, still there (a host back from a pause)
     again.close()
     job.close()
-    _serve(served, place.port, seed(RUN))  # its agent started again: same run, same token
+    fresh = _serve(served, place.port, seed(RUN))  # its agent started again: same run, token
     with caplog.at_level(logging.WARNING, "phalanx"):
         assert successors.reach(place, 5) is None
         assert successors.reach(place, 5) is None
     said = [r.getMessage() for r in caplog.records if "not the job's" in r.getMessage()]
     assert len(said) == 1 and str(place) in said[0], said  # said once
+    # ... and told to that store: the round its agent waits in failed, the job there stopped.
+    board = Board(fresh, Keys(RUN), "test")
+    stopped = board.stopped()
+    assert stopped is not None and f"the job's store at {place} was lost" in stopped[0]
+    assert board.get_json(Keys(RUN).round(0, "closed")) is not None
     # Another candidate's store is the successor's, whatever its id; once moved there, its
     # id is the one a fresh store at that place is compared with.
     there = Candidate(HOST, other.port)

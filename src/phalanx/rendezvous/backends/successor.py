@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import is_this_machine, resolve
 from phalanx.rendezvous.backends.claim import RUN_KEY, STORE_KEY, seed
+from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.failover import TRY, Candidate, epoch_of
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.majority import choose, confirmed
@@ -173,14 +174,33 @@ class AgentStoreSuccessors:
 
     def _not_the_jobs(self, candidate: Candidate) -> None:
         """The lost store's place answers with another store than the one this node used:
-        its agent was started again there and serves a fresh, empty one. Said once."""
-        if candidate not in self._said:
-            self._said.add(candidate)
-            log.warning(
-                "rendezvous: %s serves a store that is not the job's (a fresh one: the agent "
-                "there was started again after the job's store was lost); looking for the "
-                "store that succeeds it", candidate,
-            )  # fmt: skip
+        its agent was started again there and serves a fresh, empty one. Said once, and told
+        to that store: the round its agent waits in fails, so it ends now (started again,
+        it joins the job's newest confirmed store) instead of waiting out ``join_timeout``
+        -- or running a round with a newcomer that joined it, beside the job."""
+        if candidate in self._said:
+            return
+        self._said.add(candidate)
+        log.warning(
+            "rendezvous: %s serves a store that is not the job's (a fresh one: the agent "
+            "there was started again after the job's store was lost); looking for the "
+            "store that succeeds it", candidate,
+        )  # fmt: skip
+        why = (
+            f"the job's store at {candidate} was lost before this agent started again there, "
+            "and the job's other nodes moved on to a successor: this fresh store is not the "
+            "job's (started again, a node with every candidate in --rdzv-endpoint joins the "
+            "job where it went)"
+        )
+        store = AgentKVStore(candidate.host, candidate.port, self._token, read_timeout=TRY)
+        try:
+            board = Board(store, Keys(self._run_id), "failover")
+            board.close(board.latest_round(), Decision(failure=why))
+            board.stop(why, None)
+        except StoreUnavailable:
+            pass  # (it ends at its join_timeout instead)
+        finally:
+            store.close()
 
     def moved(self, candidate: Candidate) -> Reach:
         self.current, self._id = candidate, self._ids.get(candidate)
