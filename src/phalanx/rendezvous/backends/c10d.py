@@ -121,6 +121,11 @@ def open_handler(
         options.host, options.port, options.is_host, settings, options.token, spec.run_id
     )
     check_store(store, spec.run_id, where)
+    try:
+        successors.attach(store)
+    except BaseException:
+        store.close()
+        raise
     addr = node_address(options.host, options.port, spec.local_addr)
     at = successors.current
     reach = lastword.agent_store(at.host, at.port, options.token)

@@ -12,15 +12,22 @@ for several jobs, or an older phalanx's) is not checked.
 
 from __future__ import annotations
 
+import uuid
+
 from phalanx.errors import UsageError
 from phalanx.rendezvous.stores.base import KVStore
 
 RUN_KEY = "phalanx/run_id"  # outside every run's own prefix (phalanx/rdzv/<run id>/)
+# Which store this is: a fresh id each time an agent serves one. An agent started again on
+# the lost store's host serves the same run id at the same place, but not this id
+# (``successor``: the survivors never take that empty store for the job's).
+STORE_KEY = "phalanx/store_id"
 
 
 def seed(run_id: str) -> dict[str, bytes]:
-    """What the hosting agent's store holds from the start."""
-    return {RUN_KEY: run_id.encode()}
+    """What the hosting agent's store holds from the start: the run id, and an id of its
+    own (``STORE_KEY``)."""
+    return {RUN_KEY: run_id.encode(), STORE_KEY: uuid.uuid4().hex.encode()}
 
 
 def check_store(store: KVStore, run_id: str, where: str) -> None:

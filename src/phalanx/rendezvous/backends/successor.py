@@ -5,6 +5,12 @@ The candidates: the endpoints of ``--rdzv-endpoint a:p,b:p,c:p`` in order, or, w
 endpoint, the members of the last round in node-rank order, each at the address the others
 reach it at (which it published when it joined) and the endpoint's port. A successor's store
 is an agent store like the first: the same token both ways, the run id seeded (``claim``).
+
+Each served store has an id of its own (``claim.STORE_KEY``); a node knows the id of the
+store it uses. At the lost store's place an agent started again there (systemd, a requeue)
+serves a fresh, empty store with the job's token and run id: its id differs, so ``reach``
+says it does not serve the job's store, and the survivors walk on to the successor instead
+of rejoining a store that holds none of the job's state.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from collections.abc import Sequence
 
 from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import is_this_machine, resolve
-from phalanx.rendezvous.backends.claim import RUN_KEY, seed
+from phalanx.rendezvous.backends.claim import RUN_KEY, STORE_KEY, seed
+from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.failover import TRY, Candidate, epoch_of
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.majority import choose, confirmed
@@ -45,6 +52,14 @@ class AgentStoreSuccessors:
         self._token = token
         self._run_id = run_id
         self._read_timeout = settings.read_timeout
+        self._id: bytes | None = None  # the id of the store at ``current`` (None: unknown)
+        self._ids: dict[Candidate, bytes | None] = {}  # the ids found where it served or reached
+        self._said: set[Candidate] = set()  # the places said to serve another store
+
+    def attach(self, store: KVStore) -> None:
+        """This node uses ``store``, at ``current``, from now on: its id is the job's store's.
+        May raise ``StoreUnavailable``."""
+        self._id = store.get(STORE_KEY)
 
     def candidates(self, membership: Membership) -> list[Candidate]:
         if len(self._listed) > 1:
@@ -66,13 +81,15 @@ class AgentStoreSuccessors:
         return found[0] if len(found) == 1 else None  # one machine, several nodes: unknown
 
     def serve(self, candidate: Candidate, seed_keys: dict[str, bytes]) -> KVStore | None:
+        held = {**seed(self._run_id), **seed_keys}
+        self._ids[candidate] = held[STORE_KEY]
         try:
             return AgentKVStore.host(
                 candidate.host,
                 candidate.port,
                 token=self._token,
                 read_timeout=self._read_timeout,
-                seed={**seed(self._run_id), **seed_keys},
+                seed=held,
             )
         except OSError as exc:
             log.warning(
@@ -85,12 +102,17 @@ class AgentStoreSuccessors:
         probe = AgentKVStore(candidate.host, candidate.port, self._token, read_timeout=timeout)
         try:
             found = probe.get(RUN_KEY)  # the handshake first: the token, proved both ways
+            which = probe.get(STORE_KEY)
         except StoreUnavailable:
             return None
         finally:
             probe.close()
         if found is not None and found.decode("utf-8", "replace") != self._run_id:
             return None  # another job's store on that port
+        if self._id is not None and which != self._id and self.is_current(candidate):
+            self._not_the_jobs(candidate)
+            return None
+        self._ids[candidate] = which
         return AgentKVStore(
             candidate.host, candidate.port, self._token, read_timeout=self._read_timeout
         )
@@ -127,6 +149,7 @@ class AgentStoreSuccessors:
             if chosen is None:
                 return None
             self.current, store, self.epoch, _ = chosen
+            self._id = self._ids.get(self.current)
             log.warning(
                 "rendezvous: the job's store moved (failover %d): joining it at %s",
                 self.epoch, self.current,
@@ -149,8 +172,38 @@ class AgentStoreSuccessors:
                 store.close()
         return found
 
+    def _not_the_jobs(self, candidate: Candidate) -> None:
+        """The lost store's place answers with another store than the one this node used:
+        its agent was started again there and serves a fresh, empty one. Said once, and told
+        to that store: the round its agent waits in fails, so it ends now (started again,
+        it joins the job's newest confirmed store) instead of waiting out ``join_timeout``
+        -- or running a round with a newcomer that joined it, beside the job."""
+        if candidate in self._said:
+            return
+        self._said.add(candidate)
+        log.warning(
+            "rendezvous: %s serves a store that is not the job's (a fresh one: the agent "
+            "there was started again after the job's store was lost); looking for the "
+            "store that succeeds it", candidate,
+        )  # fmt: skip
+        why = (
+            f"the job's store at {candidate} was lost before this agent started again there, "
+            "and the job's other nodes moved on to a successor: this fresh store is not the "
+            "job's (started again, a node with every candidate in --rdzv-endpoint joins the "
+            "job where it went)"
+        )
+        store = AgentKVStore(candidate.host, candidate.port, self._token, read_timeout=TRY)
+        try:
+            board = Board(store, Keys(self._run_id), "failover")
+            board.close(board.latest_round(), Decision(failure=why))
+            board.stop(why, None)
+        except StoreUnavailable:
+            pass  # (it ends at its join_timeout instead)
+        finally:
+            store.close()
+
     def moved(self, candidate: Candidate) -> Reach:
-        self.current = candidate
+        self.current, self._id = candidate, self._ids.get(candidate)
         return lastword.agent_store(candidate.host, candidate.port, self._token)
 
 
