@@ -50,9 +50,11 @@ class RendezvousError(PhalanxError):
 class CutOff(RendezvousError):
     """This node is out of the job: its restart round could not gather a quorum of the last
     round's members (``rendezvous.dynamic.majority``: cut off from them, it served or kept a
-    store that too few of them reached), and the others go on without it where they are a
-    majority. Exit code ``CUT_OFF_EXIT_CODE``, not the job's failure: ``--hosts``' controller
-    counts the host as a lost member and ends with the others."""
+    store that too few of them reached), or it served the store and came back to find the
+    others moved the job to a successor's (``superseded``: ``rendezvous.dynamic.failover``);
+    the others go on without it where they are a majority. Exit code ``CUT_OFF_EXIT_CODE``,
+    not the job's failure: ``--hosts``' controller counts the host as a lost member and ends
+    with the others."""
 
     exit_code = CUT_OFF_EXIT_CODE
 
