@@ -11,6 +11,10 @@ import threading
 # The job was preempted (asked to stop by its scheduler), not failed: sysexits' EX_TEMPFAIL,
 # "try again later", what a requeue wrapper or a scheduler's policy can key on.
 REQUEUE_EXIT_CODE = 75
+# This node is out of the job, cut off from a quorum of its members (``CutOff``), while the job
+# may go on without it: phalanx's own code, just past sysexits' range (64-78), so that
+# ``--hosts``' controller (or a scheduler's wrapper) can tell a lost member from a failed job.
+CUT_OFF_EXIT_CODE = 79
 
 
 def signal_name(signum: int) -> str:
@@ -41,6 +45,18 @@ class RendezvousError(PhalanxError):
     """The nodes could not agree on membership (timeout, store lost, too few nodes)."""
 
     exit_code = 1
+
+
+class CutOff(RendezvousError):
+    """This node is out of the job: its restart round could not gather a quorum of the last
+    round's members (``rendezvous.dynamic.majority``: cut off from them, it served or kept a
+    store that too few of them reached), or it served the store and came back to find the
+    others moved the job to a successor's (``superseded``: ``rendezvous.dynamic.failover``);
+    the others go on without it where they are a majority. Exit code ``CUT_OFF_EXIT_CODE``,
+    not the job's failure: ``--hosts``' controller counts the host as a lost member and ends
+    with the others."""
+
+    exit_code = CUT_OFF_EXIT_CODE
 
 
 class MismatchError(PhalanxError):

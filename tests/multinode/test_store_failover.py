@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from phalanx.errors import CUT_OFF_EXIT_CODE
 from support.hosts import NamespaceHosts, Node
 from support.launch import remove_job_cgroups, wait_for, worker
 from support.multinode import FAST, c10d_args
@@ -137,6 +138,25 @@ def _survivors_finished(
     assert (shared / "final.bin").read_bytes() == reference
 
 
+def _said_cut_off(node: Node) -> None:
+    """A node cut off from the other members said so last -- it is out, the job goes on
+    without it where a quorum met -- and not that the job stopped; its event log and
+    report say the same (``cut_off``, exit 79)."""
+    last = node.stderr.strip().splitlines()[-1]
+    assert last.startswith("phalanx: cut off: only 1 of the last round's 3 members reached the "
+                           "store that took over after round "), last  # fmt: skip
+    out = "this node is out of the job, which goes on without it on the side that reached a quorum"
+    assert out in last and last.endswith("(exit 79)"), last
+    assert "the job stopped" not in node.stderr and "job stopped after" not in node.stderr
+    (said,) = _events(node, "cut_off")
+    assert said["reason"] == last.removeprefix("phalanx: "), said
+    ((end,),) = [_events(node, "job_end")]
+    assert (end["outcome"], end["exit_code"]) == ("cut_off", 79), end
+    report = json.loads(next(node.logs.rglob("report.json")).read_text())
+    assert report["outcome"] == "cut_off" and report["ended"] == said["reason"], report
+    assert [e["stopped_by_launcher"] for e in report["exits"]] == [True], report["exits"]
+
+
 def _kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and every process under it (agent, guardian, template, workers)."""
     procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
@@ -182,13 +202,15 @@ def test_a_frozen_store_host_does_not_come_back_as_a_second_store(
         wait_for(moved, HANG, "both to fail over")
     finally:
         os.kill(nodes[0].proc.pid, signal.SIGCONT)
-    assert nodes[0].finish(HANG) == 1, nodes[0].stderr[-4000:]
+    code = nodes[0].finish(HANG)
     last = nodes[0].stderr.strip().splitlines()[-1]
-    # Three ways it may learn it is out, each ending it: the newer store (superseded), too few
-    # members on its old store, or its own fence (no heartbeat confirmed while it was frozen:
-    # under load it can fence before it looks for a newer store).
-    ends = ("superseded", "at least 2 needed", "fenced: no store write confirmed")
-    assert any(end in last for end in ends), nodes[0].stderr[-4000:]
+    # Three ways it may learn it is out, each ending it: the newer store (superseded) or too
+    # few members on its old store (cut off: out of the job, exit 79), or its own fence (no
+    # heartbeat confirmed while it was frozen: under load it can fence before it looks for a
+    # newer store; the job ends there with no restart left for it).
+    ends = {"superseded": 79, "at least 2 needed": 79, "fenced: no store write": 1}
+    assert [c for end, c in ends.items() if end in last] == [code], nodes[0].stderr[-4000:]
+    assert code == 1 or ("the job stopped" not in last and "out of the job" in last), last
     assert "rejoining as a new member" not in nodes[0].stderr
     assert "round 1" not in nodes[0].stderr  # it never formed a round of its own
     _survivors_finished(nodes, hosts, shared, reference)
@@ -209,10 +231,11 @@ def test_a_partition_one_side_goes_on_the_cut_off_store_host_stops(
     wait_for(lambda: "a spare: it waits" in spare.stderr, HANG, "the spare to wait")
     spaces.cut(0)
     try:
-        assert nodes[0].finish(HANG) == 1, nodes[0].stderr[-4000:]
+        assert nodes[0].finish(HANG) == CUT_OFF_EXIT_CODE, nodes[0].stderr[-4000:]
         last = nodes[0].stderr.strip().splitlines()[-1]
-        assert "only 1 of the last round's 3 members are left on this store" in last, last
-        assert "at least 2 needed" in last, last
+        left = "cut off: only 1 of the last round's 3 members are left on this store after round"
+        assert left in last and "(at least 2 needed)" in last, last
+        assert "this node is out of the job, which goes on without it" in last, last
         assert spare.finish(HANG) == 0, spare.stderr[-4000:]  # not needed: it never ran
         assert "not needed" in spare.stderr and "round 1: node rank" not in spare.stderr
         _survivors_finished(nodes, hosts, shared, reference)
@@ -240,11 +263,10 @@ def test_a_member_cut_off_serves_a_store_no_newcomer_joins_and_it_stops(
         nodes.append(newcomer)
         said = ("is not confirmed", "joining it at", "round 1: node rank")
         wait_for(lambda: any(s in newcomer.stderr for s in said), HANG, "the newcomer to look")
-        assert nodes[2].finish(HANG) == 1, nodes[2].stderr[-4000:]
+        assert nodes[2].finish(HANG) == CUT_OFF_EXIT_CODE, nodes[2].stderr[-4000:]
     finally:
         spaces.heal(2)
-    last = nodes[2].stderr.strip().splitlines()[-1]
-    assert "cut off: only 1 of the last round's 3 members reached the store" in last, last
+    _said_cut_off(nodes[2])
     assert "round 1: node rank" not in nodes[2].stderr  # no round formed on its store
     assert f"store at {hosts.addr(2)}:{PORT} (failover 1) is not confirmed" in newcomer.stderr
     assert "joining it at" not in newcomer.stderr, newcomer.stderr[-4000:]
@@ -258,6 +280,44 @@ def test_a_member_cut_off_serves_a_store_no_newcomer_joins_and_it_stops(
     assert (shared / "final.bin").read_bytes() == reference
 
 
+def _controller(hosts: SshHosts, tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
+    """``--hostfile`` of the three sshd hosts at ``--nnodes 2:3``, the controller in the
+    first namespace, training until every host has trained a few steps: the controller, the
+    shared directory, the log directory."""
+    shared, logs = tmp_path / "shared", tmp_path / "logs"
+    shared.mkdir()
+    hosts.start()
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{name} slots=1\n" for name in hosts.names))
+    argv = [sys.executable, "-m", "phalanx", "--hostfile", str(hostfile), "--nnodes", "2:3",
+            "--max-restarts", "2", "--ssh-config", str(hosts.config), "--env",
+            "GLOO_SOCKET_IFNAME", "--log-dir", str(logs), "--rdzv-conf", CONF,
+            worker("failover_train.py"), str(shared), str(STEPS)]  # fmt: skip
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.Popen(
+        hosts.spaces.command(0, argv), cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+
+    def training() -> bool:
+        assert proc.poll() is None, proc.communicate()
+        steps = shared / "steps-0"
+        return steps.exists() and sum("world=3" in s for s in steps.read_text().split("\n")) >= 6
+
+    wait_for(training, HANG, "all three hosts to train")
+    return proc, shared, logs
+
+
+def _ended(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """The controller's stdout and stderr once it ended (SIGKILLed and failed past HANG)."""
+    try:
+        return proc.communicate(timeout=HANG)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"the controller did not finish:\n{out}\n{err}") from None
+
+
 @needs_sshd
 def test_under_a_hostfile_the_others_fail_over_when_the_first_hosts_agent_is_sigkilled(
     netns: Callable[[int], NetNamespaces], tmp_path: Path, reference: bytes
@@ -266,43 +326,52 @@ def test_under_a_hostfile_the_others_fail_over_when_the_first_hosts_agent_is_sig
     store) SIGKILLed, its ssh session ends; the controller goes on, the other two fail over,
     finish bit-identical, and the controller exits 0 with nothing left on any host."""
     hosts = SshHosts(netns(4), tmp_path, [1, 2, 3])
-    shared, logs = tmp_path / "shared", tmp_path / "logs"
-    shared.mkdir()
+    logs = tmp_path / "logs"
     try:
-        hosts.start()
-        hostfile = tmp_path / "hostfile"
-        hostfile.write_text("".join(f"{name} slots=1\n" for name in hosts.names))
-        argv = [sys.executable, "-m", "phalanx", "--hostfile", str(hostfile), "--nnodes", "2:3",
-                "--max-restarts", "2", "--ssh-config", str(hosts.config), "--env",
-                "GLOO_SOCKET_IFNAME", "--log-dir", str(logs), "--rdzv-conf", CONF,
-                worker("failover_train.py"), str(shared), str(STEPS)]  # fmt: skip
-        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", PYTHONPATH=str(REPO / "src"))
-        proc = subprocess.Popen(
-            hosts.spaces.command(0, argv), cwd=REPO, env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
-
-        def training() -> bool:
-            assert proc.poll() is None, proc.communicate()
-            steps = shared / "steps-0"
-            return (
-                steps.exists() and sum("world=3" in s for s in steps.read_text().split("\n")) >= 6
-            )
-
-        wait_for(training, HANG, "all three hosts to train")
+        proc, shared, logs = _controller(hosts, tmp_path)
         agents = [json.loads(p.read_text()).get("pid") for p in logs.glob("*/status.json")]
         (host,) = [pid for pid in agents
                    if pid and "is_host=true" in " ".join(psutil.Process(pid).cmdline())]  # fmt: skip
         os.kill(host, signal.SIGKILL)  # its guardian SIGKILLs its worker
-        try:
-            out, err = proc.communicate(timeout=HANG)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            raise AssertionError(f"the controller did not finish:\n{out}\n{err}") from None
+        out, err = _ended(proc)
         assert proc.returncode == 0, f"{out}\n{err}"
         assert "was lost; the job goes on without it" in err, err
         assert err.count("serves the rendezvous store now") == 2, err
+        assert (shared / "final.bin").read_bytes() == reference
+        for name in hosts.names:
+            wait_for(lambda n=name: hosts.job_pids(n) == [], 15, f"nothing left on {name}")
+    finally:
+        hosts.stop()
+        remove_job_cgroups(logs)
+
+
+@needs_sshd
+def test_under_a_hostfile_a_member_cut_off_from_the_others_leaves_and_the_job_goes_on(
+    netns: Callable[[int], NetNamespaces], tmp_path: Path, reference: bytes
+) -> None:
+    """``--hostfile`` with three real sshd hosts; the third (it does not serve the store) cut
+    off from the two others by iptables in its namespace, its ssh session to the controller
+    intact. It fails over to a store of its own, no quorum comes, and it leaves (exit 79):
+    the controller counts it a lost member, does not stop the others, which go on at world
+    size 2 and finish bit-identical, and exits 0 with nothing left on any host."""
+    hosts = SshHosts(netns(4), tmp_path, [1, 2, 3])
+    logs = tmp_path / "logs"
+    try:
+        proc, shared, logs = _controller(hosts, tmp_path)
+        others = [hosts.addr(name) for name in hosts.names[:2]]
+        for rule in (["INPUT", "-s"], ["OUTPUT", "-d"]):
+            for addr in others:  # the controller (namespace 0) still reaches it
+                iptables = ["iptables", "-A", rule[0], rule[1], addr, "-j", "DROP"]
+                subprocess.run(hosts.spaces.command(3, iptables), check=True, capture_output=True)
+        out, err = _ended(proc)
+        assert proc.returncode == 0, f"{out}\n{err}"
+        said = "host3's agent was cut off from the other members and left the job (exit 79"
+        ends = ("the job goes on without it", "after the other hosts finished the job")
+        assert said in err and any(end in err for end in ends), err  # (whichever ended first)
+        assert "stopping the job on every host" not in err, err
+        (last,) = [x for x in err.splitlines() if "phalanx: cut off: only 1 of the last" in x]
+        assert last.startswith("host3: ") and "this node is out of the job" in last, last
+        assert "world=2" in (shared / "steps-1").read_text()  # the two went on without it
         assert (shared / "final.bin").read_bytes() == reference
         for name in hosts.names:
             wait_for(lambda n=name: hosts.job_pids(n) == [], 15, f"nothing left on {name}")

@@ -213,6 +213,7 @@ def test_the_old_host_finds_it_was_superseded() -> None:
     newer.data[KEYS.confirmed] = b'{"epoch": 1, "round": 5}'
     why = Failover(places, quick).superseded(KEYS, ROUND, 0)
     assert why is not None and why.startswith("superseded: ") and "node 2 (n2, 10.0.0.3)" in why
+    assert why.endswith("is out of the job, which goes on there without it (exit 79)"), why
 
 
 def test_a_lost_store_back_just_now_is_passed_by_when_the_next_one_serves() -> None:

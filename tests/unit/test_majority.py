@@ -12,12 +12,14 @@ import time
 
 import pytest
 
+from phalanx.errors import CUT_OFF_EXIT_CODE, CutOff, RendezvousError
 from phalanx.rendezvous.dynamic.board import Board, decode
 from phalanx.rendezvous.dynamic.failover import republish
 from phalanx.rendezvous.dynamic.majority import (
     choose,
     close_restart,
     confirmed,
+    ended,
     expire_late,
     keepalive,
     short_of,
@@ -47,6 +49,29 @@ def test_only_the_last_rounds_members_count_toward_the_majority(
     found = short_of(min_nodes, joined, members, rejoined, failed_over, 4)
     assert (found is None) == (why is None), found
     assert why is None or (found is not None and why in found), found
+
+
+@pytest.mark.parametrize(
+    ("failed_over", "rejoined", "joined"), [(True, 1, 2), (False, 1, 1), (True, 2, 3)]
+)
+def test_a_node_short_of_the_members_quorum_is_cut_off_not_the_job_failed(
+    failed_over: bool, rejoined: int, joined: int
+) -> None:
+    """Whether it read the round's decision or the job's stop reason (``Board.close``'s)
+    first, a node on a store short of the quorum is out of the job (exit 79), and says the
+    job goes on elsewhere; any other failed round is the job's (exit 1)."""
+    why = short_of(1, joined, 5 if joined == 3 else 3, rejoined, failed_over, 4)
+    assert why is not None and why.startswith("cut off: only ")
+    for error in (ended(why), ended("the job stopped: ...", f"round 5 failed: {why}")):
+        assert isinstance(error, CutOff) and error.exit_code == CUT_OFF_EXIT_CODE == 79
+        line = str(error)
+        assert line.startswith(why + ": this node is out of the job, which goes on without it on "
+                               "the side that reached a quorum of its members"), line  # fmt: skip
+        assert line.endswith("(exit 79)"), line
+    below_min = short_of(3, 2, 3, 2, True, 4)
+    assert below_min is not None
+    for plain in (ended(below_min), ended("x", f"round 5 failed: {below_min}"), ended("x")):
+        assert type(plain) is RendezvousError and plain.exit_code == 1
 
 
 @pytest.mark.parametrize("members", range(3, 8))

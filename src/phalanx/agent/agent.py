@@ -19,7 +19,7 @@ from phalanx.agent.runend import Reporter
 from phalanx.agent.runfiles import write_launcher_file
 from phalanx.agent.stopped import not_needed_report
 from phalanx.config import LaunchConfig, RendezvousConfig
-from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted
+from phalanx.errors import CutOff, Interrupted, NotNeeded, PhalanxError, Preempted
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
@@ -48,6 +48,8 @@ def _job_end(events: EventLog, files: RunFiles, exc: PhalanxError) -> None:
         outcome = "preempted"
     elif isinstance(exc, Interrupted):
         outcome = "interrupted"
+    elif isinstance(exc, CutOff):  # out of the job, which may go on (``agent.between``)
+        outcome = "cut_off"
     elif isinstance(exc, NotNeeded):
         report = json.dumps(not_needed_report(str(exc)), indent=2)
         files.offer(REPORT_FILE, report.encode())

@@ -9,10 +9,10 @@ import logging
 
 from phalanx.agent.describe import describe_event
 from phalanx.agent.endings import Endings, unexplained
-from phalanx.agent.runend import RunEnd, with_checked
+from phalanx.agent.runend import RunEnd, Said, with_checked
 from phalanx.agent.sofar import RunState, SoFar
 from phalanx.agent.stopped import stop_signal
-from phalanx.errors import Interrupted, PhalanxError, Preempted, RendezvousError
+from phalanx.errors import CutOff, Interrupted, PhalanxError, Preempted, RendezvousError
 from phalanx.hang.analysis import HangAnalysis
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
 from phalanx.report.exits import report_json
@@ -115,6 +115,8 @@ class Between:
         if heard is not None and signum is not None:
             log.info("%s", ended)
             return self.stopped_elsewhere(state, heard, signum)
+        if isinstance(exc, CutOff):
+            return self.cut_off(state, exc)
         if state.failure is not None:
             log.error("%s", ended)
             last = state.failure
@@ -128,3 +130,23 @@ class Between:
             [], state.attempts, outcome="failed", reason=ended, ended=ended, recovery=figures
         )
         return RunEnd("failed", exc, (), with_checked(data, state.checked))
+
+    def cut_off(self, state: RunState, exc: CutOff) -> RunEnd:
+        """This node is out of the job, cut off from a quorum of its members (``exc``), while
+        the others may go on: not the job's failure, so no job-wide report; its line last
+        (``exc``, exit 79), the ``cut_off`` event, and ``report.json`` (outcome ``cut_off``)
+        with the exits of its last round and why they were stopped."""
+        self.ends.tell_done(False)
+        last = state.failure
+        event = last.event if last is not None else None
+        self.ends.events.emit(
+            "cut_off", round=last.joined.round if last is not None else None, reason=str(exc)
+        )
+        lines, figures = self.ends.recovery_figures()
+        data = report_json(
+            last.exits if last is not None else [], state.attempts, outcome="cut_off",
+            reason=describe_event(event) if event is not None else str(exc), ended=str(exc),
+            recovery=figures,
+        )  # fmt: skip
+        said = tuple(Said(line) for line in lines)
+        return RunEnd("cut_off", exc, said, with_checked(data, state.checked))

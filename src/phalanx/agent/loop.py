@@ -24,7 +24,7 @@ from phalanx.agent.runend import RunEnd
 from phalanx.agent.sofar import RunState
 from phalanx.agent.stopped import asked_to_stop
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, RendezvousError
+from phalanx.errors import CutOff, Interrupted, RendezvousError
 from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.watch import RoundWatch
 from phalanx.plan import RoundPlan, build_plan
@@ -351,6 +351,8 @@ class Rounds:
                 self.events.emit("store_moved", **moved)
         except Interrupted as exc:
             return self.between.stopped_waiting(state, exc, "this node, waiting for the rendezvous store")  # fmt: skip
+        except CutOff as exc:  # superseded: the others moved the store while it was away
+            return self.between.cut_off(state, exc)
         # Back, the node claims the restart as any node of a failed round does (the first
         # claim decides for all): the budget counts it however many nodes lost the store.
         return self._restarted(state, at) if back else None

@@ -64,7 +64,9 @@ exit status: 0 success; the root-cause worker's exit code (128+N for signal N) o
 2 usage error, or the nodes run different code or versions (see --allow-mismatch);
 129/130/143 when interrupted by SIGHUP/SIGINT/SIGTERM;
 75 when preempted (--preempt-signals; see docs/how-to/slurm.md, "Preemption");
-69 when the node check excluded this node (--node-check exclude)."""
+69 when the node check excluded this node (--node-check exclude);
+79 when this node was cut off from the other members (c10d, 3 members or more): the job goes
+on without it where a quorum of them met."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

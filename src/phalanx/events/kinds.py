@@ -100,6 +100,9 @@ KINDS: dict[str, tuple[str, ...]] = {
     ),
     # This node was excluded from the job (``--exclude-after``, ``--node-check exclude``, ``--straggler-action exclude``; ``exclusion``).
     "excluded": ("name", "reason"),
+    # This node is out of the job, cut off from a quorum of the last round's members (c10d,
+    # 3 members or more: ``rendezvous.dynamic.majority``); the job may go on without it.
+    "cut_off": ("round", "reason"),
     # The scheduler said the job will be stopped (a preemption signal).
     "preempt": ("signal", "deadline"),
     # The launcher's console went away (a closed terminal: ``reason`` says why); the job goes
@@ -108,6 +111,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     # This node's guardian (``supervisor.guardian``) died before its agent: its ``pid``, how
     # it ``ended``, and the pid of the one that replaced it (``replacement``; null: none).
     "guardian_lost": ("pid", "ended", "replacement"),
-    # The agent run ended: ``outcome`` is succeeded, failed, interrupted or preempted.
+    # The agent run ended: ``outcome`` is succeeded, failed, interrupted, preempted, not_needed
+    # (a spare the job ended without) or cut_off (``cut_off``: out, the job may go on).
     "job_end": ("outcome", "exit_code"),
 }

@@ -11,8 +11,10 @@ lost (ssh's exit status 255: a cut link, a dead host), unless the job has spare 
 members or more (they go on without it, c10d failing over if it served the store); or a host that failed while the others
 still run ``AFTER_FAILURE`` seconds later (their agents normally end on their own, told by
 the rendezvous). A host that finished well stops nothing: its peers may train on, and their
-own agents watch them. The exit status is the job's: the first failing agent's code, 1 if
-the job was stopped for a lost connection, 128+N when stopped by signal N.
+own agents watch them; nor does, in such a job, a host whose agent was cut off from the
+other members while its session held (``CUT_OFF``, exit 79: the others go on where they are
+a majority). The exit status is the job's: the first failing agent's code, 1 if the job was
+stopped for a lost connection, 128+N when stopped by signal N.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ import threading
 import time
 from types import FrameType
 
-from phalanx.errors import signal_name
+from phalanx.errors import CUT_OFF_EXIT_CODE, signal_name
 from phalanx.hosts.console import Console
 from phalanx.hosts.lifeline import BEAT, PREEMPT_LINE
 from phalanx.hosts.plan import HostPlan, HostsPlan
 from phalanx.hosts.ssh import env_line
 
 SSH_LOST = 255
+CUT_OFF = CUT_OFF_EXIT_CODE  # the agent was cut off from the other members: out, not failed
 AFTER_FAILURE = 60.0
 DRAIN = 15.0  # after the lifelines close: the agents stop within about 10 s
 
@@ -155,15 +158,18 @@ class Controller:
                       file=sys.stderr, flush=True)  # fmt: skip
                 return 128 + self._signal
             ended = [s for s in sessions if s.ended_at is not None]
-            lost = [s for s in ended if s.proc.returncode == SSH_LOST]
-            if lost and (self._plan.spares or self._plan.fails_over):
+            tolerate = bool(self._plan.spares) or self._plan.fails_over
+            lost = [s for s in ended if s.proc.returncode in _out(tolerate)]
+            if lost and tolerate:
                 self._carry_on(lost, sessions)  # a spare takes its place, or the others go on
             elif lost:  # said even when every session ended at once: the cause is the ssh link
                 return self._stop_all(sessions, f"the ssh session to {lost[0].host.name} was lost")
             if len(ended) == len(sessions):
-                tolerate = bool(self._plan.spares) or self._plan.fails_over
                 return _job_code(sessions, tolerate_lost=tolerate)
-            failed = [s.ended_at for s in ended if s.ended_at is not None and s.proc.returncode]
+            failed = [
+                s.ended_at for s in ended
+                if s.ended_at is not None and s.proc.returncode not in (0, *_out(tolerate))
+            ]  # fmt: skip
             if failed and time.monotonic() - min(failed) > AFTER_FAILURE:
                 return self._stop_all(sessions, "a host failed and the others did not follow")
 
@@ -176,7 +182,9 @@ class Controller:
         for session in lost:
             if session.host.name not in self._told_lost:
                 self._told_lost.add(session.host.name)
-                print(lost_line(session.host.name, running, code), file=sys.stderr, flush=True)
+                cut = session.proc.returncode == CUT_OFF
+                line = (cut_off_line if cut else lost_line)(session.host.name, running, code)
+                print(line, file=sys.stderr, flush=True)
 
     def _stop_all(self, sessions: list[Session], why: str) -> int:
         print(f"phalanx: {why}; stopping the job on every host", file=sys.stderr, flush=True)
@@ -219,14 +227,37 @@ def lost_line(host: str, running: int, code: int) -> str:
     )
 
 
+def cut_off_line(host: str, running: int, code: int) -> str:
+    """What the controller says when ``host``'s agent ended cut off from the other members
+    (exit 79) while its ssh session held: it is out, and the job goes on with the others
+    while ``running`` sessions are left; with none left it ends here with ``code``."""
+    said = (
+        f"phalanx: {host}'s agent was cut off from the other members and left the job (exit "
+        f"{CUT_OFF}; its ssh session held)"
+    )
+    if running:
+        return f"{said}; the job goes on without it where a quorum of its members met"
+    if code == 0:
+        return f"{said} after the other hosts finished the job: it ends here (exit 0)"
+    return f"{said}, and no other host runs the job any more: it ends here (exit {code})"
+
+
+def _out(tolerate: bool) -> tuple[int, ...]:
+    """The agents' exit codes that, in a job that goes on without a host (``tolerate``:
+    spares, or a store that fails over), mean a member is out, not that the job failed: a
+    lost ssh session and a member cut off from the others; without it, a lost session."""
+    return (SSH_LOST, CUT_OFF) if tolerate else (SSH_LOST,)
+
+
 def _job_code(
     sessions: list[Session], stopped_at: float | None = None, *, tolerate_lost: bool = False
 ) -> int:
     """The first failing agent's code; sessions that ended after the controller stopped the
     job (``stopped_at``) were stopped by it and do not count. 1 when the controller stopped
     it and no agent had failed on its own (a lost connection). ``tolerate_lost`` (spare
-    hosts): a lost session is a member the job went on without, not the job's failure,
-    unless no other session finished well."""
+    hosts, or a store that fails over): a lost session, or an agent cut off from the other
+    members, is a member the job went on without, not the job's failure, unless no other
+    session finished well."""
     own = sorted(
         (s for s in sessions if s.ended_at is not None and s.proc.returncode is not None
          and (stopped_at is None or s.ended_at <= stopped_at)),
@@ -234,11 +265,13 @@ def _job_code(
     )  # fmt: skip
     # A negative code is an ssh client killed by that signal.
     codes = [_shell_code(s.proc.returncode) for s in own if s.proc.returncode is not None]
-    failed = [c for c in codes if c not in (0, SSH_LOST)]
+    failed = [c for c in codes if c not in (0, *_out(tolerate_lost))]
     if failed:
         return failed[0]
     if tolerate_lost and stopped_at is None and 0 in codes:
         return 0
+    if codes and all(c == CUT_OFF for c in codes):  # every host out: each one's code
+        return CUT_OFF
     return 0 if stopped_at is None and all(c == 0 for c in codes) else 1
 
 

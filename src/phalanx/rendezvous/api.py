@@ -299,8 +299,10 @@ class Peers(Protocol):
         "When the store's host is lost"), come back as a new member for the next round;
         False when it cannot (no store, one that stayed out of reach, or an expired etcd
         lease). ``failover_only``: this node's workers failed; if the store does not answer
-        (its host went with their peers), only a failover brings the node back. Blocks; a
-        signal to the launcher interrupts it (the caller's)."""
+        (its host went with their peers), only a failover brings the node back. Raises
+        ``CutOff`` when this node served the store and the others moved the job to a
+        successor's while it was away (it is out). Blocks; a signal to the launcher
+        interrupts it (the caller's)."""
 
     def store_moved(self) -> dict[str, object] | None:
         """The failover of the rendezvous store that the last ``rejoin`` took this node to

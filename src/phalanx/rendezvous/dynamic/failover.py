@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from phalanx.errors import CUT_OFF_EXIT_CODE
 from phalanx.rendezvous.api import RoundVerdict
 from phalanx.rendezvous.dynamic.board import Board, Decision, encode
 from phalanx.rendezvous.dynamic.joined import JoinedRound
@@ -357,5 +358,6 @@ class Failover:
         return (
             f"superseded: while this node was away (frozen or cut off), the other nodes moved "
             f"the job's rendezvous store to {_named(membership, found.node_rank, found)} at "
-            f"{found}; this node, which served the old one, is no longer part of the job"
+            f"{found}; this node, which served the old one, is out of the job, which goes on "
+            f"there without it (exit {CUT_OFF_EXIT_CODE})"
         )

@@ -37,7 +37,7 @@ from phalanx.rendezvous.api import NodeInfo
 from phalanx.rendezvous.dynamic.abandoned import Abandoned
 from phalanx.rendezvous.dynamic.admission import check_admission
 from phalanx.rendezvous.dynamic.board import Board, Decision, decode, encode, parsed
-from phalanx.rendezvous.dynamic.majority import close_restart, expire_late, failed_over
+from phalanx.rendezvous.dynamic.majority import close_restart, ended, expire_late, failed_over
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
@@ -180,7 +180,7 @@ class RoundFormer:
                 f"the job ended while this node waited as a spare ({reason or failure}): "
                 "not needed, nothing to run"
             )
-        return RendezvousError(failure)
+        return ended(failure, reason)  # out of the job: cut off from its members
 
     def _finished(self) -> RendezvousError:
         return RendezvousError(

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Mapping
 
 from phalanx.config import shown_run_id
-from phalanx.errors import RendezvousError, UsageError
+from phalanx.errors import CutOff, RendezvousError, UsageError
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.barrier import ExitBarrier
 from phalanx.rendezvous.dynamic.board import Board
@@ -179,16 +179,16 @@ class DynamicRendezvous:
         return True
 
     def _fail_over(self, why: str, since: float) -> bool | None:
-        """The store's host is lost: True, moved to a successor's store; False, this node
-        served it and the others moved on; None: no failover (``failover``)."""
+        """The store's host is lost: True, moved to a successor's store; None: no failover
+        (``failover``). Raises ``CutOff`` when this node served it and the others moved on."""
         joined = self._joined
         if self._failover is None or joined is None:
             return None
         keys, hosting = self._board.keys, self._store.hosting
         found = self._failover.after_loss(keys, self._node_id, hosting, joined, why, since)
-        if isinstance(found, str):
+        if isinstance(found, str):  # out of the job, which goes on on the new store
             self._superseded = found
-            return False
+            raise CutOff(found)
         if found is None:
             return None
         self._liveness.stop()

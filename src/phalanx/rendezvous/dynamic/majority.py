@@ -13,14 +13,18 @@ exist either, so the old store and a successor never both run.
 A store that took over is *confirmed* once a quorum of the last round's members reached it
 (``confirm``; before its round closes, which may need one more node for MIN). A node cut off
 from the others that served a store of its own never gets that mark, and nodes that start
-later never join such a store (``choose``): they wait for a confirmed one.
+later never join such a store (``choose``): they wait for a confirmed one. A node whose restart
+round failed short of the quorum is out of the job (``ended``: ``CutOff``, its own exit code),
+not the job's failure: the others may go on.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 
+from phalanx.errors import CutOff, RendezvousError
 from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.lost import Untold
@@ -28,6 +32,7 @@ from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.stores.base import KVStore
 
 FEWEST = 3  # a round of 2 never fails over: its survivor could never be a majority
+CUT_OFF = "cut off: "  # how a restart round that lacks the members' quorum failed
 
 
 def majority(members: int, failed_over: bool) -> int:
@@ -51,21 +56,36 @@ def short_of(
     ``rejoined`` of them members of round ``r`` (of ``members``); None: it may. Newcomers
     and spares count toward MIN, never toward the members' majority."""
     need = majority(members, failed_over)
-    if rejoined < need:
+    if rejoined < need:  # (each starts with CUT_OFF: the nodes that read it are ``CutOff``)
         if failed_over:
             return (
-                f"cut off: only {rejoined} of the last round's {members} members reached the "
+                f"{CUT_OFF}only {rejoined} of the last round's {members} members reached the "
                 f"store that took over after round {r} (at least {need} needed); no round "
-                "forms there, and this node is out of the job: the other members go on "
-                "without it where they are a majority"
+                "forms there"
             )
         return (
-            f"only {rejoined} of the last round's {members} members are left on this store "
-            f"after round {r}; at least {need} needed (the others may be a majority elsewhere)"
+            f"{CUT_OFF}only {rejoined} of the last round's {members} members are left on this "
+            f"store after round {r} (at least {need} needed); no round forms here"
         )
     if joined < min_nodes:
         return f"only {joined} node(s) are left after round {r}; at least {min_nodes} needed"
     return None
+
+
+def ended(failure: str, reason: str = "") -> RendezvousError:
+    """What a node that finds its round failed raises (``failure``, the round's decision;
+    ``reason``: the job's stop reason, when that is what it read first): a round short of
+    the members' quorum (``short_of``) puts every node on that store out of the job
+    (``CutOff``), which goes on where a quorum met, if one did."""
+    stop = re.fullmatch(r"round \d+ failed: (.*)", reason, re.DOTALL)  # ``Board.close``'s
+    why = stop.group(1) if stop is not None else failure
+    if not why.startswith(CUT_OFF):
+        return RendezvousError(failure)
+    return CutOff(
+        f"{why}: this node is out of the job, which goes on without it on the side that "
+        "reached a quorum of its members, if one did (their nodes report how it ends); check "
+        f"this node's network links to the other nodes (exit {CutOff.exit_code})"
+    )
 
 
 def failed_over(board: Board, r: int) -> bool:
