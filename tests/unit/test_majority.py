@@ -21,6 +21,7 @@ from phalanx.rendezvous.dynamic.majority import (
     confirmed,
     ended,
     expire_late,
+    forming,
     keepalive,
     short_of,
 )
@@ -95,18 +96,48 @@ def test_no_two_stores_both_form_a_round_whatever_joins_them(members: int) -> No
     ("seen", "chosen"),
     [
         ([], (None, False)),  # nobody serves: a job starting
-        ([(0, True)], (0, False)),
-        ([(0, True), (1, False)], (0, True)),  # the successor forming, or a cut-off node's
-        ([(0, True), (1, True)], (1, False)),  # the newest confirmed one
-        ([(2, True), (1, True), (3, False)], (0, True)),
-        ([(3, True), (2, False)], (0, False)),  # an older unconfirmed one is no reason to wait
-        ([(1, False)], (None, True)),  # only an unconfirmed one: never joined
+        ([(0, True, False)], (0, False)),
+        (
+            [(0, True, False), (1, False, False)],
+            (0, True),
+        ),  # the successor forming, or a cut-off node's
+        ([(0, True, False), (1, True, False)], (1, False)),  # the newest confirmed one
+        ([(2, True, False), (1, True, False), (3, False, False)], (0, True)),
+        (
+            [(3, True, False), (2, False, False)],
+            (0, False),
+        ),  # an older unconfirmed one is no reason to wait
+        ([(1, False, False)], (None, True)),  # only an unconfirmed one: never joined
+        # The newest confirmed store forms a round (soak seed 4141: a restart round one node
+        # short of MIN while a cut-off node served a newer store): joined at once.
+        ([(1, True, True), (2, False, False)], (0, False)),
+        ([(1, True, False), (2, True, True), (3, False, False)], (1, False)),
+        ([(2, True, False), (1, True, True), (3, False, False)], (0, True)),  # not the newest
     ],
 )
 def test_a_node_that_starts_joins_the_newest_confirmed_store(
-    seen: list[tuple[int, bool]], chosen: tuple[int | None, bool]
+    seen: list[tuple[int, bool, bool]], chosen: tuple[int | None, bool]
 ) -> None:
     assert choose(seen) == chosen
+
+
+@pytest.mark.parametrize(
+    ("keys", "forms"),
+    [
+        ({}, True),  # round 0, open from the start
+        ({"round": b"0", "r0/closed": b'{"n": 2}'}, False),
+        ({"round": b"3", "r3/open": b"1"}, True),  # a restart round forming
+        ({"round": b"3", "r3/open": b"1", "r3/closed": b'{"n": 3}'}, False),  # running
+        ({"round": b"3"}, False),  # its number moved up before its open mark: not yet
+    ],
+)
+def test_a_store_forms_a_round_while_its_newest_round_is_open_and_not_closed(
+    keys: dict[str, bytes], forms: bool
+) -> None:
+    store = MemoryStore(MemoryServer())
+    for name, value in keys.items():
+        store.set(KEYS.prefix + name, value)
+    assert forming(store, KEYS) is forms
 
 
 class Clock:

@@ -25,7 +25,7 @@ from phalanx.rendezvous.backends.claim import RUN_KEY, STORE_KEY, seed
 from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.failover import TRY, Candidate, epoch_of
 from phalanx.rendezvous.dynamic.keys import Keys
-from phalanx.rendezvous.dynamic.majority import choose, confirmed
+from phalanx.rendezvous.dynamic.majority import choose, confirmed, forming
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.lastword import Reach
 from phalanx.rendezvous.settings import RendezvousSettings
@@ -129,9 +129,9 @@ class AgentStoreSuccessors:
         keys, until, said = Keys(self._run_id), time.monotonic() + patience, False
         while len(self._listed) > 1:
             found = self._look(keys)
-            best, again = choose([(epoch, sure) for _, _, epoch, sure in found])
+            best, again = choose([(epoch, sure, now) for _, _, epoch, sure, now in found])
             if again and time.monotonic() < until:
-                for candidate, store, epoch, sure in found:
+                for candidate, store, epoch, sure, _ in found:
                     store.close()
                     if not (sure or said):
                         said = True
@@ -143,12 +143,12 @@ class AgentStoreSuccessors:
                 time.sleep(1.0)
                 continue
             chosen = None if best is None or found[best][2] == 0 else found[best]
-            for _, store, _, _ in found:
+            for _, store, _, _, _ in found:
                 if chosen is None or store is not chosen[1]:
                     store.close()
             if chosen is None:
                 return None
-            self.current, store, self.epoch, _ = chosen
+            self.current, store, self.epoch, _, _ = chosen
             self._id = self._ids.get(self.current)
             log.warning(
                 "rendezvous: the job's store moved (failover %d): joining it at %s",
@@ -157,9 +157,10 @@ class AgentStoreSuccessors:
             return store
         return None
 
-    def _look(self, keys: Keys) -> list[tuple[Candidate, KVStore, int, bool]]:
+    def _look(self, keys: Keys) -> list[tuple[Candidate, KVStore, int, bool, bool]]:
         """Every listed candidate that serves the job's store, one try each: where, a
-        client of it, its failover number and whether it is confirmed."""
+        client of it, its failover number, whether it is confirmed and whether the job
+        forms a round on it now."""
         found = []
         for candidate in self._listed:
             store = self.reach(candidate, TRY)
@@ -167,7 +168,8 @@ class AgentStoreSuccessors:
                 continue
             try:
                 epoch = epoch_of(store, keys)
-                found.append((candidate, store, epoch, confirmed(store, keys, epoch)))
+                sure = confirmed(store, keys, epoch)
+                found.append((candidate, store, epoch, sure, sure and forming(store, keys)))
             except (StoreUnavailable, ValueError):
                 store.close()
         return found

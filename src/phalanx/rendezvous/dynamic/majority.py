@@ -130,16 +130,32 @@ def confirmed(store: KVStore, keys: Keys, epoch: int) -> bool:
     return epoch == 0 or store.get(keys.confirmed) is not None
 
 
-def choose(seen: Sequence[tuple[int, bool]]) -> tuple[int | None, bool]:
-    """Among the stores found (each ``(epoch, confirmed)``): the index of the confirmed one
-    with the highest failover number (None: none), and whether to look again before
-    joining it: an unconfirmed store newer than it may be the job's successor, forming."""
+def forming(store: KVStore, keys: Keys) -> bool:
+    """Whether the job's newest round on this store is open and not yet closed: the job's
+    members are there now, forming it (a restart round that may wait for one more node).
+    Store errors propagate."""
+    data = store.get(keys.latest_round)
+    r = 0 if data is None else int(data)
+    opened = r == 0 or store.get(keys.round(r, "open")) is not None
+    return opened and store.get(keys.round(r, "closed")) is None
+
+
+def choose(seen: Sequence[tuple[int, bool, bool]]) -> tuple[int | None, bool]:
+    """Among the stores found (each ``(epoch, confirmed, forming)``): the index of the
+    confirmed one with the highest failover number (None: none), and whether to look again
+    before joining it: an unconfirmed store newer than it may be the job's successor,
+    forming. Not while the confirmed one forms a round: its members are there, and a restart
+    round short of MIN would fail for want of this node (soak seed 4141: it waited on a
+    cut-off node's store while the job's last call ran out). Joining it is safe either way:
+    a newcomer counts toward MIN only, never toward the last round's quorum."""
     best: int | None = None
-    for i, (epoch, sure) in enumerate(seen):
+    for i, (epoch, sure, _) in enumerate(seen):
         if sure and (best is None or epoch > seen[best][0]):
             best = i
+    if best is not None and seen[best][2]:
+        return best, False
     floor = -1 if best is None else seen[best][0]
-    return best, any(not sure and epoch > floor for epoch, sure in seen)
+    return best, any(not sure and epoch > floor for epoch, sure, _ in seen)
 
 
 def expire_late(board: Board, r: int, timeout: float, clock: Callable[[], float]) -> None:
