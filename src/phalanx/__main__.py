@@ -1,3 +1,5 @@
-from phalanx.cli.main import command
+import sys
 
-command()
+from phalanx.cli.main import main
+
+sys.exit(main())

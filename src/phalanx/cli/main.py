@@ -10,7 +10,6 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib import import_module
 from pathlib import Path
-from typing import NoReturn
 
 from phalanx.cli.usage import SUBCOMMAND_NAMES, did_you_mean
 from phalanx.errors import Interrupted, JobFailed, PhalanxError, UsageError, stopped_line
@@ -91,17 +90,6 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     for line in config.derived:
         log.info("%s", line)
     return launch.run(environ, contain=True)
-
-
-def command() -> NoReturn:
-    """The launcher's process (``phalanx``, ``python -m phalanx``): ``main``, then its end
-    without the interpreter's teardown (``phalanx.worker.leave.run_to_exit``: threads joined,
-    ``atexit`` handlers run, files left open closed, stdio flushed, then ``os._exit``).
-    Freeing each of the ~300 modules and every object the agent made was 20-35 ms of a
-    launch's exit here, and nothing a user can see (phalanx defines no ``__del__``)."""
-    from phalanx.worker.leave import run_to_exit  # stdlib only; the exit is its one use
-
-    run_to_exit(lambda: sys.exit(main()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
