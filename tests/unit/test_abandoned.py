@@ -170,3 +170,38 @@ def test_with_no_restart_left_every_waiting_node_ends_and_no_round_opens() -> No
             waiting.check(1, f"waiter{i}")
     assert not job.board.is_open(1)
     assert job.board.claimed_restart(0)[0] is False
+
+
+def test_a_restart_round_settles_a_lost_member_whose_watchers_are_gone() -> None:
+    """Round 1 is open and waits for round 0's members to settle; m1 rejoined (as a fenced
+    member does, back as a new member: it watches round 0 no more) and m0 went silent, its
+    guardian's word lost with the store out of reach (the c10d soak, seed 4141). The waiting
+    nodes find m0 lost by the watchers' rule, once: its place settles, one ``node_lost``,
+    and round 0 is all settled. A member that beats is never settled so."""
+    job = Job()
+    board = job.board
+    board.open_round(1)
+    board.settle(0, 1, 2, "rejoined")
+    began = job.now
+    while board.store.get(board.keys.fate(0, 0)) is None:
+        assert job.now < began + 10 * FAST.heartbeat_timeout, "m0 never found lost"
+        for waiting in job.waiting:
+            waiting.settle_lost(0)
+        job.now += FAST.heartbeat_interval
+    assert job.now >= began + FAST.heartbeat_timeout  # never before its silence is that old
+    assert board.store.get(board.keys.fate(0, 0)).startswith(b"lost:")  # type: ignore[union-attr]
+    lost = [f for f in board.failures() if f["kind"] == "node_lost"]
+    assert [f["node_rank"] for f in lost] == [0]
+    assert board.store.get(board.keys.round(0, "all_settled")) is not None
+
+
+def test_a_restart_round_never_settles_a_member_that_beats() -> None:
+    job = Job()
+    job.board.open_round(1)
+    for _ in range(4 * int(FAST.heartbeat_timeout / FAST.heartbeat_interval)):
+        for waiting in job.waiting:
+            waiting.settle_lost(0)
+        job.now += FAST.heartbeat_interval
+        job.beat("m0", "m1")
+    assert job.board.store.get(job.board.keys.fate(0, 0)) is None
+    assert job.board.store.get(job.board.keys.fate(0, 1)) is None

@@ -103,6 +103,27 @@ class Abandoned:
             log.info("rendezvous: could not judge the running round's members: %s", exc)
             return False
 
+    def settle_lost(self, r: int) -> None:
+        """While restart round r+1 waits for round r's members to settle: settle each one
+        still unsettled that is lost by its watchers' rule, and tell the round. Its watchers
+        may all be gone: members that fenced came back as new members and watch round r no
+        more (the c10d soak, seed 4141: the store's host frozen 10 s fenced both survivors
+        while a third member was SIGKILLed, and its place held the round for join_timeout)."""
+        try:
+            running = self._members(r)
+            if running is None:
+                return
+            now = self._clock()
+            for rank, node_id in enumerate(running.node_ids):
+                if self._b.store.get(self._b.keys.fate(r, rank)) is not None:
+                    continue  # settled: rejoined, left, or found lost by another
+                verdict, why = self._pulse.judge(node_id, now)
+                if verdict is Verdict.LOST and self._b.settle(r, rank, running.count, "lost"):
+                    log.warning("rendezvous: %s", tell_lost(self._b, running, rank, why))
+        except StoreUnavailable as exc:
+            self._pulse.follow()  # knows nothing: a silence is timed afresh
+            log.info("rendezvous: could not judge round %d's unsettled members: %s", r, exc)
+
     def _members(self, r: int) -> Membership | None:
         """Round r's members once it closed (not failed) and its membership is written."""
         if self._running is not None and self._running.round == r:

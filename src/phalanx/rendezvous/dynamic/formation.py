@@ -7,10 +7,11 @@ Every node does O(1) store operations per round (the assembler reads the n arriv
    fate in t-1 as ``rejoined``.
 2. **Close**: one compare-and-set on ``closed`` decides for everyone how many arrivals are in
    (slots 1..n) -- or that the round failed. The MAX-th arrival closes at once (unless a
-   quorum of members decides, below). In round 0
-   an arrival with slot >= MIN closes after the last-call window unless someone did first.
-   Later, nodes first wait until every member of round t-1 is accounted for (rejoined,
-   lost, or left: a member still stopping its workers is waited for, not dropped); then the round closes at once when every survivor and every queued node
+   quorum of members decides, below). In round 0 an arrival with slot >= MIN closes after
+   the last-call window unless someone did first. Later, nodes first wait until every
+   member of round t-1 is accounted for (rejoined, lost -- judged by the waiting nodes too,
+   whose watchers may be gone -- or left: a member still stopping its workers is waited
+   for, not dropped); then the round closes at once when every survivor and every queued node
    (spare or newcomer) is in, after the last call otherwise -- but not while a queued node
    that still beats is missing (``queued``: a spare that hiccups when it is chosen is
    waited for until its heartbeat is ``heartbeat_timeout`` old, and at most
@@ -21,9 +22,9 @@ Every node does O(1) store operations per round (the assembler reads the n arriv
    free port on its host and publishes ``master``.
 
 A node that finds the round closed without it (late, or beyond MAX) queues for the next
-round (its members see ``NODE_WAITING`` if it has room). A spare (it queued while the round
-ran with MAX members) the job ends without leaves with exit 0 (``NotNeeded``). One that
-finds every member of the running round gone opens the next round itself (``abandoned``).
+round (its members see ``NODE_WAITING`` if it has room). A spare the job ends without leaves
+with exit 0 (``NotNeeded``). One that finds every member of the running round gone opens
+the next round itself (``abandoned``).
 """
 
 from __future__ import annotations
@@ -73,12 +74,8 @@ class RoundFormer:
         ``Fence.arrived``). ``majority``: the store may move (c10d): a restart round needs a
         quorum of the last round's members (``majority``). ``max_restarts``: the budget a
         waiting node spends when every member is gone (``abandoned``)."""
-        self._b = board
-        self._keys = board.keys
-        self._s = settings
-        self._min = min_nodes
-        self._max = max_nodes
-        self._clock = clock
+        self._b, self._keys, self._s, self._clock = board, board.keys, settings, clock
+        self._min, self._max = min_nodes, max_nodes
         self._worker_port = worker_port
         self._admit_mismatch = admit_mismatch
         self._arriving = arriving
@@ -326,6 +323,8 @@ class RoundFormer:
             if left <= 0:
                 return None
             self._line.check(t, until if deadline is None else deadline, settling=settling)
+            if settling:  # round t-1's watchers may be gone (fenced, back as new members)
+                self._abandoned.settle_lost(t - 1)
             if self._b.store.wait([key or closed], min(left, self._s.heartbeat_interval)) and key:
                 return self._b.decision(t)
 
