@@ -70,11 +70,15 @@ def close_files_left_open() -> None:
         for layer in (stream, getattr(stream, "buffer", None))
         if layer is not None
     }
+    # type(), not isinstance(): an instance check reads ``obj.__class__``, which some objects
+    # answer with a side effect (torch's deprecated ``torch.distributed.reduce_op`` warns).
     found = [
         obj
         for generation in range(3)
         for obj in gc.get_objects(generation=generation)
-        if isinstance(obj, io.IOBase) and not isinstance(obj, _IN_MEMORY) and id(obj) not in stdio
+        if issubclass(type(obj), io.IOBase)
+        and not issubclass(type(obj), _IN_MEMORY)
+        and id(obj) not in stdio
     ]
     for stream in sorted(found, key=_layer):
         # As in IOBase's finalizer: a failing close is no reason not to close the rest.
