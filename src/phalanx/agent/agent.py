@@ -18,7 +18,7 @@ from phalanx.agent.loop import Rounds
 from phalanx.agent.runend import Reporter
 from phalanx.agent.runfiles import write_launcher_file
 from phalanx.agent.stopped import not_needed_report
-from phalanx.config import LaunchConfig, RendezvousConfig
+from phalanx.config import LaunchConfig
 from phalanx.errors import CutOff, Interrupted, NotNeeded, PhalanxError, Preempted
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
@@ -197,7 +197,7 @@ class Agent:
                 template = open_warm(config.workers, self._base_env, run_dir)
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
-                    join_when_ready(template, config.rendezvous)
+                    join_when_ready(template)
                 supervisor = self._supervisor(
                     guardian, template, rendezvous.peers(), events, filters, wall_clock
                 )
@@ -256,14 +256,12 @@ class Agent:
         )  # fmt: skip
 
 
-def join_when_ready(template: Template | None, rendezvous: RendezvousConfig) -> None:
-    """Warm start (a service or a template) imports while the agent reaches the store; on a
-    dynamic rendezvous of several nodes it joins a round only once that import is done (or
-    given up). Joined before, a node that comes to a running job -- a spare, an agent started
-    again, one that scales the job up -- would be chosen by the job's next round, which would
-    then wait for its import (issue 41: 1.7-2.3 s more for an agent SIGKILL whose restarted
-    agent was chosen). One node alone, or the static backend's fixed group, has no one to
-    take its place: there the rendezvous still runs under the import."""
-    if template is None or not rendezvous.is_multi_node or rendezvous.rdzv_backend == "static":
-        return
-    template.wait_ready()
+def join_when_ready(template: Template | None) -> None:
+    """Warm start (a service or a template) imports while the agent reaches the store; it
+    joins a round only once that import is done (or given up). Joined before, a node that
+    comes to a running job -- a spare, an agent started again, one that scales the job up --
+    would be chosen by the job's next round, which would then wait for its import (issue 41:
+    1.7-2.3 s more for an agent SIGKILL whose restarted agent was chosen). A first round of
+    all nodes waits for the slowest node's template either way."""
+    if template is not None:
+        template.wait_ready()
