@@ -194,10 +194,10 @@ class Agent:
             rendezvous: RendezvousHandler | None = None
             supervisor: Supervisor | None = None
             try:
+                # Warm start (a service or a template) imports while the rendezvous runs
                 template = open_warm(config.workers, self._base_env, run_dir)
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
-                    join_when_ready(template)
                 supervisor = self._supervisor(
                     guardian, template, rendezvous.peers(), events, filters, wall_clock
                 )
@@ -254,14 +254,3 @@ class Agent:
             duplicate_filters=filters, wall_clock=wall_clock.now,
             fence=peers.fence() if peers is not None else None,
         )  # fmt: skip
-
-
-def join_when_ready(template: Template | None) -> None:
-    """Warm start (a service or a template) imports while the agent reaches the store; it
-    joins a round only once that import is done (or given up). Joined before, a node that
-    comes to a running job -- a spare, an agent started again, one that scales the job up --
-    would be chosen by the job's next round, which would then wait for its import (issue 41:
-    1.7-2.3 s more for an agent SIGKILL whose restarted agent was chosen). A first round of
-    all nodes waits for the slowest node's template either way."""
-    if template is not None:
-        template.wait_ready()

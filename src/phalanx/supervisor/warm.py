@@ -1,8 +1,8 @@
 """Warm start, the agent's side: one template process per agent run, workers forked from it.
 
 ``open_template`` starts ``phalanx.worker.template`` with the environment every worker of
-this node shares and returns at once; the template imports torch while the agent reaches the
-store (the agent joins a round once it is ready: ``Template.wait_ready``) -- unless the job's program provably never imports it and no ``--preload`` is given
+this node shares and returns at once; the template imports torch while the rendezvous runs
+-- unless the job's program provably never imports it and no ``--preload`` is given
 (``template_imports``, ``phalanx.supervisor.reach``): then it imports nothing, and forking
 still skips the interpreter's and phalanx's start-up.
 ``Template.launch_all`` is the supervisor's ``LaunchAll``: it waits for the template to be
@@ -185,13 +185,6 @@ class Template:
     def _instead(self, worker: WorkerPlan) -> RunningWorker:
         """How a worker starts once this template is given up: cold."""
         return exec_worker(worker)
-
-    def wait_ready(self) -> bool:
-        """Block until the template has imported (or is given up: then False, and workers
-        start cold). The agent calls it before it joins a round: a node that joins a running
-        job -- a spare, an agent started again -- must not hold the job's next round up for
-        its own import (``agent.agent``)."""
-        return self._ready()
 
     def _ready(self) -> bool:
         if self._state == "starting":
