@@ -85,15 +85,20 @@ def _pids_cgroup(limit: int) -> Iterator[Path]:
         group.rmdir()
 
 
+def _one_node(run_id: str, workers: int) -> RendezvousResult:
+    """Round 0 of a job of this node alone, with ``workers`` local ranks."""
+    return RendezvousResult(
+        run_id=run_id, round=0, restart_count=0, node_rank=0,
+        nodes=(NodeInfo(0, "localhost", "127.0.0.1", workers),),
+        master_addr="127.0.0.1", master_port=free_port(),
+    )  # fmt: skip
+
+
 def test_a_fork_failing_in_a_batch_fails_that_rank_and_the_ranks_before_it_are_stopped(
     tmp_path: Path,
 ) -> None:
     config = LaunchConfig(WorkersConfig(program=worker("batch_probe.py"), nproc_per_node=4))
-    joined = RendezvousResult(
-        run_id="batch", round=0, restart_count=0, node_rank=0,
-        nodes=(NodeInfo(0, "localhost", "127.0.0.1", 4),),
-        master_addr="127.0.0.1", master_port=free_port(),
-    )  # fmt: skip
+    joined = _one_node("batch", 4)
     env = {**os.environ, "PROBE_WAIT": "1"}  # the ranks forked stay until stopped
     plan = build_plan(config, joined, tmp_path / "run", env)
     started: Started = []
@@ -128,11 +133,7 @@ def test_a_fork_failing_in_a_batch_fails_that_rank_and_the_ranks_before_it_are_s
 def test_a_single_fork_that_fails_raises_the_limit(tmp_path: Path) -> None:
     """``Template.launch`` (one worker: one request of one) names the limit as the batch does."""
     config = LaunchConfig(WorkersConfig(program=worker("batch_probe.py")))
-    joined = RendezvousResult(
-        run_id="one", round=0, restart_count=0, node_rank=0,
-        nodes=(NodeInfo(0, "localhost", "127.0.0.1", 1),),
-        master_addr="127.0.0.1", master_port=free_port(),
-    )  # fmt: skip
+    joined = _one_node("one", 1)
     plan = build_plan(config, joined, tmp_path / "run", dict(os.environ))
     with _pids_cgroup(1) as group:  # the template alone: no fork fits
         template = Template.start(
@@ -155,11 +156,7 @@ def test_a_template_that_does_not_answer_is_ended_and_the_workers_start_cold(
     nothing it might still fork runs beside them."""
     monkeypatch.setattr(warm, "REPLY_TIMEOUT", 1.0)  # 30 s in a launch
     config = LaunchConfig(WorkersConfig(program=worker("batch_probe.py"), nproc_per_node=2))
-    joined = RendezvousResult(
-        run_id="stalled", round=0, restart_count=0, node_rank=0,
-        nodes=(NodeInfo(0, "localhost", "127.0.0.1", 2),),
-        master_addr="127.0.0.1", master_port=free_port(),
-    )  # fmt: skip
+    joined = _one_node("stalled", 2)
     env = {**os.environ, "PROBE_WAIT": "1"}
     plan = build_plan(config, joined, tmp_path / "run", env)
     log_path = tmp_path / "template.log"
