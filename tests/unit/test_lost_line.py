@@ -63,3 +63,23 @@ def test_a_cut_off_host_is_not_the_jobs_failure_where_it_goes_on(
         for i, code in enumerate(codes)
     ]
     assert _job_code(sessions, tolerate_lost=tolerate) == job  # type: ignore[arg-type]
+
+
+# (the hosts' exit codes in order, whether the others go on without an excluded host, the job's)
+EXCLUDED_CODES = [
+    ([69, 0], True, 0),  # excluded, the other finished: the job did (tests/cli/test_hosts_excluded.py)
+    ([69, 3], True, 3),  # the other failed: its code
+    ([69, 69], True, 69),  # every host excluded
+    ([69, 0], False, 69),  # a job that needs every host: the exclusion ended it
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("codes", "going_on", "job"), EXCLUDED_CODES)
+def test_an_excluded_host_is_not_the_jobs_failure_where_the_others_go_on(
+    codes: list[int], going_on: bool, job: int
+) -> None:
+    sessions = [
+        SimpleNamespace(ended_at=float(i), proc=SimpleNamespace(returncode=code))
+        for i, code in enumerate(codes)
+    ]
+    assert _job_code(sessions, excluded_out=going_on) == job  # type: ignore[arg-type]

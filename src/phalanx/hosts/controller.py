@@ -13,7 +13,9 @@ still run ``AFTER_FAILURE`` seconds later (their agents normally end on their ow
 the rendezvous). A host that finished well stops nothing: its peers may train on, and their
 own agents watch them; nor does, in such a job, a host whose agent was cut off from the
 other members while its session held (``CUT_OFF``, exit 79: the others go on where they are
-a majority). The exit status is the job's: the first failing agent's code, 1 if the job was
+a majority), nor a host excluded from the job (``EXCLUDED``, exit 69: the node check, or
+``--exclude-after``) where the others can go on without it (``HostsPlan.goes_on_without_one``).
+The exit status is the job's: the first failing agent's code, 1 if the job was
 stopped for a lost connection, 128+N when stopped by signal N.
 """
 
@@ -28,7 +30,7 @@ import threading
 import time
 from types import FrameType
 
-from phalanx.errors import CUT_OFF_EXIT_CODE, signal_name
+from phalanx.errors import CUT_OFF_EXIT_CODE, NodeExcluded, signal_name
 from phalanx.hosts.console import Console
 from phalanx.hosts.lifeline import BEAT, PREEMPT_LINE
 from phalanx.hosts.plan import HostPlan, HostsPlan
@@ -36,6 +38,7 @@ from phalanx.hosts.ssh import env_line
 
 SSH_LOST = 255
 CUT_OFF = CUT_OFF_EXIT_CODE  # the agent was cut off from the other members: out, not failed
+EXCLUDED = NodeExcluded.exit_code  # the agent left the job excluded: out, where others go on
 AFTER_FAILURE = 60.0
 DRAIN = 15.0  # after the lifelines close: the agents stop within about 10 s
 
@@ -164,11 +167,14 @@ class Controller:
                 self._carry_on(lost, sessions)  # a spare takes its place, or the others go on
             elif lost:  # said even when every session ended at once: the cause is the ssh link
                 return self._stop_all(sessions, f"the ssh session to {lost[0].host.name} was lost")
+            going_on = self._plan.goes_on_without_one
+            self._tell_excluded([s for s in ended if going_on and s.proc.returncode == EXCLUDED])
             if len(ended) == len(sessions):
-                return _job_code(sessions, tolerate_lost=tolerate)
+                return _job_code(sessions, tolerate_lost=tolerate, excluded_out=going_on)
+            out = (*_out(tolerate), *((EXCLUDED,) if going_on else ()))
             failed = [
                 s.ended_at for s in ended
-                if s.ended_at is not None and s.proc.returncode not in (0, *_out(tolerate))
+                if s.ended_at is not None and s.proc.returncode not in (0, *out)
             ]  # fmt: skip
             if failed and time.monotonic() - min(failed) > AFTER_FAILURE:
                 return self._stop_all(sessions, "a host failed and the others did not follow")
@@ -185,6 +191,13 @@ class Controller:
                 cut = session.proc.returncode == CUT_OFF
                 line = (cut_off_line if cut else lost_line)(session.host.name, running, code)
                 print(line, file=sys.stderr, flush=True)
+
+    def _tell_excluded(self, excluded: list[Session]) -> None:
+        """Say once of each host that left the job excluded: the others go on without it."""
+        for session in excluded:
+            if session.host.name not in self._told_lost:
+                self._told_lost.add(session.host.name)
+                print(excluded_line(session.host.name), file=sys.stderr, flush=True)
 
     def _stop_all(self, sessions: list[Session], why: str) -> int:
         print(f"phalanx: {why}; stopping the job on every host", file=sys.stderr, flush=True)
@@ -242,6 +255,15 @@ def cut_off_line(host: str, running: int, code: int) -> str:
     return f"{said}, and no other host runs the job any more: it ends here (exit {code})"
 
 
+def excluded_line(host: str) -> str:
+    """What the controller says when ``host``'s agent left the job excluded (exit 69) in a
+    job that can go on without it (a spare, a failover, or ``--nnodes MIN``)."""
+    return (
+        f"phalanx: {host}'s agent was excluded from the job (exit {EXCLUDED}; its own lines "
+        "say why); the job goes on without it, where --nnodes MIN or a spare host allows"
+    )
+
+
 def _out(tolerate: bool) -> tuple[int, ...]:
     """The agents' exit codes that, in a job that goes on without a host (``tolerate``:
     spares, or a store that fails over), mean a member is out, not that the job failed: a
@@ -250,14 +272,18 @@ def _out(tolerate: bool) -> tuple[int, ...]:
 
 
 def _job_code(
-    sessions: list[Session], stopped_at: float | None = None, *, tolerate_lost: bool = False
+    sessions: list[Session],
+    stopped_at: float | None = None,
+    *,
+    tolerate_lost: bool = False,
+    excluded_out: bool = False,
 ) -> int:
     """The first failing agent's code; sessions that ended after the controller stopped the
     job (``stopped_at``) were stopped by it and do not count. 1 when the controller stopped
     it and no agent had failed on its own (a lost connection). ``tolerate_lost`` (spare
     hosts, or a store that fails over): a lost session, or an agent cut off from the other
     members, is a member the job went on without, not the job's failure, unless no other
-    session finished well."""
+    session finished well. ``excluded_out``: the same for a host excluded from the job."""
     own = sorted(
         (s for s in sessions if s.ended_at is not None and s.proc.returncode is not None
          and (stopped_at is None or s.ended_at <= stopped_at)),
@@ -265,11 +291,14 @@ def _job_code(
     )  # fmt: skip
     # A negative code is an ssh client killed by that signal.
     codes = [_shell_code(s.proc.returncode) for s in own if s.proc.returncode is not None]
-    failed = [c for c in codes if c not in (0, *_out(tolerate_lost))]
+    out = (*_out(tolerate_lost), *((EXCLUDED,) if excluded_out else ()))
+    failed = [c for c in codes if c not in (0, *out)]
     if failed:
         return failed[0]
-    if tolerate_lost and stopped_at is None and 0 in codes:
+    if (tolerate_lost or excluded_out) and stopped_at is None and 0 in codes:
         return 0
+    if codes and all(c == EXCLUDED for c in codes):  # every host excluded
+        return EXCLUDED
     if codes and all(c == CUT_OFF for c in codes):  # every host out: each one's code
         return CUT_OFF
     return 0 if stopped_at is None and all(c == 0 for c in codes) else 1

@@ -56,12 +56,21 @@ class HostsPlan:
     python: str
     skipped: tuple[Skipped, ...] = ()  # listed in the exclusion file: not started
     spares: int = 0  # hosts started beyond --nnodes MAX: they wait as spares
+    min_nodes: int | None = None  # --nnodes MIN (None: the job needs every member it started)
 
     @property
     def fails_over(self) -> bool:
         """Whether the job goes on when a member host is lost, the store's host too: three
         members or more (c10d's failover: design.md, "When the store's host is lost")."""
         return len(self.hosts) - self.spares >= 3
+
+    @property
+    def goes_on_without_one(self) -> bool:
+        """Whether the others can go on when one member host leaves the job: a spare takes
+        its place, the store fails over, or ``--nnodes MIN`` is below the members started."""
+        members = len(self.hosts) - self.spares
+        fewer = self.min_nodes is not None and self.min_nodes < members
+        return bool(self.spares) or self.fails_over or fewer
 
     @property
     def workers(self) -> int:
@@ -162,6 +171,7 @@ def build_hosts_plan(
     return HostsPlan(
         tuple(plans), rdzv_addr, rdzv_port, hosted_by, run_id, env, cwd, python,
         tuple(skipped), spares,
+        config.remote.host_nodes[0] if config.remote.host_nodes is not None else None,
     )  # fmt: skip
 
 
