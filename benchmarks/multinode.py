@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import shutil
 import statistics
@@ -157,7 +158,14 @@ def _checked(events: list[dict[str, Any]], formed: dict[str, Any]) -> float:
     return float(checks[0]["mono"]) if checks else float(formed["mono"])
 
 
-MULTINODE_TARGETS = {"p50": 0.3, "max": 0.6}  # seconds, phalanx (issue 29)
+# seconds, phalanx: issue 29's p50 and max over 20 restarts, issue 41's p50 and p99 over 100
+MULTINODE_TARGETS = {"p50": 0.25, "p99": 0.5, "max": 0.6}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank): at 100 values the 99th is the second largest."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def report(names: list[str], reps: int, env: dict[str, dict[str, str]]) -> str:
@@ -190,16 +198,17 @@ def report(names: list[str], reps: int, env: dict[str, dict[str, str]]) -> str:
 
 
 def _table(samples: dict[str, list[Sample]], reps: int, failures: list[str]) -> str:
-    lines = [f"| restart on 2 netns nodes ({reps} repetitions) | p50 | max | runs that failed |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = [f"| restart on 2 netns nodes ({reps} repetitions) | p50 | p99 | max | runs that failed |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for name, got in samples.items():
         seconds = [s.seconds for s in got]
         failed = sum(1 for f in failures if f.startswith(f"{name}:") and "in a row" not in f)
         tried = len(seconds) + failed
         if not seconds:
-            lines.append(f"| {name} | failed | failed | {failed} of {tried} |")
+            lines.append(f"| {name} | failed | failed | failed | {failed} of {tried} |")
             continue
-        lines.append(f"| {name} | {statistics.median(seconds):.3f} s | {max(seconds):.3f} s "
+        lines.append(f"| {name} | {statistics.median(seconds):.3f} s "
+                     f"| {percentile(seconds, 99):.3f} s | {max(seconds):.3f} s "
                      f"| {failed} of {tried} |")  # fmt: skip
     for name, got in samples.items():
         timed = [s for s in got if s.phases is not None]
@@ -214,11 +223,12 @@ def _table(samples: dict[str, list[Sample]], reps: int, failures: list[str]) -> 
                      f"slowest run ({slowest.seconds:.3f} s): "
                      + ", ".join(f"{p} {slowest.phases[p]:.3f}" for p in PHASES))  # fmt: skip
         seconds = [s.seconds for s in got]
-        p50, worst = statistics.median(seconds), max(seconds)
-        met = p50 <= MULTINODE_TARGETS["p50"] and worst <= MULTINODE_TARGETS["max"]
-        lines.append(f"target restart on 2 nodes: {name} p50 <= {MULTINODE_TARGETS['p50']} s and "
-                     f"max <= {MULTINODE_TARGETS['max']} s: {p50:.3f} s, {worst:.3f} s, "
-                     f"{'met' if met else 'NOT met'}")  # fmt: skip
+        got_figures = {"p50": statistics.median(seconds), "p99": percentile(seconds, 99),
+                       "max": max(seconds)}  # fmt: skip
+        for figure, target in MULTINODE_TARGETS.items():
+            verdict = "met" if got_figures[figure] <= target else "NOT met"
+            lines.append(f"target restart on 2 nodes: {name} {figure} <= {target} s: "
+                         f"{got_figures[figure]:.3f} s, {verdict}")  # fmt: skip
     for failure in failures:
         lines.append(f"failed two-node run: {failure}")
     return "\n".join(lines)
