@@ -311,6 +311,8 @@ class Supervisor:
         template forks them from one request). Every worker started gets its slot, and so is
         stopped with the others, before anything can fail; a limit reached on the way
         (descriptors, processes, threads) then raises ``StartFailed``, which ends the round."""
+        # (the last attempt's counters were read: its verdict is taken, its events written)
+        self._counters.retire(worker.log_dir for worker in plan.workers)
         for worker in plan.workers:
             make_log_dir(str(worker.log_dir))
             self._counters.make(worker.log_dir)  # in memory, linked from there

@@ -1,10 +1,11 @@
 """Progress counters: a worker bumps them, its agent reads them to tell a hang from progress.
 
 Each rank's counters live in a memfd the agent makes before it starts the worker
-(``make_counters``) and holds for the rest of the run; ``<rank log dir>/progress`` is a
-symlink to it (``/proc/<agent pid>/fd/<n>``). The worker opens it through that link and maps
-it: bumping it is a store to memory (no syscall, no thread), and the agent reads it with one
-``pread`` per check on the descriptor it holds (``hold``), never touching the worker or the
+(``make_counters``) and holds until the next round's workers start or the run ends
+(``supervisor.counters``); ``<rank log dir>/progress`` is a symlink to it
+(``/proc/<agent pid>/fd/<n>``). The worker opens it through that link and maps it: bumping
+it is a store to memory (no syscall, no thread), and the agent reads it with one ``pread``
+per check on the descriptor it holds (``hold``), never touching the worker or the
 run directory -- also after the worker ended; other readers (``phalanx status``) go through
 the link. The memory is the kernel's, not the run directory's: a page-in cannot fail
 the way a file's can on a struggling NFS mount (SIGBUS in ``step``), and the memfd is sealed

@@ -28,6 +28,7 @@ class Answers(Generic[T]):
         self._done = threading.Condition(self._lock)
         self._asked: dict[Hashable, Callable[[], T | None]] = {}
         self._known: dict[Hashable, T | None] = {}
+        self._unwanted: set[Hashable] = set()  # asked with stale=False, given up on
         self._name = name
         self._thread: threading.Thread | None = None
         self._since = 0.0  # when the thread began the question it answers now (monotonic)
@@ -40,7 +41,10 @@ class Answers(Generic[T]):
         and one queued behind a question that has already taken longer than ``wait`` is not
         waited for (so many questions to a slow filesystem cost one ``wait``, not one each;
         one behind a question being answered in good time -- another agent's probe in the
-        same process, a sibling rank's reading -- waits its bound as if first)."""
+        same process, a sibling rank's reading -- waits its bound as if first). With
+        ``stale=False`` the answer is this caller's alone (its key a fresh ``object()``, asked
+        once): it is not kept, nor is it when it comes after the caller gave up. (Kept, each
+        worker start, exit and restart left one behind for the agent's life.)"""
         now = time.monotonic()
         deadline = now + wait
         with self._lock:
@@ -56,8 +60,11 @@ class Answers(Generic[T]):
                 deadline = 0.0  # behind a slow question: the thread would be late for this
             while key in self._asked and (left := deadline - time.monotonic()) > 0:
                 self._done.wait(left)
-            if key in self._asked and not stale:
-                return None
+            if not stale:
+                if key in self._asked:
+                    self._unwanted.add(key)
+                    return None
+                return self._known.pop(key, None)
             return self._known.get(key)
 
     def _run(self) -> None:
@@ -69,6 +76,9 @@ class Answers(Generic[T]):
                 self._since = time.monotonic()
             value = answer()
             with self._lock:
-                self._known[key] = value
+                if key in self._unwanted:
+                    self._unwanted.discard(key)
+                else:
+                    self._known[key] = value
                 del self._asked[key]
                 self._done.notify_all()
