@@ -62,9 +62,9 @@ class Answers(Generic[T]):
                 self._done.wait(left)
             if not stale:
                 if key in self._asked:
-                    self._unwanted.add(key)
+                    self._unwanted |= {key}
                     return None
-                return self._known.pop(key, None)
+                return self._known.pop(key, None)  # this caller's alone: not kept
             return self._known.get(key)
 
     def _run(self) -> None:
