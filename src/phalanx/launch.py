@@ -10,7 +10,6 @@ token, settings) is what the backend opens with.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from phalanx.errors import UsageError
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import NodeInfo, RendezvousHandler, RendezvousResult
 from phalanx.rendezvous.dynamic.keys import check_run_id
-from phalanx.rendezvous.local import LocalRendezvous
+from phalanx.rendezvous.local import LocalRendezvous, random_run_id
 from phalanx.rendezvous.registry import backend_problem, check, conf_keys, open_handler
 from phalanx.rendezvous.settings import settings_problems
 from phalanx.rendezvous.spec import RendezvousSpec
@@ -139,7 +138,7 @@ def _one_node(config: LaunchConfig) -> Launch:
     # One node: no store, no peers; LocalRendezvous picks a fresh port per round.
     nodes = config.rendezvous
     own_id = nodes.standalone or nodes.rdzv_id == "none"
-    run_id = str(uuid.uuid4()) if own_id else nodes.rdzv_id
+    run_id = random_run_id() if own_id else nodes.rdzv_id
     first_port = None
     if nodes.rdzv_backend == "static" and not nodes.standalone:
         first_port = nodes.master_port

@@ -6,7 +6,6 @@ what was expected; the CLI collects those messages and reports them all at once.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Iterable
@@ -63,8 +62,7 @@ def node_range_problem(min_nodes: int, max_nodes: int) -> str | None:
     if 1 <= min_nodes <= max_nodes:
         return None
     return (
-        f"--nnodes: MIN must not exceed MAX, got {min_nodes}:{max_nodes} "
-        "(expected 1 <= MIN <= MAX)"
+        f"--nnodes: MIN must not exceed MAX, got {min_nodes}:{max_nodes} (expected 1 <= MIN <= MAX)"
     )
 
 
@@ -175,5 +173,7 @@ def parse_filter_words(text: str) -> tuple[str, ...]:
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:
     """``"; did you mean X?"`` for the closest of ``known``, or ``""``."""
+    import difflib  # only for a mistake: not on every launch's path (with heapq, ~1.5 ms)
+
     close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""

@@ -20,6 +20,12 @@ NOT_ON_ONE_NODE = (
     "phalanx.rendezvous.stores.agentstore.client", "phalanx.rendezvous.addr",
     "phalanx.nodecheck.round", "phalanx.nodecheck.probes", "phalanx.nodecheck.verdict",
     "phalanx.consistency.", "importlib.metadata", "email.", "csv", "concurrent.futures", "psutil",
+    # ... and since its fourth part: the host list's parsing, Slurm's nodelists, the run id's
+    # and the run directory's randomness by their stdlib modules (uuid imports platform,
+    # secrets imports hmac and base64), the progress hook's base classes (importlib.abc
+    # imports importlib.resources), "did you mean" for a mistake
+    "phalanx.hosts", "phalanx.environments.nodelist", "hostlist", "uuid", "platform",
+    "secrets", "hmac", "importlib.abc", "importlib.resources", "difflib",
 )  # fmt: skip
 # ... and what it must import (the probe is seeing the agent run, not an early exit).
 RUNS_THE_AGENT = ("phalanx.agent.agent", "phalanx.supervisor.group", "phalanx.rendezvous.local")

@@ -6,6 +6,7 @@ neither has to import the other.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 
 from phalanx.cli import abbrev
@@ -16,9 +17,20 @@ from phalanx.config import LaunchConfig
 from phalanx.launch import Launch
 
 
-def parse_launch(argv: Sequence[str], environ: Mapping[str, str]) -> Launch:
-    """``argv`` (torchrun's abbreviations spelled out already: ``expanded``) as a launch."""
-    ns = build_parser(environ).parse_args(list(argv))
+def read_launch(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str], Launch]:
+    """``argv`` spelled out (``expanded``) and read as a launch (``parse_launch``), with one
+    parser built for both: a launch's own start is on its critical path."""
+    parser = build_parser(environ)
+    spelled = abbrev.expand(parser, argv)
+    return spelled, parse_launch(spelled, environ, parser)
+
+
+def parse_launch(
+    argv: Sequence[str], environ: Mapping[str, str], parser: argparse.ArgumentParser | None = None
+) -> Launch:
+    """``argv`` (torchrun's abbreviations spelled out already: ``expanded``) as a launch;
+    ``parser``: ``build_parser(environ)``, if already built."""
+    ns = (parser or build_parser(environ)).parse_args(list(argv))
     ns, derivation = derive(ns, argv, environ)
     return to_launch(ns, environ, derivation=derivation)
 

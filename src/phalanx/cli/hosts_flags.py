@@ -10,8 +10,6 @@ from pathlib import Path
 from phalanx import parsing
 from phalanx.cli.problems import Problems
 from phalanx.config import HostSlots, RemoteConfig
-from phalanx.hosts.hostfile import parse_hosts, read_hostfile
-from phalanx.hosts.remote_env import forwarded_env, read_env_file
 
 
 def remote_flags(
@@ -30,6 +28,11 @@ def remote_flags(
         if ns.env:
             p.add("--env applies only with --hosts or --hostfile")
         return RemoteConfig()
+    # Only a job over many hosts reads a host list: the package is not on a one-node launch's
+    # path (``tests/cli/test_launch_imports.py``).
+    from phalanx.hosts.hostfile import parse_hosts, read_hostfile
+    from phalanx.hosts.remote_env import forwarded_env, read_env_file
+
     if ns.hosts is not None and ns.hostfile is not None:
         p.add("--hosts and --hostfile: give one of them")
     _refused_with_hosts(ns, p, given)

@@ -68,10 +68,9 @@ def _near_subcommand(word: str, environ: Mapping[str, str]) -> str | None:
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     # The launch path's modules (the agent and all it runs), imported only to launch; what
     # only --hosts or --dry-run uses, only then (a launch's own start is on its critical path).
-    from phalanx.cli.argv import expanded, parse_launch
+    from phalanx.cli.argv import read_launch
 
-    argv = expanded(argv, environ)
-    launch = parse_launch(argv, environ)
+    argv, launch = read_launch(argv, environ)
     config = launch.config
     if config.remote.hosts:
         from phalanx.hosts.run import run_hosts

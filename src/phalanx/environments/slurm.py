@@ -24,7 +24,6 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 from phalanx.environments.facts import Detected, Fact, LauncherVars, Problem, slurm_port
-from phalanx.environments.nodelist import first_host
 
 log = logging.getLogger("phalanx")
 
@@ -141,6 +140,14 @@ def _static_facts(env: Mapping[str, str], job: str, problems: list[Problem]) -> 
     else:
         facts.append(Fact("master_port", str(port), "15000 + SLURM_JOB_ID % 10000"))
     return facts
+
+
+def first_host(nodelist: str, what: str) -> str:
+    """``nodelist.first_host``, imported only here: it imports python-hostlist, which no
+    launch outside a Slurm allocation needs."""
+    from phalanx.environments import nodelist as hostlists
+
+    return hostlists.first_host(nodelist, what)
 
 
 def _step_addr(env: Mapping[str, str]) -> str | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ def node_dir(run_dir: Path, node_rank: int) -> Path:
 
 def new_request(run_dir: Path) -> str:
     """Leave a status request for the agent; return its nonce."""
-    nonce = uuid.uuid4().hex
+    nonce = os.urandom(16).hex()  # as uuid4().hex: 32 random hex digits, without uuid's import
     requests = run_dir / REQUESTS_DIR
     requests.mkdir(mode=0o700, exist_ok=True)
     fd = os.open(requests / f"status-{nonce}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

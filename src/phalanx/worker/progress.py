@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import importlib.abc
 import importlib.machinery
 import mmap
 import os
@@ -43,10 +42,17 @@ import sys
 import threading
 import types
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx.worker.nofollow import open_dir
 from phalanx.worker.slowio import Answers
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader as _Loader
+else:
+    # importlib.abc imports importlib.resources with it (2-3 ms): the launcher imports this
+    # module on every launch (to read the counters) and the import system needs no base class.
+    _Loader = object
 
 FILE_NAME = "progress"
 LAYOUT = struct.Struct("=Qq")  # beats, step
@@ -264,7 +270,7 @@ def watch_optimizers() -> None:
         sys.meta_path.insert(0, _OptimizerFinder())
 
 
-class _OptimizerFinder(importlib.abc.MetaPathFinder):
+class _OptimizerFinder:
     """Finds nothing itself: when ``torch.optim.optimizer`` is about to load, it asks the
     other finders for its spec and wraps the loader, so the hook is registered right after
     the module runs. One use: it leaves ``sys.meta_path`` on that import."""
@@ -288,7 +294,7 @@ class _OptimizerFinder(importlib.abc.MetaPathFinder):
         return None
 
 
-class _HookingLoader(importlib.abc.Loader):
+class _HookingLoader(_Loader):
     def __init__(self, loader: Any) -> None:
         self._loader = loader
 
