@@ -280,6 +280,38 @@ def test_a_member_cut_off_serves_a_store_no_newcomer_joins_and_it_stops(
     assert (shared / "final.bin").read_bytes() == reference
 
 
+def test_a_member_cut_off_for_a_moment_goes_back_to_the_jobs_store(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
+) -> None:
+    """A link flap's case (the c10d soak's costliest fault): node 2, which does not host the
+    store, is cut off, reaches no candidate and serves a store of its own (failover 1); its
+    link back, it finds the store it lost answering again and goes back to it as a member of
+    the last round -- before, it waited out the keepalive and the last call alone on its own
+    store and left cut off (exit 79), and the job ran without it. The store never moved for
+    the two others; all three finish, a later restart runs at world size 3 again, and the
+    result is bit-identical."""
+    spaces = netns(3)
+    hosts, shared = _start(spaces, nodes, tmp_path, listed=True, delay="1.5")
+    wait_for(_training(nodes, shared), HANG, "all three nodes to train")
+    spaces.cut(2)
+    try:
+        served = lambda: "(failover 1) (this node)" in nodes[2].stderr  # noqa: E731
+        wait_for(served, HANG, "node 2 to serve a store of its own")
+    finally:
+        spaces.heal(2)
+    for node in nodes:
+        assert node.finish(HANG) == 0, node.stderr[-6000:]
+    said = f"the store this node lost, at {hosts.addr(0)}:{PORT}, answers again: going back"
+    (back,) = [line for line in nodes[2].stderr.splitlines() if said in line]
+    assert "leaving the store this node served (failover 1)" in back, back
+    assert "cut off" not in nodes[2].stderr and not _events(nodes[2], "cut_off")
+    for node in nodes[:2]:
+        assert "serves the rendezvous store now" not in node.stderr  # the store stayed
+    later = [p.read_text() for p in shared.glob("steps-*") if p.name != "steps-0"]
+    assert any("world=3" in steps for steps in later), later  # node 2 trains again
+    assert (shared / "final.bin").read_bytes() == reference
+
+
 def _controller(hosts: SshHosts, tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
     """``--hostfile`` of the three sshd hosts at ``--nnodes 2:3``, the controller in the
     first namespace, training until every host has trained a few steps: the controller, the
