@@ -226,11 +226,12 @@ class RoundFormer:
         return running is not None and not running.failed and running.count >= self._max
 
     def _not_needed(self, t: int) -> PhalanxError:
-        """The job finished while this node waited for round t: a spare leaves with exit 0."""
-        if self._was_spare:
+        """The job finished while this node waited for round t: a spare leaves with exit 0, and
+        so does a member that lost its place (it used to end 1 in a job that succeeded)."""
+        if self._was_spare or self._ran:
             return NotNeeded(
-                f"the job finished while this node waited as a spare (round {t - 1} ran with "
-                "all its members): not needed, nothing to run"
+                f"the job finished while this node waited {'to rejoin' if self._ran else 'as a spare'} "
+                f"(round {t - 1} ran with all its members): not needed, nothing to run"
             )
         return RendezvousError(
             f"rendezvous {shown_run_id(self._keys.run_id)}: the job finished while this node waited "
@@ -256,8 +257,7 @@ class RoundFormer:
         a queued node that still beats is on its way)."""
         settled = self._keys.round(t - 1, "all_settled")
         if self._majority and failed_over(self._b, t - 1):  # members lost with its host
-            late = self._s.heartbeat_timeout
-            expire_late(self._b, t - 1, late, self._clock, lambda: self._back(t))
+            expire_late(self._b, t - 1, self._s.heartbeat_timeout, self._clock, self._back)
         decided = self._wait_decided(t, deadline, settled, deadline, settling=True)
         if decided is not None:
             return decided

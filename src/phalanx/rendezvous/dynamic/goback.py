@@ -62,18 +62,18 @@ class GoBack:
         # (or never will), so no survivor is still on its way here when this node leaves.
         self._alone = 2 * settings.heartbeat_timeout
         self._next = 0.0
-        self._since: tuple[int, float] | None = None  # (failover, when it began to wait here)
+        self._since: tuple[KVStore, float] | None = None  # (the store, when it began to wait)
 
     def check(self, board: Board, t: int) -> None:
         """Called while restart round ``t`` waits on ``board``'s store: raise ``StoreBack``
         once this node serves that store after a failover, no quorum reached it, and the
-        store it lost answers again and may be gone back to (``_back_there``; round ``t``
-        here then failed). Store errors propagate."""
+        store it lost answers again and may be gone back to (``_went_on``, or this node waited
+        alone long enough; round ``t`` here then failed). Store errors propagate."""
         store, keys, epoch = board.store, board.keys, self._failover.epoch
         if not store.hosting or epoch == 0 or self._clock() < self._next:
             return
-        if self._since is None or self._since[0] != epoch:
-            self._since = (epoch, self._clock())
+        if self._since is None or self._since[0] is not store:  # (a failover number repeats)
+            self._since = (store, self._clock())
         alone = self._clock() - self._since[1] >= self._alone
         try:
             if confirmed(store, keys, epoch):

@@ -163,13 +163,13 @@ def expire_late(
     r: int,
     timeout: float,
     clock: Callable[[], float],
-    between: Callable[[], None] = lambda: None,
+    between: Callable[[int], None] = lambda t: None,
 ) -> None:
     """On a store that took over, before restart round r+1 closes: wait while a member of
     round ``r`` has not come (``keepalive``; ``timeout``: heartbeat_timeout), then settle
     each one still missing as lost, each told once (``Untold``). A member that reached the
     store settled itself first; the lost host was settled when the round was re-published.
-    ``between()``: called before each wait (it may raise: ``goback``)."""
+    ``between(r + 1)``: called before each wait (it may raise: ``goback``)."""
     keys = board.keys
     settled, key = keys.round(r, "all_settled"), keys.round(r, "members")
     found = board.get_json(key)
@@ -192,7 +192,7 @@ def expire_late(
     quorate()
 
     def wait(seconds: float) -> bool:
-        between()
+        between(r + 1)
         return board.store.wait([settled], seconds)
 
     if keepalive(missing, quorate, timeout, wait, clock):
