@@ -82,13 +82,14 @@ def table(faults: list[dict[str, Any]]) -> str:
     def f(v: object) -> str:
         return f"{v:6.2f}" if isinstance(v, float) else f"{'-':>6}"
 
-    rows = [f"{'#':>2} {'t(s)':>6} {'kind':<17} {'where':>5} {'detect':>6} {'stop':>6} {'reform':>6} "
-            f"{'back':>6} {'down':>6}  seen as"]  # fmt: skip
+    rows = [f"{'#':>2} {'t(s)':>6} {'kind':<17} {'where':>5} {'detect':>6} {'stop':>6} {'kill':>6} "
+            f"{'reform':>6} {'back':>6} {'down':>6}  seen as"]  # fmt: skip
     t0 = faults[0]["at"] if faults else 0
     for i, x in enumerate(faults):
         where = x.get("node", x.get("member", ""))
         rows.append(f"{i + 1:>2} {x['at'] - t0:6.1f} {x['kind']:<17} {where!s:>5} {f(x.get('detect'))} "
-                    f"{f(x.get('stop'))} {f(x.get('reform'))} {f(x.get('back'))} {f(x.get('downtime'))}  "
+                    f"{f(x.get('stop'))} {f(x.get('kill'))} {f(x.get('reform'))} {f(x.get('back'))} "
+                    f"{f(x.get('downtime'))}  "
                     f"{x.get('seen_as') or x.get('skipped') or ''}")  # fmt: skip
     return "\n".join(rows)
 
@@ -132,10 +133,14 @@ def job_per_fault(
     member pushed out of the next round by the spare waits as the new spare, and its own
     "next round" comes only with a later fault). From the injection (the harness's clock):
     ``detect`` to the first ``failure`` event; ``stop`` to the last ``stopped`` of that round
-    (every node's workers gone); ``reform`` to the last ``rdzv_done`` of the next round
-    (every member knows it); ``back`` until every rank of it made its first step (``marks``,
-    the workers' own; without them the round's first ``progress``, sampled every 2 s, so up
-    to 2 s late); ``down`` the sum, from the injection to back."""
+    (every node's workers gone: for a node cut off or frozen, the others' wait to find it
+    lost, ``heartbeat_timeout``, after its own fence); ``kill`` (not a part of the sum) the
+    longest any node of the round took from its decision to stop to its workers gone (its
+    ``stopped`` event's ``seconds``: the SIGTERM grace, where a worker outlives it);
+    ``reform`` to the last ``rdzv_done`` of the next round (every member knows it); ``back``
+    until every rank of it made its first step (``marks``, the workers' own; without them
+    the round's first ``progress``, sampled every 2 s, so up to 2 s late); ``down`` the sum,
+    from the injection to back."""
     for i, fault in enumerate(faults):
         if "skipped" in fault:
             continue
@@ -150,11 +155,12 @@ def job_per_fault(
         # (a node frozen or cut off records its own stop once it is back: after the others
         # re-formed without it, so not a part of the job's way back)
         formed_first = later[0]["t"] if later else float("inf")
-        stops = [e["t"] for e in within
+        ended = [e for e in within
                  if e["kind"] == "stopped" and e.get("round") == r and e["t"] <= formed_first]  # fmt: skip
-        stopped = max(stops, default=detected)
+        stopped = max((e["t"] for e in ended), default=detected)
         fig: dict[str, Any] = {"seen_as": first.get("failure_kind"), "round": r,
-                               "detect": max(0.0, detected - fault["at"]), "stop": stopped - detected}  # fmt: skip
+                               "detect": max(0.0, detected - fault["at"]), "stop": stopped - detected,
+                               "kill": max((float(e.get("seconds", 0)) for e in ended), default=0.0)}  # fmt: skip
         if later:
             r2 = min(e["round"] for e in later)
             formed = max(e["t"] for e in later if e["round"] == r2)

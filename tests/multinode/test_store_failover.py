@@ -280,6 +280,76 @@ def test_a_member_cut_off_serves_a_store_no_newcomer_joins_and_it_stops(
     assert (shared / "final.bin").read_bytes() == reference
 
 
+def test_a_member_cut_off_for_a_moment_goes_back_to_the_jobs_store(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
+) -> None:
+    """A link flap's case (the c10d soak's costliest fault): node 2, which does not host the
+    store, is cut off, reaches no candidate and serves a store of its own (failover 1); its
+    link back, it finds the store it lost answering again and goes back to it as a member of
+    the last round -- before, it waited out the keepalive and the last call alone on its own
+    store and left cut off (exit 79), and the job ran without it. The store never moved for
+    the two others; all three finish, a later restart runs at world size 3 again, and the
+    result is bit-identical."""
+    spaces = netns(3)
+    hosts, shared = _start(spaces, nodes, tmp_path, listed=True, delay="1.5")
+    wait_for(_training(nodes, shared), HANG, "all three nodes to train")
+    spaces.cut(2)
+    try:
+        served = lambda: "(failover 1) (this node)" in nodes[2].stderr  # noqa: E731
+        wait_for(served, HANG, "node 2 to serve a store of its own")
+    finally:
+        spaces.heal(2)
+    for node in nodes:
+        assert node.finish(HANG) == 0, node.stderr[-6000:]
+    said = f"the store this node lost, at {hosts.addr(0)}:{PORT}, answers again: going back"
+    (back,) = [line for line in nodes[2].stderr.splitlines() if said in line]
+    assert "leaving the store this node served (failover 1)" in back, back
+    assert "cut off" not in nodes[2].stderr and not _events(nodes[2], "cut_off")
+    for node in nodes[:2]:
+        assert "serves the rendezvous store now" not in node.stderr  # the store stayed
+    later = [p.read_text() for p in shared.glob("steps-*") if p.name != "steps-0"]
+    assert any("world=3" in steps for steps in later), later  # node 2 trains again
+    assert (shared / "final.bin").read_bytes() == reference
+
+
+def test_a_member_back_too_late_for_a_place_ends_0_when_the_job_finishes(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
+) -> None:
+    """The soak's shape: four agents at ``--nnodes 3`` (one a spare), every node a candidate.
+    A member that does not host the store is cut off, serves a store of its own, and its
+    link comes back; the others re-form with the spare at MAX, so it goes back to wait for a
+    place. The job finishes without it: it ends with exit 0, "waited to rejoin" (it used to
+    end 1, failed, in a job that succeeded), and every node ends 0."""
+    spaces = netns(4)
+    hosts, shared = NamespaceHosts(spaces), tmp_path / "shared"
+    shared.mkdir()
+    listed = ",".join(f"{hosts.addr(j)}:{PORT}" for j in range(4))
+    for i in range(4):
+        rdzv = c10d_args(hosts, PORT, "3", "failover", CONF)
+        rdzv[rdzv.index("--rdzv-endpoint") + 1] = listed
+        args = [*rdzv, "--max-restarts", "2", worker("failover_train.py"), str(shared), str(STEPS)]
+        nodes.append(Node(hosts, i, args, tmp_path, env={"FAILOVER_STEP_DELAY": "0.5"}))
+    wait_for(_training(nodes, shared), HANG, "three nodes to train")
+    member = next(i for i in (1, 2, 3) if "round 0: node rank" in nodes[i].stderr)
+    spaces.cut(member)
+    try:
+        served = lambda: "(failover 1) (this node)" in nodes[member].stderr  # noqa: E731
+        wait_for(served, HANG, "the cut-off member to serve a store of its own")
+    finally:
+        spaces.heal(member)
+    assert [node.finish(HANG) for node in nodes] == [0, 0, 0, 0], nodes[member].stderr[-4000:]
+    err = nodes[member].stderr
+    assert "answers again: going back to it" in err, err[-4000:]
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith("phalanx: the job finished while this node waited to rejoin (round ")
+    ), err[-4000:]
+    ((end,),) = [_events(nodes[member], "job_end")]
+    assert (end["outcome"], end["exit_code"]) == ("not_needed", 0), end
+    assert (shared / "final.bin").read_bytes() == reference
+
+
 def _controller(hosts: SshHosts, tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
     """``--hostfile`` of the three sshd hosts at ``--nnodes 2:3``, the controller in the
     first namespace, training until every host has trained a few steps: the controller, the

@@ -23,9 +23,9 @@ def _ev(t: float, kind: str, **fields: Any) -> dict[str, Any]:
 EVENTS = [
     _ev(99.0, "progress", round=3),
     _ev(100.2, "failure", round=3, failure_kind="exception", node=1),  # node A's worker
-    _ev(100.25, "stopped", round=3, node=1),
+    _ev(100.25, "stopped", round=3, node=1, seconds=0.04),
     _ev(100.3, "failure", round=3, failure_kind="exception", node=0),  # node B hears of it
-    _ev(100.35, "stopped", round=3, node=0),
+    _ev(100.35, "stopped", round=3, node=0, seconds=0.02),
     _ev(100.8, "rdzv_done", round=4, world_size=2, node=0),  # B and the spare form round 4
     _ev(100.9, "rdzv_done", round=4, world_size=2, node=1),
     _ev(103.0, "progress", round=4),
@@ -50,6 +50,7 @@ def test_the_figures_are_the_jobs_not_the_pushed_out_members(
     assert fig["round"] == 3 and fig["seen_as"] == "exception"
     assert fig["detect"] == pytest.approx(0.2)
     assert fig["stop"] == pytest.approx(0.15)
+    assert fig["kill"] == pytest.approx(0.04)  # the slowest node's own stop, not in the sum
     assert fig["reform"] == pytest.approx(0.55)
     assert fig["back"] == pytest.approx(back)
     assert fig["downtime"] == pytest.approx(down)

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from phalanx.errors import RendezvousError
+from phalanx.errors import NotNeeded, RendezvousError
 from phalanx.rendezvous.api import EventKind
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.settings import RendezvousSettings
@@ -133,19 +133,23 @@ def test_a_restart_round_waits_for_a_spare_that_beats_but_never_joins_only_so_lo
     assert store.holding == 1 and not stuck.done()  # it was stuck at the door all along
 
 
+@pytest.mark.parametrize("job", ["fails", "finishes"])
 def test_a_member_back_too_late_for_a_place_is_no_spare_when_the_job_fails(
-    cluster: Cluster, stores: list[GatedStore]
+    cluster: Cluster, stores: list[GatedStore], job: str
 ) -> None:
     """--nnodes 2:2 with a spare. Member a's beats stall past heartbeat_timeout: it fences
     itself, b counts it lost and round 1 forms at MAX with the spare. a comes back
     (``rejoin``) and waits for round 2 like a spare; the job then fails (b gives up). a ran
     workers in this job: it must end as a failure (its tally is reported), not exit 0 as
-    "not needed"; its fence stands down while it waits."""
+    "not needed"; its fence stands down while it waits. When the job finishes instead, a
+    ends with exit 0 (``NotNeeded``, waited to rejoin): it used to end 1, failed, in a job
+    that succeeded (the c10d soak's member back from a link flap)."""
     a, store = gated(cluster, "a", (2, 2), FAST)
     stores.append(store)
     b = cluster.node("b")
     agreed([j.result() for j in [Join(a), Join(b)]])
-    spare = Join(cluster.node("c"))
+    c = cluster.node("c")
+    spare = Join(c)
     wait_for(lambda: b._store.get(b._board.keys.queued(1, 1)) is not None, WAIT, "c queued")
     store.held, store.opened = "/hb/", threading.Event()  # a pause: a's beats stall
     wait_event(b, EventKind.NODE_LOST)
@@ -160,6 +164,13 @@ def test_a_member_back_too_late_for_a_place_is_no_spare_when_the_job_fails(
     wait_for(lambda: b._store.get(b._board.keys.queued(2, 1)) is not None, WAIT, "a queued")
     wait_for(lambda: not fence.armed, WAIT, "a's fence standing down while it waits")
     time.sleep(1.0)  # a sees round 1 run at MAX (its first look, at once) before the end
+    if job == "finishes":
+        for node in (b, c):
+            node.report_done(True)
+        wait_for(back.done, WAIT, "a told that the job ended")
+        with pytest.raises(NotNeeded, match="the job finished while this node waited to rejoin"):
+            back.result()
+        return
     b.report_done(False)  # the job fails for good
     wait_for(back.done, WAIT, "a told that the job ended")
     with pytest.raises(RendezvousError, match="the job stopped"):

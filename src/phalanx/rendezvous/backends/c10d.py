@@ -31,7 +31,7 @@ from phalanx.rendezvous.addr import is_this_machine, node_address
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.backends.claim import check_store, seed
 from phalanx.rendezvous.backends.successor import AgentStoreSuccessors
-from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
+from phalanx.rendezvous.dynamic.opening import for_spec
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings, parse_bool
 from phalanx.rendezvous.spec import Backend, RendezvousSpec, split_endpoint, unknown_keys
 from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
@@ -129,7 +129,7 @@ def open_handler(
     addr = node_address(options.host, options.port, spec.local_addr)
     at = successors.current
     reach = lastword.agent_store(at.host, at.port, options.token)
-    return DynamicRendezvous.for_spec(store, spec, settings, addr, where, reach, successors)
+    return for_spec(store, spec, settings, addr, where, reach, successors)
 
 
 BACKEND = Backend(

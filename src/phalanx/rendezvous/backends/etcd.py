@@ -14,7 +14,7 @@ from phalanx.errors import UsageError
 from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import node_address
 from phalanx.rendezvous.api import RendezvousHandler
-from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
+from phalanx.rendezvous.dynamic.opening import for_spec
 from phalanx.rendezvous.fencing import FenceTiming, lease_timing
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings
 from phalanx.rendezvous.spec import Backend, RendezvousSpec
@@ -53,7 +53,7 @@ def open_handler(
     addr = node_address(first.hostname or "localhost", first.port or 2379, spec.local_addr)
     where = f"etcd at {', '.join(options.endpoints)}"
     reach = lastword.etcd(options.endpoints, options.store)
-    return DynamicRendezvous.for_spec(store, spec, settings, addr, where, reach)
+    return for_spec(store, spec, settings, addr, where, reach)
 
 
 def fencing(settings: RendezvousSettings, options: Options) -> FenceTiming:

@@ -23,7 +23,7 @@ from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import node_address
 from phalanx.rendezvous.api import RendezvousHandler
 from phalanx.rendezvous.backends.claim import check_store, seed
-from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
+from phalanx.rendezvous.dynamic.opening import for_spec
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings
 from phalanx.rendezvous.spec import Backend, RendezvousSpec, unknown_keys
 from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
@@ -87,7 +87,7 @@ def open_handler(
         addr = node_address(host, port, spec.local_addr)
     check_store(store, spec.run_id, where)
     reach = lastword.agent_store(host, port, token)  # (node 0 hosts: it has no last word)
-    return DynamicRendezvous.for_spec(store, spec, settings, addr, where, reach)
+    return for_spec(store, spec, settings, addr, where, reach)
 
 
 def _wrong_node_0(spec: RendezvousSpec, exc: OSError) -> str | None:

@@ -55,6 +55,7 @@ class AgentStoreSuccessors:
         self._id: bytes | None = None  # the id of the store at ``current`` (None: unknown)
         self._ids: dict[Candidate, bytes | None] = {}  # the ids found where it served or reached
         self._said: set[Candidate] = set()  # the places said to serve another store
+        self._before: tuple[Candidate, bytes] | None = None  # the store left by the last move
 
     def attach(self, store: KVStore) -> None:
         """This node uses ``store``, at ``current``, from now on: its id is the job's store's.
@@ -204,7 +205,29 @@ class AgentStoreSuccessors:
         finally:
             store.close()
 
+    def back(self, timeout: float) -> tuple[Candidate, KVStore] | None:
+        """The store this node used before its last move, as a client, when it answers at
+        its place again within ``timeout`` -- the same store (its id), not one an agent
+        started again there serves; None when not."""
+        if self._before is None:
+            return None
+        place, which = self._before
+        store = AgentKVStore(place.host, place.port, self._token, read_timeout=timeout)
+        try:
+            if store.get(STORE_KEY) == which:
+                store.close()  # (a client with the usual timeout instead of the probe's)
+                self._ids[place] = which
+                return place, AgentKVStore(
+                    place.host, place.port, self._token, read_timeout=self._read_timeout
+                )
+        except StoreUnavailable:
+            pass
+        store.close()
+        return None
+
     def moved(self, candidate: Candidate) -> Reach:
+        if self._id is not None:
+            self._before = (self.current, self._id)
         self.current, self._id = candidate, self._ids.get(candidate)
         return lastword.agent_store(candidate.host, candidate.port, self._token)
 

@@ -76,6 +76,10 @@ class Successors(Protocol):
         """The store is at ``candidate`` from now on: how a fresh process reaches it (the
         last word's ``Reach``)."""
 
+    def back(self, timeout: float) -> tuple[Candidate, KVStore] | None:
+        """The store this node used before its last move, as a client, when that same store
+        answers at its place again within ``timeout``; None when not."""
+
 
 @dataclass(frozen=True)
 class Move:
@@ -86,6 +90,7 @@ class Move:
     store: KVStore
     epoch: int
     reach: Reach | None
+    lost: tuple[str, float] | None = None  # going back: why it lost it, its last answer's time
 
 
 def epoch_of(store: KVStore, keys: Keys) -> int:
@@ -271,6 +276,7 @@ class Failover:
         self.successors = successors
         self.epoch = successors.epoch
         self.last: dict[str, object] | None = None  # the last move, as the event log says it
+        self._lost = ("", 0.0)  # why this node lost the store it left last, and when
         # How long a survivor waits for an earlier candidate to serve: the survivors find
         # the loss up to a heartbeat_timeout apart (a fence, an expired heartbeat), and the
         # earlier one first gives the lost store a try; a late one joins a later candidate
@@ -313,7 +319,7 @@ class Failover:
             log.warning("rendezvous: the new store at %s failed at once: %s", candidate, exc)
             store.close()
             return None
-        self.epoch = epoch
+        self.epoch, self._lost = epoch, (why, since)
         log.warning(
             "rendezvous: the store's host, %s, is lost; %s serves the rendezvous store now at "
             "%s (failover %d)%s", lost_name, successor, candidate, epoch,
@@ -340,6 +346,31 @@ class Failover:
         if hosting:
             return self.superseded(keys, membership, rank)
         return self.move(keys, node_id, membership, rank, why, since, joined.before)
+
+    def back(self, leave: Callable[[KVStore], bool]) -> Move | None:
+        """This node serves the store it failed over to, which no quorum reached: the move
+        back to the store it lost, when that store answers at its place again and
+        ``leave(that store)`` (``goback``: whether to go, the round waiting here then failed);
+        None when it does not answer, or ``leave`` says stay."""
+        found = self.successors.back(TRY)
+        if found is None:
+            return None
+        candidate, store = found
+        try:
+            going = leave(store)
+        except StoreUnavailable:
+            going = False
+        if not going:
+            store.close()
+            return None
+        self.epoch -= 1
+        log.warning(
+            "rendezvous: the store this node lost, at %s, answers again: going back to it, as a "
+            "member of the last round, and leaving the store this node served (failover %d), "
+            "which no quorum of that round's members reached",
+            candidate, self.epoch + 1,
+        )  # fmt: skip
+        return Move(candidate, store, self.epoch, self.successors.moved(candidate), self._lost)
 
     def take(self) -> dict[str, object] | None:
         """The last move, as the event log says it, once (None: none since the last take)."""

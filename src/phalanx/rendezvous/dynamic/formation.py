@@ -64,6 +64,7 @@ class RoundFormer:
         standing_by: Callable[[], None] = lambda: None,
         majority: bool = False,
         max_restarts: int = 0,
+        back: Callable[[int], None] = lambda t: None,
     ) -> None:
         """``worker_port``: the workers' master port in every round (``phalanx.spawn``);
         None: node 0 picks a free port each round. ``where``: the store, as the waiting line
@@ -73,14 +74,15 @@ class RoundFormer:
         a place); ``arriving``: after that, just before it takes a slot (``Fence.stand_down``,
         ``Fence.arrived``). ``majority``: the store may move (c10d): a restart round needs a
         quorum of the last round's members (``majority``). ``max_restarts``: the budget a
-        waiting node spends when every member is gone (``abandoned``)."""
+        waiting node spends when every member is gone (``abandoned``). ``back(t)``: called
+        while restart round t waits; raises to leave this store (``goback``)."""
         self._b, self._keys, self._s, self._clock = board, board.keys, settings, clock
         self._min, self._max = min_nodes, max_nodes
         self._worker_port = worker_port
         self._admit_mismatch = admit_mismatch
         self._arriving = arriving
         self._standing_by = standing_by
-        self._majority = majority
+        self._majority, self._back = majority, back
         self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock, where=where)
         self._queue = QueuedNodes(board, settings, clock)
         self._abandoned = Abandoned(board, settings, max_restarts, clock)
@@ -179,12 +181,6 @@ class RoundFormer:
             )
         return ended(failure, reason)  # out of the job: cut off from its members
 
-    def _finished(self) -> RendezvousError:
-        return RendezvousError(
-            f"rendezvous {shown_run_id(self._keys.run_id)}: the job finished while this node waited "
-            f"to join ({_SINGLE_USE})"
-        )
-
     def _first_undecided(self, t: int) -> int:
         """The first round not yet closed (closed ones run, or ran, without this node)."""
         while (decision := self._b.decision(t)) is not None:
@@ -230,13 +226,17 @@ class RoundFormer:
         return running is not None and not running.failed and running.count >= self._max
 
     def _not_needed(self, t: int) -> PhalanxError:
-        """The job finished while this node waited for round t: a spare leaves with exit 0."""
-        if self._was_spare:
+        """The job finished while this node waited for round t: a spare leaves with exit 0, and
+        so does a member that lost its place (it used to end 1 in a job that succeeded)."""
+        if self._was_spare or self._ran:
             return NotNeeded(
-                f"the job finished while this node waited as a spare (round {t - 1} ran with "
-                "all its members): not needed, nothing to run"
+                f"the job finished while this node waited {'to rejoin' if self._ran else 'as a spare'} "
+                f"(round {t - 1} ran with all its members): not needed, nothing to run"
             )
-        return self._finished()
+        return RendezvousError(
+            f"rendezvous {shown_run_id(self._keys.run_id)}: the job finished while this node waited "
+            f"to join ({_SINGLE_USE})"
+        )
 
     # -- closing ---------------------------------------------------------------------------
     def _full(self, t: int, slot: int) -> bool:  # (a members' quorum is known once settled)
@@ -257,7 +257,7 @@ class RoundFormer:
         a queued node that still beats is on its way)."""
         settled = self._keys.round(t - 1, "all_settled")
         if self._majority and failed_over(self._b, t - 1):  # members lost with its host
-            expire_late(self._b, t - 1, self._s.heartbeat_timeout, self._clock)
+            expire_late(self._b, t - 1, self._s.heartbeat_timeout, self._clock, self._back)
         decided = self._wait_decided(t, deadline, settled, deadline, settling=True)
         if decided is not None:
             return decided
@@ -319,6 +319,7 @@ class RoundFormer:
             if (decision := self._b.decision(t)) is not None:
                 return decision
             self._check_stopped()
+            self._back(t)
             left = until - self._clock()
             if left <= 0:
                 return None

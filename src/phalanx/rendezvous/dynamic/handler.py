@@ -34,8 +34,9 @@ from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.barrier import ExitBarrier
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.departure import Departure
-from phalanx.rendezvous.dynamic.failover import Failover, Successors, unanswered
+from phalanx.rendezvous.dynamic.failover import Failover, Move, Successors, unanswered
 from phalanx.rendezvous.dynamic.formation import RoundFormer
+from phalanx.rendezvous.dynamic.goback import GoBack, StoreBack
 from phalanx.rendezvous.dynamic.joined import JoinedRound, Wires
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
@@ -47,7 +48,6 @@ from phalanx.rendezvous.dynamic.sweep import sweep
 from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.lastword import Reach, Word, word
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.base import KVStore, Malformed, RenewingStore, StoreUnavailable
 
 log = logging.getLogger("phalanx")
@@ -111,6 +111,7 @@ class DynamicRendezvous:
         self._heard: Callable[[Word | None], None] | None = None  # ``on_last_word``'s
         self._joined: JoinedRound | None = None  # the last round this node joined
         self._failover = None if successors is None else Failover(successors, self._settings)
+        self._goback = None if self._failover is None else GoBack(self._failover, self._settings)
         self._superseded: str | None = None  # why this store host stopped: the store moved
         self._wire(run_id, node_id or uuid.uuid4().hex)
 
@@ -124,7 +125,7 @@ class DynamicRendezvous:
             board, self._settings, min_nodes, max_nodes, worker_port=worker_port,
             where=where, admit_mismatch=admit_mismatch, arriving=self._arriving,
             standing_by=self._standing_by, majority=self._failover is not None,
-            max_restarts=max_restarts,
+            max_restarts=max_restarts, back=self._back,
         )  # fmt: skip
         self._liveness = liveness = Liveness(board, self._settings, fence=self._fence)
         if self._ring is not None:
@@ -191,40 +192,29 @@ class DynamicRendezvous:
             raise CutOff(found)
         if found is None:
             return None
+        self._switch(found)
+        return True
+
+    def _back(self, t: int) -> None:
+        if self._goback is not None:  # (raises ``StoreBack``: see ``next_round``)
+            self._goback.check(self._board, t)
+
+    def _switch(self, move: Move) -> None:
+        """On to the store ``move`` found: a successor's; or, ``move.lost`` set, back to the
+        one this node lost (``goback``), told as a member coming back (``tell_rejoining``)."""
         self._liveness.stop()
-        old, self._store = self._store, found.store
+        old, self._store = self._store, move.store
         old.close()
-        self._reach = found.reach
+        self._reach = move.reach
         if self._fence is not None:
             self._fence.rearm()
-        self._wire(keys.run_id, uuid.uuid4().hex)  # its old place: settled as rejoined
-        return True
+        if move.lost is not None and self._joined is not None:
+            joined, board = self._joined, Board(self._store, self._board.keys, self._node_id)
+            tell_rejoining(board, joined.membership, joined.rank, *move.lost)
+        self._wire(self._board.keys.run_id, uuid.uuid4().hex)  # its old place: rejoined
 
     def store_moved(self) -> dict[str, object] | None:
         return None if self._failover is None else self._failover.take()
-
-    @classmethod
-    def for_spec(
-        cls,
-        store: KVStore,
-        spec: RendezvousSpec,
-        settings: RendezvousSettings,
-        addr: str,
-        where: str = "",
-        reach: Reach | None = None,
-        successors: Successors | None = None,
-    ) -> DynamicRendezvous:
-        """The handler a backend opens for ``spec`` over ``store`` (``addr``: this node's, as
-        the others reach it; ``reach``: see ``__init__``). A static spec (a ``node_rank``
-        given) fixes the node count at ``max_nodes`` and this node's rank."""
-        static = spec.node_rank is not None
-        return cls(
-            store, run_id=spec.run_id, min_nodes=spec.max_nodes if static else spec.min_nodes,
-            max_nodes=spec.max_nodes, addr=addr, settings=settings, worker_port=spec.worker_port,
-            fixed_rank=spec.node_rank, fingerprint=spec.fingerprint, where=where,
-            admit_mismatch=spec.allow_mismatch, reach=reach, successors=successors,
-            max_restarts=spec.max_restarts,
-        )  # fmt: skip
 
     @property
     def run_id(self) -> str:
@@ -242,13 +232,18 @@ class DynamicRendezvous:
             raise RendezvousError(problem)
         last, self._joining = self._joined, True
         try:
-            self._liveness.announce()
-            self._liveness.start()  # beats while joining: see ``Liveness``
-            membership, rank, (addr, port) = self._former.form(
-                self._arrival(local_world_size),
-                None if last is None else last.membership,
-                None if last is None else last.rank,
-            )
+            while True:
+                self._liveness.announce()
+                self._liveness.start()  # beats while joining: see ``Liveness``
+                try:
+                    membership, rank, (addr, port) = self._former.form(
+                        self._arrival(local_world_size),
+                        None if last is None else last.membership,
+                        None if last is None else last.rank,
+                    )
+                    break
+                except StoreBack as back:  # the store it lost answers again: join it there
+                    self._switch(back.move)
             if rank == 0:  # (after the master is published: the others need not wait)
                 sweep(self._board, membership)
         except StoreUnavailable as exc:

@@ -158,11 +158,18 @@ def choose(seen: Sequence[tuple[int, bool, bool]]) -> tuple[int | None, bool]:
     return best, any(not sure and epoch > floor for epoch, sure, _ in seen)
 
 
-def expire_late(board: Board, r: int, timeout: float, clock: Callable[[], float]) -> None:
+def expire_late(
+    board: Board,
+    r: int,
+    timeout: float,
+    clock: Callable[[], float],
+    between: Callable[[int], None] = lambda t: None,
+) -> None:
     """On a store that took over, before restart round r+1 closes: wait while a member of
     round ``r`` has not come (``keepalive``; ``timeout``: heartbeat_timeout), then settle
     each one still missing as lost, each told once (``Untold``). A member that reached the
-    store settled itself first; the lost host was settled when the round was re-published."""
+    store settled itself first; the lost host was settled when the round was re-published.
+    ``between(r + 1)``: called before each wait (it may raise: ``goback``)."""
     keys = board.keys
     settled, key = keys.round(r, "all_settled"), keys.round(r, "members")
     found = board.get_json(key)
@@ -183,7 +190,12 @@ def expire_late(board: Board, r: int, timeout: float, clock: Callable[[], float]
     # closes: where MIN needs one more node (the spare, the lost host started again), that
     # node joins only a confirmed store.
     quorate()
-    if keepalive(missing, quorate, timeout, lambda s: board.store.wait([settled], s), clock):
+
+    def wait(seconds: float) -> bool:
+        between(r + 1)
+        return board.store.wait([settled], seconds)
+
+    if keepalive(missing, quorate, timeout, wait, clock):
         return
     epoch = int(board.store.get(keys.epoch) or b"0")
     why = (
