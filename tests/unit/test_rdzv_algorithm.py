@@ -384,3 +384,19 @@ def test_a_membership_is_written_as_lists_and_read_in_both_forms() -> None:
     assert Membership.from_json(objects) == members
     with pytest.raises(MalformedValue, match="differ in length"):
         parsed("members", {**body, "addrs": ["10.0.0.0"]}, Membership.from_json)
+
+
+def test_only_a_node_that_comes_to_a_running_job_finds_it_running(cluster: Cluster) -> None:
+    """``Peers.job_running`` (the agent joins once its warm start is ready when it is true):
+    not before round 0 forms; for a newcomer once it has, and still when round 0's keys are
+    swept (two re-forms later); never for the store's host or a fixed rank. With real
+    agents: tests/multinode/test_join_when_ready.py."""
+    a, b = cluster.node("a"), cluster.node("b")
+    assert not a.job_running() and not b.job_running()
+    for _ in range(3):  # rounds 0, 1, 2: round 2's rank 0 sweeps round 0
+        form(a, b)
+    assert "phalanx/rdzv/job/r0/closed" not in cluster.server.data
+    static = cluster.node("s", fixed_rank=0)
+    host = cluster.node("h", hosting=True)  # (last: its shutdown stops the server)
+    assert cluster.node("c").job_running()
+    assert not static.job_running() and not host.job_running()

@@ -194,10 +194,10 @@ class Agent:
             rendezvous: RendezvousHandler | None = None
             supervisor: Supervisor | None = None
             try:
-                # Warm start (a service or a template) imports while the rendezvous runs
-                template = open_warm(config.workers, self._base_env, run_dir)
+                template = open_warm(config.workers, self._base_env, run_dir)  # imports from now
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
+                    join_when_ready(template, rendezvous.peers())
                 supervisor = self._supervisor(
                     guardian, template, rendezvous.peers(), events, filters, wall_clock
                 )
@@ -254,3 +254,17 @@ class Agent:
             duplicate_filters=filters, wall_clock=wall_clock.now,
             fence=peers.fence() if peers is not None else None,
         )  # fmt: skip
+
+
+def join_when_ready(template: Template | None, peers: Peers | None) -> None:
+    """An agent that comes to a running job -- started again after a crash, a spare, a node
+    that scales the job up -- joins only once its warm start has imported (or was given up):
+    joined before, the job's next round could take it and then wait for that import (issue
+    41: 1.7-2.3 s more for an agent SIGKILL whose restarted agent was chosen). At the job's
+    start every agent joins at once, its import running under the rendezvous: waiting there,
+    the node with the slowest import (the store's host, in CI) arrived last and was left out
+    as the spare. The store's host and a fixed rank never wait (``Peers.job_running``)."""
+    if template is None or peers is None or not peers.job_running():
+        return
+    log.info("rendezvous: the job is running; joining once the warm start has imported")
+    template.wait_ready()

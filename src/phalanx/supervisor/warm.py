@@ -2,6 +2,7 @@
 
 ``open_template`` starts ``phalanx.worker.template`` with the environment every worker of
 this node shares and returns at once; the template imports torch while the rendezvous runs
+(an agent that comes to a running job joins once it is ready: ``Template.wait_ready``)
 -- unless the job's program provably never imports it and no ``--preload`` is given
 (``template_imports``, ``phalanx.supervisor.reach``): then it imports nothing, and forking
 still skips the interpreter's and phalanx's start-up.
@@ -185,6 +186,11 @@ class Template:
     def _instead(self, worker: WorkerPlan) -> RunningWorker:
         """How a worker starts once this template is given up: cold."""
         return exec_worker(worker)
+
+    def wait_ready(self) -> bool:
+        """Block until the template has imported (False: it was given up; workers start cold).
+        The agent calls it before it joins a running job (``agent.agent.join_when_ready``)."""
+        return self._ready()
 
     def _ready(self) -> bool:
         if self._state == "starting":

@@ -135,6 +135,17 @@ class Board:
             if swapped:
                 return
 
+    def running(self) -> bool:
+        """Whether a round of the run has formed (a node that joins now comes to a running
+        job): the newest round is past 0, or round 0 closed. One round trip on a
+        ``BatchedStore``; False when the store cannot be read (the join then says why)."""
+        keys = self.keys
+        try:
+            latest, first = self.get_many([keys.latest_round, keys.round(0, "closed")])
+        except StoreUnavailable:
+            return False
+        return latest not in (None, b"0") or first is not None
+
     def is_open(self, r: int) -> bool:
         return r == 0 or self.store.get(self.keys.round(r, "open")) is not None
 
