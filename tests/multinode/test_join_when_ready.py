@@ -21,7 +21,7 @@ from phalanx.events import read_events
 from phalanx.resources.ports import free_port
 from support.hosts import Node
 from support.launch import wait_for, worker
-from support.multinode import c10d_args
+from support.multinode import FAST, c10d_args
 
 # Slow only where SLOW_IMPORT_STAMP is set; the same --preload on every node.
 SLOW_IMPORT = (
@@ -90,3 +90,29 @@ def test_at_the_start_the_store_host_joins_under_its_import_and_is_no_spare(
     assert formed["round"] == 0, formed
     ran = [n for n in nodes if "world=2 sum=2 restart=0" in n.stdout]
     assert nodes[0] in ran and len(ran) == 2, [n.stdout for n in nodes]
+
+
+def test_a_node_the_restart_round_needs_joins_before_its_template_is_ready(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """``--nnodes 2``, no spare: node 1's agent and worker SIGKILLed, then started again with
+    the slow import. The restart round cannot close without it (below MIN it fails at its last
+    call, 10 s here: its start under load must not decide the test): it joins as soon as that
+    round waits for a node, before its import's stamp, and the job finishes in that round."""
+    net = hosts(2)  # type: ignore[operator]
+    port = free_port()
+    (tmp_path / "slow_import.py").write_text(SLOW_IMPORT)
+    stamp = tmp_path / "stamp"
+    conf = FAST.replace("last_call_timeout=1", "last_call_timeout=10")
+    args = [*c10d_args(net, port, "2", conf=conf), "--max-restarts", "1", "--preload", "slow_import",
+            worker("spare_round.py"), str(tmp_path)]  # fmt: skip
+    nodes += [Node(net, i, args, tmp_path, f"n{i}", cwd=tmp_path) for i in (0, 1)]
+    wait_for(lambda: (tmp_path / "up.0").exists() and (tmp_path / "up.1").exists(), 90, "round 0")
+    nodes[1].kill()  # its whole session: agent, guardian, worker
+    env = {"SLOW_IMPORT_STAMP": str(stamp)}
+    nodes.append(Node(net, 1, args, tmp_path, "n1-again", cwd=tmp_path, env=env))
+    assert [nodes[0].finish(), nodes[2].finish()] == [0, 0], nodes[0].stderr + nodes[2].stderr
+    assert "sum=3 world=2" in nodes[0].stdout + nodes[2].stdout
+    imported = float(stamp.read_text())
+    (join,) = _events(nodes[2], "rdzv_start")
+    assert join["t"] < imported, (join, imported)

@@ -316,9 +316,9 @@ class Peers(Protocol):
         does not say when it renewed)."""
 
     def job_running(self) -> bool:
-        """Whether a round of the job formed before this node joined any (it comes to a running
-        job: the agent joins once its warm start is ready). False where no one could take its
-        place (it hosts the store, or its rank is fixed) or the store cannot be read; one read."""
+        """Whether the job runs without this node, which may then join once its warm start is
+        ready (``agent.join_when_ready``): False at the job's start, while a restart round waits
+        for nodes, for the store's host or a fixed rank, and if the store cannot be read."""
 
 
 @dataclass(frozen=True)

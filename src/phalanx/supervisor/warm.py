@@ -2,7 +2,6 @@
 
 ``open_template`` starts ``phalanx.worker.template`` with the environment every worker of
 this node shares and returns at once; the template imports torch while the rendezvous runs
-(an agent that comes to a running job joins once it is ready: ``Template.wait_ready``)
 -- unless the job's program provably never imports it and no ``--preload`` is given
 (``template_imports``, ``phalanx.supervisor.reach``): then it imports nothing, and forking
 still skips the interpreter's and phalanx's start-up.
@@ -187,10 +186,15 @@ class Template:
         """How a worker starts once this template is given up: cold."""
         return exec_worker(worker)
 
-    def wait_ready(self) -> bool:
-        """Block until the template has imported (False: it was given up; workers start cold).
-        The agent calls it before it joins a running job (``agent.agent.join_when_ready``)."""
-        return self._ready()
+    def wait_ready(self, until: Callable[[], bool], every: float) -> None:
+        """Block until the template has imported (or was given up: workers start cold), or
+        ``until()``, asked every ``every`` s meanwhile, is true (``agent.join_when_ready``)."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while self._state == "starting" and time.monotonic() < deadline:
+            if select.select([self._sock], [], [], every)[0]:
+                self._ready()  # (an answer came: read it)
+            elif until():
+                return
 
     def _ready(self) -> bool:
         if self._state == "starting":

@@ -294,7 +294,7 @@ class DynamicRendezvous:
         return self._fence
 
     def job_running(self) -> bool:
-        return self._fixed_rank is None and not self._store.hosting and self._board.running()
+        return self._fixed_rank is None and self._board.running()
 
     @property
     def quiet(self) -> bool:
