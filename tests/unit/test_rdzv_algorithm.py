@@ -384,3 +384,29 @@ def test_a_membership_is_written_as_lists_and_read_in_both_forms() -> None:
     assert Membership.from_json(objects) == members
     with pytest.raises(MalformedValue, match="differ in length"):
         parsed("members", {**body, "addrs": ["10.0.0.0"]}, Membership.from_json)
+
+
+def test_what_a_node_that_comes_to_the_job_finds(cluster: Cluster) -> None:
+    """``Peers.job_running`` (true: the agent joins once its warm start is ready): not before
+    round 0 forms; once it has, also when round 0's keys are swept (two re-forms later); not
+    once a restart round has its members settled and waits for nodes (here below MIN: it needs
+    the newcomer); never for the store's host or a fixed rank. With real agents:
+    tests/multinode/test_join_when_ready.py."""
+    patient = replace(FAST, last_call_timeout=WAIT)  # the restart round waits for a node
+    a, b = cluster.node("a", settings=patient), cluster.node("b", settings=patient)
+    assert not a.job_running() and not b.job_running()
+    for _ in range(3):  # rounds 0, 1, 2: round 2's rank 0 sweeps round 0
+        form(a, b)
+    assert "phalanx/rdzv/job/r0/closed" not in cluster.server.data
+    newcomer, static = cluster.node("c", settings=patient), cluster.node("s", fixed_rank=0)
+    host = cluster.node("h", hosting=True)  # (last: its shutdown stops the server)
+    assert newcomer.job_running()
+    assert not static.job_running() and not host.job_running()
+    crash(b)
+    wait_event(a, EventKind.NODE_LOST)
+    rejoining = Join(a)  # round 3: b found lost, one node of MIN 2 in
+    wait_for(lambda: not newcomer.job_running(), WAIT, "round 3 to wait for a node")
+    arriving = Join(newcomer)
+    results = [rejoining.result(), arriving.result()]
+    agreed(results)
+    assert results[0].round == 3 and newcomer.job_running()

@@ -50,8 +50,7 @@ class RendezvousResult:
 
     ``master_addr``/``master_port`` are where global rank 0 hosts the workers' store
     (phalanx sets ``TORCHELASTIC_USE_AGENT_STORE=False``); the port is fresh every round so
-    a restarted worker never sees a dead worker's address.
-    """
+    a restarted worker never sees a dead worker's address."""
 
     run_id: str
     round: int
@@ -116,8 +115,7 @@ class RoundVerdict:
     ``failure`` is the round's root cause as a signature (rank, exit, last line of stderr;
     "" when no worker failed on its own, e.g. its node was lost); ``previous`` the latest
     signature of the rounds before ("" none); ``progressed`` whether any node saw progress
-    during the round (a completed checkpoint, a progress counter that moved).
-    """
+    during the round (a completed checkpoint, a progress counter that moved)."""
 
     failure: str = ""
     previous: str = ""
@@ -176,8 +174,7 @@ class RendezvousHandler(Protocol):
         """Join the next round and block until it forms (raises ``RendezvousError`` on timeout).
 
         Called for the first start and for every restart; ``restart_count`` in the result is
-        job-wide, the same on every node.
-        """
+        job-wide, the same on every node."""
 
     @property
     def quiet(self) -> bool:
@@ -189,8 +186,7 @@ class RendezvousHandler(Protocol):
 
         Never waits on the network: multi-node handlers keep liveness fresh and read the
         events in a background thread, so a lost store shows up here as ``STORE_LOST``
-        instead of a hang. A node never sees its own events.
-        """
+        instead of a hang. A node never sees its own events."""
 
     def failures(self) -> list[dict[str, object]]:
         """The failures reported in the job's last rounds, from all nodes, oldest first (for
@@ -233,9 +229,8 @@ class Round(Protocol):
         """Tell every node that this node's workers failed this round (``failure`` is JSON-able).
 
         Returns the failure's sequence number, job-wide and increasing in the order failures
-        reached the store (``failures()`` returns it as ``seq`` in the record): the root
-        cause is ordered by it, never by the hosts' clocks. None when the store could not
-        take it."""
+        reached the store (``failures()`` returns it as ``seq`` in the record): the root cause
+        is ordered by it, never by the hosts' clocks. None when the store could not take it."""
 
     def claim_restart(self, max_restarts: int) -> bool:
         """Whether the job-wide budget allows another round; idempotent per round across nodes.
@@ -319,6 +314,11 @@ class Peers(Protocol):
         the others wait (``phalanx.rendezvous.fencing``): the supervisor guards every worker
         group with it. None where the store proves nothing of this node's (a leased store that
         does not say when it renewed)."""
+
+    def job_running(self) -> bool:
+        """Whether the job runs without this node, which may then join once its warm start is
+        ready (``agent.join_when_ready``): False at the job's start, while a restart round waits
+        for nodes, for the store's host or a fixed rank, and if the store cannot be read."""
 
 
 @dataclass(frozen=True)

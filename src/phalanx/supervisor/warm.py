@@ -186,6 +186,16 @@ class Template:
         """How a worker starts once this template is given up: cold."""
         return exec_worker(worker)
 
+    def wait_ready(self, until: Callable[[], bool], every: float) -> None:
+        """Block until the template has imported (or was given up: workers start cold), or
+        ``until()``, asked every ``every`` s meanwhile, is true (``agent.join_when_ready``)."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while self._state == "starting" and time.monotonic() < deadline:
+            if select.select([self._sock], [], [], every)[0]:
+                self._ready()  # (an answer came: read it)
+            elif until():
+                return
+
     def _ready(self) -> bool:
         if self._state == "starting":
             try:

@@ -135,6 +135,27 @@ class Board:
             if swapped:
                 return
 
+    def running(self) -> bool:
+        """Whether a node that comes to the run now finds it running without it: the newest
+        round formed, or a restart round still waits for the last one's members to settle.
+        False: no round formed yet (the job's start), a settled restart round waits for nodes
+        (it may need this one: below MIN it fails at its last call), this node hosts the
+        store, or the store cannot be read. One or two round trips on a ``BatchedStore``."""
+        keys = self.keys
+        if self.store.hosting:
+            return False
+        try:
+            latest, first = self.get_many([keys.latest_round, keys.round(0, "closed")])
+            if latest in (None, b"0"):
+                return first is not None
+            t = _integer(keys.latest_round, latest)
+            closed, settled = self.get_many(
+                [keys.round(t, "closed"), keys.round(t - 1, "all_settled")]
+            )
+        except StoreUnavailable:
+            return False
+        return closed is not None or settled is None
+
     def is_open(self, r: int) -> bool:
         return r == 0 or self.store.get(self.keys.round(r, "open")) is not None
 

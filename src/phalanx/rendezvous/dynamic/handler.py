@@ -17,8 +17,7 @@ handler's state: this node's last round, what ``report_done`` said, the wiring `
 
 Growth: node rank 0 of each round deletes the round before the previous one (``sweep``). On
 a store that outlives the job (etcd) the last node to leave deletes every key of the run but
-``stopped``, the tombstone that refuses a reused run id.
-"""
+``stopped``, the tombstone that refuses a reused run id."""
 
 from __future__ import annotations
 
@@ -85,10 +84,8 @@ class DynamicRendezvous:
         (``phalanx.consistency``); each round's result carries every member's.
         ``admit_mismatch``: join a running job even when its fingerprint differs (else this
         node is refused before the job hears of it: ``admission``).
-        ``reach``: how a fresh process opens ``store`` as a client (``lastword``), for this
-        node's last word; None: it has none.
-        ``successors``: where the store may move when its host is lost (``failover``);
-        None: it never moves (the store is etcd, or static's node 0).
+        ``reach``: how a fresh process opens ``store`` as a client (for its ``lastword``).
+        ``successors``: where the store may move when its host is lost (``failover``; None: never).
         ``max_restarts``: the job's budget, spent by this node if it finds every member of the
         round it waits behind gone (``abandoned``)."""
         # The node range was checked with the spec (registry.check), once.
@@ -290,6 +287,9 @@ class DynamicRendezvous:
 
     def fence(self) -> Fence | None:
         return self._fence
+
+    def job_running(self) -> bool:
+        return self._fixed_rank is None and self._board.running()
 
     @property
     def quiet(self) -> bool:
