@@ -5,8 +5,9 @@ barrier and writes ``OUT_DIR/barrier.<restart>.<rank>``
 (``time.time()``, its pid, ``time.monotonic()``: the clock the agents' events carry, and its
 parent's pid). Then, by scenario: ``launch`` exits; ``kill`` (first attempt
 only) has rank 1 write ``kill.0.1`` and SIGKILL itself while the others wait to be stopped;
-``idle`` sleeps IDLE_SECONDS. The round (``<restart>``) is ``TORCHELASTIC_RESTART_COUNT``, or
-1 where ``kill.0.1`` is already there (the restart count is per node under torchrun). ``left``: past ``destroy_process_group``, about to exit.
+``idle`` sleeps IDLE_SECONDS. ``left``: past ``destroy_process_group``, about to exit. The
+round (``<restart>``) is ``TORCHELASTIC_RESTART_COUNT``, or 1 where ``kill.0.1`` is already
+there (torchrun keeps that count per node).
 """
 
 from __future__ import annotations
