@@ -53,7 +53,10 @@ LAUNCHERS: dict[str, scenarios.Command] = {
 }  # fmt: skip
 # torchrun's restarts with its default shared store failed 2 times in 5 on this machine (the
 # restarted ranks read attempt 0's Gloo addresses: "Connection refused", or hung). With the
-# store per attempt that torch offers for this, they work; the restart row uses it.
+# store per attempt that torch offers for this, they work; the restart row uses it. Two nodes
+# (multinode.py): with the shared store (the same one in both rounds) the restarted rank 1
+# read the first round's Gloo address of rank 0, "Connection refused", and the job hung, 1 of
+# 2 tries; torch's restart count, meant to keep rounds apart, is per node (pytorch#135712).
 RESTART_ENV = {"torchrun": {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}}
 # Row label prefix -> the speed-up (torchrun / phalanx) the issue asks for.
 SPEEDUP_TARGETS = {

@@ -5,7 +5,9 @@ barrier and writes ``OUT_DIR/barrier.<restart>.<rank>``
 (``time.time()``, its pid, ``time.monotonic()``: the clock the agents' events carry, and its
 parent's pid). Then, by scenario: ``launch`` exits; ``kill`` (first attempt
 only) has rank 1 write ``kill.0.1`` and SIGKILL itself while the others wait to be stopped;
-``idle`` sleeps IDLE_SECONDS. ``left``: past ``destroy_process_group``, about to exit.
+``idle`` sleeps IDLE_SECONDS. ``left``: past ``destroy_process_group``, about to exit. The
+round (``<restart>``) is ``TORCHELASTIC_RESTART_COUNT``, or 1 where ``kill.0.1`` is already
+there (torchrun keeps that count per node).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def main() -> None:
     scenario, out_dir = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if scenario == "kill" and os.path.exists(os.path.join(out_dir, "kill.0.1")):
+        # torchrun counts restarts per agent: a node whose workers it restarts only because
+        # another node failed (a membership change) hands them 0 again, and rank 0 would wait
+        # for a kill that already happened (issue 41). The stamp is written after the first
+        # barrier, so no rank of the first round can see it here: it means "the next round".
+        restart = max(restart, 1)
     mark(out_dir, "start", restart, rank)
     dist.init_process_group("gloo")
     mark(out_dir, "joined", restart, rank)

@@ -3,6 +3,9 @@ namespace of its own (``tests/support/netns.py``), one worker each, c10d rendezv
 node 0; after the first barrier global rank 1 SIGKILLs itself (``bench_worker.py kill``).
 The figure: the kill -> every rank on both nodes past its first collective of the next
 round (``--max-restarts 1``). Every clock read here is this machine's (namespaces share it).
+torchrun counts restarts per node: node 0, restarted because node 1 came back, gives its
+worker ``TORCHELASTIC_RESTART_COUNT=0`` again, so the worker tells the next round by the kill
+stamp (``bench_worker.py``); before it did, rank 0 slept as in round 0 and torchrun "hung".
 
 For phalanx, where the time went, from the agents' event logs (their ``mono`` times) and the
 workers' stamps, as milestones after the kill (each phase is the step to the next one):
@@ -52,7 +55,9 @@ class Sample:
     phases: dict[str, float] | None  # phalanx only
 
 
-def _argv(launcher: str, hosts: NetNamespaces, i: int, port: int, run_id: str, logs: Path) -> list[str]:
+def _argv(
+    launcher: str, hosts: NetNamespaces, i: int, port: int, run_id: str, logs: Path
+) -> list[str]:
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1",
               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.addr(0)}:{port}",
               "--rdzv-id", run_id, "--local-addr", hosts.addr(i)]  # fmt: skip
@@ -130,10 +135,13 @@ def breakdown(
     """The phases (seconds) from the two nodes' events and the workers' monotonic stamps."""
 
     def first(events: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, Any]:
-        return next(e for e in events if e["kind"] == kind and all(e[k] == v for k, v in match.items()))
+        return next(
+            e for e in events if e["kind"] == kind and all(e[k] == v for k, v in match.items())
+        )
 
     def began_stop(events: list[dict[str, Any]]) -> float:
-        failure = first(events, "failure")  # written once stopped: its detected_at says when it began
+        # written once stopped: its detected_at says when it began
+        failure = first(events, "failure")
         return float(failure["mono"]) - (float(failure["t"]) - float(failure["detected_at"]))
 
     failures = [first(events, "failure") for events in nodes]
