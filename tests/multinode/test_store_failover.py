@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,87 +23,30 @@ import psutil
 import pytest
 
 from phalanx.errors import CUT_OFF_EXIT_CODE
+from support.failover import (
+    CONF,
+    HANG,
+    HOST,
+    PORT,
+    STEPS,
+    agent,
+    events,
+    reference_weights,
+    start_three,
+    training,
+)  # fmt: skip
 from support.hosts import NamespaceHosts, Node
 from support.launch import remove_job_cgroups, wait_for, worker
-from support.multinode import FAST, c10d_args
+from support.multinode import c10d_args
 from support.netns import NetNamespaces
 from support.sshd import SshHosts, needs_sshd
 
-HANG = 240.0
-STEPS = 40
-PORT = 29400  # each namespace has its own ports
 REPO = Path(__file__).parents[2]
-HOST = socket.gethostname()  # (a network namespace keeps the machine's name)
-# All three in round 0 (the last call waits for the third), restarts to spend on the loss.
-CONF = FAST.replace("last_call_timeout=1", "last_call_timeout=5")
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """The trainer's weights after an uninterrupted run (one process: the same steps)."""
-    out = tmp_path_factory.mktemp("reference")
-    subprocess.run(
-        [sys.executable, worker("failover_train.py"), str(out), str(STEPS), "reference"],
-        check=True, timeout=HANG,
-    )  # fmt: skip
-    return (out / "reference.bin").read_bytes()
-
-
-def _start(
-    spaces: NetNamespaces,
-    nodes: list[Node],
-    tmp_path: Path,
-    nnodes: str = "2:3",
-    listed: bool = False,
-    delay: str = "0.5",
-) -> tuple[NamespaceHosts, Path]:
-    """Three agents; ``listed``: the candidates named, ``--rdzv-endpoint`` n0,n1,n2."""
-    hosts, shared = NamespaceHosts(spaces), tmp_path / "shared"
-    shared.mkdir()
-    for i in range(3):
-        nodes.append(_agent(hosts, i, tmp_path, nnodes, listed, delay=delay))
-    return hosts, shared
-
-
-def _agent(
-    hosts: NamespaceHosts,
-    i: int,
-    tmp_path: Path,
-    nnodes: str,
-    listed: bool,
-    name: str = "",
-    delay: str = "0.5",
-) -> Node:
-    rdzv = c10d_args(hosts, PORT, nnodes, "failover", CONF)
-    if listed:
-        where = rdzv.index("--rdzv-endpoint") + 1
-        rdzv[where] = ",".join(f"{hosts.addr(j)}:{PORT}" for j in range(3))
-    env = {"FAILOVER_STEP_DELAY": delay} if listed else {}  # time for a node to come back
-    args = [*rdzv, "--max-restarts", "2",
-            worker("failover_train.py"), str(tmp_path / "shared"), str(STEPS)]  # fmt: skip
-    return Node(hosts, i, args, tmp_path, name, env=env)
-
-
-def _training(nodes: list[Node], shared: Path) -> Callable[[], bool]:
-    """Training with all three nodes, a few steps in (rank 0's lines for restart 0)."""
-
-    def check() -> bool:
-        for node in nodes:
-            assert node.proc.poll() is None, node.stderr[-3000:]
-        steps = shared / "steps-0"
-        return steps.exists() and sum("world=3" in s for s in steps.read_text().split("\n")) >= 6
-
-    return check
-
-
-def _events(node: Node, kind: str) -> list[dict[str, object]]:
-    found = []
-    for path in node.logs.rglob("events.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("kind") == kind:
-                found.append(record)
-    return found
+    return reference_weights(tmp_path_factory.mktemp("reference"))
 
 
 def _survivors_finished(
@@ -120,7 +62,7 @@ def _survivors_finished(
     for node in nodes[1:3]:
         (line,) = [x for x in node.stderr.splitlines() if "serves the rendezvous store now" in x]
         assert f"the store's host, node 0 ({HOST}, {hosts.addr(0)}), is lost; node " in line, line
-        (moved,) = _events(node, "store_moved")
+        (moved,) = events(node, "store_moved")
         assert moved["lost_node"] == 0 and hosts.addr(0) in str(moved["lost_host"]), moved
         assert moved["epoch"] == 1, moved
         if listed:  # the next listed candidate alive: namespace 1, whatever its node rank
@@ -136,25 +78,6 @@ def _survivors_finished(
     assert len(endpoints) == 1 and endpoints <= survivors, endpoints  # one successor, a survivor
     assert "resumed at step" in nodes[1].stdout + nodes[2].stdout
     assert (shared / "final.bin").read_bytes() == reference
-
-
-def _said_cut_off(node: Node) -> None:
-    """A node cut off from the other members said so last -- it is out, the job goes on
-    without it where a quorum met -- and not that the job stopped; its event log and
-    report say the same (``cut_off``, exit 79)."""
-    last = node.stderr.strip().splitlines()[-1]
-    assert last.startswith("phalanx: cut off: only 1 of the last round's 3 members reached the "
-                           "store that took over after round "), last  # fmt: skip
-    out = "this node is out of the job, which goes on without it on the side that reached a quorum"
-    assert out in last and last.endswith("(exit 79)"), last
-    assert "the job stopped" not in node.stderr and "job stopped after" not in node.stderr
-    (said,) = _events(node, "cut_off")
-    assert said["reason"] == last.removeprefix("phalanx: "), said
-    ((end,),) = [_events(node, "job_end")]
-    assert (end["outcome"], end["exit_code"]) == ("cut_off", 79), end
-    report = json.loads(next(node.logs.rglob("report.json")).read_text())
-    assert report["outcome"] == "cut_off" and report["ended"] == said["reason"], report
-    assert [e["stopped_by_launcher"] for e in report["exits"]] == [True], report["exits"]
 
 
 def _kill_tree(pid: int) -> None:
@@ -174,14 +97,14 @@ def test_the_store_host_sigkilled_the_others_fail_over_and_finish(
     listed: bool,
 ) -> None:
     spaces = netns(3)
-    hosts, shared = _start(spaces, nodes, tmp_path, listed=listed)
-    wait_for(_training(nodes, shared), HANG, "all three nodes to train")
+    hosts, shared = start_three(spaces, nodes, tmp_path, listed=listed)
+    wait_for(training(nodes, shared), HANG, "all three nodes to train")
     _kill_tree(nodes[0].proc.pid)
     nodes[0].proc.wait(10)
     if listed:  # node 0 started again: it finds the successor's store and joins the job there
         moved = lambda: any("store now" in n.stderr for n in nodes[1:3])  # noqa: E731
         wait_for(moved, HANG, "a failover")
-        nodes.append(_agent(hosts, 0, tmp_path, "2:3", listed, "n0b"))
+        nodes.append(agent(hosts, 0, tmp_path, "2:3", listed, "n0b"))
     _survivors_finished(nodes, hosts, shared, reference, listed)
     if listed:
         assert nodes[3].finish(HANG) == 0, nodes[3].stderr[-4000:]
@@ -194,8 +117,8 @@ def test_a_frozen_store_host_does_not_come_back_as_a_second_store(
     netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
 ) -> None:
     spaces = netns(3)
-    hosts, shared = _start(spaces, nodes, tmp_path)
-    wait_for(_training(nodes, shared), HANG, "all three nodes to train")
+    hosts, shared = start_three(spaces, nodes, tmp_path)
+    wait_for(training(nodes, shared), HANG, "all three nodes to train")
     os.kill(nodes[0].proc.pid, signal.SIGSTOP)
     try:  # (both moved: a host back while one still tries it is another case, see design.md)
         moved = lambda: all("store now" in node.stderr for node in nodes[1:3])  # noqa: E731
@@ -224,9 +147,9 @@ def test_a_partition_one_side_goes_on_the_cut_off_store_host_stops(
     and it alone is not a half of the 3; the two others are a strict majority
     (``majority``). Counting the spare, both sides would run a round."""
     spaces = netns(3)
-    hosts, shared = _start(spaces, nodes, tmp_path, "1:3")
-    wait_for(_training(nodes, shared), HANG, "all three nodes to train")
-    spare = _agent(hosts, 0, tmp_path, "1:3", False, "n0-spare")
+    hosts, shared = start_three(spaces, nodes, tmp_path, "1:3")
+    wait_for(training(nodes, shared), HANG, "all three nodes to train")
+    spare = agent(hosts, 0, tmp_path, "1:3", False, "n0-spare")
     nodes.append(spare)
     wait_for(lambda: "a spare: it waits" in spare.stderr, HANG, "the spare to wait")
     spaces.cut(0)
@@ -241,113 +164,6 @@ def test_a_partition_one_side_goes_on_the_cut_off_store_host_stops(
         _survivors_finished(nodes, hosts, shared, reference)
     finally:
         spaces.heal(0)
-
-
-def test_a_member_cut_off_serves_a_store_no_newcomer_joins_and_it_stops(
-    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
-) -> None:
-    """The soak's case: node 2, which does not host the store, is cut off and reaches no
-    candidate, so it serves a store of its own (failover 1). A newcomer started on its
-    machine meanwhile (it reaches only that store) does not join it: no round of the job's
-    members formed there (unconfirmed); node 2 gets no quorum of the last round's members
-    and stops in one line; the link back, the newcomer joins the job where the two others
-    went on, and exactly one round runs at a time: the job finishes bit-identical."""
-    spaces = netns(3)
-    hosts, shared = _start(spaces, nodes, tmp_path, listed=True, delay="1.5")
-    wait_for(_training(nodes, shared), HANG, "all three nodes to train")
-    spaces.cut(2)
-    try:
-        served = lambda: "(failover 1) (this node)" in nodes[2].stderr  # noqa: E731
-        wait_for(served, HANG, "node 2 to serve a store of its own")
-        newcomer = _agent(hosts, 2, tmp_path, "2:3", True, "n2-new", delay="1.5")
-        nodes.append(newcomer)
-        said = ("is not confirmed", "joining it at", "round 1: node rank")
-        wait_for(lambda: any(s in newcomer.stderr for s in said), HANG, "the newcomer to look")
-        assert nodes[2].finish(HANG) == CUT_OFF_EXIT_CODE, nodes[2].stderr[-4000:]
-    finally:
-        spaces.heal(2)
-    _said_cut_off(nodes[2])
-    assert "round 1: node rank" not in nodes[2].stderr  # no round formed on its store
-    assert f"store at {hosts.addr(2)}:{PORT} (failover 1) is not confirmed" in newcomer.stderr
-    assert "joining it at" not in newcomer.stderr, newcomer.stderr[-4000:]
-    for node in nodes[:2]:
-        assert node.finish(HANG) == 0, node.stderr[-6000:]
-        assert "serves the rendezvous store now" not in node.stderr  # the store stayed
-    # It joined the job's store (then the job re-formed with it), or the job finished first.
-    code = newcomer.finish(HANG)
-    assert code == 0 or "the job finished while" in newcomer.stderr, newcomer.stderr[-4000:]
-    assert "world=2" in (shared / "steps-1").read_text()  # the two went on without node 2
-    assert (shared / "final.bin").read_bytes() == reference
-
-
-def test_a_member_cut_off_for_a_moment_goes_back_to_the_jobs_store(
-    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
-) -> None:
-    """A link flap's case (the c10d soak's costliest fault): node 2, which does not host the
-    store, is cut off, reaches no candidate and serves a store of its own (failover 1); its
-    link back, it finds the store it lost answering again and goes back to it as a member of
-    the last round -- before, it waited out the keepalive and the last call alone on its own
-    store and left cut off (exit 79), and the job ran without it. The store never moved for
-    the two others; all three finish, a later restart runs at world size 3 again, and the
-    result is bit-identical."""
-    spaces = netns(3)
-    hosts, shared = _start(spaces, nodes, tmp_path, listed=True, delay="1.5")
-    wait_for(_training(nodes, shared), HANG, "all three nodes to train")
-    spaces.cut(2)
-    try:
-        served = lambda: "(failover 1) (this node)" in nodes[2].stderr  # noqa: E731
-        wait_for(served, HANG, "node 2 to serve a store of its own")
-    finally:
-        spaces.heal(2)
-    for node in nodes:
-        assert node.finish(HANG) == 0, node.stderr[-6000:]
-    said = f"the store this node lost, at {hosts.addr(0)}:{PORT}, answers again: going back"
-    (back,) = [line for line in nodes[2].stderr.splitlines() if said in line]
-    assert "leaving the store this node served (failover 1)" in back, back
-    assert "cut off" not in nodes[2].stderr and not _events(nodes[2], "cut_off")
-    for node in nodes[:2]:
-        assert "serves the rendezvous store now" not in node.stderr  # the store stayed
-    later = [p.read_text() for p in shared.glob("steps-*") if p.name != "steps-0"]
-    assert any("world=3" in steps for steps in later), later  # node 2 trains again
-    assert (shared / "final.bin").read_bytes() == reference
-
-
-def test_a_member_back_too_late_for_a_place_ends_0_when_the_job_finishes(
-    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
-) -> None:
-    """The soak's shape: four agents at ``--nnodes 3`` (one a spare), every node a candidate.
-    A member that does not host the store is cut off, serves a store of its own, and its
-    link comes back; the others re-form with the spare at MAX, so it goes back to wait for a
-    place. The job finishes without it: it ends with exit 0, "waited to rejoin" (it used to
-    end 1, failed, in a job that succeeded), and every node ends 0."""
-    spaces = netns(4)
-    hosts, shared = NamespaceHosts(spaces), tmp_path / "shared"
-    shared.mkdir()
-    listed = ",".join(f"{hosts.addr(j)}:{PORT}" for j in range(4))
-    for i in range(4):
-        rdzv = c10d_args(hosts, PORT, "3", "failover", CONF)
-        rdzv[rdzv.index("--rdzv-endpoint") + 1] = listed
-        args = [*rdzv, "--max-restarts", "2", worker("failover_train.py"), str(shared), str(STEPS)]
-        nodes.append(Node(hosts, i, args, tmp_path, env={"FAILOVER_STEP_DELAY": "0.5"}))
-    wait_for(_training(nodes, shared), HANG, "three nodes to train")
-    member = next(i for i in (1, 2, 3) if "round 0: node rank" in nodes[i].stderr)
-    spaces.cut(member)
-    try:
-        served = lambda: "(failover 1) (this node)" in nodes[member].stderr  # noqa: E731
-        wait_for(served, HANG, "the cut-off member to serve a store of its own")
-    finally:
-        spaces.heal(member)
-    assert [node.finish(HANG) for node in nodes] == [0, 0, 0, 0], nodes[member].stderr[-4000:]
-    err = nodes[member].stderr
-    assert "answers again: going back to it" in err, err[-4000:]
-    assert (
-        err.strip()
-        .splitlines()[-1]
-        .startswith("phalanx: the job finished while this node waited to rejoin (round ")
-    ), err[-4000:]
-    ((end,),) = [_events(nodes[member], "job_end")]
-    assert (end["outcome"], end["exit_code"]) == ("not_needed", 0), end
-    assert (shared / "final.bin").read_bytes() == reference
 
 
 def _controller(hosts: SshHosts, tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
