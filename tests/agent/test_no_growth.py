@@ -82,7 +82,10 @@ def test_an_agent_holds_no_more_after_many_restarts(tmp_path: Path) -> None:
         links = [path for path in left.values() if path.is_symlink()]
         readings = {where: progress.read(str(path)) for where, path in left.items()}
     assert all(held.counters <= NPROC for held in seen), seen  # only the running attempt's
-    assert seen[-1].fds <= seen[1].fds and seen[-1].threads <= seen[1].threads, seen
+    # After the first restart and the second (one descriptor may be opened once, late: a CI
+    # run saw 28, 27, 28, 28, ...); a leak of the counters adds NPROC on every restart.
+    settled = max(held.fds for held in seen[1:3]), max(held.threads for held in seen[1:3])
+    assert seen[-1].fds <= settled[0] and seen[-1].threads <= settled[1], seen
     assert not links, links  # every attempt's counters: a plain file, or (the full disk) none
     for (attempt, rank), reading in readings.items():
         if attempt == FULL:  # retired on the full disk: removed, not left to a closed number
