@@ -20,38 +20,44 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from test_store_failover import (
+import pytest
+
+from support.failover import (
     HANG,
     PORT,
-    _agent,
-    _kill_tree,
-    _start,
-    _survivors_finished,
-    _training,
-    reference,  # noqa: F401  (the module-scoped fixture)
+    agent,
+    kill_tree,
+    reference_weights,
+    start_three,
+    survivors_finished,
+    training,
 )
-
 from support.hosts import Node
 from support.launch import wait_for
 from support.netns import NetNamespaces
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return reference_weights(tmp_path_factory.mktemp("reference"))
 
 
 def test_a_store_host_started_again_at_once_is_not_taken_for_the_jobs_store(
     netns: Callable[[int], NetNamespaces],
     nodes: list[Node],
     tmp_path: Path,
-    reference: bytes,  # noqa: F811
+    reference: bytes,
 ) -> None:
     spaces = netns(3)
-    hosts, shared = _start(spaces, nodes, tmp_path, listed=True)
-    wait_for(_training(nodes, shared), HANG, "all three nodes to train")
+    hosts, shared = start_three(spaces, nodes, tmp_path, listed=True)
+    wait_for(training(nodes, shared), HANG, "all three nodes to train")
     held = [nodes[1].proc.pid, nodes[2].proc.pid]
     for pid in held:
         os.kill(pid, signal.SIGSTOP)
     try:
-        _kill_tree(nodes[0].proc.pid)
+        kill_tree(nodes[0].proc.pid)
         nodes[0].proc.wait(10)
-        again = _agent(hosts, 0, tmp_path, "2:3", True, "n0b")
+        again = agent(hosts, 0, tmp_path, "2:3", True, "n0b")
         nodes.append(again)
         wait_for(lambda: "waiting for" in again.stderr, HANG, "node 0's new agent to serve")
     finally:
@@ -63,9 +69,9 @@ def test_a_store_host_started_again_at_once_is_not_taken_for_the_jobs_store(
     place = f"{hosts.addr(0)}:{PORT}"
     assert f"the job's store at {place} was lost before this agent started again" in again.stderr
     assert "round 0: node rank" not in again.stderr  # no round formed on the empty store
-    third = _agent(hosts, 0, tmp_path, "2:3", True, "n0c")
+    third = agent(hosts, 0, tmp_path, "2:3", True, "n0c")
     nodes.append(third)
-    _survivors_finished(nodes, hosts, shared, reference, listed=True)
+    survivors_finished(nodes, hosts, shared, reference, listed=True)
     for node in nodes[1:3]:
         assert f"{place} serves a store that is not the job's" in node.stderr, node.stderr[-4000:]
     assert third.finish(HANG) == 0, third.stderr[-4000:]

@@ -10,7 +10,6 @@ serves the job again.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -26,15 +25,15 @@ from phalanx.errors import CUT_OFF_EXIT_CODE
 from support.failover import (
     CONF,
     HANG,
-    HOST,
     PORT,
     STEPS,
     agent,
-    events,
+    kill_tree,
     reference_weights,
     start_three,
+    survivors_finished,
     training,
-)  # fmt: skip
+)
 from support.hosts import NamespaceHosts, Node
 from support.launch import remove_job_cgroups, wait_for, worker
 from support.multinode import c10d_args
@@ -49,45 +48,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return reference_weights(tmp_path_factory.mktemp("reference"))
 
 
-def _survivors_finished(
-    nodes: list[Node], hosts: NamespaceHosts, shared: Path, reference: bytes, listed: bool = False
-) -> None:
-    """Nodes 1 and 2 finished the job after a failover to node 1, bit-identical to an
-    uninterrupted run, and each said (stderr, events.jsonl) which host was lost and which
-    serves the store now."""
-    for node in nodes[1:3]:
-        assert node.finish(HANG) == 0, node.stderr[-6000:]
-    survivors = {f"{hosts.addr(i)}:{PORT}" for i in (1, 2)}
-    endpoints = set()
-    for node in nodes[1:3]:
-        (line,) = [x for x in node.stderr.splitlines() if "serves the rendezvous store now" in x]
-        assert f"the store's host, node 0 ({HOST}, {hosts.addr(0)}), is lost; node " in line, line
-        (moved,) = events(node, "store_moved")
-        assert moved["lost_node"] == 0 and hosts.addr(0) in str(moved["lost_host"]), moved
-        assert moved["epoch"] == 1, moved
-        if listed:  # the next listed candidate alive: namespace 1, whatever its node rank
-            assert moved["endpoint"] == f"{hosts.addr(1)}:{PORT}", moved
-            assert moved["successor_node"] in (1, 2), moved
-        else:  # the next member alive in node-rank order
-            assert moved["successor_node"] == 1 and "node 1 (" in line, (moved, line)
-        assert f"now at {moved['endpoint']} (failover 1)" in line, line
-        endpoints.add(moved["endpoint"])
-        report = json.loads(next(node.logs.rglob("report.json")).read_text())
-        said = [i["store_moved"] for i in report["recovery"]["incidents"] if i["store_moved"]]
-        assert said == [f"{moved['lost_host']} -> {moved['successor']} at {moved['endpoint']}"]
-    assert len(endpoints) == 1 and endpoints <= survivors, endpoints  # one successor, a survivor
-    assert "resumed at step" in nodes[1].stdout + nodes[2].stdout
-    assert (shared / "final.bin").read_bytes() == reference
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process under it (agent, guardian, template, workers)."""
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-
-
 @pytest.mark.parametrize("listed", [False, True], ids=["members", "listed endpoints"])
 def test_the_store_host_sigkilled_the_others_fail_over_and_finish(
     netns: Callable[[int], NetNamespaces],
@@ -99,13 +59,13 @@ def test_the_store_host_sigkilled_the_others_fail_over_and_finish(
     spaces = netns(3)
     hosts, shared = start_three(spaces, nodes, tmp_path, listed=listed)
     wait_for(training(nodes, shared), HANG, "all three nodes to train")
-    _kill_tree(nodes[0].proc.pid)
+    kill_tree(nodes[0].proc.pid)
     nodes[0].proc.wait(10)
     if listed:  # node 0 started again: it finds the successor's store and joins the job there
         moved = lambda: any("store now" in n.stderr for n in nodes[1:3])  # noqa: E731
         wait_for(moved, HANG, "a failover")
         nodes.append(agent(hosts, 0, tmp_path, "2:3", listed, "n0b"))
-    _survivors_finished(nodes, hosts, shared, reference, listed)
+    survivors_finished(nodes, hosts, shared, reference, listed)
     if listed:
         assert nodes[3].finish(HANG) == 0, nodes[3].stderr[-4000:]
         said = nodes[3].stderr
@@ -136,7 +96,7 @@ def test_a_frozen_store_host_does_not_come_back_as_a_second_store(
     assert code == 1 or ("the job stopped" not in last and "out of the job" in last), last
     assert "rejoining as a new member" not in nodes[0].stderr
     assert "round 1" not in nodes[0].stderr  # it never formed a round of its own
-    _survivors_finished(nodes, hosts, shared, reference)
+    survivors_finished(nodes, hosts, shared, reference)
 
 
 def test_a_partition_one_side_goes_on_the_cut_off_store_host_stops(
@@ -161,7 +121,7 @@ def test_a_partition_one_side_goes_on_the_cut_off_store_host_stops(
         assert "this node is out of the job, which goes on without it" in last, last
         assert spare.finish(HANG) == 0, spare.stderr[-4000:]  # not needed: it never ran
         assert "not needed" in spare.stderr and "round 1: node rank" not in spare.stderr
-        _survivors_finished(nodes, hosts, shared, reference)
+        survivors_finished(nodes, hosts, shared, reference)
     finally:
         spaces.heal(0)
 
@@ -302,7 +262,7 @@ def test_a_member_lost_with_the_store_host_is_not_waited_for_until_join_timeout(
     wait_for(started, HANG, "all five nodes to run")
     assert {(shared / f"r0-rank{r}").read_text() for r in range(5)} == {"5"}
     for i in (0, 4):
-        _kill_tree(nodes[i].proc.pid)
+        kill_tree(nodes[i].proc.pid)
     for node in nodes[1:4]:
         assert node.finish(HANG) == 0, node.stderr[-6000:]
         assert "serves the rendezvous store now" in node.stderr, node.stderr[-4000:]

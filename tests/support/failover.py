@@ -6,12 +6,15 @@ events."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from support.hosts import NamespaceHosts, Node
 from support.launch import worker
@@ -90,3 +93,42 @@ def events(node: Node, kind: str) -> list[dict[str, object]]:
             if record.get("kind") == kind:
                 found.append(record)
     return found
+
+
+def survivors_finished(
+    nodes: list[Node], hosts: NamespaceHosts, shared: Path, reference: bytes, listed: bool = False
+) -> None:
+    """Nodes 1 and 2 finished the job after a failover to node 1, bit-identical to an
+    uninterrupted run, and each said (stderr, events.jsonl) which host was lost and which
+    serves the store now."""
+    for node in nodes[1:3]:
+        assert node.finish(HANG) == 0, node.stderr[-6000:]
+    survivors = {f"{hosts.addr(i)}:{PORT}" for i in (1, 2)}
+    endpoints = set()
+    for node in nodes[1:3]:
+        (line,) = [x for x in node.stderr.splitlines() if "serves the rendezvous store now" in x]
+        assert f"the store's host, node 0 ({HOST}, {hosts.addr(0)}), is lost; node " in line, line
+        (moved,) = events(node, "store_moved")
+        assert moved["lost_node"] == 0 and hosts.addr(0) in str(moved["lost_host"]), moved
+        assert moved["epoch"] == 1, moved
+        if listed:  # the next listed candidate alive: namespace 1, whatever its node rank
+            assert moved["endpoint"] == f"{hosts.addr(1)}:{PORT}", moved
+            assert moved["successor_node"] in (1, 2), moved
+        else:  # the next member alive in node-rank order
+            assert moved["successor_node"] == 1 and "node 1 (" in line, (moved, line)
+        assert f"now at {moved['endpoint']} (failover 1)" in line, line
+        endpoints.add(moved["endpoint"])
+        report = json.loads(next(node.logs.rglob("report.json")).read_text())
+        said = [i["store_moved"] for i in report["recovery"]["incidents"] if i["store_moved"]]
+        assert said == [f"{moved['lost_host']} -> {moved['successor']} at {moved['endpoint']}"]
+    assert len(endpoints) == 1 and endpoints <= survivors, endpoints  # one successor, a survivor
+    assert "resumed at step" in nodes[1].stdout + nodes[2].stdout
+    assert (shared / "final.bin").read_bytes() == reference
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process under it (agent, guardian, template, workers)."""
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
