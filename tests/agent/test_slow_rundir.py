@@ -25,7 +25,7 @@ HANG = 240.0  # bounds that only catch a hang (every file the slow node's worker
 FAST = "heartbeat_interval=0.5,heartbeat_timeout=4,last_call_timeout=1,join_timeout=120"
 SHUTDOWN = 3
 PROMPT = 12.0  # the restart formed this long after the failure, at most (24 s before)
-MARGIN = 10.0  # what the test's own polling and a loaded machine may add
+MARGIN = 20.0  # what the test's own polling and a loaded machine may add (ci55: 32.2 s against 28)
 
 
 def test_a_slow_run_directory_holds_up_no_restart_and_no_stop(

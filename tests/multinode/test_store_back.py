@@ -72,8 +72,14 @@ def test_a_store_host_started_again_at_once_is_not_taken_for_the_jobs_store(
     third = agent(hosts, 0, tmp_path, "2:3", True, "n0c")
     nodes.append(third)
     survivors_finished(nodes, hosts, shared, reference, listed=True)
-    for node in nodes[1:3]:
-        assert f"{place} serves a store that is not the job's" in node.stderr, node.stderr[-4000:]
+    # The survivor that finds it there ends it; one that tries the place after that finds no
+    # store there (both resumed at once under load: only the first met it, ci55).
+    told = [
+        node
+        for node in nodes[1:3]
+        if f"{place} serves a store that is not the job's" in node.stderr
+    ]
+    assert told, nodes[1].stderr[-4000:] + nodes[2].stderr[-4000:]
     assert third.finish(HANG) == 0, third.stderr[-4000:]
     assert f"(failover 1): joining it at {hosts.addr(1)}:{PORT}" in third.stderr
     assert "world=3" in (shared / "steps-1").read_text()  # re-formed with it, no restart
