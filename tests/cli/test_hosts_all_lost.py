@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from support.launch import remove_job_cgroups, wait_for, worker
+from support.launch import wait_for, worker
 from support.netns import NetNamespaces
-from support.sshd import SshHosts, needs_sshd
+from support.sshd import SshHosts, end_controller_job, needs_sshd
 
 pytestmark = needs_sshd
 REPO = Path(__file__).parents[2]
@@ -59,13 +59,4 @@ def test_the_controller_says_the_job_has_no_session_left_when_every_one_is_lost(
         assert "and the job has no session left" in lost[-1], err
         assert "it ends here (exit 1)" in lost[-1] and "goes on without it" not in lost[-1], err
     finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        try:
-            for name in hosts.names:
-                for pid in hosts.job_pids(name):
-                    os.kill(pid, signal.SIGKILL)
-        finally:
-            hosts.stop()
-            remove_job_cgroups(tmp_path / "logs")
+        end_controller_job(hosts, proc, tmp_path / "logs")

@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from support.launch import remove_job_cgroups, wait_for, worker
+from support.launch import wait_for, worker
 from support.netns import NetNamespaces
-from support.sshd import SshHosts, needs_sshd
+from support.sshd import SshHosts, end_controller_job, needs_sshd
 
 pytestmark = needs_sshd
 REPO = Path(__file__).parents[2]
@@ -56,13 +56,4 @@ def test_an_excluded_host_is_out_and_the_job_goes_on_and_ends_with_the_others_co
         for name in hosts.names:
             wait_for(lambda n=name: hosts.job_pids(n) == [], 15, f"nothing left on {name}")
     finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        try:
-            for name in hosts.names:
-                for pid in hosts.job_pids(name):
-                    os.kill(pid, signal.SIGKILL)
-        finally:
-            hosts.stop()
-            remove_job_cgroups(tmp_path / "logs")
+        end_controller_job(hosts, proc, tmp_path / "logs")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from support.launch import remove_job_cgroups
 from support.netns import NetNamespaces
 
 SSHD = "/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else shutil.which("sshd")
@@ -133,3 +134,19 @@ class SshHosts:
                 daemon.kill()
                 daemon.wait(10)
         self.daemons.clear()
+
+
+def end_controller_job(hosts: SshHosts, proc: subprocess.Popen[str] | None, logs: Path) -> None:
+    """A test's cleanup after a controller run on ``hosts``: the controller's process group
+    SIGKILLed if it still runs, every job process left on a host SIGKILLed (by the PIDs
+    ``job_pids`` lists), the sshd daemons stopped and the job's cgroups under ``logs`` removed."""
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    try:
+        for name in hosts.names:
+            for pid in hosts.job_pids(name):
+                os.kill(pid, signal.SIGKILL)
+    finally:
+        hosts.stop()
+        remove_job_cgroups(logs)
