@@ -8,8 +8,9 @@ run on two pytest workers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,19 @@ def _said_cut_off(node: Node) -> None:
     assert [e["stopped_by_launcher"] for e in report["exits"]] == [True], report["exits"]
 
 
+@contextlib.contextmanager
+def cut_until_it_serves(spaces: NetNamespaces, nodes: list[Node], i: int) -> Iterator[None]:
+    """Node ``i``'s link down until it serves a store of its own (it reached no candidate:
+    failover 1), and while the ``with`` body runs; its link back up after, whatever happens."""
+    spaces.cut(i)
+    try:
+        served = lambda: "(failover 1) (this node)" in nodes[i].stderr  # noqa: E731
+        wait_for(served, HANG, f"node {i} to serve a store of its own")
+        yield
+    finally:
+        spaces.heal(i)
+
+
 def test_a_member_cut_off_serves_a_store_no_newcomer_joins_and_it_stops(
     netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, reference: bytes
 ) -> None:
@@ -68,17 +82,12 @@ def test_a_member_cut_off_serves_a_store_no_newcomer_joins_and_it_stops(
     spaces = netns(3)
     hosts, shared = start_three(spaces, nodes, tmp_path, listed=True, delay="1.5")
     wait_for(training(nodes, shared), HANG, "all three nodes to train")
-    spaces.cut(2)
-    try:
-        served = lambda: "(failover 1) (this node)" in nodes[2].stderr  # noqa: E731
-        wait_for(served, HANG, "node 2 to serve a store of its own")
+    with cut_until_it_serves(spaces, nodes, 2):
         newcomer = agent(hosts, 2, tmp_path, "2:3", True, "n2-new", delay="1.5")
         nodes.append(newcomer)
         said = ("is not confirmed", "joining it at", "round 1: node rank")
         wait_for(lambda: any(s in newcomer.stderr for s in said), HANG, "the newcomer to look")
         assert nodes[2].finish(HANG) == CUT_OFF_EXIT_CODE, nodes[2].stderr[-4000:]
-    finally:
-        spaces.heal(2)
     _said_cut_off(nodes[2])
     assert "round 1: node rank" not in nodes[2].stderr  # no round formed on its store
     assert f"store at {hosts.addr(2)}:{PORT} (failover 1) is not confirmed" in newcomer.stderr
@@ -106,12 +115,8 @@ def test_a_member_cut_off_for_a_moment_goes_back_to_the_jobs_store(
     spaces = netns(3)
     hosts, shared = start_three(spaces, nodes, tmp_path, listed=True, delay="1.5")
     wait_for(training(nodes, shared), HANG, "all three nodes to train")
-    spaces.cut(2)
-    try:
-        served = lambda: "(failover 1) (this node)" in nodes[2].stderr  # noqa: E731
-        wait_for(served, HANG, "node 2 to serve a store of its own")
-    finally:
-        spaces.heal(2)
+    with cut_until_it_serves(spaces, nodes, 2):
+        pass
     for node in nodes:
         assert node.finish(HANG) == 0, node.stderr[-6000:]
     said = f"the store this node lost, at {hosts.addr(0)}:{PORT}, answers again: going back"
@@ -144,12 +149,8 @@ def test_a_member_back_too_late_for_a_place_ends_0_when_the_job_finishes(
         nodes.append(Node(hosts, i, args, tmp_path, env={"FAILOVER_STEP_DELAY": "0.5"}))
     wait_for(training(nodes, shared), HANG, "three nodes to train")
     member = next(i for i in (1, 2, 3) if "round 0: node rank" in nodes[i].stderr)
-    spaces.cut(member)
-    try:
-        served = lambda: "(failover 1) (this node)" in nodes[member].stderr  # noqa: E731
-        wait_for(served, HANG, "the cut-off member to serve a store of its own")
-    finally:
-        spaces.heal(member)
+    with cut_until_it_serves(spaces, nodes, member):
+        pass
     assert [node.finish(HANG) for node in nodes] == [0, 0, 0, 0], nodes[member].stderr[-4000:]
     err = nodes[member].stderr
     assert "answers again: going back to it" in err, err[-4000:]
