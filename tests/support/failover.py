@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from support.hosts import NamespaceHosts, Node
-from support.launch import worker
+from support.launch import wait_for, worker
 from support.multinode import FAST, c10d_args
 from support.netns import NetNamespaces
 
@@ -83,6 +83,20 @@ def training(nodes: list[Node], shared: Path) -> Callable[[], bool]:
         return steps.exists() and sum("world=3" in s for s in steps.read_text().split("\n")) >= 6
 
     return check
+
+
+def then_fast(shared: Path, done: Callable[[], bool], what: str) -> None:
+    """Once ``done()`` -- what the trainer's slow steps (``FAILOVER_STEP_DELAY``) kept the
+    job running for -- or the job finished, its steps left go at 0.2 s (OUT_DIR/fast): only
+    the wait changes, not what the test sees (each step still a real Gloo collective)."""
+    wait_for(lambda: done() or (shared / "final.bin").exists(), HANG, what)
+    (shared / "fast").touch()
+
+
+def world_again(shared: Path, size: int) -> Callable[[], bool]:
+    """A restart after the first (steps-1, steps-2, ...) trained at world size ``size``."""
+    later = lambda: (p for p in shared.glob("steps-*") if p.name != "steps-0")  # noqa: E731
+    return lambda: any(f"world={size}" in p.read_text() for p in later())
 
 
 def events(node: Node, kind: str) -> list[dict[str, object]]:
