@@ -32,7 +32,9 @@ from support.failover import (
     reference_weights,
     start_three,
     survivors_finished,
+    then_fast,
     training,
+    world_again,
 )
 from support.hosts import NamespaceHosts, Node
 from support.launch import remove_job_cgroups, wait_for, worker
@@ -65,6 +67,7 @@ def test_the_store_host_sigkilled_the_others_fail_over_and_finish(
         moved = lambda: any("store now" in n.stderr for n in nodes[1:3])  # noqa: E731
         wait_for(moved, HANG, "a failover")
         nodes.append(agent(hosts, 0, tmp_path, "2:3", listed, "n0b"))
+        then_fast(shared, world_again(shared, 3), "the job to re-form with it")
     survivors_finished(nodes, hosts, shared, reference, listed)
     if listed:
         assert nodes[3].finish(HANG) == 0, nodes[3].stderr[-4000:]
