@@ -44,7 +44,7 @@ def start_three(
     tmp_path: Path,
     nnodes: str = "2:3",
     listed: bool = False,
-    delay: str = "0.5",
+    delay: str = "",
 ) -> tuple[NamespaceHosts, Path]:
     """Three agents; ``listed``: the candidates named, ``--rdzv-endpoint`` n0,n1,n2."""
     hosts, shared = NamespaceHosts(spaces), tmp_path / "shared"
@@ -61,13 +61,16 @@ def agent(
     nnodes: str,
     listed: bool,
     name: str = "",
-    delay: str = "0.5",
+    delay: str = "",
 ) -> Node:
     rdzv = c10d_args(hosts, PORT, nnodes, "failover", CONF)
     if listed:
         where = rdzv.index("--rdzv-endpoint") + 1
         rdzv[where] = ",".join(f"{hosts.addr(j)}:{PORT}" for j in range(3))
-    env = {"FAILOVER_STEP_DELAY": delay} if listed else {}  # time for a node to come back
+    # The trainer's step delay: time for a node to come back (listed: 0.5 s unless given), or for
+    # the fault to come while the job still runs; unlisted and not given, its 0.2 s.
+    delay = delay or ("0.5" if listed else "")
+    env = {"FAILOVER_STEP_DELAY": delay} if delay else {}
     args = [*rdzv, "--max-restarts", "2",
             worker("failover_train.py"), str(tmp_path / "shared"), str(STEPS)]  # fmt: skip
     return Node(hosts, i, args, tmp_path, name, env=env)
