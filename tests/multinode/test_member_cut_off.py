@@ -25,7 +25,9 @@ from support.failover import (
     events,
     reference_weights,
     start_three,
+    then_fast,
     training,
+    world_again,
 )  # fmt: skip
 from support.hosts import NamespaceHosts, Node
 from support.launch import wait_for, worker
@@ -55,6 +57,13 @@ def _said_cut_off(node: Node) -> None:
     report = json.loads(next(node.logs.rglob("report.json")).read_text())
     assert report["outcome"] == "cut_off" and report["ended"] == said["reason"], report
     assert [e["stopped_by_launcher"] for e in report["exits"]] == [True], report["exits"]
+
+
+def _waits_to_rejoin(node: Node) -> bool:
+    """Back at the job's store, it waits for a place (the round runs without it)."""
+    err = node.stderr
+    back = err.find("answers again: going back to it")
+    return back >= 0 and "waiting to join: round" in err[back:]
 
 
 @contextlib.contextmanager
@@ -88,6 +97,8 @@ def test_a_member_cut_off_serves_a_store_no_newcomer_joins_and_it_stops(
         said = ("is not confirmed", "joining it at", "round 1: node rank")
         wait_for(lambda: any(s in newcomer.stderr for s in said), HANG, "the newcomer to look")
         assert nodes[2].finish(HANG) == CUT_OFF_EXIT_CODE, nodes[2].stderr[-4000:]
+    joined = lambda: "node rank" in newcomer.stderr or newcomer.proc.poll() is not None  # noqa: E731
+    then_fast(shared, joined, "the newcomer to join the job")
     _said_cut_off(nodes[2])
     assert "round 1: node rank" not in nodes[2].stderr  # no round formed on its store
     assert f"store at {hosts.addr(2)}:{PORT} (failover 1) is not confirmed" in newcomer.stderr
@@ -117,6 +128,7 @@ def test_a_member_cut_off_for_a_moment_goes_back_to_the_jobs_store(
     wait_for(training(nodes, shared), HANG, "all three nodes to train")
     with cut_until_it_serves(spaces, nodes, 2):
         pass
+    then_fast(shared, world_again(shared, 3), "a restart at world size 3")
     for node in nodes:
         assert node.finish(HANG) == 0, node.stderr[-6000:]
     said = f"the store this node lost, at {hosts.addr(0)}:{PORT}, answers again: going back"
@@ -125,8 +137,7 @@ def test_a_member_cut_off_for_a_moment_goes_back_to_the_jobs_store(
     assert "cut off" not in nodes[2].stderr and not events(nodes[2], "cut_off")
     for node in nodes[:2]:
         assert "serves the rendezvous store now" not in node.stderr  # the store stayed
-    later = [p.read_text() for p in shared.glob("steps-*") if p.name != "steps-0"]
-    assert any("world=3" in steps for steps in later), later  # node 2 trains again
+    assert world_again(shared, 3)(), list(shared.iterdir())  # node 2 trains again
     assert (shared / "final.bin").read_bytes() == reference
 
 
@@ -151,6 +162,7 @@ def test_a_member_back_too_late_for_a_place_ends_0_when_the_job_finishes(
     member = next(i for i in (1, 2, 3) if "round 0: node rank" in nodes[i].stderr)
     with cut_until_it_serves(spaces, nodes, member):
         pass
+    then_fast(shared, lambda: _waits_to_rejoin(nodes[member]), "it to wait for a place")
     assert [node.finish(HANG) for node in nodes] == [0, 0, 0, 0], nodes[member].stderr[-4000:]
     err = nodes[member].stderr
     assert "answers again: going back to it" in err, err[-4000:]

@@ -30,7 +30,9 @@ from support.failover import (
     reference_weights,
     start_three,
     survivors_finished,
+    then_fast,
     training,
+    world_again,
 )
 from support.hosts import Node
 from support.launch import wait_for
@@ -71,6 +73,7 @@ def test_a_store_host_started_again_at_once_is_not_taken_for_the_jobs_store(
     assert "round 0: node rank" not in again.stderr  # no round formed on the empty store
     third = agent(hosts, 0, tmp_path, "2:3", True, "n0c")
     nodes.append(third)
+    then_fast(shared, world_again(shared, 3), "the job to re-form with it")
     survivors_finished(nodes, hosts, shared, reference, listed=True)
     # The survivor that finds it there ends it; one that tries the place after that finds no
     # store there (both resumed at once under load: only the first met it, ci55).

@@ -32,7 +32,9 @@ from support.failover import (
     reference_weights,
     start_three,
     survivors_finished,
+    then_fast,
     training,
+    world_again,
 )
 from support.hosts import NamespaceHosts, Node
 from support.launch import remove_job_cgroups, wait_for, worker
@@ -65,6 +67,7 @@ def test_the_store_host_sigkilled_the_others_fail_over_and_finish(
         moved = lambda: any("store now" in n.stderr for n in nodes[1:3])  # noqa: E731
         wait_for(moved, HANG, "a failover")
         nodes.append(agent(hosts, 0, tmp_path, "2:3", listed, "n0b"))
+        then_fast(shared, world_again(shared, 3), "the job to re-form with it")
     survivors_finished(nodes, hosts, shared, reference, listed)
     if listed:
         assert nodes[3].finish(HANG) == 0, nodes[3].stderr[-4000:]
@@ -107,7 +110,9 @@ def test_a_partition_one_side_goes_on_the_cut_off_store_host_stops(
     and it alone is not a half of the 3; the two others are a strict majority
     (``majority``). Counting the spare, both sides would run a round."""
     spaces = netns(3)
-    hosts, shared = start_three(spaces, nodes, tmp_path, "1:3")
+    # 1 s steps until the two go on without it: a spare's start under load outlasted 40
+    # steps at 0.2 s, and node 0 finished before its cut (a whole-suite run at load 15).
+    hosts, shared = start_three(spaces, nodes, tmp_path, "1:3", delay="1")
     wait_for(training(nodes, shared), HANG, "all three nodes to train")
     spare = agent(hosts, 0, tmp_path, "1:3", False, "n0-spare")
     nodes.append(spare)
@@ -115,6 +120,7 @@ def test_a_partition_one_side_goes_on_the_cut_off_store_host_stops(
     spaces.cut(0)
     try:
         assert nodes[0].finish(HANG) == CUT_OFF_EXIT_CODE, nodes[0].stderr[-4000:]
+        then_fast(shared, world_again(shared, 2), "the two to go on without it")
         last = nodes[0].stderr.strip().splitlines()[-1]
         left = "cut off: only 1 of the last round's 3 members are left on this store after round"
         assert left in last and "(at least 2 needed)" in last, last

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from support.hosts import NamespaceHosts, Node
-from support.launch import worker
+from support.launch import wait_for, worker
 from support.multinode import FAST, c10d_args
 from support.netns import NetNamespaces
 
@@ -44,7 +44,7 @@ def start_three(
     tmp_path: Path,
     nnodes: str = "2:3",
     listed: bool = False,
-    delay: str = "0.5",
+    delay: str = "",
 ) -> tuple[NamespaceHosts, Path]:
     """Three agents; ``listed``: the candidates named, ``--rdzv-endpoint`` n0,n1,n2."""
     hosts, shared = NamespaceHosts(spaces), tmp_path / "shared"
@@ -61,13 +61,16 @@ def agent(
     nnodes: str,
     listed: bool,
     name: str = "",
-    delay: str = "0.5",
+    delay: str = "",
 ) -> Node:
     rdzv = c10d_args(hosts, PORT, nnodes, "failover", CONF)
     if listed:
         where = rdzv.index("--rdzv-endpoint") + 1
         rdzv[where] = ",".join(f"{hosts.addr(j)}:{PORT}" for j in range(3))
-    env = {"FAILOVER_STEP_DELAY": delay} if listed else {}  # time for a node to come back
+    # The trainer's step delay: time for a node to come back (listed: 0.5 s unless given), or for
+    # the fault to come while the job still runs; unlisted and not given, its 0.2 s.
+    delay = delay or ("0.5" if listed else "")
+    env = {"FAILOVER_STEP_DELAY": delay} if delay else {}
     args = [*rdzv, "--max-restarts", "2",
             worker("failover_train.py"), str(tmp_path / "shared"), str(STEPS)]  # fmt: skip
     return Node(hosts, i, args, tmp_path, name, env=env)
@@ -83,6 +86,20 @@ def training(nodes: list[Node], shared: Path) -> Callable[[], bool]:
         return steps.exists() and sum("world=3" in s for s in steps.read_text().split("\n")) >= 6
 
     return check
+
+
+def then_fast(shared: Path, done: Callable[[], bool], what: str) -> None:
+    """Once ``done()`` -- what the trainer's slow steps (``FAILOVER_STEP_DELAY``) kept the
+    job running for -- or the job finished, its steps left go at 0.2 s (OUT_DIR/fast): only
+    the wait changes, not what the test sees (each step still a real Gloo collective)."""
+    wait_for(lambda: done() or (shared / "final.bin").exists(), HANG, what)
+    (shared / "fast").touch()
+
+
+def world_again(shared: Path, size: int) -> Callable[[], bool]:
+    """A restart after the first (steps-1, steps-2, ...) trained at world size ``size``."""
+    later = lambda: (p for p in shared.glob("steps-*") if p.name != "steps-0")  # noqa: E731
+    return lambda: any(f"world={size}" in p.read_text() for p in later())
 
 
 def events(node: Node, kind: str) -> list[dict[str, object]]:

@@ -5,6 +5,9 @@
 # writes OUT_DIR/final.bin, the parameters' bytes; "reference" trains in one process without
 # torch.distributed and writes OUT_DIR/reference.bin. OUT_DIR/steps-<restart> has a line per step
 # (its number, the world size, the wall-clock time: benchmarks/store_failover.py reads it).
+# Each step sleeps FAILOVER_STEP_DELAY s (0.2), time for a fault and what follows it to happen
+# while the job still runs; once OUT_DIR/fast exists (a test that saw what it waited for), 0.2 s
+# at most: the steps left need not take a cut-off node's time to come back.
 import os
 import sys
 import time
@@ -17,6 +20,7 @@ torch.set_num_threads(1)
 model = torch.nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
 rank, start, snapshot = 0, 0, os.path.join(out, "snapshot.pt")
+delay, fast = float(os.environ.get("FAILOVER_STEP_DELAY", "0.2")), os.path.join(out, "fast")
 if not reference:
     import torch.distributed as dist
 
@@ -44,7 +48,7 @@ for step in range(start, steps):
         os.replace(snapshot + ".tmp", snapshot)
         with open(os.path.join(out, f"steps-{os.environ['TORCHELASTIC_RESTART_COUNT']}"), "a") as f:
             f.write(f"{step} world={dist.get_world_size()} t={time.time():.6f}\n")
-    time.sleep(float(os.environ.get("FAILOVER_STEP_DELAY", "0.2")))
+    time.sleep(min(delay, 0.2) if os.path.exists(fast) else delay)
 if rank == 0:
     data = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
     with open(os.path.join(out, "reference.bin" if reference else "final.bin"), "wb") as f:
