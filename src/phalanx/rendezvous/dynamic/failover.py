@@ -302,9 +302,8 @@ class Failover:
         answer at wall-clock ``since``): find the successor, re-publish the job's state
         there, and return the move; None when the lost store answers after all, or no
         candidate serves (the caller waits for the lost store, as without failover)."""
-        epoch, at = self.epoch + 1, self.successors.at_member
-        candidates = self.successors.candidates(membership)
-        idle = [c for c in candidates if not at(c, membership)]  # (a spare's place: one try)
+        epoch, candidates = self.epoch + 1, self.successors.candidates(membership)
+        idle = [c for c in candidates if not self.successors.at_member(c, membership)]
         found = walk(candidates, self.successors, rank, epoch, keys, self._patience, idle=idle)
         if found is None:
             return None
