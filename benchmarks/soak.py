@@ -19,6 +19,18 @@ it), one node's guardian SIGKILLed (the job must go on untouched: a new guardian
 no restart). An agent that exits while the job is not done is started again on its node (it
 rejoins as a spare). Writes ``report.json`` and
 ``timeline.html`` to ``--out`` and prints a table; exit 1 when an invariant fails.
+
+The agents run at the soak's own pace (``CONF``, ``ETCD_CONF``, ``C10D_CONF``, ``HANG_WATCH``:
+faults every 30 s, found within seconds). ``--default-timeouts`` drops all four: phalanx's
+default rendezvous timeouts (heartbeat 1 s, ``heartbeat_timeout`` 10 s, last call 3 s, joins
+600 s, exit barrier 300 s; on etcd ``lease_ttl`` 10 s, requests 5 s) and its default hang
+watch, as a user who sets nothing gets them. What stays is what the harness needs to work at
+all: ``--max-restarts 1000`` (the default, 0, ends the job at its first fault), the shape
+(``--nnodes``, one worker per node, the endpoints, ``--rdzv-id``) and
+``--preload torch._inductor.config`` (no timeout: the trainer's import, done once in the
+template, as in every soak run, so the two compare); and the faults' own shapes (a cut or a
+freeze of ``HOLD`` s, the flaps, ``SPARE_HOLD``: still below what counts a spare lost at the
+defaults).
 """
 
 from __future__ import annotations
@@ -54,9 +66,10 @@ CONF = ("heartbeat_interval=0.5,heartbeat_timeout=6,last_call_timeout=1,join_tim
         "exit_barrier_timeout=30")  # fmt: skip
 # etcd's own keys (a c10d agent refuses them: the c10d variant had never started)
 ETCD_CONF = "lease_ttl=4,request_timeout=3"
-# c10d: a restart round below --nnodes 3 waits this long for one to join before it fails: when
-# the store's host is lost, the spare goes with the store (it waited there), and it and the
-# lost host's agent, started again, join the successor's store within it.
+# c10d: a restart round below --nnodes 3 waits this long for one to join before it fails. When
+# the store's host is lost the spare follows the job to the successor's store (``follow``)
+# and the round closes as it joins; this is for a loss with no spare waiting (taken by an
+# earlier fault), when only the lost host's agent, started again cold, can be the third.
 C10D_CONF = "last_call_timeout=20"
 HOLD = 10.0  # how long a cut, a freeze, a dead etcd member or a full disk lasts
 FLAPS, FLAP_DOWN, FLAP_UP = 3, 4.0, 1.0  # a link flap: down 4 s, up 1 s, three times
@@ -71,6 +84,15 @@ PORT = 29400  # c10d: the store's port on every candidate
 # Per backend: agents, --nnodes (the world: one worker per member), the batch over it. c10d
 # runs rounds of 3, the fewest that fail over (a survivor of 2 is no majority).
 SHAPE = {"etcd": (3, "2:2", 2), "c10d": (4, "3", 3)}
+
+
+def pace(backend: str, default_timeouts: bool) -> list[str]:
+    """The agents' flags for the soak's own pace (its ``--rdzv-conf`` and ``--hang-watch``);
+    none at phalanx's defaults (``--default-timeouts``)."""
+    if default_timeouts:
+        return []
+    conf = f"{ETCD_CONF},{CONF}" if backend == "etcd" else f"{CONF},{C10D_CONF}"
+    return ["--rdzv-conf", conf, "--hang-watch", HANG_WATCH]
 
 
 def schedule(
@@ -127,8 +149,7 @@ class Soak:
         else:  # every node a candidate for the store, node 0's first
             endpoint = ",".join(f"{self.spaces.addr(i)}:{PORT}" for i in range(self.agents))
         self.rdzv = ["--rdzv-backend", self.args.backend, "--rdzv-endpoint", endpoint,
-                     "--rdzv-id", "soak", "--rdzv-conf",
-                     f"{ETCD_CONF},{CONF}" if self.args.backend == "etcd" else f"{CONF},{C10D_CONF}"]  # fmt: skip
+                     "--rdzv-id", "soak", *pace(self.args.backend, self.args.default_timeouts)]  # fmt: skip
         for i in range(self.agents):
             self.nodes.append(self._agent(i))
 
@@ -138,7 +159,7 @@ class Soak:
         # --preload: the trainer's torch.use_deterministic_algorithms imports
         # torch._inductor.config, 1.1 s of every worker start here; the template does it once
         args = [*self.rdzv, "--nnodes", self.nnodes, "--nproc-per-node", "1", "--max-restarts", "1000",
-                "--hang-watch", HANG_WATCH, "--preload", "torch._inductor.config",
+                "--preload", "torch._inductor.config",
                 str(HERE / "soak_trainer.py"), "--config",
                 str(self.out / "config.json"), "--output_dir", str(self.job)]  # fmt: skip
         node = Node(self.hosts, i, args, self.out / f"disk{i}", name,
@@ -488,6 +509,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=0, help="default: --minutes at --step-delay")
     parser.add_argument("--checkpoint-every", type=int, default=40, help="steps (40: 2 s)")
     parser.add_argument("--out", default="", help="where report.json and the rest go")
+    parser.add_argument("--default-timeouts", action="store_true",
+                        help="phalanx's default rendezvous timeouts and hang watch: no "
+                        "--rdzv-conf, no --hang-watch (see the module docstring)")  # fmt: skip
     args = parser.parse_args()
     # SIGTERM (a test's timeout) unwinds like ^C, so the namespaces, mounts and etcd go
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -73,6 +73,9 @@ class Places:
     def is_me(self, candidate: Candidate, rank: int) -> bool:
         return candidate.node_rank == rank
 
+    def at_member(self, candidate: Candidate, membership: Membership) -> bool:
+        return candidate.node_rank is not None
+
     def store_host(self, membership: Membership) -> int | None:
         return self.current.node_rank
 
@@ -229,6 +232,20 @@ def test_a_lost_store_back_just_now_is_passed_by_when_the_next_one_serves() -> N
     assert found is not None and found[0] == successor and not found[2]
 
 
+def test_a_place_no_member_is_at_gets_one_try_not_the_patience() -> None:
+    """Listed endpoints, the spare's place before this survivor's: nobody will serve there
+    (a spare never does), so the walk does not wait for it and serves at its own place."""
+    lost = Candidate("10.0.0.1", 29400, 0)
+    spare, me = Candidate("10.0.0.9", 29400), Candidate("10.0.0.2", 29400, 1)
+    places = Places(lost, me=1)
+    found = walk([lost, spare, me], places, 1, 1, KEYS, patience=30, clock=Clock(), idle=[spare])
+    assert found is not None and found[0] == me and found[2]
+    assert places.tries.count(spare) == 1
+    places = Places(lost, me=1)  # not idle: tried for the patience (each look costs 0.5 s)
+    found = walk([lost, spare, me], places, 1, 1, KEYS, patience=3, clock=Clock())
+    assert found is not None and places.tries.count(spare) > 1
+
+
 def test_c10d_candidates_listed_or_the_members_in_node_rank_order() -> None:
     from phalanx.rendezvous.backends.c10d import check
     from phalanx.rendezvous.backends.successor import AgentStoreSuccessors
@@ -249,5 +266,10 @@ def test_c10d_candidates_listed_or_the_members_in_node_rank_order() -> None:
         "10.0.0.2:9",
     ]
     assert listed.store_host(ROUND) == 2  # the member at the first endpoint's address
+    # A place a member is at (its address, or its host name as written), or a spare's
+    assert all(members.at_member(c, ROUND) for c in members.candidates(ROUND))
+    assert listed.at_member(Candidate("10.0.0.2", 9), ROUND)
+    assert listed.at_member(Candidate("n1", 9), ROUND)  # node 1's host name
+    assert not listed.at_member(Candidate("10.0.0.4", 9), ROUND)  # no member: a spare's
     _, problems = check(RendezvousSpec("c10d", "job", 2, 3, "a:1,b:x"))
     assert problems and "port" in problems[0]

@@ -76,6 +76,21 @@ class AgentStoreSuccessors:
             return candidate.node_rank == rank
         return is_this_machine(candidate.host)
 
+    def at_member(self, candidate: Candidate, membership: Membership) -> bool:
+        """A member's place: drawn from the members, or a listed endpoint that names a
+        member's published address (as written, or resolved) or its host name (as written:
+        a member's name may not resolve where this node is, and a lookup may hang). One
+        that names none is a spare's place, or nobody's: no member walks to serve there, so
+        the walk gives it one try, not the members' patience (the c10d soak's survivors
+        waited 2 x heartbeat_timeout there whenever the spare's place came first)."""
+        if candidate.node_rank is not None:
+            return True
+        return any(
+            candidate.host.lower() == node.hostname.lower()
+            or _same(candidate, Candidate(node.addr, candidate.port))
+            for node in membership.nodes
+        )
+
     def store_host(self, membership: Membership) -> int | None:
         host = Candidate(self.current.host, 0)
         found = [n.node_rank for n in membership.nodes if _same(Candidate(n.addr, 0), host)]

@@ -1,18 +1,15 @@
 """Going on without the node that served the rendezvous store (design.md, "When the store's
 host is lost"): the candidates to succeed it, the walk that finds the successor, what the
 survivors re-publish on the new store. The quorum a restart round needs, so that two sides
-of a partition never both run, is ``majority``'s.
-
-Store-agnostic: how a candidate serves a store, or is reached at one, is the backend's
-(``Successors``; c10d's is ``backends.successor``). The walk is pure
-(``tests/unit/test_failover.py`` drives it over the in-memory store).
-"""
+of a partition never both run, is ``majority``'s. Store-agnostic: how a candidate serves a
+store, or is reached at one, is the backend's (``Successors``; c10d's: ``backends.successor``).
+The walk is pure (``tests/unit/test_failover.py`` drives it over the in-memory store)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,6 +58,9 @@ class Successors(Protocol):
     def is_me(self, candidate: Candidate, rank: int) -> bool:
         """Whether ``candidate`` is this node (node rank ``rank`` in the last round)."""
 
+    def at_member(self, candidate: Candidate, membership: Membership) -> bool:
+        """Whether a member of ``membership`` is at ``candidate`` (it may serve there)."""
+
     def serve(self, candidate: Candidate, seed: dict[str, bytes]) -> KVStore | None:
         """Serve a new store at ``candidate`` here, holding ``seed`` before anyone connects;
         None when it cannot (the port is taken: said in one line)."""
@@ -107,13 +107,15 @@ def walk(
     keys: Keys,
     patience: float,
     clock: Callable[[], float] = time.monotonic,
+    idle: Collection[Candidate] = (),
 ) -> tuple[Candidate, KVStore, bool] | None:
     """Find the store of ``epoch`` (one past the lost one): the first candidate alive
     serves it, every other survivor finds it. The lost store's own place gets one try (if
     it answers after all, and no other candidate serves the new store yet: None, rejoin
     it); this node's place, it serves there (or, if it cannot, walks on); any other is
-    tried for ``patience`` seconds. Returns where, the store, and whether this node serves
-    it; None when the lost store answers or nobody serves."""
+    tried for ``patience`` seconds, but one no member is at (``idle``: a spare's, which
+    never serves) once. Returns where, the store, and whether this node serves it; None
+    when the lost store answers or nobody serves."""
     for candidate in candidates:
         if successors.is_current(candidate):
             store = successors.reach(candidate, TRY)
@@ -130,6 +132,9 @@ def walk(
             seed = {keys.epoch: str(epoch).encode()}
             if (store := successors.serve(candidate, seed)) is not None:
                 return candidate, store, True
+        elif candidate in idle:  # no member there, who could serve: one try (it served?)
+            if (store := _store_at(candidate, successors, TRY, epoch, keys)) is not None:
+                return candidate, store, False
         elif (store := _wait_for(candidate, successors, epoch, keys, patience, clock)) is not None:
             return candidate, store, False
     return None
@@ -297,9 +302,9 @@ class Failover:
         answer at wall-clock ``since``): find the successor, re-publish the job's state
         there, and return the move; None when the lost store answers after all, or no
         candidate serves (the caller waits for the lost store, as without failover)."""
-        epoch = self.epoch + 1
-        candidates = self.successors.candidates(membership)
-        found = walk(candidates, self.successors, rank, epoch, keys, self._patience)
+        epoch, candidates = self.epoch + 1, self.successors.candidates(membership)
+        idle = [c for c in candidates if not self.successors.at_member(c, membership)]
+        found = walk(candidates, self.successors, rank, epoch, keys, self._patience, idle=idle)
         if found is None:
             return None
         candidate, store, served = found

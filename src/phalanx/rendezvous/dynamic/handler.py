@@ -9,15 +9,12 @@ Liveness is by heartbeat counters, or by keys bound to the node's lease where th
 leases (etcd): see ``pulse``. Either way the node fences itself (``fence()``; see
 ``phalanx.rendezvous.fencing``) when no write has proved it alive for ``fence_after``.
 
-Store trouble: ``next_round`` raises ``RendezvousError``; ``report_done`` and ``shutdown``
-only log it; ``failures`` returns nothing once the store counts as lost. Its parts live
-beside it: ``joined`` (the round, with its calls), ``barrier``, ``nodefence``, ``stopping``,
-``exchange``, ``departure``, ``failover`` (the store's host lost). What stays here is the
-handler's state: this node's last round, what ``report_done`` said, the wiring ``rejoin`` renews.
-
-Growth: node rank 0 of each round deletes the round before the previous one (``sweep``). On
-a store that outlives the job (etcd) the last node to leave deletes every key of the run but
-``stopped``, the tombstone that refuses a reused run id."""
+Store trouble: ``next_round`` raises ``RendezvousError`` (a spare follows a lost store:
+``follow``); ``report_done`` and ``shutdown`` only log it; ``failures`` returns nothing once
+the store counts as lost. Its parts live beside it (``joined``, ``barrier``, ``nodefence``,
+``stopping``, ``exchange``, ``departure``, ``failover``); here is the handler's state: its
+last round, what ``report_done`` said, the wiring ``rejoin`` renews. Growth: ``sweep``; on
+etcd the last node to leave deletes every key of the run but ``stopped`` (the tombstone)."""
 
 from __future__ import annotations
 
@@ -34,6 +31,7 @@ from phalanx.rendezvous.dynamic.barrier import ExitBarrier
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.departure import Departure
 from phalanx.rendezvous.dynamic.failover import Failover, Move, Successors, unanswered
+from phalanx.rendezvous.dynamic.follow import Follow
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.goback import GoBack, StoreBack
 from phalanx.rendezvous.dynamic.joined import JoinedRound, Wires
@@ -76,18 +74,16 @@ class DynamicRendezvous:
         successors: Successors | None = None,
         max_restarts: int = 0,
     ) -> None:
-        """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0).
-        ``where``: the store, as the waiting line names it.
-        ``fixed_rank``: static rendezvous (then ``min_nodes == max_nodes`` is required).
-        ``worker_port``: the workers' MASTER_PORT in every round; None: a free port per round.
-        ``fingerprint``: what this node announces of its code and versions with every join
-        (``phalanx.consistency``); each round's result carries every member's.
-        ``admit_mismatch``: join a running job even when its fingerprint differs (else this
-        node is refused before the job hears of it: ``admission``).
-        ``reach``: how a fresh process opens ``store`` as a client (for its ``lastword``).
-        ``successors``: where the store may move when its host is lost (``failover``; None: never).
-        ``max_restarts``: the job's budget, spent by this node if it finds every member of the
-        round it waits behind gone (``abandoned``)."""
+        """``addr``: where the other nodes reach this one (MASTER_ADDR if it gets rank 0);
+        ``where``: the store, as the waiting line names it. ``fixed_rank``: static rendezvous
+        (``min_nodes == max_nodes``); ``worker_port``: the workers' MASTER_PORT in every
+        round (None: a free port per round). ``fingerprint``: what this node announces of
+        its code and versions with every join (``phalanx.consistency``); each round's result
+        carries every member's. ``admit_mismatch``: join a running job even when its
+        fingerprint differs (else this node is refused before the job hears of it).
+        ``reach``: how a fresh process opens ``store`` as a client (for its ``lastword``);
+        ``successors``: where the store may move (``failover``; None: never). ``max_restarts``:
+        the budget it spends if every member of the round it waits behind is gone."""
         # The node range was checked with the spec (registry.check), once.
         if fixed_rank is not None and min_nodes != max_nodes:
             raise UsageError("static rendezvous needs a fixed --nnodes N, not MIN:MAX")
@@ -109,6 +105,7 @@ class DynamicRendezvous:
         self._joined: JoinedRound | None = None  # the last round this node joined
         self._failover = None if successors is None else Failover(successors, self._settings)
         self._goback = None if self._failover is None else GoBack(self._failover, self._settings)
+        self._follow = Follow(self._failover, self._settings)  # a spare that loses the store
         self._superseded: str | None = None  # why this store host stopped: the store moved
         self._wire(run_id, node_id or uuid.uuid4().hex)
 
@@ -227,7 +224,9 @@ class DynamicRendezvous:
             raise RendezvousError("this node already left the rendezvous")
         if (problem := self._liveness.store_problem()) is not None:
             raise RendezvousError(problem)
-        last, self._joining = self._joined, True
+        # (``prior``: None once this node followed the store as a spare: no member there)
+        last, prior, self._joining = self._joined, self._joined, True
+        self._follow.reset()
         try:
             while True:
                 self._liveness.announce()
@@ -235,12 +234,17 @@ class DynamicRendezvous:
                 try:
                     membership, rank, (addr, port) = self._former.form(
                         self._arrival(local_world_size),
-                        None if last is None else last.membership,
-                        None if last is None else last.rank,
+                        None if prior is None else prior.membership,
+                        None if prior is None else prior.rank,
                     )
                     break
                 except StoreBack as back:  # the store it lost answers again: join it there
                     self._switch(back.move)
+                except StoreUnavailable as exc:  # lost while this node stood by: follow the job
+                    if (moved := self._follow.follow(self._board.keys, exc)) is None:
+                        raise
+                    self._switch(moved)
+                    prior = None
             if rank == 0:  # (after the master is published: the others need not wait)
                 sweep(self._board, membership)
         except StoreUnavailable as exc:
@@ -276,6 +280,7 @@ class DynamicRendezvous:
         """It waits as no member of a running round: no fence (a pause now must not count)."""
         if self._fence is not None:
             self._fence.stand_down()
+        self._follow.watch(self._board)  # the store lost meanwhile, it follows the job
 
     def _arriving(self) -> None:
         """This node, stood by, takes a slot in a round: its fence arms from now."""

@@ -1,0 +1,143 @@
+"""A node that waits outside the running round -- a spare, or a newcomer queued behind it --
+and loses the job's store follows the job to the store that succeeds it (design.md, "When
+the store's host is lost").
+
+Before, it went down with the store (its next read failed the join): the restart round on
+the successor's store then had to wait for an agent started again, cold (torch imported
+first), or for its last call, and in the c10d soak the lost store's host cost the most of
+the twelve fault kinds. Now it looks, about twice a second, at every candidate the members
+walk (``Successors.candidates`` of the round that ran while it waited: read when it stood by,
+since nothing can be read once the store is gone) and joins, as a client, the store a quorum
+of the last round's members reached: the restart round there takes it at once.
+
+No split brain (design.md, "No split brain"): it never serves a store (only a member of the
+last round walks to serve one, ``failover.walk``); it joins only a store newer than the one
+it lost and *confirmed* (``majority.confirmed``: a quorum of the members reached it; a
+member cut off from the others serves one that never is), or the lost store itself, when
+that same store (its id) answers again; and where it joins it counts toward MIN only, never
+toward the members' quorum. Where no round of ``majority.FEWEST`` members or more ran, no
+failover can come, and it ends as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from phalanx.rendezvous.dynamic.board import Board, parsed
+from phalanx.rendezvous.dynamic.failover import TRY, Candidate, Failover, Move, Successors, epoch_of
+from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.majority import FEWEST, confirmed
+from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.base import KVStore, Malformed, MalformedValue, StoreUnavailable
+
+log = logging.getLogger("phalanx")
+
+EVERY = 0.5  # seconds between two looks at the candidates (each try at most ``failover.TRY``)
+
+
+def running(board: Board) -> Membership | None:
+    """The newest round that formed on ``board``'s store (a restart round still forming has
+    no members yet: the round before it). Store errors propagate."""
+    r = board.latest_round()
+    for round_ in (r, r - 1):
+        key = board.keys.round(round_, "members")
+        found = board.get_json(key) if round_ >= 0 else None
+        if found is not None and "fail" not in found:
+            return parsed(key, found, Membership.from_json)
+    return None
+
+
+def newest(
+    candidates: Sequence[Candidate], successors: Successors, keys: Keys, lost: int
+) -> tuple[Candidate, KVStore, int] | None:
+    """Among the candidates, one try each: the confirmed store with the highest failover
+    number past ``lost`` (the lost store's), or else the lost store itself answering again
+    (``reach`` refuses another store at its place); None: neither answers."""
+    best: tuple[Candidate, KVStore, int] | None = None
+    for candidate in candidates:
+        store = successors.reach(candidate, TRY)
+        if store is None:
+            continue
+        try:
+            epoch = epoch_of(store, keys)
+            newer = epoch > lost and confirmed(store, keys, epoch)
+            usable = newer or (epoch == lost and successors.is_current(candidate))
+        except (StoreUnavailable, ValueError):
+            usable = False
+        if usable and (best is None or epoch > best[2]):
+            if best is not None:
+                best[1].close()
+            best = (candidate, store, epoch)
+        else:
+            store.close()
+    return best
+
+
+class Follow:
+    """The handler's: ``watch`` while this node stands by outside the running round, ``follow``
+    once the store is lost meanwhile, ``reset`` when a join begins (``failover`` None: a
+    store that never moves; then it does nothing)."""
+
+    def __init__(
+        self,
+        failover: Failover | None,
+        settings: RendezvousSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._f = failover
+        # A spare waits as long as the job runs; the members find the loss within
+        # heartbeat_timeout, walk and confirm the successor well within join_timeout.
+        self._patience = settings.join_timeout
+        self._clock = clock
+        self._running: Membership | None = None  # the round this node waits behind
+
+    def reset(self) -> None:
+        """A join begins: this node stands by outside no round (yet)."""
+        self._running = None
+
+    def watch(self, board: Board) -> None:
+        """This node stands by on ``board``'s store, outside the round that runs: keep that
+        round (its candidates, should the store be lost). A few reads; a store that fails
+        them keeps what was kept (the join's next call meets the failure)."""
+        if self._f is None:
+            return
+        with contextlib.suppress(StoreUnavailable, MalformedValue):
+            self._running = running(board) or self._running
+
+    def follow(self, keys: Keys, why: StoreUnavailable) -> Move | None:
+        """The store was lost (``why``) while this node stood by: the move to the confirmed
+        store that succeeds it (or back to the same one, answering again), once one does,
+        at most ``join_timeout``; None: this node stood by outside no round, the store
+        answered junk (not lost), no failover can come (a round of fewer than ``FEWEST``),
+        or none came."""
+        membership = self._running
+        if self._f is None or membership is None or isinstance(why, Malformed):
+            return None
+        if membership.count < FEWEST:
+            return None
+        successors = self._f.successors
+        lost, candidates = self._f.epoch, successors.candidates(membership)
+        log.warning(
+            "rendezvous: the job's store at %s was lost (%s) while this node waited outside "
+            "round %d; looking for the store that succeeds it, at most %gs",
+            successors.current, why, membership.round, self._patience,
+        )  # fmt: skip
+        until = self._clock() + self._patience
+        while (found := newest(candidates, successors, keys, lost)) is None:
+            if self._clock() >= until:
+                return None
+            time.sleep(EVERY)
+        candidate, store, epoch = found
+        self._f.epoch, self._running = epoch, None
+        if epoch == lost:
+            log.warning("rendezvous: the job's store at %s answers again: waiting there", candidate)
+        else:
+            log.warning(
+                "rendezvous: the job's store moved (failover %d): this node, waiting outside "
+                "the running round, follows it to %s", epoch, candidate,
+            )  # fmt: skip
+        return Move(candidate, store, epoch, successors.moved(candidate))

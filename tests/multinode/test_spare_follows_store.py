@@ -1,0 +1,78 @@
+"""A spare that loses the job's store follows the job to the successor's store
+(docs/explanation/design.md, "When the store's host is lost"): four agents at ``--nnodes 3``
+(c10d), each in a network namespace of its own, every node's address a candidate (or one
+endpoint: the candidates are then the members); three run, the fourth waits as a spare. The store's host (node 0) is SIGKILLed whole, agent and workers.
+The two survivors fail over; the spare, whose wait on the lost store failed, finds the
+confirmed successor and the restart round takes it -- no agent started again (the lost host
+is not), so before, with the spare gone down with the store, that round had only the two
+survivors and failed below MIN. The workers need no torch (a few are cheap to start).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from support.failover import CONF, HANG, PORT, kill_tree
+from support.hosts import NamespaceHosts, Node
+from support.launch import wait_for
+from support.multinode import c10d_args
+from support.netns import NetNamespaces
+
+# A worker that needs no torch: it writes its node and world size per restart, and in restart
+# 0 it waits to be stopped (the job re-forms after the loss); in restart 1 it ends at once.
+SLEEPER = """import os, pathlib, sys, time
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+name = f"r{restart}-rank{os.environ['RANK']}"
+(pathlib.Path(sys.argv[1]) / name).write_text(f"{os.environ['NODE']} {os.environ['WORLD_SIZE']}")
+if restart == "0":
+    time.sleep(600)
+"""
+
+
+def _agent(
+    hosts: NamespaceHosts, i: int, tmp_path: Path, script: Path, shared: Path, listed: bool
+) -> Node:
+    rdzv = c10d_args(hosts, PORT, "3", "follow", CONF)
+    if listed:
+        where = rdzv.index("--rdzv-endpoint") + 1
+        rdzv[where] = ",".join(f"{hosts.addr(j)}:{PORT}" for j in range(4))
+    args = [*rdzv, "--max-restarts", "1", "--cold-start", str(script), str(shared)]
+    return Node(hosts, i, args, tmp_path, env={"NODE": str(i)})
+
+
+def _ran(shared: Path, restart: int) -> dict[str, str]:
+    """Restart ``restart``'s workers: node -> world size."""
+    found = (p.read_text().split() for p in shared.glob(f"r{restart}-rank*"))
+    return {node: world for node, world in found}
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["listed endpoints", "members"])
+def test_a_waiting_spare_follows_the_lost_store_and_the_restart_round_takes_it(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path, listed: bool
+) -> None:
+    hosts, shared = NamespaceHosts(netns(4)), tmp_path / "shared"
+    shared.mkdir()
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    # Listed, the spare sits at the second place, before both survivors: a place no member
+    # is at gets one try in their walk (no waiting there: a spare never serves).
+    first, last = ([0, 2, 3], 1) if listed else ([0, 1, 2], 3)
+    for i in first:  # node 0, the first listed, serves the store
+        nodes.append(_agent(hosts, i, tmp_path, script, shared, listed))
+    wait_for(lambda: len(_ran(shared, 0)) == 3, HANG, "three nodes to run")
+    assert _ran(shared, 0) == {str(i): "3" for i in first}
+    spare = _agent(hosts, last, tmp_path, script, shared, listed)
+    nodes.append(spare)
+    wait_for(lambda: "a spare: it waits" in spare.stderr, HANG, "the fourth node to wait")
+    kill_tree(nodes[0].proc.pid)
+    for node in nodes[1:]:
+        assert node.finish(HANG) == 0, node.stderr[-6000:]
+    assert _ran(shared, 1) == {str(i): "3" for i in [*first[1:], last]}  # the spare ran a rank
+    (now,) = re.findall(r"serves the rendezvous store now at (\S+) \(failover 1\)", nodes[1].stderr)
+    assert now in {f"{hosts.addr(i)}:{PORT}" for i in first[1:]}, now  # a survivor serves it
+    follows = f"this node, waiting outside the running round, follows it to {now}"
+    assert follows in spare.stderr, spare.stderr[-4000:]

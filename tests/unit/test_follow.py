@@ -1,0 +1,111 @@
+"""A spare that loses the job's store, as pure decisions (``rendezvous.dynamic.follow``): which
+store it follows the job to, over in-memory stores. The real thing (four agents in network
+namespaces, the store's host SIGKILLed, the spare in the restart round) is
+``tests/multinode/test_spare_follows_store.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx.rendezvous.dynamic.board import Board, encode
+from phalanx.rendezvous.dynamic.failover import Candidate, Failover
+from phalanx.rendezvous.dynamic.follow import Follow, newest, running
+from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.lastword import Reach
+from phalanx.rendezvous.settings import RendezvousSettings
+from phalanx.rendezvous.stores.base import KVStore, Malformed, StoreUnavailable
+from support.memory_store import MemoryServer, MemoryStore
+from support.rounds import KEYS, ROUND
+
+LOST = Candidate("10.0.0.1", 29400)
+PLACES = [LOST, Candidate("10.0.0.2", 29400), Candidate("10.0.0.3", 29400)]
+
+
+class Listed:
+    """``Successors`` with listed candidates over in-memory stores (``serving``)."""
+
+    def __init__(self) -> None:
+        self.current, self.epoch = LOST, 0
+        self.serving: dict[Candidate, MemoryServer] = {}
+
+    def candidates(self, membership: Membership) -> list[Candidate]:
+        return list(PLACES)
+
+    def is_current(self, candidate: Candidate) -> bool:
+        return candidate == self.current
+
+    def reach(self, candidate: Candidate, timeout: float) -> KVStore | None:
+        server = self.serving.get(candidate)
+        return None if server is None else MemoryStore(server)
+
+    def moved(self, candidate: Candidate) -> Reach:
+        self.current = candidate
+        return {"store": "memory", "at": str(candidate)}
+
+    def serve_at(self, i: int, epoch: int, sure: bool) -> None:
+        server = self.serving[PLACES[i]] = MemoryServer()
+        server.data[KEYS.epoch] = str(epoch).encode()
+        if sure:
+            server.data[KEYS.confirmed] = encode({"epoch": epoch, "round": 5})
+
+
+@pytest.mark.parametrize(
+    ("serving", "lost", "found"),
+    [
+        ([], 0, None),  # nobody serves yet: look again
+        ([(1, 1, False)], 0, None),  # a successor no quorum reached (yet): never joined
+        ([(1, 1, True)], 0, (1, 1)),  # the confirmed successor
+        ([(1, 1, True), (2, 2, True)], 0, (2, 2)),  # the newest confirmed one
+        ([(1, 1, True), (2, 2, False)], 0, (1, 1)),  # a newer unconfirmed one is passed by
+        ([(2, 0, True)], 0, None),  # a fresh first store elsewhere (an agent started again)
+        ([(0, 0, True)], 0, (0, 0)),  # the lost store answers again (its id: ``reach``)
+        ([(0, 1, True), (2, 2, True)], 1, (2, 2)),  # ... but the job moved on: there
+        ([(1, 1, True)], 1, None),  # the store it lost, not newer (``current`` is the lost one)
+    ],
+)
+def test_the_store_a_spare_follows(
+    serving: list[tuple[int, int, bool]], lost: int, found: tuple[int, int] | None
+) -> None:
+    places = Listed()
+    for i, epoch, sure in serving:
+        places.serve_at(i, epoch, sure)
+    got = newest(PLACES, places, KEYS, lost)
+    assert (None if got is None else (PLACES.index(got[0]), got[2])) == found
+
+
+def _follow(places: Listed, members: Membership = ROUND) -> Follow:
+    """A spare's ``Follow`` that stood by behind round ``members`` (patience: none)."""
+    follow = Follow(Failover(places, RendezvousSettings()), RendezvousSettings(join_timeout=0))
+    board = Board(MemoryStore(MemoryServer()), KEYS, "spare")
+    board.put_first(KEYS.round(members.round, "members"), members.to_json())
+    board.open_round(members.round)
+    follow.watch(board)
+    return follow
+
+
+def test_a_spare_that_stood_by_follows_and_takes_the_new_epoch() -> None:
+    places = Listed()
+    places.serve_at(1, 1, True)
+    failover = Failover(places, RendezvousSettings())
+    follow = Follow(failover, RendezvousSettings(join_timeout=1))
+    board = Board(MemoryStore(MemoryServer()), KEYS, "spare")
+    board.put_first(KEYS.round(ROUND.round, "members"), ROUND.to_json())
+    board.open_round(ROUND.round + 1)  # a restart round forming: the round before is the one
+    assert running(board) == ROUND
+    follow.watch(board)
+    move = follow.follow(KEYS, StoreUnavailable("gone"))
+    assert move is not None and move.candidate == PLACES[1] and move.epoch == 1
+    assert failover.epoch == 1 and places.current == PLACES[1] and move.reach is not None
+
+
+def test_no_follow_for_a_member_junk_a_round_of_two_or_no_store_at_all() -> None:
+    places = Listed()
+    places.serve_at(1, 1, True)
+    member = Follow(Failover(places, RendezvousSettings()), RendezvousSettings())
+    assert member.follow(KEYS, StoreUnavailable("gone")) is None  # it never stood by
+    assert _follow(places).follow(KEYS, Malformed("junk")) is None  # not lost: junk
+    two = Membership(4, 0, ("a", "b"), ROUND.nodes[:2])
+    assert _follow(places, two).follow(KEYS, StoreUnavailable("gone")) is None
+    assert _follow(Listed()).follow(KEYS, StoreUnavailable("gone")) is None  # none came
+    assert _follow(places).follow(KEYS, StoreUnavailable("gone")) is not None  # (as above)
+    assert Follow(None, RendezvousSettings()).follow(KEYS, StoreUnavailable("x")) is None
