@@ -21,7 +21,7 @@ call either.
 
 The launcher itself (``python -m phalanx``, the ``phalanx`` command) ends the same way
 (``exit_launcher``) where nothing is left for the teardown to do: freeing its ~280 modules and
-~20,000 objects took a median of 27-59 ms of a repeated launch's exit on a 2-core machine at
+~20,000 objects took a median of 27-95 ms of a repeated launch's exit on a 2-core machine at
 load 5-11. It imported no template's heap and froze nothing, so its files left open are
 not closed but looked for: with one (a daemon thread may still write it), python ends it.
 """
