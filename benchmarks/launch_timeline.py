@@ -21,7 +21,9 @@ timeline, each step from the launcher's start:
 - ``first exit`` / ``last exit`` / ``job_end``: the agent's events; ``agent returned``,
   ``main returned``, ``atexit`` (the launcher's own), ``launcher exit`` (seen gone, as
   ``scenarios`` sees it);
-- ``agent's CPU (s)``: the agent process's own user + system time, to its exit (not a step).
+- ``agent's CPU (s)``: the agent process's own user + system time, to its exit (not a step);
+- the modules imported when the first fork request is sent (all, and phalanx's), printed
+  after the table (the median launch's).
 
 The stamps come from wrapping those functions, from outside: a wrapper script starts
 python, installs an import hook that wraps them once their module ran, then runs ``phalanx``
@@ -66,6 +68,8 @@ ENTRY = ("parse_launch", "Agent.run", "Template._fork", "Template._fork_many"); 
 def stamp(name, fn, on_entry):
     @functools.wraps(fn)
     def wrapped(*a, **k):
+        if name.startswith("Template._fork") and not any(s[0] == "modules" for s in STAMPS):
+            STAMPS.extend([("modules", len(sys.modules)), ("phalanx modules", sum(m.startswith("phalanx") for m in sys.modules))])
         if on_entry: STAMPS.append((name + ">", time.time()))
         try: return fn(*a, **k)
         finally: STAMPS.append((name, time.time()))
@@ -150,6 +154,7 @@ def one(nproc: int, importtime: bool) -> dict[str, float]:
         row["all left"] = max(t for t, _ in ranks["left"].values()) - started
         row["launcher exit"] = exited - started
         row["agent's CPU (s)"] = seen["cpu"]
+        row["modules"], row["phalanx modules"] = seen["modules"], seen["phalanx modules"]
         return row
 
 
@@ -186,9 +191,13 @@ def main(argv: list[str]) -> int:
         ask_all(os.environ, {"stop": 1})  # it ends at once (no job), removing its socket
         shutil.rmtree(os.environ["XDG_RUNTIME_DIR"], ignore_errors=True)
     print(f"{'step':<20} {'median s':>9} {'min s':>7}  ({args.reps} launches of {args.nproc})")
-    for label in sorted(rows[0], key=lambda label: statistics.median(r[label] for r in rows)):
+    counts = ("modules", "phalanx modules")
+    steps = [label for label in rows[0] if label not in counts]
+    for label in sorted(steps, key=lambda label: statistics.median(r[label] for r in rows)):
         values = [row[label] for row in rows if label in row]
         print(f"{label:<20} {statistics.median(values):9.3f} {min(values):7.3f}")
+    modules = [statistics.median(row[label] for row in rows) for label in counts]
+    print(f"modules at the first fork request: {modules[0]:.0f}, {modules[1]:.0f} of phalanx")
     print(f"load average {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -1,5 +1,3 @@
-import sys
+from phalanx.cli.main import entry
 
-from phalanx.cli.main import main
-
-sys.exit(main())
+entry()

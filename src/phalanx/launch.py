@@ -19,15 +19,16 @@ from phalanx.config import LaunchConfig, RendezvousConfig
 from phalanx.errors import UsageError
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import NodeInfo, RendezvousHandler, RendezvousResult
-from phalanx.rendezvous.dynamic.keys import check_run_id
 from phalanx.rendezvous.local import LocalRendezvous, random_run_id
 from phalanx.rendezvous.registry import backend_problem, check, conf_keys, open_handler
 from phalanx.rendezvous.settings import settings_problems
-from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.agentstore.conf import TOKEN_FILE_KEY, token_from_conf
 
-if TYPE_CHECKING:  # a one-node launch hashes no code: hashlib and the fingerprint only on many
+# A one-node launch hashes no code and opens no store: the fingerprint (hashlib) and the
+# rendezvous spec are imported for many nodes only.
+if TYPE_CHECKING:
     from phalanx.consistency.fingerprint import Target
+    from phalanx.rendezvous.spec import RendezvousSpec
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ def rendezvous_spec(
     """The rendezvous record as the backends take it (``allow_mismatch``: the nodes' code
     may differ, a check the rendezvous makes; ``max_restarts``: the job's budget, which a
     node waiting to join spends when every member of the running round is gone)."""
+    from phalanx.rendezvous.spec import RendezvousSpec  # a store's rendezvous: many nodes
+
     return RendezvousSpec(
         backend=nodes.rdzv_backend,
         run_id=nodes.rdzv_id,
@@ -127,8 +130,11 @@ def _one_node_problems(nodes: RendezvousConfig) -> list[str]:
         return [problem]
     conf = nodes.rdzv_conf_dict
     problems = settings_problems(conf, nodes.rdzv_backend, conf_keys(nodes.rdzv_backend))[1]
-    if nodes.rdzv_id != "none" and (problem := check_run_id(nodes.rdzv_id)) is not None:
-        problems.append(problem)
+    if nodes.rdzv_id != "none":  # the id's rule is the dynamic rendezvous's (its keys)
+        from phalanx.rendezvous.dynamic.keys import check_run_id
+
+        if (problem := check_run_id(nodes.rdzv_id)) is not None:
+            problems.append(problem)
     if conf.keys() & {"token", TOKEN_FILE_KEY}:  # no store here, but token= is refused
         token_from_conf(conf, {}, problems)  # everywhere (and a token file must be readable)
     return problems

@@ -26,6 +26,13 @@ NOT_ON_ONE_NODE = (
     # imports importlib.resources), "did you mean" for a mistake
     "phalanx.hosts", "phalanx.environments.nodelist", "hostlist", "uuid", "platform",
     "secrets", "hmac", "importlib.abc", "importlib.resources", "difflib",
+    # ... and since its fifth part, what only a failure, a hang, a stack request, a preemption,
+    # a rendezvous over a store or a template of the run's own reads: the hang analysis, the
+    # ranks' stacks and their files, the failure's classifier, the preemption's report, the
+    # dynamic rendezvous's keys (the run id's rule), the rendezvous spec, the source scan
+    "phalanx.hang.analysis", "phalanx.hang.stacks", "phalanx.hang.files", "phalanx.hang.jobstacks",
+    "phalanx.report.classify", "phalanx.agent.preempted", "phalanx.rendezvous.dynamic",
+    "phalanx.rendezvous.spec", "phalanx.supervisor.reach",
 )  # fmt: skip
 # ... and what it must import (the probe is seeing the agent run, not an early exit).
 RUNS_THE_AGENT = ("phalanx.agent.agent", "phalanx.supervisor.group", "phalanx.rendezvous.local")

@@ -20,14 +20,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phalanx.events.log import EventLog
-from phalanx.hang.analysis import HangAnalysis
 from phalanx.plan import RoundPlan, WorkerPlan
 from phalanx.rendezvous.api import JobEvent
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.tick import Reading
 from phalanx.worker import progress
+
+# The hang analysis is read only after a hang (imported there): a type here.
+if TYPE_CHECKING:
+    from phalanx.hang.analysis import HangAnalysis
 
 PROGRESS_EVERY = 2.0  # seconds between samples of one rank (a timeline's resolution)
 _NOTHING = (0, progress.NO_STEP)  # the counters before a rank's first move

@@ -6,6 +6,7 @@ lost."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from phalanx.agent.describe import describe_event
 from phalanx.agent.endings import Endings, unexplained
@@ -13,10 +14,13 @@ from phalanx.agent.runend import RunEnd, Said, with_checked
 from phalanx.agent.sofar import RunState, SoFar
 from phalanx.agent.stopped import stop_signal
 from phalanx.errors import CutOff, Interrupted, PhalanxError, Preempted, RendezvousError
-from phalanx.hang.analysis import HangAnalysis
 from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousResult
 from phalanx.report.exits import report_json
 from phalanx.supervisor.exits import WorkerExit
+
+# The hang analysis is read only after a hang (imported there): a type here.
+if TYPE_CHECKING:
+    from phalanx.hang.analysis import HangAnalysis
 
 log = logging.getLogger("phalanx")
 

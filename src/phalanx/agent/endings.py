@@ -9,8 +9,8 @@ import logging
 import signal
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from phalanx.agent import preempted
 from phalanx.agent.describe import describe_event
 from phalanx.agent.runend import RunEnd, Said, with_checked
 from phalanx.agent.sofar import RunState
@@ -19,8 +19,6 @@ from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, JobFailed, PhalanxError, Preempted, RendezvousError
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
-from phalanx.hang.analysis import HangAnalysis
-from phalanx.hang.stacks import PEER_DUMP_WAIT
 from phalanx.hang.watch import RoundWatch
 from phalanx.plan import RoundPlan
 from phalanx.rendezvous.api import (
@@ -40,6 +38,11 @@ from phalanx.report.recovery import summary_lines
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.preempt import Preemption, from_notice
 from phalanx.supervisor.signals import SignalWatcher
+
+# What only a hang or a preemption reads is imported where it is read: a launch that
+# succeeds reads none of it, and its start is on its critical path.
+if TYPE_CHECKING:
+    from phalanx.hang.analysis import HangAnalysis
 
 log = logging.getLogger("phalanx")
 
@@ -149,6 +152,8 @@ class Endings:
         deadline at most (a failure of theirs during the grace is the job's failure; a node
         ``gone`` meanwhile ended the round: nobody to wait for), report, requeue (node rank
         0), exit 75."""
+        from phalanx.agent import preempted
+
         late, joined = gone, at.result
         if gone is None:
             self.rdzv.report_done(True)  # no new round: finished nodes are not run again
@@ -310,6 +315,8 @@ class Endings:
         heartbeat or so of its guardian's last word -- so the report does not blame the rank
         that saw it. The wait ends as soon as such a record is in, or every other node of
         the round posted a record of its own (none was lost: nothing more will come)."""
+        from phalanx.hang.stacks import PEER_DUMP_WAIT
+
         now = time.monotonic()
         hangs_until = now + (PEER_DUMP_WAIT if waiting_for_hangs else 0.0)
         cause_until = now + (

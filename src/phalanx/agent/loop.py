@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phalanx import exclusion
 from phalanx.agent import pace
@@ -25,7 +26,6 @@ from phalanx.agent.sofar import RunState
 from phalanx.agent.stopped import asked_to_stop
 from phalanx.config import LaunchConfig
 from phalanx.errors import CutOff, Interrupted, RendezvousError
-from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.watch import RoundWatch
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import (
@@ -48,6 +48,9 @@ from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor
 from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.tick import Watchers
+
+if TYPE_CHECKING:  # the job-wide stacks of several nodes: imported where a round has them
+    from phalanx.hang.jobstacks import JobStacks
 
 log = logging.getLogger("phalanx")
 
@@ -373,6 +376,8 @@ class Rounds:
         exchanges = at.exchanges()
         if exchanges is None or at.result.num_nodes == 1:
             return None
+        from phalanx.hang.jobstacks import JobStacks
+
         return JobStacks(exchanges.stacks, at.result, self.run_dir)
 
     def _poll(self, watch: RoundWatch) -> Callable[[], JobEvent | None]:

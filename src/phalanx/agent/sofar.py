@@ -6,10 +6,14 @@ re-forms said so far, and the last failed round, kept until the next forms."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from phalanx.hang.analysis import HangAnalysis
 from phalanx.rendezvous.api import JobEvent, RendezvousResult
 from phalanx.supervisor.exits import WorkerExit
+
+# The hang analysis is read only after a hang (imported there): a type here.
+if TYPE_CHECKING:
+    from phalanx.hang.analysis import HangAnalysis
 
 
 @dataclass(frozen=True)

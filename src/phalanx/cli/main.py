@@ -10,10 +10,12 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib import import_module
 from pathlib import Path
+from typing import NoReturn
 
 from phalanx.cli.usage import SUBCOMMAND_NAMES, did_you_mean
 from phalanx.errors import Interrupted, JobFailed, PhalanxError, UsageError, stopped_line
 from phalanx.supervisor.console import configure_logging, settle
+from phalanx.worker.leave import exit_launcher
 
 log = logging.getLogger("phalanx")
 
@@ -131,5 +133,11 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def entry() -> NoReturn:
+    """The ``phalanx`` command and ``python -m phalanx``: ``main``, then the launcher's exit
+    without the interpreter's teardown where nothing is left for it (``worker.leave``)."""
+    exit_launcher(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

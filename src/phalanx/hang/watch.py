@@ -21,19 +21,21 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from phalanx.hang.analysis import HangAnalysis, RankState, analyse
-from phalanx.hang.files import write_atomic, write_stacks_file
-from phalanx.hang.jobstacks import JobStacks
 from phalanx.hang.rhythm import Bound, RhythmDetector
 from phalanx.hang.settings import FAIL_FACTOR, HangWatch
-from phalanx.hang.stacks import DumpTarget, catches, main_thread, parse_dump, request_dumps
 from phalanx.hang.stall import StallDetector, main_thread_cpu
 from phalanx.plan import RoundPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.tick import Reading, Running
 from phalanx.worker.contract import STACK_SIGNAL
+
+# What a hang or a stack request reads (the dumps, their analysis, the files), imported when
+# one comes: not on every launch, whose start is on its critical path.
+if TYPE_CHECKING:
+    from phalanx.hang.analysis import HangAnalysis
+    from phalanx.hang.jobstacks import JobStacks
 
 log = logging.getLogger("phalanx")
 
@@ -230,6 +232,8 @@ class RoundWatch:
         if not self._running:
             log.warning("stacks requested, but no worker is running")
             return None
+        from phalanx.hang.files import write_stacks_file
+
         try:
             path = write_stacks_file(self._plan.run_dir, self._node_stacks("stacks on request"))
         except OSError as exc:  # a full, read-only or deleted run directory: the job goes on
@@ -256,6 +260,9 @@ class RoundWatch:
         return "\n".join(lines) + "\n"
 
     def _analyse(self, why: str, timeout: float, rule: str = "") -> HangAnalysis:
+        from phalanx.hang.analysis import RankState, analyse
+        from phalanx.hang.stacks import DumpTarget, main_thread, parse_dump, request_dumps
+
         targets = [DumpTarget(w.global_rank, pid, w.log_dir) for w, pid in self._running]
         self._texts = request_dumps(targets, why)
         states = []
@@ -289,6 +296,8 @@ class RoundWatch:
     def _write(self, analysis: HangAnalysis, how: str) -> Path | None:
         """The hang report's files; None when they cannot be written (a full, read-only or
         deleted run directory: said in one line, and the failure report still has it all)."""
+        from phalanx.hang.files import write_atomic
+
         base = self._plan.attempt_dir / "hang_report"
         node = self._plan.rendezvous.node_rank
         header = f"hang on {self.host} (node {node}), {how}, at {time.ctime()}"
@@ -330,6 +339,8 @@ def odd_state(pid: int) -> str:
 
 def _no_dump(pid: int) -> str:
     """Why a rank has no dump, and what would give one."""
+    from phalanx.hang.stacks import catches
+
     if state := odd_state(pid):
         return f"(no dump: the process is {state})"
     if catches(pid, STACK_SIGNAL):

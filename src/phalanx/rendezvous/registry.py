@@ -15,16 +15,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx.errors import RendezvousError, UsageError
 from phalanx.parsing import node_range_problem
 from phalanx.rendezvous.api import RendezvousHandler
-from phalanx.rendezvous.dynamic.keys import check_run_id
 from phalanx.rendezvous.fencing import timing_problem
 from phalanx.rendezvous.settings import SETTINGS_KEYS, RendezvousSettings, settings_problems
-from phalanx.rendezvous.spec import Backend, RendezvousSpec
 from phalanx.rendezvous.stores.base import StoreUnavailable
+
+if TYPE_CHECKING:  # a one-node launch reads the table and the keys only: no spec made
+    from phalanx.rendezvous.spec import Backend, RendezvousSpec
 
 # name -> its module in phalanx.rendezvous.backends
 BACKENDS: dict[str, str] = {"c10d": "c10d", "static": "static", "etcd": "etcd", "etcd-v2": "etcd"}
@@ -79,6 +80,8 @@ class CheckedRendezvous:
 
 def check(spec: RendezvousSpec) -> CheckedRendezvous:
     """Every usage problem with ``spec`` (nothing is contacted), with what was parsed."""
+    from phalanx.rendezvous.dynamic.keys import check_run_id  # a store's rendezvous only
+
     if (unknown := backend_problem(spec.backend)) is not None:
         return CheckedRendezvous(spec, RendezvousSettings(), None, [unknown])
     others = frozenset(spec.conf) - SETTINGS_KEYS  # the backend's to judge

@@ -20,19 +20,25 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from phalanx.hang.analysis import HangAnalysis, RankState, merge
-from phalanx.hang.stacks import fatal_frame
 from phalanx.rendezvous.api import JobEvent, RendezvousResult
-from phalanx.report.classify import classify
 from phalanx.report.exits import format_report, report_json, root_cause
 from phalanx.report.oom import OomProbe
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.worker.contract import STACKS_FILE
 
+# The hang analysis, the stacks and the classifier are imported where a failure reads them:
+# the agent imports this module on every launch (a failure's report), most of which succeed.
+if TYPE_CHECKING:
+    from phalanx.hang.analysis import HangAnalysis, RankState
+
 
 def classify_local(exits: Sequence[WorkerExit], probe: OomProbe) -> list[WorkerExit]:
     """Classify this node's exits, with the evidence only this node can read."""
+    from phalanx.hang.stacks import fatal_frame
+    from phalanx.report.classify import classify
+
     classified = []
     for e in exits:
         if e.failed and not e.kind:
@@ -172,12 +178,11 @@ def build(
     extra: Mapping[str, object],
 ) -> JobReport:
     """One report from this node's exits and the other nodes' records of the same round."""
+    from phalanx.hang.analysis import HangAnalysis, merge
+
     every = list(local) + record_exits(records)
-    analyses = []
-    for record in records:
-        posted = record.get("hang")
-        if isinstance(posted, dict):
-            analyses.append(HangAnalysis.from_json(posted))
+    posted = [record.get("hang") for record in records]
+    analyses = [HangAnalysis.from_json(hang) for hang in posted if isinstance(hang, dict)]
     if local_hang is not None:
         analyses.append(local_hang)
     job_hang = merge(analyses)

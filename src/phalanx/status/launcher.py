@@ -15,7 +15,6 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.hang.stacks import catches
 from phalanx.worker.contract import STACK_SIGNAL
 
 LAUNCHER_FILE = "launcher.json"
@@ -37,6 +36,8 @@ class Launcher:
         if not self.here:
             return False
         import psutil  # here, not at every launch's start (the agent only writes its file)
+
+        from phalanx.hang.stacks import catches
 
         try:
             process = psutil.Process(self.pid)

@@ -12,11 +12,10 @@ them back to back: ``phalanx.worker.batch``), so the supervisor watches, logs an
 forked worker exactly as an exec'd one; ``Template.launch`` does the same for one worker.
 Restarts fork again from the same template.
 
-Fallback: when the template cannot start, fails to import, is not ready in
-``READY_TIMEOUT`` seconds or dies, one line is logged and workers start cold
-(``exec_worker``) from then on. A worker whose command is not ``python -u SCRIPT`` (a regular
-``.py``-style file) or ``python -u -m MODULE`` -- a zip app, a directory, a ``.pyc`` --
-starts cold too.
+Fallback: when the template cannot start, fails to import, is not ready in ``READY_TIMEOUT``
+seconds or dies, one line is logged and workers start cold (``exec_worker``) from then on.
+A worker whose command is not ``python -u SCRIPT`` (a regular ``.py``-style file) or
+``python -u -m MODULE`` -- a zip app, a directory, a ``.pyc`` -- starts cold too.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ from phalanx.plan import WorkerPlan
 from phalanx.plan.env import node_env
 from phalanx.resources.limits import LIMIT_ERRNOS
 from phalanx.supervisor.process import RunningWorker, exec_worker
-from phalanx.supervisor.reach import may_import_torch
 from phalanx.supervisor.start import Started, one_by_one
 from phalanx.worker.contract import TEMPLATE_SHIM
 from phalanx.worker.nofollow import append_to
@@ -71,6 +69,8 @@ def template_imports(workers: WorkersConfig, env: Mapping[str, str], cwd: str) -
     ``--preload`` keeps torch: those modules are the user's own choice of what to pay once."""
     if workers.preload:
         return TORCH
+    from phalanx.supervisor.reach import may_import_torch  # a template's own: not the service's
+
     kind = "module" if workers.mode is LaunchMode.MODULE else "script"
     return TORCH if may_import_torch(kind, workers.program, cwd, env).may else ()
 
