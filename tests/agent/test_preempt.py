@@ -173,6 +173,26 @@ def test_a_node_gone_during_the_grace_is_part_of_the_preemption(
     assert nodes[0].finish(120) == REQUEUE_EXIT_CODE, nodes[0].stderr
 
 
+def test_a_nodes_own_signal_after_the_notice_is_not_a_second_one(
+    hosts: Callable[[int], Hosts], nodes: list[Node], tmp_path: Path
+) -> None:
+    """A scheduler signals every node; node 0's own signal comes after node 1's notice (on
+    a loaded host it may: a Slurm CI run). It joins the preemption under way, its workers
+    run on; only a second signal to a node ends its grace at once. Both exit 75."""
+    pids_dir = _sleeping_pair(hosts(2), nodes, tmp_path, "race", grace=600)
+    pids = read_pids(pids_dir)
+    os.kill(nodes[1].proc.pid, signal.SIGUSR1)
+    wait_for(lambda: "preempted: node 1" in nodes[0].stderr, 60, "node 0 hearing of it")
+    os.kill(nodes[0].proc.pid, signal.SIGUSR1)  # its first: the scheduler's, a moment late
+    wait_for(lambda: "preempted: SIGUSR1 here too" in nodes[0].stderr, 60, "node 0's signal")
+    assert "again during the grace" not in nodes[0].stderr, nodes[0].stderr
+    assert all(alive(p) for p in pids), nodes[0].stderr  # the grace goes on (600 s)
+    for node in nodes:  # the scheduler's second signal, to both: the grace ends now
+        os.kill(node.proc.pid, signal.SIGUSR1)
+    assert [n.finish(120) for n in nodes] == [REQUEUE_EXIT_CODE] * 2, [n.stderr for n in nodes]
+    assert all("SIGUSR1 again during the grace" in n.stderr for n in nodes), nodes[0].stderr
+
+
 def _report(log_dir: Path) -> dict[str, object]:
     (report,) = log_dir.glob("*/report.json")
     data: dict[str, object] = json.loads(report.read_text())

@@ -108,7 +108,8 @@ ROWS: dict[str, tuple[Op, str, Junk | Callable[[JSON], Junk], type[Exception], s
     "txn mod_revision a bool": (ADD, "kv/txn", failed_txn(ranged(kv(mod=True)), ranged()),
                                 MalformedReply, "mod_revision is True, not an integer"),
     "txn says absent forever": (ADD, "kv/txn", always_changed, StoreUnavailable,
-                                "add\\('k'\\) on etcd at .*: the key changed under every attempt for 1 s"),
+                                "add\\('k'\\) on etcd at .*: the key changed between each read and write, "
+                                r"\d+ tries in 1 s"),
     "txn value not an integer": (ADD, "kv/txn", failed_txn(ranged(kv(value=b64("abc"))), ranged()),
                                  MalformedValue, "'k': add: b'abc' is not an integer"),
     "txn response of the wrong kind": (CAS, "kv/txn", failed_txn({"response_put": {}}, ranged()),

@@ -129,8 +129,12 @@ def test_a_bad_link_is_put_on_its_node(
     else:
         rate_limit(spaces, bad, "4mbit")
     results = check(spaces, nodes, tmp_path, fault)
+    # Every node's output, the bad one's first: a CI run (ci55) where node 1 never joined
+    # showed only node 0's, which said nothing of why.
+    every = "\n".join(f"--- node {i} ({code}):\n{out}" for i, (code, out) in
+                      sorted(enumerate(results), key=lambda r: r[0] != bad))  # fmt: skip
     for code, output in results:
-        assert code == 1 and named(output) == {spaces.addr(bad)}, output
+        assert code == 1 and named(output) == {spaces.addr(bad)}, every
         line = next(x for x in output.splitlines() if spaces.addr(bad) + ")" in x)
         assert "network" in line and "median" in line, line
 

@@ -19,7 +19,7 @@ from phalanx.agent.runend import Reporter
 from phalanx.agent.runfiles import write_launcher_file
 from phalanx.agent.stopped import not_needed_report
 from phalanx.config import LaunchConfig
-from phalanx.errors import CutOff, Interrupted, NotNeeded, PhalanxError, Preempted
+from phalanx.errors import CutOff, Interrupted, NotNeeded, PhalanxError, Preempted, UsageError
 from phalanx.events.figures import RecoveryTracker
 from phalanx.events.log import EventLog
 from phalanx.events.metrics import MetricsServer
@@ -37,6 +37,7 @@ from phalanx.supervisor.guardian import Guardian, GuardianLost
 from phalanx.supervisor.signals import SignalWatcher
 from phalanx.supervisor.warm import Template
 from phalanx.supervisor.warmservice import open_warm
+from phalanx.worker.master import WAIT_ENV, master_wait
 
 log = logging.getLogger("phalanx")
 
@@ -123,6 +124,7 @@ class Agent:
     def _run_logged(self, metrics: MetricsServer | None) -> int:
         config = self._config
         wall_clock = WallClock.from_env(self._base_env)
+        _check_master_wait(self._base_env)
         run_dir = make_run_dir(config.logs.log_dir, self._run_id)
         log.info("run directory: %s", run_dir)
         for note in config.not_applied:
@@ -272,3 +274,11 @@ def join_when_ready(template: Template | None, peers: Peers | None) -> None:
         return
     log.info("rendezvous: the job is running; joining once the warm start has imported")
     template.wait_ready(lambda: not peers.job_running(), POLL)
+
+
+def _check_master_wait(environ: Mapping[str, str]) -> None:
+    """``PHALANX_MASTER_WAIT`` is read by each worker's boot (``worker.master``), which cannot
+    stop the launch: a bad value is refused here, at start, as a usage error."""
+    if master_wait(environ) is None:
+        text = environ.get(WAIT_ENV, "").strip()
+        raise UsageError(f"{WAIT_ENV}={text!r}: expected a number of seconds >= 0, like 1 or 0")

@@ -111,13 +111,26 @@ class PreemptWatch:
         self._node_rank = node_rank
         self.preemption: Preemption | None = None
         self.forwarded: int | None = None  # the signal the workers were sent
+        self._signalled = False  # this node got a preemption signal (a second one stops)
 
     def begin(self, signum: int, running: Sequence[tuple[WorkerPlan, int]]) -> bool:
-        """A preemption signal to this node. Returns False when one was running already:
-        a second signal during the grace stops the workers at once."""
-        if self.preemption is not None:
+        """A preemption signal to this node. Returns False when this node had one already:
+        a second signal during the grace stops the workers at once.
+
+        This node's first signal may come after a peer's notice: a scheduler signals every
+        node (``scancel --signal``, a pod's SIGTERM), and which reaches this agent first,
+        the signal or the notice through the store, is a race a loaded host decides. That
+        signal is not a second one: the preemption under way keeps its deadline."""
+        if self._signalled:
             return False
+        self._signalled = True
         name = signal_name(signum)
+        if self.preemption is not None:
+            log.warning(
+                "preempted: %s here too, after node %s's notice; the job's deadline stands",
+                name, self.preemption.node,
+            )  # fmt: skip
+            return True
         log.warning(
             "preempted: %s; the workers have %g s to save and exit (--preempt-grace)",
             name, self._grace,

@@ -43,6 +43,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT = 3.0  # close() is best effort: an unreachable etcd expires the lease anyway
+# add() gives up only after this many tries with a value it read missed: one late reply (a
+# paused or starved process) costs its guess and at most one such try, never the add.
+_MIN_READ_MISSES = 2
 
 
 def create_etcd_store(endpoint: str, run_id: str, conf: dict[str, str]) -> EtcdStore:
@@ -141,17 +144,25 @@ class EtcdStore:
         ``request_timeout``, and ``MalformedValue`` when it holds no integer."""
         full = self._key(key)
         compare, base = wire.compare_absent(full), 0  # guess "absent"; a miss returns the value
-        # Each miss is a request answered; a deadline (not a count) bounds the retries, so no
-        # reply (a key that keeps changing, or a member that keeps saying so) makes this spin.
-        deadline = time.monotonic() + self.options.request_timeout
+        # Each miss is a request answered: another writer's change (or a member that keeps
+        # saying so). A deadline (not a count) bounds the retries, so nothing makes this spin.
+        # It bounds contention, not one late reply: its clock also runs while a reply is slow
+        # or this process is descheduled (a loaded machine, SIGSTOP), after which the guess
+        # misses with nobody contending; giving up then blamed contention nobody made (a
+        # loaded CI run). So the add gives up only once tries with a value it read missed too.
+        start = time.monotonic()
+        misses = 0
         while True:
             done, found = self._conditional_put(full, compare, str(base + amount).encode())
             if done:
                 return base + amount
-            if time.monotonic() >= deadline:
+            misses += 1  # (all but the first were tries with the value read)
+            spent = time.monotonic() - start
+            if misses > _MIN_READ_MISSES and spent >= self.options.request_timeout:
                 raise StoreUnavailable(
-                    f"add({key!r}) on etcd at {self.current_endpoint}: the key changed under "
-                    f"every attempt for {self.options.request_timeout:.3g} s"
+                    f"add({key!r}) on etcd at {self.current_endpoint}: the key changed between "
+                    f"each read and write, {misses} tries in {spent:.3g} s (request_timeout "
+                    f"{self.options.request_timeout:.3g} s)"
                 )
             if found is None:
                 compare, base = wire.compare_absent(full), 0
