@@ -13,7 +13,8 @@ from dataclasses import asdict
 
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import EventKind
-from phalanx.rendezvous.registry import RendezvousSpec, create_handler
+from phalanx.rendezvous.registry import create_handler
+from phalanx.rendezvous.spec import RendezvousSpec
 
 
 def say(**fields: object) -> None:
