@@ -52,16 +52,16 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from soak_trainer import HANG_SIGNAL  # noqa: E402
+from soak_trainer import COLLECTIVE_KILL_SIGNAL, HANG_SIGNAL  # noqa: E402
 
 from support.etcd_server import EtcdCluster  # noqa: E402
 from support.hosts import NamespaceHosts, Node  # noqa: E402
 from support.launch import remove_job_cgroups  # noqa: E402
 from support.netns import NetNamespaces  # noqa: E402
 
-KINDS = ("worker_kill", "worker_exception", "worker_hang", "agent_kill", "node_cut",
-         "node_freeze", "etcd_member", "log_disk_full", "link_flap", "spare_freeze",
-         "guardian_kill", "store_host_lost")  # fmt: skip
+KINDS = ("worker_kill", "worker_kill_in_collective", "worker_exception", "worker_hang",
+         "agent_kill", "node_cut", "node_freeze", "etcd_member", "log_disk_full", "link_flap",
+         "spare_freeze", "guardian_kill", "store_host_lost")  # fmt: skip
 CONF = ("heartbeat_interval=0.5,heartbeat_timeout=6,last_call_timeout=1,join_timeout=300,"
         "exit_barrier_timeout=30")  # fmt: skip
 # etcd's own keys (a c10d agent refuses them: the c10d variant had never started)
@@ -252,6 +252,25 @@ class Soak:
         except ValueError:
             return None
 
+    def _etcd_leader(self, otherwise: int) -> int:
+        """etcd: the member that leads now, the one whose loss costs most (an election; issue
+        41 asks for it); ``otherwise`` when no member says it leads."""
+        assert self.etcd is not None
+        for i, member in enumerate(self.etcd.members):
+            if member.process is None:
+                continue
+            asked = subprocess.run(self.spaces.command(3, ["curl", "-s", "-m", "5", "-X", "POST",
+                                   "-d", "{}", f"{member.client_url}/v3/maintenance/status"]),
+                                   capture_output=True, text=True)  # fmt: skip
+            try:
+                status = json.loads(asked.stdout)
+            except ValueError:
+                continue
+            leader, own = status.get("leader"), status.get("header", {}).get("member_id")
+            if leader and leader == own:
+                return i
+        return otherwise
+
     def store_host(self) -> int | None:
         """c10d: the node whose namespace serves the store's port (None: none, or etcd)."""
         for i in range(self.agents if self.args.backend == "c10d" else 0):
@@ -295,6 +314,8 @@ class Soak:
             record["node"] = n
         if kind == "worker_kill":
             os.kill(workers[n], signal.SIGKILL)
+        elif kind == "worker_kill_in_collective":
+            os.kill(workers[n], COLLECTIVE_KILL_SIGNAL)
         elif kind == "worker_exception":
             os.kill(workers[n], signal.SIGUSR1)
         elif kind == "worker_hang":
@@ -315,7 +336,7 @@ class Soak:
                 with contextlib.suppress(psutil.Error):
                     p.send_signal(signal.SIGCONT)
         elif kind == "etcd_member" and self.etcd is not None:
-            k = self.rng.randrange(3)
+            k = self._etcd_leader(self.rng.randrange(3))
             record["member"] = k
             self.etcd.stop_member(k)
             self._hold()

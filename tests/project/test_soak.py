@@ -1,8 +1,9 @@
 """A short soak (``benchmarks/soak.py``), twice: three agents in network namespaces on a real
-3-member etcd, three faults of three kinds from a fixed seed (an etcd member, a link flap, a
-guardian), one every 10 s; and c10d at ``--nnodes 3`` with a spare, the store's candidates
-listed, one fault: the store's host lost (its agent and workers SIGKILLed: the others fail
-over, the agent started again joins the successor's store). Asserts the invariants only, never a
+3-member etcd, four faults of four kinds from a fixed seed (an etcd member, a link flap, a
+guardian, a worker SIGKILLed while the others wait for it in an all-reduce), one every 10 s;
+and c10d at ``--nnodes 3`` with a spare, the store's candidates listed, one fault: the
+store's host lost (its agent and workers SIGKILLed: the others fail over, the spare follows
+them, the agent started again joins the successor's store). Asserts the invariants only, never a
 timing: the job finishes with final weights bit-identical to an uninterrupted run (c10d: one
 with the same resumes, see ``soak_report.reference``), every checkpoint loads, no process is
 left in any namespace, no job cgroup is left, the store's keys stay bounded, and the agents
@@ -23,8 +24,9 @@ from support.tools import needs_etcd
 pytestmark = [pytest.mark.slow]
 
 SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
+ETCD_KINDS = ("etcd_member", "link_flap", "guardian_kill", "worker_kill_in_collective")
 RUNS = {  # backend: its soak's arguments
-    "etcd": ["--minutes", "0.5", "--seed", "1"],
+    "etcd": ["--minutes", "0.7", "--seed", "1", "--kinds", ",".join(ETCD_KINDS)],
     "c10d": ["--minutes", "0.25", "--seed", "7", "--kinds", "store_host_lost"],
 }  # fmt: skip
 
@@ -52,7 +54,7 @@ def test_a_short_soak_keeps_the_invariants(tmp_path: Path, backend: str) -> None
         (lost,) = [f for f in injected if f["kind"] == "store_host_lost"]
         assert lost["successor"] not in (None, lost["node"]), lost
     else:
-        assert len({f["kind"] for f in injected}) >= 3, report["faults"]
+        assert {f["kind"] for f in injected} == set(ETCD_KINDS), report["faults"]
     assert report["finished"] and report["bit_identical"]
     assert report["checkpoints"] >= 1 and not report["checkpoints_bad"]
     assert not any(report["leftovers"]["processes"].values()), report["leftovers"]

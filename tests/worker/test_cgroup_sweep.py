@@ -92,7 +92,9 @@ def test_a_cgroup_left_by_a_worker_stuck_in_the_kernel_is_swept_by_the_next_run(
             assert _procs(job) == [victim], "the stuck worker keeps the cgroup"
             _sweeping_run(tmp_path, "while-stuck")
             assert job.exists(), "a cgroup that still holds a process is never removed"
-        assert alive(victim) is False and job.exists() and not _procs(job)
+        # Empty once thawed: from then on any phalanx run that starts on this machine may sweep
+        # it (the suite runs others beside this test: ci58 lost it to one), so it is empty or gone.
+        assert alive(victim) is False and (not job.exists() or not _procs(job))
         _sweeping_run(tmp_path, "after")
         assert not _job_cgroups(run_dir), "the empty cgroup of the ended job is swept"
         assert busy.exists() and foreign.exists(), "only empty job cgroups are swept"
