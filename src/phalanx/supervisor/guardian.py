@@ -309,14 +309,16 @@ def _reap(proc: subprocess.Popen[bytes]) -> str:
             proc.stdin.close()
     # Its exit seen on its pidfd, at once: ``wait(timeout=)`` polls at doubling intervals,
     # which at a launch's end took 2-8 ms past a guardian's exit of a few.
+    left = _REAP_WAIT  # the one bound: what the pidfd waited is not waited again
     with contextlib.suppress(OSError):  # reaped already: ``wait`` answers at once
         pidfd = os.pidfd_open(proc.pid)
         try:
             select.select([pidfd], [], [], _REAP_WAIT)
+            left = 0.0
         finally:
             os.close(pidfd)
     try:
-        code = proc.wait(timeout=_REAP_WAIT)
+        code = proc.wait(timeout=left)
     except subprocess.TimeoutExpired:
         proc.kill()
         code = proc.wait()
