@@ -109,7 +109,7 @@ ROWS: dict[str, tuple[Op, str, Junk | Callable[[JSON], Junk], type[Exception], s
                                 MalformedReply, "mod_revision is True, not an integer"),
     "txn says absent forever": (ADD, "kv/txn", always_changed, StoreUnavailable,
                                 "add\\('k'\\) on etcd at .*: the key changed between each read and write, "
-                                r"\d+ tries in 1 s"),
+                                r"\d+ tries in [\d.]+ s"),
     "txn value not an integer": (ADD, "kv/txn", failed_txn(ranged(kv(value=b64("abc"))), ranged()),
                                  MalformedValue, "'k': add: b'abc' is not an integer"),
     "txn response of the wrong kind": (CAS, "kv/txn", failed_txn({"response_put": {}}, ranged()),
