@@ -162,6 +162,15 @@ class Source:
             for node in ast.walk(tree)
             if isinstance(node, ast.ClassDef)
         }
+        # The names a module binds to a builtin container (``self.seen = set()``): a call of
+        # ``seen.add(x)`` there is the set's, never a phalanx method of that name.
+        self.containers = {
+            (module, _name(target))
+            for module, tree in self.trees.items()
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and _builds_container(node)
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        }
         for module, tree in self.trees.items():
             self.module_of[id(tree)] = module
             for node, scope in _scopes(tree):
@@ -300,10 +309,30 @@ class Source:
         method = bool(params) and params[0] in ("self", "cls")
         module = self.module_of[id(fn)]
         for call, scope in self._lookup(self.calls, module, fn.name, local=False):
+            held = (self.module_of[id(scope)], _name(getattr(call.func, "value", call.func)))
+            if method and held in self.containers:
+                continue
             at = params.index(name) - method if name in params else -1
             if 0 <= at < len(call.args):
                 yield call.args[at], scope
             yield from ((k.value, scope) for k in call.keywords if k.arg == name)
+
+
+CONTAINERS = ("set", "list", "dict", "frozenset", "defaultdict", "deque", "Counter", "OrderedDict")
+CONTAINER_NODES = (ast.Set, ast.List, ast.Dict, ast.SetComp, ast.ListComp, ast.DictComp)
+
+
+def _builds_container(node: ast.Assign | ast.AnnAssign) -> bool:
+    """Whether the assignment binds a builtin container (a display, a comprehension, a call
+    of its type, or an annotation naming one)."""
+    value = node.value
+    if isinstance(value, CONTAINER_NODES):
+        return True
+    if isinstance(value, ast.Call) and _name(value.func) in CONTAINERS:
+        return True
+    annotation = node.annotation if isinstance(node, ast.AnnAssign) else None
+    kind = annotation.value if isinstance(annotation, ast.Subscript) else annotation
+    return kind is not None and _name(kind) in CONTAINERS
 
 
 def _target_names(targets: list[ast.expr]) -> set[str]:

@@ -62,7 +62,7 @@ class Answers(Generic[T]):
                 self._done.wait(left)
             if not stale:
                 if key in self._asked:
-                    self._unwanted |= {key}
+                    self._unwanted.add(key)
                     return None
                 return self._known.pop(key, None)  # this caller's alone: not kept
             return self._known.get(key)
