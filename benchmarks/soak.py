@@ -80,6 +80,17 @@ SPARE_HOLD = {"c10d": 5.0, "etcd": 2.5}
 # steps): a hung rank is named after about 1 s and its round fails at 10x that, about 10 s
 # (the faults come every 30 s). No --stall-timeout: the hangs are the default watch's.
 HANG_WATCH = "floor=1,factor=3"
+# What a fault must wait out by its nature at the soak's settings (``lost_split``), seconds:
+# a hang fails its round at 10 x the watch's bound (FAIL_FACTOR x floor: 1 s here, 60 s at the
+# defaults); a node cut off, frozen or flapping is found by its lease (etcd ``lease_ttl``) or
+# its silence (c10d ``heartbeat_timeout``); a frozen spare is waited for while it is held.
+NODE_KINDS = ("node_cut", "node_freeze", "link_flap")
+WAITS = {  # (--default-timeouts, backend): seconds by kind
+    (False, "etcd"): {"worker_hang": 10.0, **dict.fromkeys(NODE_KINDS, 4.0)},
+    (False, "c10d"): {"worker_hang": 10.0, **dict.fromkeys(NODE_KINDS, 6.0)},
+    (True, "etcd"): {"worker_hang": 600.0, **dict.fromkeys(NODE_KINDS, 10.0)},
+    (True, "c10d"): {"worker_hang": 600.0, **dict.fromkeys(NODE_KINDS, 10.0)},
+}
 PORT = 29400  # c10d: the store's port on every candidate
 # Per backend: agents, --nnodes (the world: one worker per member), the batch over it. c10d
 # runs rounds of 3, the fewest that fail over (a survivor of 2 is no majority).
@@ -567,6 +578,8 @@ def main() -> int:
     job_ettr = None if step is None else min(1.0, args.steps * step / wall)
     main_run = figures["ettr_by_run"]
     ettr = min((r["ettr"] for r in main_run), default=None)
+    waits = {**WAITS[args.default_timeouts, args.backend], "spare_freeze": SPARE_HOLD[args.backend]}
+    split = None if step is None else rep.lost_split(soak.faults, waits, wall, args.steps * step)
     lives = rep.agent_lives(clock["history"])
     grew = [life for life in lives if rep.grew(life["first"], life["last"])]
     leftovers_found = any(left["processes"].values()) or bool(left["cgroups"])
@@ -577,7 +590,7 @@ def main() -> int:
         "seed": args.seed, "backend": args.backend, "minutes": args.minutes, "every": args.every,
         "steps": args.steps, "job_failed": soak.failed, "faults": soak.faults, "kinds": sorted({f["kind"] for f in soak.faults}),
         "finished": clock["finished"] is not None, "wall_s": wall, "ettr_harness": harness_ettr,
-        "ettr_job": job_ettr, "step_s": step, "ettr_events": ettr, "by_kind": rep.by_kind(soak.faults), "figures": figures, "bit_identical": same, "checkpoints": count,
+        "ettr_job": job_ettr, "step_s": step, "lost_split": split, "ettr_events": ettr, "by_kind": rep.by_kind(soak.faults), "figures": figures, "bit_identical": same, "checkpoints": count,
         "checkpoints_bad": bad, "leftovers": left, "store_keys": soak.keys,
         "agents_start": clock["start_sample"], "agents_end": clock["end_sample"], "agents_grew": grew,
         "agents_compared": lives, "guardian_kills_touched": touched,
@@ -596,6 +609,14 @@ def main() -> int:
         f"(steps x the job's own step time {step and round(step, 4)} s / wall), {harness_ettr:.3f} "
         f"(steps x the {args.step_delay} s delay / wall), lowest agent run's events {ettr}"
     )
+    if split:
+        print(
+            f"lost {split['lost']:.1f} s: down {split['down']:.1f} s ({split['waited']:.1f} s of it "
+            f"waited out by the faults' nature at these settings, {split['reaction']:.1f} s "
+            f"phalanx's reaction) + {split['rest']:.1f} s steps run again since the last "
+            f"checkpoint and slower first steps; ETTR with the waits taken out "
+            f"{split['ettr_without_waits']:.3f}"
+        )
     for kind, cost in report["by_kind"].items():
         print(
             f"  {kind:<17} {cost['count']:>2} faults, down median {cost['median_down']:6.2f} s, "

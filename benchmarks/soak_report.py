@@ -223,6 +223,23 @@ def by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             for k, v in sorted(kinds.items(), key=lambda kv: -sum(kv[1]))}  # fmt: skip
 
 
+def lost_split(
+    faults: list[dict[str, Any]], waits: dict[str, float], wall: float, useful: float
+) -> dict[str, float]:
+    """Where the run's lost time (``wall - useful``, ``useful`` = steps x the job's own step
+    time) went: ``down`` (from each injection to training again), ``waited`` (the part of each
+    fault's down that it must wait out by its own nature at the run's settings: ``waits``, by
+    kind: a hang's fail point, a silent node's timeout, a frozen spare's hold), ``reaction``
+    (the rest of ``down``: phalanx's own detecting, stopping, re-forming and restarting) and
+    ``rest`` (not down: steps run again since the last checkpoint, slower first steps)."""
+    downs = [(f["kind"], float(f.get("downtime") or 0.0)) for f in faults if "skipped" not in f]
+    down = sum(d for _, d in downs)
+    waited = sum(min(waits.get(kind, 0.0), d) for kind, d in downs)
+    lost = wall - useful
+    return {"lost": lost, "down": down, "waited": waited, "reaction": down - waited,
+            "rest": lost - down, "ettr_without_waits": useful / (wall - waited)}  # fmt: skip
+
+
 def agent_lives(history: list[tuple[float, dict[int, dict[str, int]]]]) -> list[dict[str, Any]]:
     """Each active agent (node, generation) seen in at least two samples, with its first and
     last figures and when they were taken (seconds into the run), longest-lived first. An
