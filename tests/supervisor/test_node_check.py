@@ -17,6 +17,7 @@ node; healthy runs name nobody. Timeouts only catch hangs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -253,3 +254,50 @@ def test_a_restart_with_the_same_nodes_does_not_check_them_again(
         found = read_events(run_dir / "events.jsonl")
         assert [e["round"] for e in found if e["kind"] == "node_check"] == [0], found
     assert "world=2 sum=3 restart=1" in nodes[0].stdout + nodes[1].stdout, nodes[0].stdout
+
+
+@pytest.mark.slow
+def test_a_member_lost_while_the_others_wait_for_its_check_ends_their_wait(
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    quota: Callable[[float], cpuquota.CpuQuota],
+) -> None:
+    """3 nodes at ``--nnodes 2:3``; node 2 (under the quota, so its check takes seconds) is
+    SIGKILLed whole, agent, guardian and all, as soon as round 0 has formed: the others wait
+    for its records. Their watch finds it lost at ``heartbeat_timeout``, and that ends their
+    check at once ("node check stopped: ... sent no heartbeat"), not the check's minute-long
+    wait for a record that never comes (the 30-minute c10d soak lost 2.5 minutes so: the
+    round's judgement waited for a survivor still in its check). They finish in a round of 2."""
+    spaces = netns(3)
+    slow = quota(0.02)
+    net = NamespaceHosts(spaces)
+    port = free_port()
+    conf = "heartbeat_timeout=4,join_timeout=120,last_call_timeout=8"
+
+    def start(i: int) -> Node:
+        args = ["--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                f"{spaces.addr(0)}:{port}", "--rdzv-id", "lostcheck", "--rdzv-conf",
+                f"{conf},is_host={str(i == 0).lower()}", "--nproc-per-node", "1",
+                "--max-restarts", "1", "--cold-start", worker("echo_args.py")]  # fmt: skip
+        return Node(net, i, args, tmp_path, f"n{i}", env=TOKEN)
+
+    first = [start(0), start(2)]
+    nodes += first
+    throttle(first[1], slow, " of 2..3 present")
+    nodes[:] = [first[0], start(1), first[1]]
+    wait_for(lambda: "round 0: node rank" in nodes[0].stderr, HANG, "round 0 to form")
+    doomed = psutil.Process(nodes[2].proc.pid)
+    for proc in [*doomed.children(recursive=True), doomed]:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    nodes[2].proc.wait(HANG)
+    codes = [n.finish(HANG) for n in nodes[:2]]
+    every = f"codes {codes}\n" + "".join(f"--- node {i}:\n{n.stderr}" for i, n in enumerate(nodes))
+    assert codes == [0, 0], every
+    for node in nodes[:2]:
+        line = next((x for x in node.stderr.splitlines() if "node check stopped:" in x), "")
+        assert "round 0: node check stopped:" in line and "sent no heartbeat" in line, every
+        assert spaces.addr(2) in line, line
+        assert "did not answer the node check" not in node.stderr, every
+        assert "world size 2" in node.stderr, every

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError
+from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.stores.base import StoreUnavailable
@@ -28,6 +29,8 @@ log = logging.getLogger("phalanx")
 Answer = TypeVar("Answer")
 
 LOST_CHECK = 1.0  # s: how often a node check's wait looks whether the store counts as lost
+# The round's events that end it (a new node waiting, NODE_WAITING, joins the next one)
+ROUND_ENDERS = frozenset(EventKind) - {EventKind.NODE_WAITING}
 
 
 @dataclass(frozen=True)
@@ -130,10 +133,12 @@ class CheckRecords:
         board: Board,
         store_problem: Callable[[], str | None],
         current: Callable[[], tuple[Membership, int]],
+        pending: Callable[[], JobEvent | None],
     ) -> None:
         self._board = board
         self._store_problem = store_problem
         self._current = current
+        self._pending = pending  # the round's first event not yet taken by the agent
 
     def post_check(self, phase: str, data: bytes) -> None:
         membership, rank = self._current()
@@ -164,6 +169,13 @@ class CheckRecords:
                 return found
 
     def _raise_if_lost(self) -> None:
+        """The store lost, or the round already over: a member lost, a peer's workers failed,
+        the job stopped. A check waits up to a minute for a member's records; one that died
+        or was fenced while it checked never posts them, and the others would wait that out
+        (and the round's judgement with them) before they acted on what their watch heard."""
         problem = self._store_problem()
         if problem is not None:
             raise RendezvousError(problem)
+        event = self._pending()
+        if event is not None and event.kind in ROUND_ENDERS:
+            raise RendezvousError(event.detail or f"the round ended ({event.kind.value})")

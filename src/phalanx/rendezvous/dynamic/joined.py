@@ -199,5 +199,5 @@ class JoinedRound:
         return Exchanges(
             StackRequests(stacks, problem, lambda: here, run_id),
             StatusRequests(status, problem, lambda: here, run_id, liveness.spares),
-            CheckRecords(board, problem, lambda: here),
+            CheckRecords(board, problem, lambda: here, liveness.pending_event),
         )

@@ -180,6 +180,10 @@ class Liveness:
         with self._lock:
             return self._events.popleft() if self._events else None
 
+    def pending_event(self) -> JobEvent | None:
+        with self._lock:  # ``next_event``'s, left for it
+            return self._events[0] if self._events else None
+
     def stop_heard(self) -> JobEvent | None:
         """The ``JOB_STOPPED`` of a node stopped by a signal, once read (None: none yet)."""
         with self._lock:
