@@ -12,12 +12,15 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+
+from phalanx.service.client import SERVICE_SHIM
 
 WORKER = str(Path(__file__).with_name("bench_worker.py"))
 JOB_TIMEOUT = 60.0  # a healthy job here takes seconds; a hung one is counted as failed
@@ -48,9 +51,10 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 def _finish(proc: subprocess.Popen[bytes], timeout: float = JOB_TIMEOUT) -> tuple[int, float]:
     """Wait for the launcher (its exit code, and the ``time.time()`` it was seen gone, within
-    ``EXIT_POLL``); then end whatever of its tree is left. torchrun gives every worker a
-    session of its own, so killing the launcher's group misses them: a hung or orphaned
-    torchrun worker would otherwise outlive the benchmark."""
+    ``EXIT_POLL``); then end whatever of its tree is left but a warm service (said on
+    stderr, each). torchrun gives every worker a session of its own, so killing the
+    launcher's group misses them: a hung or orphaned torchrun worker would otherwise outlive
+    the benchmark."""
     seen = {p.pid: p for p in _tree(proc.pid)}
     try:
         deadline = time.monotonic() + timeout
@@ -66,8 +70,34 @@ def _finish(proc: subprocess.Popen[bytes], timeout: float = JOB_TIMEOUT) -> tupl
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         for leftover in seen.values():
+            if _outlives_by_design(leftover):
+                print(f"bench: left the warm service, pid {leftover.pid}, alone: seen under "
+                      f"launcher {proc.pid} while it detached", file=sys.stderr, flush=True)  # fmt: skip
+                continue
             with contextlib.suppress(psutil.NoSuchProcess):
+                named = _named(leftover)
                 leftover.kill()  # psutil checks the create time: never a reused pid
+                print(f"bench: SIGKILLed pid {leftover.pid}, seen under launcher "
+                      f"{proc.pid}: {named}", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _outlives_by_design(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is phalanx's warm service (``--keep-warm``), which outlives its
+    launcher on purpose (the benchmark stops it itself). It detaches by forking once from the
+    process its first launcher starts, so it is in that launcher's tree for a moment (a child
+    of that process, until it exits): a sweep that caught it there SIGKILLed the service the
+    next launch was to fork from (ci58: "the first launch's ranks are not the service's []")."""
+    try:
+        return SERVICE_SHIM in proc.cmdline()
+    except psutil.Error:
+        return False
+
+
+def _named(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())[:200]
+    except psutil.Error:
+        return "(gone)"
 
 
 def _stamps(out_dir: Path, event: str, restart: int) -> dict[int, tuple[float, int]]:

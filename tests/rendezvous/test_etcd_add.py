@@ -1,5 +1,7 @@
 """``EtcdStore.add``'s retries, driven by a fake etcd that models one key (``support.fake_etcd``)
-and a fake clock for ``add``'s deadline: what bounds them is contention, not one late reply.
+and a fake clock for ``add``'s deadline: what bounds them is contention, not one late reply;
+and between tries with a value read that missed, ``add`` pauses a little, so that writers
+that keep colliding do not hammer etcd.
 
 Seen in a loaded CI run (``test_stopped_while_joining``): an agent's ``add`` on a round's
 ``settled`` counter, which only two nodes ever write, gave up ("the key changed under every
@@ -27,13 +29,21 @@ TIMEOUT = 4.0  # request_timeout, as the CI run's
 
 
 class Clock:
-    """``add``'s clock: moves only when a reply says time passed."""
+    """``add``'s clock: moves only when a reply says time passed (``pauses_move_it``: and by
+    each pause ``add`` makes between tries, which are kept)."""
 
     def __init__(self) -> None:
         self.now = 1000.0
+        self.pauses: list[float] = []
+        self.pauses_move_it = False
 
     def monotonic(self) -> float:
         return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        if self.pauses_move_it:
+            self.now += seconds
 
 
 class OneKey:
@@ -128,3 +138,28 @@ def test_a_late_reply_and_one_change_after_it_do_not_end_the_add(clock: Clock) -
     with FakeEtcd({"kv/txn": key}) as fake, _store(fake) as store:
         assert store.add("settled", 1) == 3
     assert [c["target"] for c in key.compares] == ["CREATE", "MOD", "MOD"]
+
+
+def test_a_key_that_always_changed_is_tried_a_bounded_number_of_times(clock: Clock) -> None:
+    """Against an etcd that says "changed" to every try, at once (1 ms a reply, as the fake
+    etcd answered: 683 tries in 1 s before the pauses), ``add`` pauses between tries with the
+    value read: at most 83 tries in the 4 s, not 4,000. The bound: 2 tries without a pause,
+    then pauses of at least 5, 10, 20 and 40 ms and then 50 ms each (half of each cap), and
+    the try before the last still short of the deadline: 0.001 t + 0.075 + 0.05 (t - 7) < 4."""
+    clock.pauses_move_it = True
+
+    def another_writer_adds_first(key: OneKey, n: int) -> None:
+        key.write((key.value or 0) + 1)
+        clock.now += 0.001
+
+    key = OneKey(another_writer_adds_first)
+    with (
+        FakeEtcd({"kv/txn": key}) as fake,
+        _store(fake) as store,
+        pytest.raises(StoreUnavailable, match="the key changed between each read and write"),
+    ):
+        store.add("settled", 1)
+    tries = len(key.compares)
+    assert 3 <= tries <= 83, tries
+    assert len(clock.pauses) == tries - 2  # none after the guess, none after the last try
+    assert all(0.005 <= pause <= 0.1 for pause in clock.pauses), clock.pauses
