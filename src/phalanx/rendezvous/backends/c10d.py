@@ -40,7 +40,7 @@ from phalanx.rendezvous.spec import Backend, RendezvousSpec, split_endpoint, unk
 from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
 from phalanx.rendezvous.stores.agentstore.conf import C10D_KEYS as CONF_KEYS
 from phalanx.rendezvous.stores.agentstore.conf import no_token_warning, token_from_conf
-from phalanx.rendezvous.stores.base import Malformed, StoreUnavailable
+from phalanx.rendezvous.stores.base import StoreUnavailable
 
 log = logging.getLogger("phalanx")
 
@@ -125,8 +125,9 @@ def open_handler(
             options.host, options.port, options.is_host, settings, options.token, spec.run_id
         )
     except StoreUnavailable as exc:
-        if len(endpoints) > 1 or isinstance(exc, Malformed):
-            raise
+        unresolved = str(exc).startswith("cannot resolve")  # (``reach.wait_reachable``'s)
+        if len(endpoints) > 1 or type(exc) is not StoreUnavailable or unresolved:
+            raise  # (a name that does not resolve, or a peer that answered: no lost store)
         # After a failover the job's store is on a member's address, which a node given
         # only the lost host's cannot know: say what to change.
         raise StoreUnavailable(
