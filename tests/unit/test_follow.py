@@ -9,8 +9,9 @@ import pytest
 
 from phalanx.rendezvous.dynamic.board import Board, encode
 from phalanx.rendezvous.dynamic.failover import Candidate, Failover
-from phalanx.rendezvous.dynamic.follow import Follow, newest, running
+from phalanx.rendezvous.dynamic.follow import Follow, newest, running, signposted
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.waiting import Waiting, waiting_text
 from phalanx.rendezvous.lastword import Reach
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import KVStore, Malformed, StoreUnavailable
@@ -109,3 +110,45 @@ def test_no_follow_for_a_member_junk_a_round_of_two_or_no_store_at_all() -> None
     assert _follow(Listed()).follow(KEYS, StoreUnavailable("gone")) is None  # none came
     assert _follow(places).follow(KEYS, StoreUnavailable("gone")) is not None  # (as above)
     assert Follow(None, RendezvousSettings()).follow(KEYS, StoreUnavailable("x")) is None
+
+
+@pytest.mark.parametrize(
+    ("word", "serving", "found"),
+    [
+        (None, [(1, 1, True)], None),  # no word left: it waits where it is
+        ({"host": "10.0.0.2", "port": 29400, "epoch": 1}, [(1, 1, True)], (1, 1)),
+        ({"host": "10.0.0.2", "port": 29400, "epoch": 1}, [(1, 1, False)], None),  # unconfirmed
+        ({"host": "10.0.0.2", "port": 29400, "epoch": 1}, [], None),  # not answering (yet)
+        ({"host": "10.0.0.2", "port": 29400, "epoch": 2}, [(1, 1, True)], None),  # older there
+        ({"host": "10.0.0.3", "port": 29400, "epoch": 1}, [(2, 2, True)], (2, 2)),  # newer: ok
+        ({"host": "10.0.0.2", "port": 29400, "epoch": 0}, [(1, 0, True)], None),  # no failover
+        ({"host": "10.0.0.2"}, [(1, 1, True)], None),  # junk: not the job's word
+    ],
+)
+def test_a_newcomer_on_a_fresh_store_follows_the_word_the_job_left_there(
+    word: dict[str, object] | None, serving: list[tuple[int, int, bool]], found: object
+) -> None:
+    """A node given one endpoint, waiting on a fresh store at the lost store's place, follows
+    the successor's word there to a confirmed store only (``follow.signposted``)."""
+    places = Listed()
+    for i, epoch, sure in serving:
+        places.serve_at(i, epoch, sure)
+    fresh = MemoryStore(MemoryServer(), hosting=True)
+    if word is not None:
+        fresh.set(KEYS.moved, encode(word))
+    failover = Failover(places, RendezvousSettings())
+    first = "the c10d store at 10.0.0.1:29400"
+    move = signposted(Board(fresh, KEYS, "newcomer"), failover)
+    got = None if move is None else (PLACES.index(move.candidate), move.epoch)
+    assert got == found
+    if move is None:
+        assert (
+            failover.epoch == 0 and places.current == LOST and failover.waiting_at(first) == first
+        )
+        return
+    assert failover.epoch == move.epoch and places.current == move.candidate
+    assert move.reach is not None  # a client of it, served elsewhere
+    # The waiting line names the store it waits at now, not the lost first one.
+    line = waiting_text(Waiting(1, 2, ("a", "b")), 3, 3, 30, failover.waiting_at(first))
+    assert line.endswith(f"rendezvous: the store that took over, at {move.candidate} "
+                         f"(failover {move.epoch})"), line  # fmt: skip

@@ -17,7 +17,10 @@ from ``poll()`` within ``heartbeat_timeout`` (at once when the host's kernel res
 connection) and stop their workers. In a round of 3 or more they then fail over: one of them
 serves a new store and the job goes on (``successor``, ``dynamic.failover``); the candidates
 are the endpoints of ``--rdzv-endpoint a:p,b:p,...`` in order (the job starts on the first),
-or with one endpoint the members of the last round.
+or with one endpoint the members of the last round. A node started later with one endpoint
+serves (or joins) a fresh store there, and follows the word the successor's host leaves in
+it (``signpost``); where nothing answers there, it ends at ``join_timeout`` saying to give
+every node's address.
 """
 
 from __future__ import annotations
@@ -117,9 +120,21 @@ def open_handler(
         log.warning("%s", warning)
     endpoints = options.endpoints or ((options.host, options.port),)
     successors = AgentStoreSuccessors(endpoints, options.token, spec.run_id, settings)
-    store = successors.newest(settings.join_timeout) or open_store(
-        options.host, options.port, options.is_host, settings, options.token, spec.run_id
-    )
+    try:
+        store = successors.newest(settings.join_timeout) or open_store(
+            options.host, options.port, options.is_host, settings, options.token, spec.run_id
+        )
+    except StoreUnavailable as exc:
+        unresolved = str(exc).startswith("cannot resolve")  # (``reach.wait_reachable``'s)
+        if len(endpoints) > 1 or type(exc) is not StoreUnavailable or unresolved:
+            raise  # (a name that does not resolve, or a peer that answered: no lost store)
+        # After a failover the job's store is on a member's address, which a node given
+        # only the lost host's cannot know: say what to change.
+        raise StoreUnavailable(
+            f"{exc}; if the job's store moved to another node after this host was lost, this "
+            "node cannot find it from one endpoint: give every node's address in "
+            "--rdzv-endpoint (host:port,host:port,..., the job's first store first)"
+        ) from None
     check_store(store, spec.run_id, where)
     try:
         successors.attach(store)

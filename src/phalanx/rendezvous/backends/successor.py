@@ -10,7 +10,8 @@ Each served store has an id of its own (``claim.STORE_KEY``); a node knows the i
 store it uses. At the lost store's place an agent started again there (systemd, a requeue)
 serves a fresh, empty store with the job's token and run id: its id differs, so ``reach``
 says it does not serve the job's store, and the survivors walk on to the successor instead
-of rejoining a store that holds none of the job's state.
+of rejoining a store that holds none of the job's state. A node that serves a successor's
+store leaves word at the first endpoint, for a node started there later (``signpost``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 
 from phalanx.rendezvous import lastword
 from phalanx.rendezvous.addr import is_this_machine, resolve
+from phalanx.rendezvous.backends import signpost
 from phalanx.rendezvous.backends.claim import RUN_KEY, STORE_KEY, seed
 from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.failover import TRY, Candidate, epoch_of
@@ -56,11 +58,14 @@ class AgentStoreSuccessors:
         self._ids: dict[Candidate, bytes | None] = {}  # the ids found where it served or reached
         self._said: set[Candidate] = set()  # the places said to serve another store
         self._before: tuple[Candidate, bytes] | None = None  # the store left by the last move
+        self._first: bytes | None = None  # the id of the job's first store, if this node used it
 
     def attach(self, store: KVStore) -> None:
         """This node uses ``store``, at ``current``, from now on: its id is the job's store's.
         May raise ``StoreUnavailable``."""
         self._id = store.get(STORE_KEY)
+        if self.epoch == 0:  # the job's first store: never taken for a fresh one (``signpost``)
+            self._first = self._id
 
     def candidates(self, membership: Membership) -> list[Candidate]:
         if len(self._listed) > 1:
@@ -100,7 +105,7 @@ class AgentStoreSuccessors:
         held = {**seed(self._run_id), **seed_keys}
         self._ids[candidate] = held[STORE_KEY]
         try:
-            return AgentKVStore.host(
+            store = AgentKVStore.host(
                 candidate.host,
                 candidate.port,
                 token=self._token,
@@ -113,6 +118,10 @@ class AgentStoreSuccessors:
                 "candidate", candidate, exc.strerror or exc,
             )  # fmt: skip
             return None
+        first = self._listed[0]  # where a node given one endpoint serves a fresh store
+        if not _same(candidate, first):
+            signpost.keep(first, store, candidate, self._token, self._run_id, self._first)
+        return store
 
     def reach(self, candidate: Candidate, timeout: float) -> KVStore | None:
         probe = AgentKVStore(candidate.host, candidate.port, self._token, read_timeout=timeout)
@@ -207,8 +216,8 @@ class AgentStoreSuccessors:
         why = (
             f"the job's store at {candidate} was lost before this agent started again there, "
             "and the job's other nodes moved on to a successor: this fresh store is not the "
-            "job's (started again, a node with every candidate in --rdzv-endpoint joins the "
-            "job where it went)"
+            "job's (started again, it joins the job where it went: at once with every "
+            "candidate in --rdzv-endpoint; with one endpoint, once the job leaves word here)"
         )
         store = AgentKVStore(candidate.host, candidate.port, self._token, read_timeout=TRY)
         try:

@@ -62,8 +62,7 @@ class Successors(Protocol):
         """Whether a member of ``membership`` is at ``candidate`` (it may serve there)."""
 
     def serve(self, candidate: Candidate, seed: dict[str, bytes]) -> KVStore | None:
-        """Serve a new store at ``candidate`` here, holding ``seed`` before anyone connects;
-        None when it cannot (the port is taken: said in one line)."""
+        """Serve a store at ``candidate`` here, holding ``seed``; None: it cannot (said)."""
 
     def reach(self, candidate: Candidate, timeout: float) -> KVStore | None:
         """A client of the store at ``candidate`` once it answered within ``timeout`` (the
@@ -73,8 +72,7 @@ class Successors(Protocol):
         """The node rank of the member that served the lost store (None: none of them)."""
 
     def moved(self, candidate: Candidate) -> Reach:
-        """The store is at ``candidate`` from now on: how a fresh process reaches it (the
-        last word's ``Reach``)."""
+        """The store is at ``candidate`` from now on: how a fresh process reaches it."""
 
     def back(self, timeout: float) -> tuple[Candidate, KVStore] | None:
         """The store this node used before its last move, as a client, when that same store
@@ -83,8 +81,8 @@ class Successors(Protocol):
 
 @dataclass(frozen=True)
 class Move:
-    """A failover this node took part in: the store of ``epoch`` is served at ``candidate``
-    (by this node when ``reach`` is None: else how a fresh process reaches it)."""
+    """A move to the store of ``epoch`` at ``candidate`` (served by this node when ``reach``
+    is None: else how a fresh process reaches it)."""
 
     candidate: Candidate
     store: KVStore
@@ -110,12 +108,12 @@ def walk(
     idle: Collection[Candidate] = (),
 ) -> tuple[Candidate, KVStore, bool] | None:
     """Find the store of ``epoch`` (one past the lost one): the first candidate alive
-    serves it, every other survivor finds it. The lost store's own place gets one try (if
-    it answers after all, and no other candidate serves the new store yet: None, rejoin
-    it); this node's place, it serves there (or, if it cannot, walks on); any other is
-    tried for ``patience`` seconds, but one no member is at (``idle``: a spare's, which
-    never serves) once. Returns where, the store, and whether this node serves it; None
-    when the lost store answers or nobody serves."""
+    serves it, every other survivor finds it. The lost store's place gets one try (it
+    answers after all, and no other candidate serves the new store yet: None, rejoin it);
+    this node's place, it serves there (or, if it cannot, walks on); any other is tried for
+    ``patience`` seconds, but one no member is at (``idle``: a spare's) once. Returns
+    where, the store, and whether this node serves it; None: the lost store answers or
+    nobody serves."""
     for candidate in candidates:
         if successors.is_current(candidate):
             store = successors.reach(candidate, TRY)
@@ -167,9 +165,8 @@ def _store_at(
     keys: Keys,
     sure: bool = False,
 ) -> KVStore | None:
-    """The store at ``candidate`` when it answers within ``timeout`` and is of ``epoch`` or
-    newer (``sure``: and confirmed, ``majority``); None (closed) when it does not answer,
-    is older (not the successor yet), unconfirmed or junk."""
+    """The store at ``candidate`` when it answers within ``timeout``, of ``epoch`` or newer
+    (``sure``: and confirmed); None (closed): no answer, older, unconfirmed or junk."""
     store = successors.reach(candidate, timeout)
     if store is None:
         return None
@@ -274,8 +271,7 @@ def _named(membership: Membership, rank: int | None, where: Candidate) -> str:
 
 
 class Failover:
-    """This node's side of the store's failovers, across the job (the handler's): the
-    epoch of the store it uses, and the moves it took part in."""
+    """This node's side of the store's failovers (the handler's): the epoch of its store."""
 
     def __init__(self, successors: Successors, settings: RendezvousSettings) -> None:
         self.successors = successors
@@ -300,8 +296,7 @@ class Failover:
     ) -> Move | None:
         """After this member (``rank`` of ``membership``) lost the store (``why``, its last
         answer at wall-clock ``since``): find the successor, re-publish the job's state
-        there, and return the move; None when the lost store answers after all, or no
-        candidate serves (the caller waits for the lost store, as without failover)."""
+        there, and return the move; None: the lost store answers after all, or nobody serves."""
         epoch, candidates = self.epoch + 1, self.successors.candidates(membership)
         idle = [c for c in candidates if not self.successors.at_member(c, membership)]
         found = walk(candidates, self.successors, rank, epoch, keys, self._patience, idle=idle)
@@ -377,8 +372,14 @@ class Failover:
         )  # fmt: skip
         return Move(candidate, store, self.epoch, self.successors.moved(candidate), self._lost)
 
+    def waiting_at(self, first: str) -> str:
+        """The store it uses, as the waiting line names it (``first``: the job's first)."""
+        if self.epoch == 0:
+            return first
+        return f"the store that took over, at {self.successors.current} (failover {self.epoch})"
+
     def take(self) -> dict[str, object] | None:
-        """The last move, as the event log says it, once (None: none since the last take)."""
+        """The last move, as the event log says it, once (None: none since)."""
         last, self.last = self.last, None
         return last
 

@@ -17,11 +17,16 @@ member cut off from the others serves one that never is), or the lost store itse
 that same store (its id) answers again; and where it joins it counts toward MIN only, never
 toward the members' quorum. Where no round of ``majority.FEWEST`` members or more ran, no
 failover can come, and it ends as before.
+
+A node started after the failover with the job's one endpoint (the lost store's place) waits
+on a fresh store there, which knows nothing of the job; the store's successor leaves word in
+it (``backends.signpost``), and ``signposted`` follows that word, to a confirmed store only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +53,41 @@ def running(board: Board) -> Membership | None:
         found = board.get_json(key) if round_ >= 0 else None
         if found is not None and "fail" not in found:
             return parsed(key, found, Membership.from_json)
+    return None
+
+
+def signposted(board: Board, failover: Failover) -> Move | None:
+    """The move to the job's store, when the job left word in ``board``'s store of where it
+    went (a fresh store at the lost store's place, which this node serves or joined, given
+    one endpoint: ``backends.signpost``): the store of that failover number or newer at the
+    place named, confirmed (never a store no quorum of the members reached); None: no word,
+    or no such store answers there now (asked again on the next call). Store errors on
+    ``board``'s store propagate."""
+    word = board.store.get(board.keys.moved)
+    if word is None:
+        return None
+    try:
+        said = json.loads(word)
+        candidate, epoch = Candidate(str(said["host"]), int(said["port"])), int(said["epoch"])
+    except (ValueError, KeyError, TypeError):
+        return None  # not the job's word (only a holder of the token could write it)
+    successors = failover.successors
+    there = successors.reach(candidate, TRY) if epoch > failover.epoch else None
+    if there is None:
+        return None
+    try:
+        found = epoch_of(there, board.keys)
+        if found >= epoch and confirmed(there, board.keys, found):
+            log.warning(
+                "rendezvous: the job's store at %s was lost and the job moved on (failover %d); "
+                "its members left word there: this node, started at the lost store's place, "
+                "follows it to %s", successors.current, found, candidate,
+            )  # fmt: skip
+            failover.epoch = found
+            return Move(candidate, there, found, successors.moved(candidate))
+    except (StoreUnavailable, ValueError):
+        pass
+    there.close()
     return None
 
 

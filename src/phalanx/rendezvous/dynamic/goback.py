@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.failover import Failover, Move
+from phalanx.rendezvous.dynamic.follow import signposted
 from phalanx.rendezvous.dynamic.majority import CUT_OFF, confirmed
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import KVStore
@@ -41,7 +42,8 @@ LEFT = (
 
 
 class StoreBack(Exception):
-    """Out of the round's wait: the store this node lost answers again; ``move``: back to it."""
+    """Out of the round's wait: the store this node lost answers again, or the job left word
+    of where its store went (a newcomer); ``move``: there."""
 
     def __init__(self, move: Move) -> None:
         super().__init__()
@@ -64,12 +66,19 @@ class GoBack:
         self._next = 0.0
         self._since: tuple[KVStore, float] | None = None  # (the store, when it began to wait)
 
-    def check(self, board: Board, t: int) -> None:
-        """Called while restart round ``t`` waits on ``board``'s store: raise ``StoreBack``
+    def check(self, board: Board, t: int, newcomer: bool = False) -> None:
+        """Called while round ``t`` waits on ``board``'s store: raise ``StoreBack``
         once this node serves that store after a failover, no quorum reached it, and the
         store it lost answers again and may be gone back to (``_went_on``, or this node waited
-        alone long enough; round ``t`` here then failed). Store errors propagate."""
+        alone long enough; round ``t`` here then failed). A ``newcomer`` (in no round yet)
+        on a store of no failover: once the job left word there of the store it moved to
+        (``follow.signposted``), the move there. Store errors propagate."""
         store, keys, epoch = board.store, board.keys, self._failover.epoch
+        if newcomer and epoch == 0 and self._clock() >= self._next:
+            self._next = self._clock() + EVERY
+            if (there := signposted(board, self._failover)) is not None:
+                raise StoreBack(there)
+            return
         if not store.hosting or epoch == 0 or self._clock() < self._next:
             return
         if self._since is None or self._since[0] is not store:  # (a failover number repeats)

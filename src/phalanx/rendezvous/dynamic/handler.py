@@ -116,10 +116,10 @@ class DynamicRendezvous:
         self._node_id = node_id
         self._board = board = Board(self._store, Keys(run_id), node_id)
         self._former = RoundFormer(
-            board, self._settings, min_nodes, max_nodes, worker_port=worker_port,
-            where=where, admit_mismatch=admit_mismatch, arriving=self._arriving,
+            board, self._settings, min_nodes, max_nodes, worker_port=worker_port, back=self._back,
+            where=where if self._failover is None else self._failover.waiting_at(where),
+            admit_mismatch=admit_mismatch, arriving=self._arriving, max_restarts=max_restarts,
             standing_by=self._standing_by, majority=self._failover is not None,
-            max_restarts=max_restarts, back=self._back,
         )  # fmt: skip
         self._liveness = liveness = Liveness(board, self._settings, fence=self._fence)
         if self._ring is not None:
@@ -191,7 +191,7 @@ class DynamicRendezvous:
 
     def _back(self, t: int) -> None:
         if self._goback is not None:  # (raises ``StoreBack``: see ``next_round``)
-            self._goback.check(self._board, t)
+            self._goback.check(self._board, t, newcomer=self._joined is None)
 
     def _switch(self, move: Move) -> None:
         """On to the store ``move`` found: a successor's; or, ``move.lost`` set, back to the

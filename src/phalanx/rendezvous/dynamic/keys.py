@@ -2,7 +2,8 @@
 
 Job-wide keys:  ``round`` (the newest opened round), ``stopped`` (someone gave up for good),
 ``epoch`` (how many times the store moved to a successor: ``failover``), ``confirmed``
-(a round formed on this successor's store: ``majority``),
+(a round formed on this successor's store: ``majority``), ``moved`` (left by the job in a
+fresh store at the lost store's place: where the job's store went, ``backends.signpost``),
 ``failures`` + ``fail/<i>`` (the failure log) + ``fail_from`` (its first entry not yet
 swept), ``sweep_from`` (the oldest round not yet swept), ``hb/<node id>`` (liveness: a heartbeat counter, or a key bound to the node's lease;
 see ``pulse``).
@@ -78,6 +79,10 @@ class Keys:
     @property
     def confirmed(self) -> str:
         return self.prefix + "confirmed"
+
+    @property
+    def moved(self) -> str:
+        return self.prefix + "moved"
 
     @property
     def sweep_from(self) -> str:

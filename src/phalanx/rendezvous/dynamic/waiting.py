@@ -2,7 +2,9 @@
 
 ``phalanx: waiting for nodes: 1 of 2..4 present (hostA); 1 more needed; join timeout in 583 s;
 rendezvous: the c10d store at 10.0.0.1:29400`` (one line: the last part names where this node
-waits, so a node waiting at the wrong place shows it)
+waits, so a node waiting at the wrong place shows it; after the c10d store's host was lost,
+the store that serves now, ``the store that took over, at 10.0.0.2:29400 (failover 1)``:
+``failover.Failover.waiting_at``)
 
 On a terminal (stderr is a tty) it is one line redrawn in place (``\\r`` and clear to the end
 of the line), every ``TTY_EVERY`` seconds and at once on every change, ended with a newline
