@@ -144,8 +144,9 @@ class Timed:
 class TimedAgentStore(Timed):
     """A ``Timed`` agent store handle, with what the rendezvous finds on one: ``twin``, so
     that ``Liveness`` runs as in a real agent (its watch and heartbeat threads on handles of
-    their own, the watch's wait for the next event parked on the server), and ``get_many``
-    (the arrivals read in one round trip: one call, one latency)."""
+    their own, the watch's wait for the next event parked on the server), ``get_many``
+    (the arrivals read in one round trip: one call, one latency) and ``wait_get`` (a wait
+    and the reads behind it in one round trip: one call, counted as a wait)."""
 
     inner: AgentKVStore
 
@@ -154,6 +155,12 @@ class TimedAgentStore(Timed):
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         return self._timed("get_many", lambda: self.inner.get_many(keys))  # type: ignore[no-any-return]
+
+    def wait_get(
+        self, keys: list[str], timeout: float, reads: list[str]
+    ) -> tuple[bool, list[bytes | None]]:
+        self._record("wait", -1.0)  # a wait: counted, not timed (the reads ride on it)
+        return self.inner.wait_get(keys, timeout, reads)
 
 
 def timed(store: KVStore, record: Callable[[str, float], None]) -> Timed:

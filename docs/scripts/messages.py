@@ -74,7 +74,7 @@ UNKEYED: dict[str, str] = {
     "rendezvous/dynamic/liveness.py: ('rendezvous: %s', exc)": STORE,
     "rendezvous/dynamic/exchange.py: problem": "the liveness's store_problem(), passed in as "
     "a callable: its lines are scanned where liveness words them",
-    "rendezvous/dynamic/formation.py: f\"round {t}: {found['fail']}\"": "the failure another "
+    "rendezvous/dynamic/assembly.py: f\"round {t}: {found['fail']}\"": "the failure another "
     "node wrote to the store, worded (and scanned) where it is written",
     "cli/convert.py: problem": "straggler_problems()'s lines, scanned where they are appended",
 }

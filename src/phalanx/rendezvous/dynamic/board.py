@@ -54,6 +54,11 @@ def _integer(key: str, data: bytes) -> int:
         raise MalformedValue(key, f"expected an integer, got {data[:80]!r}") from None
 
 
+def count_in(key: str, data: bytes | None) -> int:
+    """A counter's value as read from ``key`` (absent: 0)."""
+    return 0 if data is None else _integer(key, data)
+
+
 def parsed(key: str, body: dict[str, Any], parse: Callable[[dict[str, Any]], T]) -> T:
     """``parse(body)``, with a missing or mistyped field a ``MalformedValue`` naming ``key``."""
     try:
@@ -96,21 +101,27 @@ class Board:
             return self.store.get_many(keys)
         return [self.store.get(key) for key in keys]
 
+    def wait_get(
+        self, keys: list[str], timeout: float, reads: list[str]
+    ) -> tuple[bool, list[bytes | None]]:
+        """``store.wait(keys, timeout)``, then the values of ``reads`` (read once the wait is
+        over, found or not): one round trip on a ``BatchedStore``."""
+        if isinstance(self.store, BatchedStore):
+            return self.store.wait_get(keys, timeout, reads)
+        found = self.store.wait(keys, timeout)
+        return found, [self.store.get(key) for key in reads]
+
     def counters(self, keys: list[str]) -> list[int]:
         """The integers at ``keys`` (absent: 0) by plain reads, as ``counter``: one round
         trip on a ``BatchedStore``."""
-        return [
-            0 if data is None else _integer(k, data)
-            for k, data in zip(keys, self.get_many(keys), strict=True)
-        ]
+        return [count_in(k, data) for k, data in zip(keys, self.get_many(keys), strict=True)]
 
     def read_int(self, key: str) -> int:
         return self.store.add(key, 0)
 
     def counter(self, key: str) -> int:
         """The integer at ``key`` (absent: 0) by a plain read (``add(key, 0)`` writes on etcd)."""
-        data = self.store.get(key)
-        return 0 if data is None else _integer(key, data)
+        return count_in(key, self.store.get(key))
 
     def put_first(self, key: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Write ``obj`` unless the key exists; return what the key holds (first writer wins)."""
@@ -124,10 +135,13 @@ class Board:
         data = self.store.get(self.keys.latest_round)
         return 0 if data is None else _integer(self.keys.latest_round, data)
 
-    def open_round(self, r: int) -> None:
-        """Mark round ``r`` open and move the run's newest-round pointer up to it (never down)."""
+    def open_round(self, r: int, current: bytes | None = None, *, read: bool = False) -> None:
+        """Mark round ``r`` open and move the run's newest-round pointer up to it (never down).
+        ``read``: ``current`` is the pointer as the caller just read it (a stale one only
+        costs a compare-and-set that fails and reads it anew)."""
         self.store.set(self.keys.round(r, "open"), b"1")
-        current = self.store.get(self.keys.latest_round)
+        if not read:
+            current = self.store.get(self.keys.latest_round)
         while current is None or _integer(self.keys.latest_round, current) < r:
             swapped, current = self.store.compare_set(
                 self.keys.latest_round, current, str(r).encode()
@@ -160,11 +174,16 @@ class Board:
         return r == 0 or self.store.get(self.keys.round(r, "open")) is not None
 
     def decision(self, r: int) -> Decision | None:
-        key = self.keys.round(r, "closed")
-        found = self.get_json(key)
-        if found is None:
+        return self.decision_in(r, self.store.get(self.keys.round(r, "closed")))
+
+    def decision_in(self, r: int, data: bytes | None) -> Decision | None:
+        """Round ``r``'s decision from ``data``, its ``closed`` key's value as read."""
+        if data is None:
             return None
-        return parsed(key, found, lambda b: Decision(int(b.get("n", 0)), str(b.get("fail", ""))))
+        key = self.keys.round(r, "closed")
+        return parsed(
+            key, decode(data, key), lambda b: Decision(int(b.get("n", 0)), str(b.get("fail", "")))
+        )
 
     def close(self, r: int, decision: Decision) -> Decision:
         """Propose how round ``r`` closes; return the decision that won (maybe another's)."""

@@ -17,9 +17,9 @@ Every node does O(1) store operations per round (the assembler reads the n arriv
    waited for until its heartbeat is ``heartbeat_timeout`` old, and at most
    ``heartbeat_timeout`` past the last call) -- and fails when fewer than MIN nodes are
    left, or (c10d) too few of round t-1's members (``majority``: no split brain).
-3. **Membership**: slot 1 reads the n arrivals, assigns node ranks, writes ``members``
-   (a deterministic result, so any node can redo it if slot 1 died). Node rank 0 picks a
-   free port on its host and publishes ``master``.
+3. **Membership** (``assembly``): slot 1 reads the n arrivals, assigns node ranks, writes
+   ``members`` (a deterministic result, so any node can redo it if slot 1 died). Node rank 0
+   picks a free port on its host and publishes ``master``.
 
 A node that finds the round closed without it (late, or beyond MAX) queues for the next
 round (its members see ``NODE_WAITING`` if it has room). A spare the job ends without leaves
@@ -34,16 +34,15 @@ from collections.abc import Callable
 
 from phalanx.config import shown_run_id
 from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted, RendezvousError
-from phalanx.rendezvous.api import NodeInfo
 from phalanx.rendezvous.dynamic.abandoned import Abandoned
 from phalanx.rendezvous.dynamic.admission import check_admission
-from phalanx.rendezvous.dynamic.board import Board, Decision, decode, encode, parsed
+from phalanx.rendezvous.dynamic.assembly import master_of, members_of
+from phalanx.rendezvous.dynamic.board import Board, Decision, count_in, encode
 from phalanx.rendezvous.dynamic.majority import close_restart, ended, expire_late, failed_over
-from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
+from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.resources.ports import free_port
 
 # A store that outlives the job (etcd) keeps the run's state, so an id serves one job.
 _SINGLE_USE = "a run id serves one job: give a new --rdzv-id to start another"
@@ -111,10 +110,10 @@ class RoundFormer:
         t = prior.round + 1 if prior is not None and rejoining else self._b.latest_round()
         queued: set[int] = set()
         while True:
-            self._check_stopped()
             if rejoining:
-                self._b.open_round(t)
+                self._open(t)
             else:
+                self._check_stopped()
                 self._standing_by()  # no member of a running round while it waits
                 t = self._first_undecided(t)
                 if not self._admit_mismatch:
@@ -141,11 +140,19 @@ class RoundFormer:
                 rejoining = False
                 t += 1
                 continue
-            membership = self._membership(t, decision.count, slot)
-            rank = membership.node_ids.index(me.node_id)
-            return membership, rank, self._master(membership, rank)
+            members = members_of(self._b, self._s, t, decision.count, slot)
+            rank = members.node_ids.index(me.node_id)
+            return members, rank, master_of(self._b, self._s, members, rank, self._worker_port)
 
     # -- joining ---------------------------------------------------------------------------
+    def _open(self, t: int) -> None:
+        """A member of round t-1 opens round t (the job's stop and the newest round read in
+        one round trip where the store can)."""
+        stopped, latest = self._b.get_many([self._keys.stopped, self._keys.latest_round])
+        if stopped is not None:
+            self._check_stopped()
+        self._b.open_round(t, latest, read=True)
+
     def _rejoined(self, t: int, prior: Membership | None, rank: int | None, back: bool) -> None:
         """A member of round t-1 (``prior``) is ``back``: its old place settles as rejoined,
         also when round t is full (it waits here for t+1): t closes once t-1 settled."""
@@ -266,10 +273,12 @@ class RoundFormer:
             return self._b.close(
                 t, Decision(failure=f"{why} within join_timeout={self._s.join_timeout:g}s")
             )
-        previous = self._b.decision(t - 1)
-        survivors = (previous.count if previous else 0) - self._b.read_int(
-            self._keys.round(t - 1, "gone")
+        keys = self._keys  # (the reads below: one round trip where the store can)
+        closed, gone, *counts = self._b.get_many(
+            [keys.round(t - 1, "closed"), keys.round(t - 1, "gone"), *self._counted(t)]
         )
+        previous = self._b.decision_in(t - 1, closed)
+        survivors = (previous.count if previous else 0) - count_in(keys.round(t - 1, "gone"), gone)
         last_call = self._clock() + self._s.last_call_timeout
         # A queued node's beats come from a thread of their own: a node whose main thread
         # is stuck (a full stderr pipe, a slow run directory) beats but never joins. One
@@ -277,8 +286,7 @@ class RoundFormer:
         patience = min(deadline, last_call + self._s.heartbeat_timeout)
         while True:
             now = self._clock()
-            joined = self._b.read_int(self._keys.round(t, "joined"))
-            queued = self._queue.count(t)
+            joined, queued = (count_in(k, v) for k, v in zip(self._counted(t), counts, strict=True))
             # Past patience nobody is waited for; before it, the judge's clock starts at
             # the first look (the spare's last beat was before it).
             live = self._queue.live(t, queued) if now < patience else 0
@@ -289,6 +297,11 @@ class RoundFormer:
             until = last_call if now < last_call else now + self._s.heartbeat_interval
             if (decided := self._wait_decided(t, min(until, deadline), None, deadline)) is not None:
                 return decided
+            counts = self._b.get_many(self._counted(t))
+
+    def _counted(self, t: int) -> list[str]:
+        """Round t's arrivals and the nodes queued for it: the counters its close weighs."""
+        return [self._keys.round(t, "joined"), self._keys.round(t, "waiting")]
 
     def _close_with(self, t: int, joined: int) -> Decision:
         """Close round t with the ``joined`` arrivals, or fail it below MIN (or the quorum)."""
@@ -314,87 +327,29 @@ class RoundFormer:
         """Wait until round t is decided (-> the decision), ``key`` exists or ``until`` (-> None).
         ``deadline``: the join timeout's, for the waiting line; ``settling``: what is awaited
         is round t-1's members each rejoining, leaving or being found lost (the line says so)."""
-        closed = self._keys.round(t, "closed")
+        # Each pass reads the decision, the job's stop and (``settling``) how many of round
+        # t-1's members settled, in the round trip of the wait before it where the store can.
+        settled = self._keys.round(t - 1, "settled")
+        reads = [
+            self._keys.round(t, "closed"),
+            self._keys.stopped,
+            *([settled] if settling else []),
+        ]
+        state = self._b.get_many(reads)
         while True:
-            if (decision := self._b.decision(t)) is not None:
+            if (decision := self._b.decision_in(t, state[0])) is not None:
                 return decision
-            self._check_stopped()
+            if state[1] is not None:
+                self._check_stopped()
             self._back(t)
             left = until - self._clock()
             if left <= 0:
                 return None
             self._line.check(t, until if deadline is None else deadline, settling=settling)
             if settling:  # round t-1's watchers may be gone (fenced, back as new members)
-                self._abandoned.settle_lost(t - 1)
-            if self._b.store.wait([key or closed], min(left, self._s.heartbeat_interval)) and key:
-                return self._b.decision(t)
-
-    # -- membership ------------------------------------------------------------------------
-    def _membership(self, t: int, count: int, slot: int) -> Membership:
-        key = self._keys.round(t, "members")
-        found = self._b.get_json(key)
-        if found is None and slot != 1 and self._b.store.wait([key], self._s.close_timeout):
-            found = self._b.get_json(key)
-        if found is None:  # slot 1 (or, if it died, everyone) assembles: same result for all
-            found = self._assemble(t, count)
-        if "fail" in found:
-            raise RendezvousError(f"round {t}: {found['fail']}")
-        return parsed(key, found, Membership.from_json)
-
-    def _assemble(self, t: int, count: int) -> dict[str, object]:
-        keys = [self._keys.node(t, s) for s in range(1, count + 1)]
-        if not self._b.store.wait(keys, self._s.close_timeout):
-            missing = [s for s, k in enumerate(keys, 1) if self._b.store.get(k) is None]
-            raise RendezvousError(
-                f"round {t} closed with {count} nodes, but the node(s) in slot(s) {missing} "
-                f"never announced themselves within close_timeout={self._s.close_timeout:g}s"
+                self._abandoned.settle_lost(t - 1, count_in(settled, state[2]))
+            woken, state = self._b.wait_get(
+                [key or reads[0]], min(left, self._s.heartbeat_interval), reads
             )
-        arrivals = []  # read in one round trip where the store can (the agent store)
-        for k, data in zip(keys, self._b.get_many(keys), strict=True):
-            if data is None:
-                raise RendezvousError(f"round {t}: arrival {k!r} vanished from the store")
-            arrivals.append(parsed(k, decode(data, k), Arrival.from_json))
-        restarts, abandoned = 0, ""
-        if t > 0:
-            before = self._keys.round(t - 1, "members")
-            previous = self._b.get_json(before)
-            restarts = (
-                parsed(before, previous, lambda b: int(b["restart_count"])) if previous else 0
-            )
-            claimed, abandoned = self._b.claimed_restart(t - 1)
-            restarts += int(claimed)
-        try:
-            ranks = assign_ranks(arrivals)
-        except ValueError as exc:
-            return self._b.put_first(self._keys.round(t, "members"), {"fail": str(exc)})
-        order = sorted(range(count), key=lambda i: ranks[i])
-        membership = Membership(
-            round=t,
-            restart_count=restarts,
-            node_ids=tuple(arrivals[i].node_id for i in order),
-            nodes=tuple(
-                NodeInfo(
-                    ranks[i], arrivals[i].hostname, arrivals[i].addr, arrivals[i].local_world_size
-                )
-                for i in order
-            ),
-            fingerprints=tuple(arrivals[i].fingerprint for i in order),
-            abandoned=abandoned,
-        )
-        # put_first adds the writer's id; the membership itself is the same from any writer.
-        return self._b.put_first(self._keys.round(t, "members"), membership.to_json())
-
-    def _master(self, membership: Membership, rank: int) -> tuple[str, int]:
-        key = self._keys.round(membership.round, "master")
-        if rank == 0:
-            addr = membership.nodes[0].addr
-            port = self._worker_port or free_port("::" if ":" in addr else "")
-            found = self._b.put_first(key, {"addr": addr, "port": port})
-        elif self._b.store.wait([key], self._s.close_timeout):
-            found = self._b.get_json(key) or {}
-        else:
-            raise RendezvousError(
-                f"round {membership.round}: node 0 ({membership.nodes[0].hostname}) did not "
-                f"publish the master port within close_timeout={self._s.close_timeout:g}s"
-            )
-        return parsed(key, found, lambda b: (str(b["addr"]), int(b["port"])))
+            if woken and key:
+                return self._b.decision_in(t, state[0])

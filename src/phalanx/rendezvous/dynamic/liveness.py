@@ -5,14 +5,14 @@ It does every periodic store operation, so ``poll()`` never touches the network:
 - it waits on the store for the next entry of the round's event log (a ``wait`` on its
   key: the agent store parks the wait and wakes it when the entry is written, so the wait
   lasts until the thread's next heartbeat duties, one call a heartbeat interval while
-  nothing happens; from ``announce`` until ``follow``, while the node joins a round, a
-  quarter interval, ``event_interval``, at a time, so that the new round's events are
-  waited for soon after it forms; on etcd, where a wait costs a read and a watch stream,
-  it reads the entry every ``event_interval`` instead), so a peer's failure
-  reaches ``poll()`` as soon as it is posted, and ``on_event`` is rung so the agent polls at
-  once rather than at its next tick. It
-  reads ahead only while the agent has consumed what was read (an agent restarts on the
-  first event), so even when every node fails at once each reads O(1) entries, not O(n);
+  nothing happens; from ``announce`` until ``follow``, while the node joins a round, it
+  waits for ``follow`` instead, so the new round's events are waited for as soon as it
+  forms, and reads the old round's with its heartbeat duties; on etcd, where a wait costs
+  a read and a watch stream, it reads the entry every ``event_interval``), so a peer's
+  failure reaches ``poll()`` as soon as it is posted, and ``on_event`` is rung so the agent
+  polls at once rather than at its next tick. It reads ahead only while the agent has
+  consumed what was read (an agent restarts on the first event), so even when every node
+  fails at once each reads O(1) entries, not O(n);
 - every ``heartbeat_interval`` (from a thread of its own, ``beat``: the heartbeat never
   waits behind these reads) it shows this node is alive; and it judges the next node in the
   ring (rank + 1 mod n), by heartbeat counters or, on a store with leases (etcd), by the
@@ -117,7 +117,8 @@ class Liveness:
         # (view, index): the last wait found that entry absent; the next read of it is skipped
         # (the next wait is woken by it instead), so a quiet round costs one call per pause.
         self._absent: tuple[_View, int] | None = None
-        self._joining = False  # from ``announce`` to ``follow``: short event waits
+        self._joining = False  # from ``announce`` to ``follow``: no event waits on the store
+        self._followed = threading.Event()  # set by ``follow`` (and ``stop``): wakes the thread
 
     def _beater_for(self, bound: float) -> Beater:
         # Counters: while a beat waits for its answer the next goes out beside it, so that
@@ -143,6 +144,7 @@ class Liveness:
             self._ring_watch.follow()
             self._next_beat = 0.0
             self._joining = False
+        self._followed.set()
 
     def start(self) -> None:
         """Start the thread (once; later calls do nothing). Until the first ``follow`` it
@@ -157,10 +159,10 @@ class Liveness:
 
     def announce(self) -> None:
         """Show this node as alive before it joins a round (a leased key, on etcd); until
-        ``follow`` the thread's event waits are short (the round it will follow is not
-        known yet)."""
+        ``follow`` the thread waits for it, not on the store (the round is not known yet)."""
         with self._lock:
             self._joining = True
+            self._followed.clear()
         self._pulse.announce()
 
     def stop_beating(self) -> None:
@@ -249,6 +251,7 @@ class Liveness:
         """End the thread; waits at most one heartbeat (a call stuck on a lost store is left
         behind: the thread is a daemon). The fence stands down: no heartbeats follow."""
         self._stop.set()
+        self._followed.set()
         if self._fence is not None:
             self._fence.stand_down()
         self._beater.stop(self._s.heartbeat_interval)
@@ -289,8 +292,10 @@ class Liveness:
             return False  # etcd: a wait is a read and a watch stream; a plain read is cheaper
         with self._lock:
             view, queued, index = self._view, bool(self._events), self._next_event
-            if not self._joining:  # a write wakes the wait: it may last until the next beat
-                seconds = max(seconds, self._next_beat - self._clock())
+            joining, until_beat = self._joining, self._next_beat - self._clock()
+        if joining:  # (no store call: a thousand joining nodes' waits took the round's CPU)
+            return self._followed.wait(max(0.0, until_beat)) or True
+        seconds = max(seconds, until_beat)  # a write wakes the wait: it may last until the beat
         if view is None or queued:
             return False  # joining, or the agent has not taken what was read: no read ahead
         try:

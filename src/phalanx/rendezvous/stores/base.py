@@ -17,7 +17,7 @@ that die with their owner for liveness instead of heartbeat counters (see ``puls
 store that outlives the job (etcd) also implements ``DurableStore``, so the last node to
 leave can remove the run's keys. A store that reads many keys in one round trip (the agent
 store) implements ``BatchedStore``; the node that assembles a round's membership reads the
-arrivals with it.
+arrivals with it, and a joining node reads what a wait was for in the wait's round trip.
 """
 
 from __future__ import annotations
@@ -144,7 +144,13 @@ class TwinnedStore(KVStore, Protocol):
 
 @runtime_checkable
 class BatchedStore(KVStore, Protocol):
-    """A ``KVStore`` that reads many keys in one round trip."""
+    """A ``KVStore`` that reads many keys in one round trip, also behind a ``wait``."""
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         """``[get(key) for key in keys]``, each read as a ``get`` is, in one round trip."""
+
+    def wait_get(
+        self, keys: list[str], timeout: float, reads: list[str]
+    ) -> tuple[bool, list[bytes | None]]:
+        """``wait(keys, timeout)``, then ``get_many(reads)`` once the wait is over (found or
+        not), in the same round trip."""

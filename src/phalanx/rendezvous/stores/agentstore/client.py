@@ -135,12 +135,20 @@ class AgentKVStore:
         """Every key's value in one round trip: the requests go out together and the server
         answers a connection's requests in order."""
         request = f"get {len(keys)} keys"
-        frames = b"".join(wire.encode([wire.GET, _key(key)]) for key in keys)
-        replies = self._exchange(frames, len(keys), request) if keys else []
-        return [
-            self._value(self._checked(reply, request), 1, f"get {key!r}")
-            for key, reply in zip(keys, replies, strict=True)
-        ]
+        replies = self._exchange(_gets(keys), len(keys), request) if keys else []
+        return self._values(keys, replies, request)
+
+    def wait_get(
+        self, keys: list[str], timeout: float, reads: list[str]
+    ) -> tuple[bool, list[bytes | None]]:
+        """``wait``, then ``get_many(reads)``, in one round trip: the server serves the reads,
+        sent behind the wait, once the wait is over (it parks the connection until then)."""
+        request = f"wait {keys!r}"
+        millis = wire.encode_int(max(0, int(timeout * 1000)))
+        frames = wire.encode([wire.WAIT, millis, *map(_key, keys)]) + _gets(reads)
+        waited, *replies = self._exchange(frames, 1 + len(reads), request, max(0.0, timeout))
+        found = self._flag(self._checked(waited, request), request)
+        return found, self._values(reads, replies, request)
 
     def set(self, key: str, value: bytes) -> None:
         if not value:
@@ -361,6 +369,14 @@ class AgentKVStore:
             return reply[at + 1]
         raise MalformedReply(self.where, request, "no value and no absent marker")
 
+    def _values(
+        self, keys: list[str], replies: list[list[bytes]], request: str
+    ) -> list[bytes | None]:
+        return [
+            self._value(self._checked(reply, request), 1, f"get {key!r}")
+            for key, reply in zip(keys, replies, strict=True)
+        ]
+
     def _int(self, reply: list[bytes], request: str) -> int:
         try:
             return wire.decode_int(reply[1])
@@ -370,6 +386,10 @@ class AgentKVStore:
 
 def _key(key: str) -> bytes:
     return key.encode("utf-8")
+
+
+def _gets(keys: list[str]) -> bytes:
+    return b"".join(wire.encode([wire.GET, _key(key)]) for key in keys)
 
 
 def _why(exc: OSError) -> str:
