@@ -32,12 +32,9 @@ and beats while the node joins, so the heartbeats that prove the node alive (to 
 ``Fence``, ``phalanx.rendezvous.fencing``) run on without a gap from before the round
 closes, when the others may start watching it, until the node leaves.
 
-On a store that can open a second handle on itself (``TwinnedStore``: the agent store)
-both threads use handles of their own whose calls are bounded by ``call_bound``; when the
-store counts as lost is ``health.StoreHealth``'s to say.
-
-One thread's loop whose duties share its state (the last beat, the event cursor, the
-store's health); the health verdict and bounded calls are ``health``, the ring watch ``ring``.
+On a store that can open a second handle on itself (``TwinnedStore``: the agent store) both
+threads use handles of their own, their calls bounded (``health.call_bound``); when the store
+counts as lost is ``health.StoreHealth``'s to say; the ring watch is ``ring``.
 """
 
 from __future__ import annotations
