@@ -14,12 +14,11 @@ It does every periodic store operation, so ``poll()`` never touches the network:
   consumed what was read (an agent restarts on the first event), so even when every node
   fails at once each reads O(1) entries, not O(n);
 - every ``heartbeat_interval`` (from a thread of its own, ``beat``: the heartbeat never
-  waits behind these reads) it shows this node is alive; and it judges the next node in the
-  ring (rank + 1 mod n), by heartbeat counters or, on a store with leases (etcd), by the
-  node's leased key (see ``pulse``; the watch and what it posts: ``ring``). At the same pace it reads how many stacks
-  requests the round has had (``phalanx stacks`` on any node), for ``stack_requests()``:
-  one ``get`` per heartbeat rather than per event check, since a person waits for that
-  answer, not a restart; and likewise how many status requests (``phalanx status``), for
+  waits behind these reads) it shows this node is alive; and it judges the next node in
+  the ring (rank + 1 mod n), by heartbeat counters or, on a store with leases (etcd), by
+  its leased key (``pulse``). At the same pace it reads how many stacks requests the round
+  had (``phalanx stacks``), for ``stack_requests()``: a person waits for that answer, not
+  a restart; and likewise how many status requests (``phalanx status``), for
   ``status_requests()``; and how many agents wait for the next round (spares, ``phalanx
   status``), for ``spares()``. These three and the event counter (for a hole in the log,
   ``_skip_hole``) are plain reads made together: one round trip on the agent store
