@@ -187,12 +187,12 @@ def _back_at(
             for e in within
             if e["kind"] == "rdzv_done" and e.get("round") == r
         }
-        firsts: dict[str, float] = {}
-        for t, who in marks:
-            if formed <= t < end:
-                firsts.setdefault(who, t)
-        if firsts and len(firsts) >= max(ranks, default=1):
-            return max(firsts.values())
+        # The round's own workers' marks: the first ``world`` after it formed (a later round's
+        # workers mark too, and the last fault's window has no end)
+        world = max(ranks, default=1)
+        firsts = sorted(t for t, _ in marks if formed <= t < end)[:world]
+        if firsts and len(firsts) >= world:
+            return firsts[-1]
     back = [e["t"] for e in within if e["kind"] == "progress" and e.get("round") == r]
     return min(back) if back else None
 
