@@ -338,7 +338,8 @@ def test_a_round_that_ended_in_its_check_starts_no_workers(
     spaces, codes, every = lost_in_its_check(netns, nodes, tmp_path, quota, "say_world.py")
     assert codes == [0, 0], every
     assert "finished workers are not run again" not in every, every
-    said = sorted(x.split("]: ")[-1] for n in nodes[:2] for x in n.stdout.splitlines() if "world=" in x)
+    lines = [x.split("]: ")[-1] for n in nodes[:2] for x in n.stdout.splitlines()]  # [rankN]:
+    said = sorted(x for x in lines if x.startswith("world="))
     assert said == ["world=2 restart=1 rank=0", "world=2 restart=1 rank=1"], every
     for node in nodes[:2]:
         (run_dir,) = node.logs.iterdir()
