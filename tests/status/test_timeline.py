@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from phalanx.events import EVENTS_FILE, read_events
+from phalanx.events.figures import recovery
 from phalanx.timeline import build, render
 from phalanx.timeline.page import COLOURS
 from support import browser
@@ -201,3 +202,38 @@ def test_every_node_is_a_group_and_a_peer_failure_is_not_shown_twice() -> None:
     assert [(r.restart, r.t) for r in timeline.restarts] == [(1, 6.0)]
     assert [a.outcome for a in timeline.attempts] == ["running", "running"]
     assert len(timeline.waits) == 2
+
+
+def test_a_round_that_ended_before_its_workers_started_has_no_lanes_but_its_incident() -> None:
+    """A round whose node check stopped on a lost member ends before its workers start (the
+    agent's ``_unstarted``): ``failure`` and ``stopped`` (0 s), no ``workers_started``. The
+    timeline draws lanes for the next round only and the failure once; the recovery figures
+    count the incident, from the failure to the next round's first progress."""
+    events = [
+        _event(0, "run_start", 100.0, run_id="r"),
+        _event(1, "rdzv_start", 100.0, attempt=1),
+        _event(2, "rdzv_done", 101.0, round=0, attempt=1, num_nodes=3, world_size=3,
+               restart_count=0),
+        _event(3, "node_lost", 105.0, round=0, lost_node=1, lost_host="b", reason="gone"),
+        _event(4, "failure", 105.0, round=0, attempt=1, rank=None, failed_node=1,
+               failure_kind="node_lost", reason="node 1 was lost: gone", exit_code=None,
+               local=False, failed_at=None, detected_at=105.0),
+        _event(5, "stopped", 105.0, round=0, attempt=1, seconds=0.0),
+        _event(6, "restart", 105.5, restart=1, max_restarts=1, round=0),
+        _event(7, "rdzv_start", 105.5, attempt=2),
+        _event(8, "rdzv_done", 107.0, round=1, attempt=2, num_nodes=2, world_size=2,
+               restart_count=1),
+        _event(9, "workers_started", 107.5, round=1, attempt=2, ranks=[0], pids=[8]),
+        _event(10, "progress", 108.0, round=1, rank=0, step=1, beats=1, age=0.1),
+        _event(11, "worker_exit", 109.0, round=1, attempt=2, rank=0, returncode=0,
+               failed=False, stopped_by_phalanx=False),
+        _event(12, "job_end", 109.5, outcome="succeeded", exit_code=0),
+    ]  # fmt: skip
+    timeline = build(events)
+    assert [(a.round, a.attempt, a.outcome) for a in timeline.attempts] == [(1, 1, "succeeded")]
+    assert [(m.kind, m.rank) for m in timeline.failures] == [("node_lost", None)]
+    assert [w.round for w in timeline.waits] == [0, 1]
+    assert 'data-kind="node_lost"' in render(timeline)
+    (incident,) = recovery(events).incidents
+    assert (incident.round, incident.stop, incident.recovered) == (0, 0.0, True)
+    assert incident.reform == 2.0 and incident.back == 1.0  # 105 -> 107 -> 108

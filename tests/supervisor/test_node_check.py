@@ -264,22 +264,17 @@ def test_a_restart_with_the_same_nodes_does_not_check_them_again(
     assert "world=2 sum=3 restart=1" in nodes[0].stdout + nodes[1].stdout, nodes[0].stdout
 
 
-@pytest.mark.slow
-def test_a_member_lost_while_the_others_wait_for_its_check_ends_their_wait(
+def lost_in_its_check(
     netns: Callable[[int], NetNamespaces],
     nodes: list[Node],
     tmp_path: Path,
     quota: Callable[[float], cpuquota.CpuQuota],
-) -> None:
-    """3 nodes at ``--nnodes 2:3``; node 2 (under the quota, so its check takes seconds) is
-    SIGKILLed whole, agent, guardian and all, as soon as round 0 has formed: the others wait
-    for its records. Their watch finds it lost at ``heartbeat_timeout``, and that ends their
-    check at once ("node check stopped: ... sent no heartbeat"), not the check's minute-long
-    wait for a record that never comes (the 30-minute c10d soak lost 2.5 minutes so: the
-    round's judgement waited for a survivor still in its check). They finish in a round of 2.
-    The workers all-reduce (``flaky_dist.py``): the round that ended still starts its workers
-    after the stopped check, and a script that needs no peer could finish before its node
-    acts on the loss (then the job fails: finished workers are not run again)."""
+    script: str,
+) -> tuple[NetNamespaces, list[int], str]:
+    """3 nodes at ``--nnodes 2:3`` running ``script`` (1 worker each, ``--max-restarts 1``);
+    node 2 (under the quota, so its check takes seconds) is SIGKILLed whole, agent, guardian
+    and all, as soon as round 0 has formed: the others wait for its records. The namespaces,
+    the survivors' exit codes, and every node's output (for assertion messages)."""
     spaces = netns(3)
     slow = quota(0.02)
     net = NamespaceHosts(spaces)
@@ -288,7 +283,7 @@ def test_a_member_lost_while_the_others_wait_for_its_check_ends_their_wait(
     def start(i: int) -> Node:
         args = [*rdzv(spaces, i, port, "lostcheck", "2:3", 8, "heartbeat_timeout=4"),
                 "--nproc-per-node", "1", "--max-restarts", "1", "--cold-start",
-                worker("flaky_dist.py")]  # fmt: skip
+                worker(script)]  # fmt: skip
         return Node(net, i, args, tmp_path, f"n{i}", env=TOKEN)
 
     first = [start(0), start(2)]
@@ -300,6 +295,22 @@ def test_a_member_lost_while_the_others_wait_for_its_check_ends_their_wait(
     nodes[2].proc.wait(HANG)
     codes = [n.finish(HANG) for n in nodes[:2]]
     every = f"codes {codes}\n" + "".join(f"--- node {i}:\n{n.stderr}" for i, n in enumerate(nodes))
+    return spaces, codes, every
+
+
+@pytest.mark.slow
+def test_a_member_lost_while_the_others_wait_for_its_check_ends_their_wait(
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    quota: Callable[[float], cpuquota.CpuQuota],
+) -> None:
+    """``lost_in_its_check``: the survivors' watch finds node 2 lost at ``heartbeat_timeout``,
+    and that ends their check at once ("node check stopped: ... sent no heartbeat"), not the
+    check's minute-long wait for a record that never comes (the 30-minute c10d soak lost 2.5
+    minutes so: the round's judgement waited for a survivor still in its check). They finish
+    in a round of 2, their workers all-reducing (``flaky_dist.py``)."""
+    spaces, codes, every = lost_in_its_check(netns, nodes, tmp_path, quota, "flaky_dist.py")
     assert codes == [0, 0], every
     for node in nodes[:2]:
         line = next((x for x in node.stderr.splitlines() if "node check stopped:" in x), "")
@@ -308,3 +319,39 @@ def test_a_member_lost_while_the_others_wait_for_its_check_ends_their_wait(
         assert "did not answer the node check" not in node.stderr, every
         assert "world size 2" in node.stderr, every
     assert "world=2 sum=3 restart=1" in nodes[0].stdout + nodes[1].stdout, every
+
+
+@pytest.mark.slow
+def test_a_round_that_ended_in_its_check_starts_no_workers(
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    quota: Callable[[float], cpuquota.CpuQuota],
+) -> None:
+    """``lost_in_its_check`` with workers that need no peer (``say_world.py`` prints a line
+    and exits 0): round 0 ended while the survivors waited for node 2's check, and they fork
+    no worker for it ("round 0 ended before its workers started: node 1 was lost: ..."; no
+    ``workers_started`` of round 0 in their events, its ``failure`` recorded) but spend the
+    restart a lost node spends and finish in a round of 2. Forked for the dead round, a
+    worker could finish before its node acted on the loss, and the job then failed
+    ("finished workers are not run again")."""
+    spaces, codes, every = lost_in_its_check(netns, nodes, tmp_path, quota, "say_world.py")
+    assert codes == [0, 0], every
+    assert "finished workers are not run again" not in every, every
+    lines = [x.split("]: ")[-1] for n in nodes[:2] for x in n.stdout.splitlines()]  # [rankN]:
+    said = sorted(x for x in lines if x.startswith("world="))
+    assert said == ["world=2 restart=1 rank=0", "world=2 restart=1 rank=1"], every
+    for node in nodes[:2]:
+        (run_dir,) = node.logs.iterdir()
+        found = read_events(run_dir / "events.jsonl")
+        started = [e["round"] for e in found if e["kind"] == "workers_started"]
+        assert started == [1], (started, every)  # none in round 0: it ended before
+        line = next((x for x in node.stderr.splitlines() if "before its workers" in x), "")
+        assert "round 0 ended before its workers started: node " in line, every
+        assert " was lost: " in line, every  # (node ranks follow the order of arrival)
+        assert spaces.addr(2) in line, line
+        kinds = [(e["kind"], e.get("round")) for e in found]
+        assert kinds.index(("failure", 0)) < kinds.index(("restart", 0)), kinds
+        assert ("node_lost", 0) in kinds, kinds
+        report = json.loads((run_dir / "report.json").read_text())
+        assert report["outcome"] == "succeeded", report

@@ -1,6 +1,7 @@
 """Hosts for multi-node tests: network namespaces joined by a bridge, made and removed by tests.
 
-Layout for ``count`` nodes, all names starting with a unique prefix (``phx-<pid>-<n>``):
+Layout for ``count`` nodes, all names starting with a unique prefix (``phx-<pid>-<n>``; ``phx``
+is ``$PHALANX_TEST_NETNS`` where set, so that people sharing a machine tell theirs apart):
 a hub namespace ``<prefix>-hub`` holding bridge ``br0``, and per node a namespace
 ``<prefix>-<i>`` whose ``eth0`` is one end of a veth pair; the other end, ``v<i>``, sits in
 the hub on the bridge. Node i has address ``10.213.<x>.<i + 1>/24`` (x from the pid): a
@@ -17,6 +18,7 @@ import subprocess
 from collections.abc import Sequence
 
 _counter = itertools.count()
+_OWNER = os.environ.get("PHALANX_TEST_NETNS", "phx")  # every name's first word
 
 
 def unavailable_reason() -> str | None:
@@ -25,7 +27,7 @@ def unavailable_reason() -> str | None:
         return "network namespaces need root (run as root, or see the loopback variants)"
     if shutil.which("ip") is None:
         return "the 'ip' command is missing (apt-get install -y iproute2)"
-    probe = f"phx-{os.getpid()}-probe"
+    probe = f"{_OWNER}-{os.getpid()}-probe"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         return f"cannot create a network namespace: {made.stderr.strip()}"
@@ -37,7 +39,7 @@ class NetNamespaces:
     def __init__(self, count: int) -> None:
         if not 1 <= count <= 8:
             raise ValueError(f"1..8 namespaces, not {count}")
-        self.prefix = f"phx-{os.getpid()}-{next(_counter)}"
+        self.prefix = f"{_OWNER}-{os.getpid()}-{next(_counter)}"
         self.hub = f"{self.prefix}-hub"
         self.names = [f"{self.prefix}-{i}" for i in range(count)]
         self.subnet = f"10.213.{20 + os.getpid() % 200}"

@@ -20,11 +20,13 @@ from phalanx.agent.between import Between
 from phalanx.agent.endings import Endings
 from phalanx.agent.filewriter import REPORT_FILE, RunFiles
 from phalanx.agent.loop import Rounds
+from phalanx.agent.policy import ENDS_ROUND
 from phalanx.agent.runend import Reporter, RunEnd, Said
 from phalanx.config import LaunchConfig, RecoveryConfig, WorkersConfig
 from phalanx.errors import Interrupted, JobFailed, Preempted, RendezvousError
 from phalanx.events.log import EventLog
 from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.rendezvous.dynamic.exchange import ROUND_ENDERS
 from phalanx.rendezvous.local import LocalRendezvous, LocalRound
 from phalanx.status import StatusService
 from phalanx.supervisor.exits import WorkerExit
@@ -87,6 +89,31 @@ class Remembering(LocalRendezvous):
         return self.joined
 
 
+class Hearing(LocalRendezvous):
+    """The single-node rendezvous whose watch heard ``heard[round]`` before that round's
+    workers could start (``poll`` gives it once; the round's ``poll`` after it, nothing)."""
+
+    def __init__(self, heard: dict[int, JobEvent]) -> None:
+        super().__init__(run_id="loop")
+        self.heard = dict(heard)
+
+    def poll(self) -> JobEvent | None:
+        return self.heard.pop(self._round, None)
+
+
+class Polling(Supervisor):
+    """Polls once as its round runs (the real one does at its first tick): what it got."""
+
+    def __init__(self, results: list[Callable[[int], RoundResult]]) -> None:
+        super().__init__(results)
+        self.polled: list[JobEvent | None] = []
+
+    def run(self, plan: Any, *args: object) -> RoundResult:
+        poll: Any = args[1]
+        self.polled.append(poll())
+        return super().run(plan, *args)
+
+
 def exit_of(rank: int, code: int, stopped: bool = False) -> WorkerExit:
     return WorkerExit(rank, rank, "host", 1000 + rank, code, time.time(), stopped)
 
@@ -140,7 +167,8 @@ class Run:
 
     def end(self, *results: Callable[[int], RoundResult]) -> RunEnd:
         signals: Any = Signals()
-        supervisor: Any = Supervisor(list(results))
+        self.supervisor = Polling(list(results))
+        supervisor: Any = self.supervisor
         ends = Endings(self.config, self.rdzv, signals, self.events)
         rounds = Rounds(
             self.config, self.rdzv, supervisor, signals, self.run_dir, {}, self.status,
@@ -231,6 +259,59 @@ def test_a_node_waiting_to_join_reforms_without_a_restart(run: Callable[..., Run
     end = r.end(remote(EventKind.NODE_WAITING), succeeded)
     assert end.outcome == "succeeded"
     assert r.names.count("reform") == 1 and r.names.count("restart") == 0
+
+
+def test_a_round_that_ended_before_its_workers_started_restarts_without_them(
+    run: Callable[..., Run],
+) -> None:
+    """A member lost before round 0's workers started (its node check stopped on it): the
+    step after it is the restart a lost node spends, and no worker is started for round 0
+    (the supervisor runs one round, the next; one ``workers_started``). The failure and the
+    stop are still recorded, so the incident is in the recovery figures."""
+    r = run(max_restarts=1, rendezvous=Hearing({0: JobEvent(EventKind.NODE_LOST, 1, "gone")}))
+    end = r.end(succeeded)
+    assert (end.outcome, end.exit_code) == ("succeeded", 0)
+    assert r.supervisor.rounds == [0]  # round 1's workers only
+    assert r.names.count("workers_started") == 1 and r.names.count("restart") == 1
+    assert r.names.index("failure") < r.names.index("stopped") < r.names.index("restart")
+    assert end.report is not None and end.report["attempts"] == 2
+
+
+def test_a_round_that_ended_before_its_workers_started_without_budget_ends_the_job(
+    run: Callable[..., Run],
+) -> None:
+    r = run(max_restarts=0, rendezvous=Hearing({0: JobEvent(EventKind.NODE_LOST, 1, "gone")}))
+    end = r.end()
+    assert end.outcome == "failed" and isinstance(end.error, RendezvousError)
+    assert str(end.error) == "the job stopped: node 1 was lost: gone"
+    assert "workers_started" not in r.names and r.supervisor.rounds == []
+
+
+def test_a_stop_heard_before_the_workers_started_ends_as_interrupted(
+    run: Callable[..., Run],
+) -> None:
+    stop = JobEvent(EventKind.JOB_STOPPED, 1, "", {"signal": int(signal.SIGTERM)})
+    r = run(max_restarts=3, rendezvous=Hearing({0: stop}))
+    end = r.end()
+    assert isinstance(end.error, Interrupted) and end.exit_code == 128 + signal.SIGTERM
+    assert r.supervisor.rounds == []
+
+
+def test_a_node_waiting_before_the_workers_started_is_acted_on_once_they_run(
+    run: Callable[..., Run],
+) -> None:
+    """Not a round's end before its workers start: they start, and the supervisor's first
+    poll hands it on (then the round re-forms, as it always did)."""
+    waiting = JobEvent(EventKind.NODE_WAITING, 1)
+    r = run(max_restarts=0, rendezvous=Hearing({0: waiting}))
+    end = r.end(remote(EventKind.NODE_WAITING), succeeded)
+    assert end.outcome == "succeeded" and r.supervisor.rounds == [0, 1]
+    assert r.supervisor.polled == [waiting, None]
+
+
+def test_the_node_check_stops_on_every_event_that_ends_a_round_before_its_workers() -> None:
+    """The check stops on the round's end (``CheckRecords``) so that the agent acts on it."""
+    assert ENDS_ROUND <= ROUND_ENDERS and EventKind.NODE_WAITING not in ROUND_ENDERS
 
 
 def test_a_stop_signal_ends_as_interrupted(run: Callable[..., Run]) -> None:

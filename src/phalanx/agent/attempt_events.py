@@ -128,44 +128,8 @@ class AttemptEvents:
         )
 
     def failed(self, failure: AttemptFailure, *, stop_began: float) -> None:
-        """The attempt failed and every local worker has exited: the hang found here (if
-        any), the failure, and how long the stop took since it was acted on."""
-        stopped_at = self._events.now()
-        detected_at = stop_began or stopped_at
-        hang = failure.hang
-        failed_at = failure.failed_at
-        if hang is not None:
-            stalled = [r.rank for r in hang.ranks if hang.timeout and r.idle >= hang.timeout]
-            self._events.emit(
-                "hang",
-                round=self._round,
-                attempt=self._attempt,
-                ranks=stalled or [hang.culprit.rank],
-                suspects=[s.rank for s in hang.suspects],
-                report=str(failure.hang_report) if failure.hang_report else None,
-                action="failed",
-                bound=hang.timeout or None,
-            )
-            failed_at = detected_at - hang.culprit.idle  # when its progress last moved
-        self._events.emit(
-            "failure",
-            round=self._round,
-            attempt=self._attempt,
-            rank=failure.rank,
-            failed_node=failure.failed_node,
-            failure_kind=failure.kind,
-            reason=failure.reason,
-            exit_code=failure.exit_code,
-            local=failure.local,
-            failed_at=failed_at,
-            detected_at=detected_at,
-        )
-        self._events.emit(
-            "stopped",
-            round=self._round,
-            attempt=self._attempt,
-            seconds=round(max(0.0, stopped_at - detected_at), 3),
-        )
+        """The attempt failed and every local worker has exited (``emit_failure``)."""
+        emit_failure(self._events, self._round, self._attempt, failure, stop_began=stop_began)
 
     def _emit_started(self, ranks: list[int], pids: list[int]) -> None:
         self._events.emit(
@@ -209,6 +173,50 @@ class AttemptEvents:
                 beats=beats,
                 age=round(max(0.0, reading.at - moved), 3),
             )
+
+
+def emit_failure(
+    events: EventLog, round_: int, attempt: int, failure: AttemptFailure, *, stop_began: float
+) -> None:
+    """Attempt ``attempt`` (round ``round_``) failed and every local worker has exited (none
+    started: a round that ended before its workers did): the hang found here (if any), the
+    failure, and how long the stop took since it was acted on (``stop_began``; 0.0: now)."""
+    stopped_at = events.now()
+    detected_at = stop_began or stopped_at
+    hang = failure.hang
+    failed_at = failure.failed_at
+    if hang is not None:
+        stalled = [r.rank for r in hang.ranks if hang.timeout and r.idle >= hang.timeout]
+        events.emit(
+            "hang",
+            round=round_,
+            attempt=attempt,
+            ranks=stalled or [hang.culprit.rank],
+            suspects=[s.rank for s in hang.suspects],
+            report=str(failure.hang_report) if failure.hang_report else None,
+            action="failed",
+            bound=hang.timeout or None,
+        )
+        failed_at = detected_at - hang.culprit.idle  # when its progress last moved
+    events.emit(
+        "failure",
+        round=round_,
+        attempt=attempt,
+        rank=failure.rank,
+        failed_node=failure.failed_node,
+        failure_kind=failure.kind,
+        reason=failure.reason,
+        exit_code=failure.exit_code,
+        local=failure.local,
+        failed_at=failed_at,
+        detected_at=detected_at,
+    )
+    events.emit(
+        "stopped",
+        round=round_,
+        attempt=attempt,
+        seconds=round(max(0.0, stopped_at - detected_at), 3),
+    )
 
 
 @dataclass(frozen=True)

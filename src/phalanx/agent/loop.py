@@ -3,27 +3,31 @@ state so far (``RunState``) and returns the next, or how the run ended (``RunEnd
 ends are ``agent.endings`` and ``agent.between``, its report ``agent.runend``).
 
 One round's steps (join, check, supervise, judge, restart or end) read in order here; what
-they call lives in ``between``, ``endings`` and ``policy``."""
+they call lives in ``between``, ``endings``, ``policy`` and ``watching``. A round that ended
+before its workers started (its watch heard a member lost, a peer's failure, the job
+stopped, the store lost: often during the node check) goes from the join to the step after
+a failure without them (``_unstarted``)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from phalanx import exclusion
 from phalanx.agent import pace
-from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure
+from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure, emit_failure
 from phalanx.agent.between import Between
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.joining import Joining, no_round
-from phalanx.agent.policy import Step, decide, judged
+from phalanx.agent.played import Failed, Played, ended_by_preemption
+from phalanx.agent.policy import ENDS_ROUND, Step, decide, judged
 from phalanx.agent.runend import RunEnd
 from phalanx.agent.sofar import RunState
 from phalanx.agent.stopped import asked_to_stop
+from phalanx.agent.watching import Watching
 from phalanx.config import LaunchConfig
 from phalanx.errors import CutOff, Interrupted, RendezvousError
 from phalanx.hang.watch import RoundWatch
@@ -32,7 +36,6 @@ from phalanx.rendezvous.api import (
     EventKind,
     JobEvent,
     RendezvousHandler,
-    RendezvousResult,
     Round,
     RoundVerdict,
     restarts_left,
@@ -42,35 +45,12 @@ from phalanx.report.job import record_exits
 from phalanx.report.oom import OomProbe
 from phalanx.resources.limits import StartFailed
 from phalanx.status import StatusService
-from phalanx.stragglers.watch import StragglerWatch
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor
-from phalanx.supervisor.preempt import Preemption, PreemptWatch
+from phalanx.supervisor.preempt import PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
-from phalanx.tick import Watchers
-
-if TYPE_CHECKING:  # the job-wide stacks of several nodes: imported where a round has them
-    from phalanx.hang.jobstacks import JobStacks
 
 log = logging.getLogger("phalanx")
-
-
-@dataclass(frozen=True)
-class Played:
-    """A round whose workers ended: what the steps after it read."""
-
-    at: Round  # the round joined: its facts (``joined``) and its calls
-    plan: RoundPlan
-    result: RoundResult
-    exits: list[WorkerExit]  # this node's, with its node rank
-    watch: RoundWatch
-    probe: OomProbe
-    mark: ProgressMark
-    attempt: AttemptEvents
-
-    @property
-    def joined(self) -> RendezvousResult:
-        return self.at.result
 
 
 class Rounds:
@@ -79,9 +59,10 @@ class Rounds:
     Budget policy (see ``rendezvous.api``): a worker failure here or on a peer, and a lost
     node, spend a restart (``claim_restart``, job-wide); a node waiting to join (elastic
     scale-up) re-forms the round without spending one; a peer that gave up or a lost store
-    ends the job. Before a restart, the job judges the round (``judge_round``, with this
-    node's evidence from ``crashloop``): the same failure as the previous one with no
-    progress anywhere is a crash loop, on every node at once.
+    ends the job; a round that ended before its workers started spends as its event does
+    once they ran (``_unstarted``: the round formed). Before a restart, the job judges the
+    round (``judge_round``, with this node's evidence from ``crashloop``): the same failure
+    as the previous one with no progress anywhere is a crash loop, on every node at once.
     """
 
     def __init__(
@@ -109,27 +90,10 @@ class Rounds:
         self.events = self.ends.events
         self.joining = Joining(config, rendezvous, signals, run_dir, self.events, between)
         self._exclude = exclusion.ExcludeAfter(config, run_dir, self.events)  # --exclude-after
+        self.watching = Watching(config, rendezvous, signals, run_dir, status, self.events)
         self.peers = rendezvous.peers()  # None: a single node
         if self.peers is not None:  # a peer's event acted on at once, not at a tick
             self.peers.on_event(supervisor.wake)
-
-    def _round_tick(
-        self, plan: RoundPlan, at: Round, attempt: AttemptEvents, watch: RoundWatch
-    ) -> tuple[OnTick, StragglerWatch]:
-        """What the supervisor calls each tick of the round: one reading of every rank's
-        counters, seen by the attempt's events and the status writer (every tick), then the
-        hang watch and the straggler watch (either may stop the round)."""
-        config, joined, exchanges = self.config, at.result, at.exchanges()
-        self.status.begin(plan, joined, exchanges.status if exchanges is not None else None)
-        checks = exchanges.check if exchanges is not None else None
-
-        def exclude(reason: str) -> str:
-            here = exclusion.this_node(config.rendezvous.local_addr)
-            exclusion.record(config.recovery.exclude_file, self.run_dir, here, reason)
-            return str(here)
-
-        slow = StragglerWatch(config.checks.stragglers, joined, checks, self.events, exclude)
-        return Watchers(plan.workers, [attempt, self.status, watch, slow]), slow
 
     def run(self) -> RunEnd:
         """Run rounds until the run ends: each step takes the run's state and returns the
@@ -142,28 +106,25 @@ class Rounds:
             state = step
 
     def _round(self, state: RunState) -> RunState | RunEnd:
-        """One round: join it, run its workers until they end, then the step after it."""
+        """One round: join it, run its workers until they end, then the step after it; or,
+        when the round ended before they started, that step without them."""
         joining = self.joining.next_round(state)
         if isinstance(joining, RunEnd):
             return joining
         at, state = joining
         joined = at.result
         state = replace(state, attempts=state.attempts + 1)
+        heard = self.rdzv.poll()  # the round's first event, if its watch heard one already
+        if heard is not None and heard.kind in ENDS_ROUND:
+            return self._unstarted(state, at, heard)
         plan = build_plan(self.config, joined, self.run_dir, self.base_env)
         mark = ProgressMark.take(plan)
         attempt = AttemptEvents(self.events, plan, joined.round, state.attempts, state.redo)
-        watch = RoundWatch(
-            plan,
-            stall_timeout=self.config.checks.stall_timeout,
-            requests=self.signals if self.signals.stacks_active else None,
-            check_every=pace.check_every(self.config),
-            job=self._job_stacks(at),
-            hang_watch=pace.hang_watch(self.config),
-            events=attempt,
-        )
+        watch = self.watching.round_watch(plan, at, attempt)
         probe = OomProbe()
-        tick, slow = self._round_tick(plan, at, attempt, watch)
-        result = self._supervise(state, plan, watch, tick, self._preempt_watch(at))
+        tick, slow = self.watching.tick(plan, at, attempt, watch)
+        poll = self.watching.poll(watch, heard)
+        result = self._supervise(state, plan, poll, tick, self.watching.preempt(at))
         if isinstance(result, RunEnd):
             return result
         attempt.ended(result.exits)
@@ -172,11 +133,31 @@ class Rounds:
         exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
         return self._ended(state, Played(at, plan, result, exits, watch, probe, mark, attempt))
 
+    def _unstarted(self, state: RunState, at: Round, event: JobEvent) -> RunState | RunEnd:
+        """Round ``at`` ended before its workers started: its watch heard ``event`` first
+        (often during the node check, which stopped on it). The step after it is the one a
+        round stopped by ``event`` takes once its workers ran -- a stop, a restart (spent as
+        for any round that formed: torchrun's workers would have started and failed), the
+        job's end -- recorded as such (``failure``, ``stopped``: no ``workers_started``), but
+        no worker is forked for the dead round: it would cost the restart a fork, an import
+        and a Gloo start bound to fail, and one that needs no peer could finish before this
+        node acted on the event (finished workers are not run again: the job would fail)."""
+        joined = at.result
+        why = describe_event(event)
+        log.warning("round %d ended before its workers started: %s", joined.round, why)
+        stop = asked_to_stop(RoundResult(Outcome.REMOTE, (), event), self.between.stop_heard())
+        if stop is not None:  # another node was stopped by a signal: so is the job
+            return self.ends.interrupted(state, joined, [], *stop)
+        state = replace(state, failure=self.between.keep_failure(joined, [], event, None))
+        failure = self._failure_events(state, None, event, None)
+        emit_failure(self.events, joined.round, state.attempts, failure, stop_began=0.0)
+        return self._failed(state, Failed(at, [], event, None, lambda: False), failed_here=False)
+
     def _ended(self, state: RunState, played: Played) -> RunState | RunEnd:
         """After the round's workers ended: the run's end (success, a preemption, a stop),
         or the failure recorded and the step after it."""
         joined, result, exits = played.joined, played.result, played.exits
-        if result.preemption is not None and _ended_by_preemption(result):
+        if result.preemption is not None and ended_by_preemption(result):
             return self.ends.preempted(
                 state, played.at, played.plan, exits, result.preemption, result.event
             )
@@ -202,19 +183,17 @@ class Rounds:
         if result.preemption is not None:  # a failure during the grace: no restart
             hang = played.watch.hang
             return self.ends.fail(state, joined, exits, result.event, hang, None, crash_loop=False)
-        return self._failed(state, replace(played, exits=exits), cause is not None, event)
+        return self._failed(state, replace(played, exits=exits).failed(), cause is not None)
 
-    def _failed(
-        self, state: RunState, played: Played, failed_here: bool, event: EventKind | None
-    ) -> RunState | RunEnd:
+    def _failed(self, state: RunState, failed: Failed, failed_here: bool) -> RunState | RunEnd:
         """After a failed round: rejoin after a lost store (or fail over), re-form for a joining
         node, restart within the budget, or end the job (a crash loop, the budget spent...)."""
-        joined, watch = played.joined, played.watch
+        at, joined, event = failed.at, failed.at.result, failed.kind
         if event is EventKind.STORE_LOST or failed_here:
-            back = self._rejoined(state, played.at, failed_here)
+            back = self._rejoined(state, at, failed_here)
             if back is not None:  # back as a new member: the others spent the restart for it
                 return back
-        decided = self._next_step(state, played.at, failed_here, event, played.mark, played.plan)
+        decided = self._next_step(state, at, failed_here, event, failed.progressed)
         if isinstance(decided, RunEnd):
             return decided
         step, verdict = decided
@@ -226,12 +205,11 @@ class Rounds:
             self.events.emit("reform", round=joined.round, reason="a node is waiting to join")
             return replace(state, reforms=state.reforms + 1)  # a scale-up: no restart spent
         if step is Step.RESTART:
-            restarted = self._restarted(state, played.at)
+            restarted = self._restarted(state, at)
             if restarted is not None:
                 return restarted
-        hang = watch.hang or watch.peer_hang
         return self.ends.fail(
-            state, joined, played.exits, played.result.event, hang, verdict,
+            state, joined, failed.exits, failed.event, failed.hang, verdict,
             crash_loop=step is Step.CRASH_LOOP,
         )  # fmt: skip
 
@@ -258,7 +236,7 @@ class Rounds:
         self,
         state: RunState,
         plan: RoundPlan,
-        watch: RoundWatch,
+        poll: Callable[[], JobEvent | None],
         tick: OnTick,
         preempt: PreemptWatch,
     ) -> RoundResult | RunEnd:
@@ -266,7 +244,7 @@ class Rounds:
             return self.supervisor.run(
                 plan,
                 self.signals,
-                self._poll(watch),
+                poll,
                 tick,
                 preempt,
                 pace.tick_every(self.config, self.rdzv.quiet),
@@ -275,7 +253,11 @@ class Rounds:
             return self.between.cut_short(state, exc, str(exc))
 
     def _failure_events(
-        self, state: RunState, cause: WorkerExit | None, event: JobEvent | None, watch: RoundWatch
+        self,
+        state: RunState,
+        cause: WorkerExit | None,
+        event: JobEvent | None,
+        watch: RoundWatch | None,
     ) -> AttemptFailure:
         """The failure to record: the job's root cause among this node's and the other nodes'
         records of the round known now (``state.failure``), so a node whose ranks failed only
@@ -285,7 +267,7 @@ class Rounds:
         job = root_cause([*peers, *([cause] if cause is not None else [])])
         if job is not None and job is not cause:
             return replace(AttemptFailure.of_cause(job, None, None), local=False)
-        if cause is not None:
+        if cause is not None and watch is not None:
             return AttemptFailure.of_cause(cause, watch.hang, watch.report_path)
         return AttemptFailure.of_event(event, describe_event(event) if event is not None else "")
 
@@ -295,16 +277,15 @@ class Rounds:
         at: Round,
         failed_here: bool,
         event: EventKind | None,
-        mark: ProgressMark,
-        plan: RoundPlan,
+        progressed: Callable[[], bool],
     ) -> tuple[Step, RoundVerdict | None] | RunEnd:
         """The policy's step after a failed round, with the job's verdict on the round
-        when one is needed (None otherwise)."""
+        when one is needed (None otherwise; ``progressed``: this node's evidence for it)."""
         verdict = None
         count = at.result.restart_count
         budget_left = restarts_left(count, self.config.recovery.max_restarts) > 0
         if judged(failed_here=failed_here, event=event, budget_left=budget_left):
-            judging = self._judge(state, at, mark.progressed(plan))
+            judging = self._judge(state, at, progressed())
             if isinstance(judging, RunEnd):
                 return judging
             verdict = judging
@@ -359,39 +340,3 @@ class Rounds:
         # Back, the node claims the restart as any node of a failed round does (the first
         # claim decides for all): the budget counts it however many nodes lost the store.
         return self._restarted(state, at) if back else None
-
-    def _preempt_watch(self, at: Round) -> PreemptWatch:
-        return PreemptWatch(
-            self.config.recovery.preempt_grace,
-            at.report_preemption,
-            at.result.node_rank,
-            on_start=self._preempt_event,
-        )
-
-    def _preempt_event(self, preemption: Preemption) -> None:
-        deadline = preemption.time + preemption.grace  # the first node's wall clock
-        self.events.emit("preempt", signal=preemption.signal, deadline=deadline)
-
-    def _job_stacks(self, at: Round) -> JobStacks | None:
-        exchanges = at.exchanges()
-        if exchanges is None or at.result.num_nodes == 1:
-            return None
-        from phalanx.hang.jobstacks import JobStacks
-
-        return JobStacks(exchanges.stacks, at.result, self.run_dir)
-
-    def _poll(self, watch: RoundWatch) -> Callable[[], JobEvent | None]:
-        return lambda: watch.hear(self.rdzv.poll())
-
-
-def _ended_by_preemption(result: RoundResult) -> bool:
-    """Whether a round that was preempted ended as a preemption (exit 75): its workers
-    ended or were stopped by the deadline, or a peer went away meanwhile (stopped by the
-    scheduler before the deadline, or its store with it). A worker that failed, here or on
-    a peer (``PEER_FAILED``), is the job's failure."""
-    if result.outcome is Outcome.PREEMPTED:
-        return True
-    event = result.event
-    return result.outcome is Outcome.REMOTE and (
-        event is None or event.kind is not EventKind.PEER_FAILED
-    )

@@ -59,7 +59,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     # been named at ``bound``); it is watched again.
     "hang_over": ("round", "attempt", "rank", "seconds", "bound"),
     # The attempt failed, as this node knows it: the root cause when the failure is local
-    # (``node`` of the failing rank in ``failed_node``), or the peer event that stopped it.
+    # (``node`` of the failing rank in ``failed_node``), or the peer event that stopped it
+    # (also one that ended the round before its workers started: no ``workers_started``).
     # ``failed_at``: when the failure happened (the worker's exit, the hang's detection);
     # ``detected_at``: when this agent acted on it.
     "failure": (
@@ -86,7 +87,7 @@ KINDS: dict[str, tuple[str, ...]] = {
         "round", "lost_node", "lost_host", "successor_node", "successor", "endpoint", "epoch",
     ),
     # Every worker of the failed attempt on this node has exited (``seconds``: since the
-    # failure was detected here).
+    # failure was detected here; 0 when the round ended before its workers started).
     "stopped": ("round", "attempt", "seconds"),
     # The job spends a restart (``restart`` of ``max_restarts``) and re-forms.
     "restart": ("restart", "max_restarts", "round"),

@@ -29,7 +29,9 @@ log = logging.getLogger("phalanx")
 Answer = TypeVar("Answer")
 
 LOST_CHECK = 1.0  # s: how often a node check's wait looks whether the store counts as lost
-# The round's events that end it (a new node waiting, NODE_WAITING, joins the next one)
+# The round's events that end its node check: those that end the round (``agent.policy``'s
+# ENDS_ROUND: the agent then starts no workers for it), and a preemption (no check for a job
+# about to stop). A new node waiting, NODE_WAITING, joins the next one: the check goes on.
 ROUND_ENDERS = frozenset(EventKind) - {EventKind.NODE_WAITING}
 
 
