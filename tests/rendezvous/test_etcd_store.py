@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import selectors
 import signal
@@ -361,6 +362,27 @@ def test_close_revokes_the_lease(etcd: EtcdCluster, make_store: StoreFactory) ->
     assert other.get("member") is None
     assert other.get("plain") == b"stays"
     owner.close()  # idempotent
+
+
+def test_close_drops_the_receipt_even_when_etcd_refuses_the_revoke(
+    etcd: EtcdCluster, make_store: StoreFactory
+) -> None:
+    """A lease gone before the close (revoked, or lapsed while the node was frozen): etcd
+    refuses the revoke, and the receipt key, which no lease removes, must still go."""
+    owner = make_store(etcd, lease_ttl="30")  # renewed every 10 s: no renewal sees it gone
+    owner.set_ephemeral("member", b"me")
+    owner.add("counter", 1)  # a conditional write: the receipt key is written
+    receipt = {"key": base64.b64encode(owner.receipt.encode()).decode(), "count_only": True}
+
+    def receipts() -> int:
+        with etcd.session() as session:
+            reply = session.post(f"{etcd.endpoints[0]}/v3/kv/range", json=receipt, timeout=10)
+        return int(reply.json().get("count", 0))
+
+    assert receipts() == 1
+    assert revoke_all_leases(etcd) >= 1
+    owner.close()
+    assert receipts() == 0
 
 
 def test_lost_lease_is_reported(etcd: EtcdCluster, make_store: StoreFactory) -> None:

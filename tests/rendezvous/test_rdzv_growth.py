@@ -27,6 +27,7 @@ from phalanx.rendezvous.registry import create_handler
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.agentstore import AgentKVStore, StoreServer, Token
 from phalanx.rendezvous.stores.etcd.conf import run_prefix
+from phalanx.stragglers.watch import PHASE as RATES
 from support.etcd_server import EtcdCluster
 from support.memcluster import FAST, WAIT, Cluster, wait_event
 from support.tools import needs_etcd
@@ -81,8 +82,14 @@ def stacks(joined: Round) -> StackExchange:
 def failing_round(
     handlers: list[RendezvousHandler], joined: list[Round], *, restart: bool = True
 ) -> None:
-    """Node 0 of the list fails, the rest see it, one stacks request is answered, every
-    node judges the round, and every node claims the restart (with budget to spare)."""
+    """Every node posts its straggler rates (as ``stragglers.watch`` does in every round of
+    several nodes), node 0 of the list fails, the rest see it, one stacks request is
+    answered, every node judges the round, and every node claims the restart (with budget to
+    spare)."""
+    for r in joined:
+        exchanges = r.exchanges()
+        assert exchanges is not None
+        exchanges.check.post_check(RATES, b'{"rates": {}}')
     joined[0].report_failure({"rank": 0, "exit_code": 3})
     for h in handlers[1:]:
         wait_event(h, EventKind.PEER_FAILED)  # type: ignore[arg-type]

@@ -9,9 +9,12 @@ It starts with ``python -I -S`` (no site, no torch) so it costs a few millisecon
 When the agent died (EOF without the goodbye) and it was given the agent's *last word*
 (``say``; ``phalanx.rendezvous.lastword``), it then tells the rendezvous store that the node
 died, so the other nodes count it lost at once instead of after ``heartbeat_timeout`` or
-``lease_ttl``. Only then does it import anything (phalanx, from the agent's path), under an
-alarm: the normal guardian stays a few milliseconds, and a store that does not answer
-delays the cleanup by a few seconds at most.
+``lease_ttl``. What saying it needs (phalanx and the store's client, from the agent's path:
+``lastword.ready``) it imports as soon as it is given the word, in a thread of its own, so
+that at the agent's death the word costs one request, not the imports; a guardian given no
+word (a single node, or one that hosts the store) imports nothing and stays a few
+milliseconds. The word is said under an alarm: a store that does not answer delays the
+cleanup by a few seconds at most.
 
 With a job cgroup (``phalanx.supervisor.cgroup``) it then SIGKILLs every other member of the
 cgroup but the agent -- which catches what left its process group, ``setsid`` included --
@@ -58,7 +61,16 @@ agent = os.getppid()
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
           signal.SIGUSR2):
     signal.signal(s, signal.SIG_IGN)
-groups, buf, leaving, word = set(), b"", False, b""
+groups, buf, leaving, word, readying = set(), b"", False, b"", None
+def _ready(text):
+    try:
+        import json
+        said = json.loads(bytes.fromhex(text.decode()))
+        sys.path.extend(p for p in said["path"] if p not in sys.path)  # (after the stdlib)
+        from phalanx.rendezvous.lastword import ready
+        ready(said)
+    except BaseException:
+        pass  # say_died imports what is missing
 while True:
     chunk = os.read(0, 65536)
     if not chunk:
@@ -72,6 +84,12 @@ while True:
             groups.discard(int(line[1:]))
         elif line[:1] == b"!":
             word = line[1:]
+            if word and readying is None:
+                # What the last word needs is imported now, while the agent lives, in a
+                # thread (the EOF is still read, and the groups killed, at once).
+                import threading
+                readying = threading.Thread(target=_ready, args=(word,), daemon=True)
+                readying.start()
         elif line == b"=":
             leaving = True
 for group in groups:
@@ -86,6 +104,8 @@ if word and not leaving:
     signal.setitimer(signal.ITIMER_REAL, 6.0)  # lastword.say_died: a few 2 s steps at most
     try:
         try:
+            if readying is not None:
+                readying.join(4.0)
             import json
             said = json.loads(bytes.fromhex(word.decode()))
             # After the standard library: a user's types.py in the agent's working directory

@@ -52,7 +52,7 @@ def open_handler(
     first = urlsplit(options.endpoints[0])
     addr = node_address(first.hostname or "localhost", first.port or 2379, spec.local_addr)
     where = f"etcd at {', '.join(options.endpoints)}"
-    reach = lastword.etcd(options.endpoints, options.store)
+    reach = lastword.etcd(options.endpoints, options.store, store.receipt)
     return for_spec(store, spec, settings, addr, where, reach)
 
 

@@ -22,7 +22,8 @@ it, see ``judge``), ``ok``/``all_ok`` (members done successfully),
 ``preempted`` (the first preemption notice of the round), ``stack_requests`` (how many job-wide stacks requests were made) + ``stacks/<n>/<rank>``
 (node ``rank``'s answer to request ``n``; the requester deletes it once read), and the
 same for status requests: ``status_requests`` + ``status/<n>/<rank>``; ``check/<phase>/<rank>``
-(node ``rank``'s node-check record of that phase, read by every node: ``phalanx.nodecheck``).
+(node ``rank``'s node-check record of that phase, read by every node: ``phalanx.nodecheck``;
+and its rates, phase ``rates``: ``phalanx.stragglers``).
 
 Nothing is kept for ever: ``sweep`` deletes a round's keys two rounds later, and on a store
 that outlives the job (etcd) the last node to leave deletes all but ``stopped``, which stays
@@ -127,8 +128,10 @@ class Keys:
     def check(self, r: int, phase: str, rank: int) -> str:
         return self.round(r, f"check/{phase}/{rank}")
 
-    # The node check's phases (``phalanx.nodecheck``): one record per member each.
-    CHECK_PHASES = ("ready", "hello", "result")
+    # Every phase posted under ``check/``, one record per member each: the node check's
+    # (``phalanx.nodecheck``) and the straggler watch's rates (``stragglers.watch.PHASE``,
+    # posted in every round of several nodes: left out, they outlived their rounds).
+    CHECK_PHASES = ("ready", "hello", "result", "rates")
 
     # Every fixed name a round may hold (the numbered ones are listed by ``round_keys``).
     ROUND_NAMES = (

@@ -91,6 +91,10 @@ class EtcdStore:
     one gap: an attempt stuck inside a member that is given up on, applied only after the
     retry failed and after the key returned to the compared state; etcd's own request
     timeouts keep that window to seconds.)
+
+    A receipt is a plain key (no lease): ``close`` deletes it, and for an agent that dies
+    without closing its store its guardian does (``set_dropping``, from the last word): else
+    each agent SIGKILL left one behind until the run's final clear.
     """
 
     def __init__(self, endpoints: Sequence[str], prefix: str, options: EtcdOptions) -> None:
@@ -105,6 +109,11 @@ class EtcdStore:
         self._lease = EtcdLease(self._client, options.lease_ttl)
         self._closed = False
         self._receipt_written = False  # close() deletes the receipt key only if it exists
+
+    @property
+    def receipt(self) -> str:
+        """This handle's receipt key (whole, prefix included): for its last word."""
+        return self._receipt.decode()
 
     @property
     def lease_ttl(self) -> float:
@@ -132,6 +141,14 @@ class EtcdStore:
         self._client.call(
             "kv/put", wire.put_op(self._key(key), value)["request_put"], wire.acknowledged
         )
+
+    def set_dropping(self, key: str, value: bytes, receipt: str) -> None:
+        """``set``, and delete another handle's ``receipt`` (a dead agent's, named by its last
+        word), in one request. Only a receipt key under this run's prefix is deleted."""
+        ops = [wire.put_op(self._key(key), value)]
+        if receipt.startswith(f"{self.prefix}receipts/"):
+            ops.append(wire.delete_op(receipt.encode()))
+        self._txn({"success": ops})
 
     def set_ephemeral(self, key: str, value: bytes) -> None:
         """Set ``key`` bound to this store's lease.
@@ -256,16 +273,26 @@ class EtcdStore:
             return
         self._closed = True
         try:
-            self._lease.close(_CLOSE_TIMEOUT)  # stops the renewals first, even if revoking fails
-            if self._receipt_written:
-                receipt = {"key": wire.b64(self._receipt)}
-                self._client.call(
-                    "kv/deleterange", receipt, wire.acknowledged, timeout=_CLOSE_TIMEOUT
-                )
-        except (StoreUnavailable, EtcdRequestError) as exc:
+            # A revoke that etcd refused (a lease that lapsed while this node was frozen)
+            # must not leave the receipt, which no lease removes; an etcd that does not
+            # answer is not asked twice (close stays bounded).
+            for cleanup in (self._revoke, self._drop_receipt):
+                try:
+                    cleanup()
+                except EtcdRequestError as exc:
+                    log.info("etcd: cleanup on close: %s", exc)
+        except StoreUnavailable as exc:
             log.info("etcd: cleanup on close skipped (%s); the lease will expire", exc)
         finally:
             self._client.close()
+
+    def _revoke(self) -> None:
+        self._lease.close(_CLOSE_TIMEOUT)  # stops the renewals first, even if revoking fails
+
+    def _drop_receipt(self) -> None:
+        if self._receipt_written:
+            receipt = {"key": wire.b64(self._receipt)}
+            self._client.call("kv/deleterange", receipt, wire.acknowledged, timeout=_CLOSE_TIMEOUT)
 
     # -- internals ---------------------------------------------------------------------------
 
