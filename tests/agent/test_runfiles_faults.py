@@ -174,12 +174,15 @@ def test_a_hang_on_a_read_only_run_directory_is_still_reported(tmp_path: Path) -
     shared = tmp_path / "shared"
     shared.mkdir()
     logs = tmp_path / "logs"
-    args = ["--stall-timeout", "10", "--log-dir", str(logs),
-            worker("step_then_wait.py"), str(shared)]  # fmt: skip
+    # The rank steps until "go" (touched once the directory is read-only), then stalls: the
+    # hang's clock starts after the fault, so a short --stall-timeout cannot beat the mount.
+    args = ["--stall-timeout", "3", "--log-dir", str(logs),
+            worker("step_then_wait.py"), str(shared), "go"]  # fmt: skip
     with tiny_tmpfs(logs, size="1m"), launched(args) as job:
         wait_for(lambda: (shared / "ready").exists(), HANG, "the worker's first step")
         (run_dir,) = logs.iterdir()
         with read_only(run_dir):
+            (shared / "go").touch()  # no progress from now on
             _, err = job.communicate(timeout=HANG)
     assert job.returncode == 1, err
     said = [n for n in err.splitlines() if "hang_report" in n]

@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
@@ -156,7 +155,10 @@ def test_the_other_nodes_hear_that_a_node_left_while_joining(tmp_path: Path) -> 
         wait_for(lambda: _reachable(port), HANG, "the first agent to serve the store")
         client = _start([*args[:-2], "--rdzv-conf", "join_timeout=300,is_host=false",
                          *args[-2:]], tmp_path / "client.err")  # fmt: skip
-        time.sleep(3)  # let the client join round 0 (no assertion rests on this time)
+        # The client has joined round 0 once it waits there with the host: "2 of 3 present".
+        said = tmp_path / "client.err"
+        joined = lambda: "waiting for nodes: 2 of 3 present" in said.read_text()  # noqa: E731
+        wait_for(joined, HANG, "the client to join round 0")
         client.send_signal(signal.SIGINT)
         assert client.wait(HANG) == 130
         assert host.wait(HANG) == 130

@@ -3,12 +3,12 @@
 Every test runs the real CLI twice over -- warm (the default) and ``--cold-start`` -- and
 holds both to the same expectations: argv, ``sys.path[0]``, ``__file__``, ``__main__``,
 signal dispositions, exit codes and tracebacks, ``-m``, multiprocessing inside the worker,
-and the thread settings torch reads when it loads.
+and the thread settings torch reads when it loads. The last two, the heaviest (torch in
+every process), are in ``test_warm_torch.py``, split so that two pytest workers run them.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -19,23 +19,7 @@ from pathlib import Path
 import pytest
 
 from support.launch import run_phalanx, worker
-
-MODES = {"warm": [], "cold": ["--cold-start"]}
-WARM_LINE = "warm start: workers fork from template pid"
-
-
-def by_rank(stdout: str) -> dict[int, dict[str, object]]:
-    """``[rankN]: {json}`` lines -> {N: data}."""
-    out = {}
-    for line in stdout.splitlines():
-        prefix, _, text = line.partition("]: ")
-        if text.startswith("{"):
-            out[int(prefix.removeprefix("[rank"))] = json.loads(text)
-    return out
-
-
-def check_mode(mode: str, stderr: str) -> None:
-    assert (WARM_LINE in stderr) == (mode == "warm"), stderr
+from support.warm_modes import MODES, by_rank, check_mode
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -89,37 +73,6 @@ def test_script_sees_what_python_gives_it(tmp_path: Path, mode: str) -> None:
     assert ranks[0]["seed"] != ranks[1]["seed"]
 
 
-@pytest.mark.parametrize(
-    ("nproc", "env"),
-    [("2", {}), ("1", {}), ("2", {"OMP_NUM_THREADS": "2"})],
-    ids=["two-workers-default", "one-worker", "omp-2-given"],
-)
-def test_thread_settings_match_a_cold_start(
-    tmp_path: Path, nproc: str, env: dict[str, str]
-) -> None:
-    seen = {}
-    for mode, flags in MODES.items():
-        result = run_phalanx(
-            [
-                *flags,
-                "--nproc-per-node",
-                nproc,
-                "--log-dir",
-                str(tmp_path),
-                worker("warm_props.py"),
-            ],
-            env={**os.environ, **env},
-        )
-        assert result.returncode == 0, result.stderr
-        check_mode(mode, result.stderr)
-        seen[mode] = {
-            rank: (d["threads"], d["parallel"], d["omp"], d["matmul"])
-            for rank, d in by_rank(result.stdout).items()
-        }
-    assert len(seen["warm"]) == int(nproc)
-    assert seen["warm"] == seen["cold"]
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_module_mode(tmp_path: Path, mode: str) -> None:
     (tmp_path / "pkg").mkdir()
@@ -167,19 +120,6 @@ def test_exit_codes_and_tracebacks(tmp_path: Path, mode: str, how: str) -> None:
     else:  # python ends by SIGINT after an uncaught KeyboardInterrupt
         assert result.returncode == 128 + signal.SIGINT
         assert stderr[-1] == "KeyboardInterrupt" and "killed by SIGINT" in report
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_multiprocessing_inside_a_worker(tmp_path: Path, mode: str) -> None:
-    result = run_phalanx([*MODES[mode], "--log-dir", str(tmp_path), worker("warm_mp.py")])
-    assert result.returncode == 0, result.stderr
-    check_mode(mode, result.stderr)
-    assert result.stdout.splitlines() == [
-        "[rank0]: fork [1, 4, 9]",
-        "[rank0]: spawn [16, 25]",
-        "[rank0]: mp.spawn [(0, '0', '__mp_main__'), (1, '0', '__mp_main__')]",
-        "[rank0]: loader [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]",
-    ]
 
 
 def leftovers(folder: Path) -> dict[str, str]:
