@@ -56,7 +56,11 @@ class RingWatch:
         return None
 
     def watch(
-        self, members: Membership, rank: int, now: float, read: dict[str, bytes | None]
+        self,
+        members: Membership,
+        rank: int,
+        now: float,
+        read: dict[str, bytes | None] | None = None,
     ) -> None:
         """Judge the nodes after ``rank`` in the ring, up to the first one alive (``read``:
         heartbeat keys read already, by key)."""
@@ -66,7 +70,7 @@ class RingWatch:
             if node_id in self._declared:
                 continue
             key = self._b.keys.heartbeat(node_id)
-            verdict, why = self._pulse.judge(node_id, now, read.pop(key, UNREAD))
+            verdict, why = self._pulse.judge(node_id, now, (read or {}).pop(key, UNREAD))
             if verdict is Verdict.LEFT:
                 verdict, why = self._left_how(members, other, now)
             if verdict is Verdict.LOST:
