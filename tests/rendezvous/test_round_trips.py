@@ -110,3 +110,39 @@ def test_a_joining_nodes_watch_waits_on_no_store_then_on_the_new_rounds_events(
     finally:
         liveness.stop()
         store.close()
+
+
+class _BeatWriters(AgentKVStore):
+    """An agent store handle whose twins note which thread wrote each heartbeat."""
+
+    writers: ClassVar[list[threading.Thread]] = []
+
+    def twin(self, read_timeout: float) -> AgentKVStore:
+        return _BeatWriters(*self._address, self._token, read_timeout=read_timeout)
+
+    def set(self, key: str, value: bytes) -> None:
+        super().set(key, value)
+        if key.endswith("/hb/a"):
+            _BeatWriters.writers.append(threading.current_thread())
+
+
+def test_the_heartbeats_are_written_by_a_thread_that_lives_on(
+    pair: tuple[AgentKVStore, AgentKVStore],
+) -> None:
+    """Beats answered in time are all written by one thread (``beat.Beater``): a thread
+    started per beat cost every node a thread's start a second, a thousand a second in a
+    driver of ``benchmarks/store_load.py``."""
+    host, _ = pair
+    settings = RendezvousSettings(heartbeat_interval=0.1, heartbeat_timeout=4.0)
+    store = _BeatWriters("127.0.0.1", host.port, TOKEN, read_timeout=5)
+    nodes = (NodeInfo(0, "a", "x", 1), NodeInfo(1, "b", "y", 1))
+    liveness = Liveness(Board(store, Keys("beats"), "a"), settings)
+    liveness.follow(Membership(0, 0, ("a", "b"), nodes), 0)
+    _BeatWriters.writers.clear()
+    liveness.start()
+    try:
+        wait_for(lambda: len(_BeatWriters.writers) >= 8, HANG, "eight heartbeats")
+    finally:
+        liveness.stop()
+        store.close()
+    assert len(set(_BeatWriters.writers)) == 1, _BeatWriters.writers

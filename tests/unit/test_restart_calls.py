@@ -17,6 +17,7 @@ from phalanx.rendezvous.dynamic.abandoned import Abandoned
 from phalanx.rendezvous.dynamic.board import Board, Decision, encode
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from support.memcluster import FAST, WAIT
 from support.memory_store import MemoryServer, MemoryStore
@@ -73,9 +74,9 @@ class Counted(MemoryStore):
         return super().wait(keys, timeout)
 
 
-def _rounds(n: int) -> tuple[list[Membership], list[Membership], list[Counted]]:
+def _rounds(n: int) -> tuple[list[Membership], list[Membership], list[Counted], list[int]]:
     """n nodes form round 0, then all rejoin round 1 at once; (each node's round 0, its
-    round 1, its handle: counted from round 1 on)."""
+    round 1, its handle: counted from round 1 on; each node's calls in round 0)."""
     server = MemoryServer()
     stores = [Counted(server) for _ in range(n)]
     boards = [Board(store, Keys("job"), f"node-{i}") for i, store in enumerate(stores)]
@@ -83,15 +84,16 @@ def _rounds(n: int) -> tuple[list[Membership], list[Membership], list[Counted]]:
     arrivals = [Arrival(b.node_id, f"host{i}", "127.0.0.1", 1) for i, b in enumerate(boards)]
     with ThreadPoolExecutor(n) as pool:
         first = list(pool.map(lambda i: formers[i].form(arrivals[i], None, None), range(n)))
+        calls = [store.calls for store in stores]
         for store in stores:
             store.calls, store.read = 0, Counter()
         again = list(pool.map(lambda i: formers[i].form(arrivals[i], *first[i][:2]), range(n)))
-    return [m for m, _, _ in first], [m for m, _, _ in again], stores
+    return [m for m, _, _ in first], [m for m, _, _ in again], stores, calls
 
 
 def test_a_restart_round_keeps_its_members_and_costs_each_node_o1_calls() -> None:
     for n in (4, 12):
-        before, after, stores = _rounds(n)
+        before, after, stores, _ = _rounds(n)
         assert {m.round for m in after} == {1}
         assert len({m.node_ids for m in after}) == 1  # every node agrees
         assert after[0].node_ids == before[0].node_ids  # the same members, in the same ranks
@@ -105,7 +107,36 @@ def test_a_restart_round_keeps_its_members_and_costs_each_node_o1_calls() -> Non
         assert counts[-1] <= 15, counts
         for store in stores:  # no walk over round 0's members while they rejoin
             assert not [k for k in store.read if k.startswith(("r0/fate/", "hb/"))], store.read
-            assert store.read["r0/members"] <= 1  # the assembler's restart count only
+            # Nor round 0's membership (a thousand nodes' worth): the assembler takes the
+            # restart count from its own.
+            assert store.read["r0/members"] == 0, store.read
+        # Every member but the assembler takes its membership's node facts from round 0's
+        # (the same nodes in the same ranks), not a NodeInfo built anew per node.
+        pairs = zip(after, before, strict=True)
+        reused = [a.nodes is b.nodes and a.node_ids is b.node_ids for a, b in pairs]
+        assert sum(reused) >= n - 1, reused
+
+
+def test_a_first_rounds_master_comes_with_its_membership() -> None:
+    """In a first round the first arrival assembles the membership and is node rank 0: it
+    publishes the master port before the membership, and every other node reads both in
+    one call (it waited for the master in a call of its own: 9 calls each, now 8)."""
+    for n in (4, 12):
+        _, _, _, calls = _rounds(n)
+        assert sorted(calls)[-2] <= 8, calls
+
+
+def test_a_membership_read_like_another_shares_only_what_is_the_same() -> None:
+    nodes = tuple(NodeInfo(r, f"host{r}", f"10.0.0.{r}", 8) for r in range(3))
+    before = Membership(0, 0, ("a", "b", "c"), nodes, ({"v": "1"},) * 3)
+    body = replace(before, round=1, restart_count=1).to_json()
+    same = Membership.from_json(body, like=before)
+    assert same == replace(before, round=1, restart_count=1) == Membership.from_json(body)
+    assert same.nodes is before.nodes and same.fingerprints is before.fingerprints
+    body["addrs"][2] = "10.0.0.9"  # a node came back on another address
+    moved = Membership.from_json(body, like=before)
+    assert moved == Membership.from_json(body) and moved.nodes[2].addr == "10.0.0.9"
+    assert moved.nodes is not before.nodes and moved.node_ids is before.node_ids
 
 
 def test_the_walk_over_unsettled_members_waits_for_the_settling_to_stand_still() -> None:
@@ -143,3 +174,23 @@ def test_the_walk_over_unsettled_members_waits_for_the_settling_to_stand_still()
     waiting.settle_lost(0, 1)
     assert (writer.store.get(writer.keys.fate(0, 0)) or b"").startswith(b"lost:")
     assert writer.store.get(writer.keys.round(0, "all_settled")) is not None
+
+
+def test_a_joining_nodes_heartbeat_duties_are_one_call_an_interval() -> None:
+    """While its node joins the next round, the watch thread's duties each heartbeat interval
+    -- the old round's next event, its counters, the heartbeat of the next node in the ring
+    -- go out in one call (three before: with the beat, 4 calls a second from every node
+    through the whole restart round, beside the round's own)."""
+    server, now = MemoryServer(), [1000.0]
+    store, peer = Counted(server), Board(MemoryStore(server), Keys("job"), "b")
+    nodes = tuple(NodeInfo(r, f"host{r}", f"10.0.0.{r}", 1) for r in range(3))
+    liveness = Liveness(Board(store, Keys("job"), "a"), PATIENT, clock=lambda: now[0])
+    liveness.follow(Membership(0, 0, ("a", "b", "c"), nodes), 0)
+    liveness.announce()  # as next_round does
+    for beat in range(4):
+        peer.store.set(peer.keys.heartbeat("b"), str(beat).encode())  # the next node beats
+        calls = store.calls
+        liveness.tick()
+        assert store.calls == calls + 1
+        now[0] += PATIENT.heartbeat_interval
+    assert store.read["hb/b"] == store.read["r0/events"] == store.read["r0/ev/1"] == 4, store.read

@@ -8,7 +8,8 @@ of its own, would get through at once. So the beat goes out on connections of it
 and while one beat is still unanswered when the next is due, the next goes out beside it
 on another connection: up to ``hedge`` beats in flight. With heartbeat counters each beat
 writes a value of its own, so the proof a beat gives counts from that beat's own start
-(``pulse.Counters``); a slow beat landing late only makes the counter change again.
+(``pulse.Counters``); a slow beat landing late only makes the counter change again. The
+threads that write the beats live on between beats (one, while beats are answered in time).
 
 When the node leaves on purpose (``stop_beating``), the thread first lets the beats in
 flight end (each within ``bound``), then writes ``LEFT``: no older beat lands after it.
@@ -45,9 +46,16 @@ class Beater:
         self._bound = bound
         self._hedge = max(1, hedge)
         self._answered, self._failed, self._expelled = answered, failed, expelled
-        self._lock = threading.Lock()
+        # Beats are written by threads that live on, each waiting for its next beat: a thread
+        # started per beat cost its start (a clone and two hand-overs of the interpreter's
+        # lock) every second on every node, a thousand a second in a driver of the store's
+        # benchmark. A beat due while every such thread still waits for an answer gets a
+        # new one, up to ``hedge``.
+        self._lock = threading.Condition()
         self._beating = True
-        self._flight: list[threading.Thread] = []
+        self._asked = 0  # beats due that no thread has taken yet
+        self._flight = 0  # beats due or being written
+        self._writers = 0  # threads that write beats (busy or waiting for the next)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -61,12 +69,13 @@ class Beater:
         a ``LEFT`` written after this is not overwritten by an older beat landing late."""
         with self._lock:
             self._beating = False
-            flight = list(self._flight)
-        for beat in flight:
-            beat.join(timeout=self._bound)
+            self._asked, self._flight = 0, self._flight - self._asked  # not taken: not sent
+            self._lock.wait_for(lambda: self._flight == 0, timeout=self._bound)
 
     def stop(self, wait: float) -> None:
         self._stop.set()
+        with self._lock:
+            self._lock.notify_all()  # the writers waiting for a beat end
         if self._thread is not None:
             self._thread.join(timeout=wait)
 
@@ -74,17 +83,40 @@ class Beater:
         while not self._stop.is_set():
             with self._lock:
                 beating = self._beating
-                self._flight = [beat for beat in self._flight if beat.is_alive()]
-                if beating and len(self._flight) < self._hedge:
-                    beat = threading.Thread(target=self._beat, name="phalanx-beat", daemon=True)
-                    beat.start()
-                    self._flight.append(beat)
-                flight = [] if beating else list(self._flight)
+                if beating and self._flight < self._hedge:
+                    self._flight += 1
+                    self._asked += 1
+                    if self._writers < self._flight:  # every writer is busy: one more
+                        self._writers += 1
+                        threading.Thread(
+                            target=self._write, name="phalanx-beat", daemon=True
+                        ).start()
+                    self._lock.notify_all()
+                if not beating:
+                    self._lock.wait_for(lambda: self._flight == 0, timeout=self._bound)
             if not beating:
-                for beat in flight:
-                    beat.join(timeout=self._bound)
                 self._write_left()
             self._stop.wait(self._interval)
+
+    def _write(self) -> None:
+        """A writer thread: the next beat asked for, then the next, until ``stop``."""
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._asked > 0 or self._stop.is_set())
+                if self._stop.is_set():
+                    self._writers -= 1
+                    return
+                self._asked -= 1
+            try:
+                self._beat()
+            except BaseException:  # (a bug): this thread ends, the next beat gets a new one
+                with self._lock:
+                    self._flight, self._writers = self._flight - 1, self._writers - 1
+                    self._lock.notify_all()
+                raise
+            with self._lock:
+                self._flight -= 1
+                self._lock.notify_all()
 
     def _beat(self) -> None:
         try:

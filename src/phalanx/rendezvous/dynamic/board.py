@@ -88,6 +88,9 @@ class Board:
         self.store = store
         self.keys = keys
         self.node_id = node_id
+        # Asked once: a runtime-checked protocol's isinstance inspects every method each time
+        # (tens of microseconds: a round's reads asked it thousands of times in a driver).
+        self._batch = store if isinstance(store, BatchedStore) else None
         self.answers = AnswerBoard(store, keys)  # stacks, status, node-check records
 
     # -- generic -------------------------------------------------------------------------
@@ -97,8 +100,8 @@ class Board:
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         """The values of ``keys`` (None: absent): one round trip on a ``BatchedStore``."""
-        if isinstance(self.store, BatchedStore):
-            return self.store.get_many(keys)
+        if self._batch is not None:
+            return self._batch.get_many(keys)
         return [self.store.get(key) for key in keys]
 
     def wait_get(
@@ -106,8 +109,8 @@ class Board:
     ) -> tuple[bool, list[bytes | None]]:
         """``store.wait(keys, timeout)``, then the values of ``reads`` (read once the wait is
         over, found or not): one round trip on a ``BatchedStore``."""
-        if isinstance(self.store, BatchedStore):
-            return self.store.wait_get(keys, timeout, reads)
+        if self._batch is not None:
+            return self._batch.wait_get(keys, timeout, reads)
         found = self.store.wait(keys, timeout)
         return found, [self.store.get(key) for key in reads]
 
@@ -346,10 +349,14 @@ class Board:
 
     def event(self, r: int, index: int) -> tuple[str, JobEvent] | None:
         """Entry ``index`` of round ``r``'s event log as ``(about, event)``, or None."""
+        return self.event_in(r, index, self.store.get(self.keys.event(r, index)))
+
+    def event_in(self, r: int, index: int, data: bytes | None) -> tuple[str, JobEvent] | None:
+        """``event`` from ``data``, the entry's value as read."""
         key = self.keys.event(r, index)
-        body = self.get_json(key)
-        if body is None:
+        if data is None:
             return None
+        body = decode(data, key)
 
         def event(b: dict[str, Any]) -> tuple[str, JobEvent]:
             rank = b["node_rank"]

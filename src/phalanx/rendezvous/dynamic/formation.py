@@ -140,9 +140,10 @@ class RoundFormer:
                 rejoining = False
                 t += 1
                 continue
-            members = members_of(self._b, self._s, t, decision.count, slot)
+            port = self._worker_port
+            members, master = members_of(self._b, self._s, t, decision.count, slot, prior, port)
             rank = members.node_ids.index(me.node_id)
-            return members, rank, master_of(self._b, self._s, members, rank, self._worker_port)
+            return members, rank, master_of(self._b, self._s, members, rank, port, master)
 
     # -- joining ---------------------------------------------------------------------------
     def _open(self, t: int) -> None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.rendezvous.stores.base import StoreTimedOut, StoreUnavailable
+from phalanx.rendezvous.stores.base import KVStore, StoreTimedOut, StoreUnavailable, TwinnedStore
 
 
 def call_bound(settings: RendezvousSettings) -> float:
@@ -94,3 +95,12 @@ class StoreHealth:
         if now - last_ok > self._s.heartbeat_timeout:
             return f"the rendezvous store has not answered for {now - last_ok:.0f} s"
         return None
+
+
+def twinned(board: Board, bound: float) -> tuple[list[KVStore], Board, KVStore | None]:
+    """(the twins, the board the watch thread reads, the heartbeat's store): on a store that
+    can open handles on itself, one for each thread, their calls bounded by ``bound``."""
+    if not isinstance(board.store, TwinnedStore):
+        return [], board, None
+    watch_store, beat_store = board.store.twin(bound), board.store.twin(bound)
+    return [watch_store, beat_store], Board(watch_store, board.keys, board.node_id), beat_store

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from phalanx.rendezvous.api import NodeInfo
@@ -30,7 +31,10 @@ class Arrival:
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Arrival:
-        return cls(**{k: v for k, v in body.items() if k in cls.__dataclass_fields__})
+        known = {k: v for k, v in body.items() if k in cls.__dataclass_fields__}
+        # As the membership reads it back (``Membership.from_json``): strings to strings.
+        known["fingerprint"] = _strings(known.get("fingerprint", {}))
+        return cls(**known)
 
 
 # The membership's lists of node facts: (its key in the JSON, ``NodeInfo``'s field), in the
@@ -73,23 +77,39 @@ class Membership:
         }
 
     @classmethod
-    def from_json(cls, body: dict[str, Any]) -> Membership:
+    def from_json(cls, body: dict[str, Any], like: Membership | None = None) -> Membership:
+        """The membership ``body`` holds. ``like``: one this node has (the round before):
+        where ``body``'s lists are the same as its, its tuples are taken as they are. Every
+        node reads every round's membership, and building a ``NodeInfo`` per node took most
+        of a driver's CPU in a round of 1,024 (``benchmarks/store_load.py``); a restart
+        round's members are mostly the last round's, in the same ranks."""
         if "nodes" in body:  # an object per node, as phalanx wrote it before the lists
             nodes = tuple(NodeInfo(**node) for node in body["nodes"])
         else:
             columns = [body[column] for column, _ in _COLUMNS]
             if len({len(body["node_ids"]), *map(len, columns)}) != 1:
                 raise ValueError("the membership's lists differ in length")
-            nodes = tuple(map(NodeInfo, *columns))
+            nodes = like.nodes if like is not None and like._same_nodes(columns) else ()
+            nodes = nodes or tuple(map(NodeInfo, *columns))
+        ids, prints = body["node_ids"], body.get("fingerprints", [])
         return cls(
             round=int(body["round"]),
             restart_count=int(body["restart_count"]),
-            node_ids=tuple(str(i) for i in body["node_ids"]),
+            node_ids=like.node_ids
+            if like is not None and list(like.node_ids) == ids
+            else tuple(str(i) for i in ids),
             nodes=nodes,
-            fingerprints=tuple(
-                {str(k): str(v) for k, v in fp.items()} for fp in body.get("fingerprints", ())
-            ),
+            fingerprints=like.fingerprints
+            if like is not None and list(like.fingerprints) == prints
+            else tuple(map(_strings, prints)),
             abandoned=str(body.get("abandoned", "")),
+        )
+
+    def _same_nodes(self, columns: list[list[Any]]) -> bool:
+        """Whether ``columns`` (as ``to_json`` writes them) hold exactly ``nodes``."""
+        return len(columns[0]) == self.count and all(
+            list(map(attrgetter(field), self.nodes)) == column
+            for (_, field), column in zip(_COLUMNS, columns, strict=True)
         )
 
 
@@ -130,3 +150,7 @@ def assign_ranks(arrivals: Sequence[Arrival]) -> list[int]:
     for i in sorted(unranked, key=lambda i: not arrivals[i].hosts_store):  # stable: arrival order
         result[i] = next(free)
     return result
+
+
+def _strings(fingerprint: dict[Any, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in fingerprint.items()}

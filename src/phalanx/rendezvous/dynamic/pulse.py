@@ -40,6 +40,15 @@ ALIVE = b"alive"  # the value of a leased liveness key (its presence is what cou
 DIED_REASON = "died: its agent was killed or crashed (its guardian said so)"
 
 
+class Unread(Enum):
+    """A key's value not read yet (``judge`` reads it)."""
+
+    UNREAD = "unread"
+
+
+UNREAD = Unread.UNREAD
+
+
 class Verdict(Enum):
     ALIVE = "alive"  # certainly alive: it watches the rest of the ring
     QUIET = "quiet"  # not heard from lately, not yet lost: look further along the ring too
@@ -58,8 +67,11 @@ class Pulse(Protocol):
         """Once per heartbeat interval. Returns why this node can no longer count as a
         member (final), or None. ``beating`` is False once the node left on purpose."""
 
-    def judge(self, node_id: str, now: float) -> tuple[Verdict, str]:
-        """Read ``node_id``'s key and judge it; for ``LOST`` also say why."""
+    def judge(
+        self, node_id: str, now: float, value: bytes | Unread | None = UNREAD
+    ) -> tuple[Verdict, str]:
+        """Judge ``node_id`` by its key's ``value`` (read here unless given: a caller may
+        read it with others in one round trip, after ``now``); for ``LOST`` also say why."""
 
 
 def pulse_for(
@@ -124,8 +136,11 @@ class Counters:
             self._beat_store.set(self._key, LEFT)
         return None
 
-    def judge(self, node_id: str, now: float) -> tuple[Verdict, str]:
-        value = self._b.store.get(self._b.keys.heartbeat(node_id))
+    def judge(
+        self, node_id: str, now: float, value: bytes | Unread | None = UNREAD
+    ) -> tuple[Verdict, str]:
+        if isinstance(value, Unread):
+            value = self._b.store.get(self._b.keys.heartbeat(node_id))
         if value == LEFT:
             return Verdict.LEFT, ""
         if value == DIED:
@@ -167,8 +182,11 @@ class Leases:
             )
         return None
 
-    def judge(self, node_id: str, now: float) -> tuple[Verdict, str]:
-        value = self._store.get(self._b.keys.heartbeat(node_id))
+    def judge(
+        self, node_id: str, now: float, value: bytes | Unread | None = UNREAD
+    ) -> tuple[Verdict, str]:
+        if isinstance(value, Unread):
+            value = self._store.get(self._b.keys.heartbeat(node_id))
         if value == LEFT:
             return Verdict.LEFT, ""
         if value == DIED:

@@ -21,7 +21,7 @@ import logging
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.lost import Untold
 from phalanx.rendezvous.dynamic.members import Membership
-from phalanx.rendezvous.dynamic.pulse import Pulse, Verdict
+from phalanx.rendezvous.dynamic.pulse import UNREAD, Pulse, Verdict
 
 log = logging.getLogger("phalanx")
 
@@ -46,14 +46,31 @@ class RingWatch:
         self._declared = set()
         self._left = {}
 
-    def watch(self, members: Membership, rank: int, now: float) -> None:
-        """Judge the nodes after ``rank`` in the ring, up to the first one alive."""
+    def ahead(self, members: Membership, rank: int) -> str | None:
+        """The heartbeat key ``watch`` reads first (None: nobody to judge), for the caller
+        to read with its own reads in one round trip."""
+        for step in range(1, members.count):
+            node_id = members.node_ids[(rank + step) % members.count]
+            if node_id not in self._declared:
+                return self._b.keys.heartbeat(node_id)
+        return None
+
+    def watch(
+        self,
+        members: Membership,
+        rank: int,
+        now: float,
+        read: dict[str, bytes | None] | None = None,
+    ) -> None:
+        """Judge the nodes after ``rank`` in the ring, up to the first one alive (``read``:
+        heartbeat keys read already, by key)."""
         for step in range(1, members.count):
             other = (rank + step) % members.count
             node_id = members.node_ids[other]
             if node_id in self._declared:
                 continue
-            verdict, why = self._pulse.judge(node_id, now)
+            key = self._b.keys.heartbeat(node_id)
+            verdict, why = self._pulse.judge(node_id, now, (read or {}).pop(key, UNREAD))
             if verdict is Verdict.LEFT:
                 verdict, why = self._left_how(members, other, now)
             if verdict is Verdict.LOST:
