@@ -10,7 +10,6 @@ time; and a node that stops on SIGTERM, which must not be said to have died."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -290,13 +289,7 @@ def _etcd_nodes(etcd: EtcdCluster, nodes: list[Node], tmp: Path, run_id: str) ->
 
 def _liveness_values(etcd: EtcdCluster, run_id: str) -> list[bytes]:
     """Every node's liveness value in etcd now."""
-    prefix = (run_prefix(run_id) + "kv/" + Keys(run_id).heartbeat("")).encode()
-    end = prefix[:-1] + bytes([prefix[-1] + 1])
-    body = {"key": base64.b64encode(prefix).decode(), "range_end": base64.b64encode(end).decode()}
-    with etcd.session() as session:
-        reply = session.post(f"{etcd.endpoints[0]}/v3/kv/range", json=body, timeout=10)
-    reply.raise_for_status()
-    return [base64.b64decode(kv["value"]) for kv in reply.json().get("kvs", [])]
+    return list(etcd.under(run_prefix(run_id) + "kv/" + Keys(run_id).heartbeat("")).values())
 
 
 @needs_etcd

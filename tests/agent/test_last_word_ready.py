@@ -10,7 +10,6 @@ before. The same request deletes the dead agent's receipt key."""
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import subprocess
@@ -40,15 +39,6 @@ def etcd() -> Iterator[EtcdCluster]:
         yield cluster
 
 
-def _raw(etcd: EtcdCluster, key: str) -> bytes | None:
-    body = {"key": base64.b64encode(key.encode()).decode()}
-    with etcd.session() as session:
-        reply = session.post(f"{etcd.endpoints[0]}/v3/kv/range", json=body, timeout=10)
-    reply.raise_for_status()
-    kvs = reply.json().get("kvs", [])
-    return base64.b64decode(kvs[0]["value"]) if kvs else None
-
-
 def _readied(guardian: int) -> bool:
     """The guardian imported the etcd client (``_ssl`` mapped: only the client needs it) and
     its readying thread ended (one thread left)."""
@@ -68,7 +58,7 @@ def test_the_guardian_says_the_word_with_what_it_imported_before_the_death(
     try:
         agent_store.add("counter", 1)
         receipt = agent_store.receipt
-        assert _raw(etcd, receipt) is not None
+        assert etcd.value(receipt) is not None
         reach = lastword.etcd(etcd.endpoints, EtcdOptions(), receipt)
         said = lastword.word(reach, RUN_ID, "node-b")
         # Its import path: the copy, and none of the other places phalanx could come from.
@@ -89,7 +79,7 @@ def test_the_guardian_says_the_word_with_what_it_imported_before_the_death(
             proc.kill()
             proc.wait(10)
         heartbeat = run_prefix(RUN_ID) + "kv/" + Keys(RUN_ID).heartbeat("node-b")
-        assert _raw(etcd, heartbeat) == DIED
-        assert _raw(etcd, receipt) is None  # gone with the word: no lease would remove it
+        assert etcd.value(heartbeat) == DIED
+        assert etcd.value(receipt) is None  # gone with the word: no lease would remove it
     finally:
         agent_store.close()

@@ -11,7 +11,6 @@ sweep)."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -49,17 +48,7 @@ def etcd() -> Iterator[EtcdCluster]:
 
 def _keys(etcd: EtcdCluster) -> list[str]:
     """Every key of the run now (its prefix read back over etcd's API)."""
-    prefix = run_prefix(RUN_ID).encode()
-    end = prefix[:-1] + bytes([prefix[-1] + 1])
-    body = {
-        "key": base64.b64encode(prefix).decode(),
-        "range_end": base64.b64encode(end).decode(),
-        "keys_only": True,
-    }
-    with etcd.session() as session:
-        reply = session.post(f"{etcd.endpoints[0]}/v3/kv/range", json=body, timeout=10)
-    reply.raise_for_status()
-    return [base64.b64decode(kv["key"]).decode() for kv in reply.json().get("kvs", [])]
+    return list(etcd.under(run_prefix(RUN_ID)))
 
 
 def _kinds(keys: list[str]) -> Counter[str]:

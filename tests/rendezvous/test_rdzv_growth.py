@@ -6,7 +6,6 @@ The algorithm on the in-memory store, then the same on the real agent store (cou
 
 from __future__ import annotations
 
-import base64
 import threading
 import uuid
 from collections.abc import Iterator
@@ -216,17 +215,7 @@ def etcd() -> Iterator[EtcdCluster]:
 
 def run_keys(cluster: EtcdCluster, run_id: str) -> list[str]:
     """Every key under the run's prefix, read straight from etcd."""
-    prefix = run_prefix(run_id).encode()
-    end = prefix[:-1] + bytes([prefix[-1] + 1])
-    body = {
-        "key": base64.b64encode(prefix).decode(),
-        "range_end": base64.b64encode(end).decode(),
-        "keys_only": True,
-    }
-    with cluster.session() as session:
-        reply = session.post(f"{cluster.endpoints[0]}/v3/kv/range", json=body, timeout=10)
-    reply.raise_for_status()
-    return sorted(base64.b64decode(kv["key"]).decode() for kv in reply.json().get("kvs", []))
+    return sorted(cluster.under(run_prefix(run_id)))
 
 
 def etcd_nodes(cluster: EtcdCluster, run_id: str) -> list[RendezvousHandler]:

@@ -221,6 +221,26 @@ class EtcdCluster:
             session.cert = (str(self.tls.client_cert), str(self.tls.client_key))
         return session
 
+    def under(self, prefix: str) -> dict[str, bytes]:
+        """Every key under ``prefix`` and its value, in key order, read straight from the
+        first member (etcd's JSON gateway: a range from the prefix to the next one)."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        return self._range({"key": _b64(prefix), "range_end": _b64(end)})
+
+    def value(self, key: str) -> bytes | None:
+        """The value of ``key`` now, read straight from the first member (None: absent)."""
+        return self._range({"key": _b64(key)}).get(key)
+
+    def _range(self, body: dict[str, str]) -> dict[str, bytes]:
+        with self.session() as session:
+            reply = session.post(f"{self.endpoints[0]}/v3/kv/range", json=body, timeout=10)
+        reply.raise_for_status()
+        kvs = reply.json().get("kvs", [])
+        return {
+            base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", ""))
+            for kv in kvs
+        }
+
     def _spawn(self, member: EtcdMember, cluster: str, token: str) -> None:
         if ETCD is None:
             raise FileNotFoundError("etcd is not on PATH (Debian: etcd-server)")
