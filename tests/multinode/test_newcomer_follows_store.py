@@ -37,8 +37,9 @@ from support.netns import NetNamespaces
 # world size 2 it takes 3 s to stop: the newcomer waits that long to join, and says where.
 SLEEPER = """import os, pathlib, signal, sys, time
 restart, world = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["WORLD_SIZE"]
-name = f"r{restart}-rank{os.environ['RANK']}"
-(pathlib.Path(sys.argv[1]) / name).write_text(f"{os.environ['NODE']} {world}")
+name, shared = f"r{restart}-rank{os.environ['RANK']}", pathlib.Path(sys.argv[1])
+(shared / f".{name}").write_text(f"{os.environ['NODE']} {world}")
+(shared / f".{name}").rename(shared / name)  # whole or absent: the test polls these files
 if world == "2":
     signal.signal(signal.SIGTERM, lambda *_: (time.sleep(3), os._exit(143)))
 if restart == "0" or world != "3":

@@ -26,8 +26,9 @@ from support.netns import NetNamespaces
 # 0 it waits to be stopped (the job re-forms after the loss); in restart 1 it ends at once.
 SLEEPER = """import os, pathlib, sys, time
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
-name = f"r{restart}-rank{os.environ['RANK']}"
-(pathlib.Path(sys.argv[1]) / name).write_text(f"{os.environ['NODE']} {os.environ['WORLD_SIZE']}")
+name, shared = f"r{restart}-rank{os.environ['RANK']}", pathlib.Path(sys.argv[1])
+(shared / f".{name}").write_text(f"{os.environ['NODE']} {os.environ['WORLD_SIZE']}")
+(shared / f".{name}").rename(shared / name)  # whole or absent: the test polls these files
 if restart == "0":
     time.sleep(600)
 """

@@ -13,7 +13,8 @@ import torch.distributed as dist
 shared, rank = Path(sys.argv[1]), int(os.environ["RANK"])
 dist.init_process_group("gloo")
 dist.all_reduce(torch.ones(1))  # both ranks are connected
-(shared / f"ready.{rank}").write_text(str(os.getpid()))
+(shared / f".ready.{rank}").write_text(str(os.getpid()))
+(shared / f".ready.{rank}").rename(shared / f"ready.{rank}")  # whole or absent: the test reads it
 if rank == 0:
     while not (shared / "go").exists():
         time.sleep(0.05)

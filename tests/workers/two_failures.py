@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 shared, role = Path(sys.argv[1]), sys.argv[2]
-(shared / f"ready.{role}").write_text(f"{os.getpid()} {os.environ['RANK']}")
+(shared / f".ready.{role}").write_text(f"{os.getpid()} {os.environ['RANK']}")
+(shared / f".ready.{role}").rename(shared / f"ready.{role}")  # whole or absent: the test reads it
 while not (shared / f"go.{role}").exists():
     time.sleep(0.02)
 print(f"the {role} failure, on its own", file=sys.stderr, flush=True)
