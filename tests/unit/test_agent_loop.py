@@ -34,16 +34,17 @@ from phalanx.supervisor.preempt import Preemption
 
 
 class Signals:
-    """The signal watcher as the loop reads it: no stop signal ever arrives; the preemption
-    signals ``preempts`` arrived before the first round formed (none by default)."""
+    """The signal watcher as the loop reads it: the preemption signals ``preempts`` and the
+    stop signal ``stop`` arrived before the first round formed (none by default)."""
 
     stacks_active = False
 
-    def __init__(self, preempts: tuple[int, ...] = ()) -> None:
+    def __init__(self, preempts: tuple[int, ...] = (), stop: int | None = None) -> None:
         self.preempts = list(preempts)
+        self.stop = stop
 
     def pending(self) -> int | None:
-        return None
+        return self.stop
 
     def take_preempt(self) -> int | None:
         return self.preempts.pop(0) if self.preempts else None
@@ -354,6 +355,19 @@ def test_a_preemption_signal_before_the_workers_started_ends_as_preempted_withou
     r = run(max_restarts=3, rendezvous=Remembering())
     preempted_before(r, r.end(signals=Signals((signal.SIGUSR1,))), node=0)
     assert r.rdzv.joined is not None and r.rdzv.joined.preemption() is not None  # type: ignore[attr-defined]
+
+
+def test_a_stop_signal_before_the_workers_started_ends_as_interrupted_without_them(
+    run: Callable[..., Run],
+) -> None:
+    """This node's stop signal during its node check: the end of a stop, no worker forked."""
+    r = run(max_restarts=3)
+    end = r.end(signals=Signals(stop=signal.SIGTERM))
+    assert end.outcome == "interrupted" and isinstance(end.error, Interrupted)
+    assert end.exit_code == 128 + signal.SIGTERM and r.supervisor.rounds == []
+    assert "workers_started" not in r.names and "restart" not in r.names
+    assert end.report is not None and end.report["signal"] == "SIGTERM"
+    assert end.report["exits"] == []
 
 
 def test_a_stop_signal_ends_as_interrupted(run: Callable[..., Run]) -> None:

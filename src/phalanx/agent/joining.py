@@ -95,8 +95,12 @@ class Joining:
         return at, self.say_restart(state, joined)
 
     def _stop_check(self) -> None:
-        """End the node check now (raises) once a preemption signal came to this node since
-        the round formed: the loop then ends the run as preempted, with no worker started."""
+        """End the node check now (raises) once a signal came to this node since the round
+        formed, to stop or a preemption: the loop then ends the run as stopped or as
+        preempted, with no worker started."""
+        signum = self.signals.pending()
+        if signum is not None:
+            raise RendezvousError(f"this node got {signal_name(signum)} (a stop)")
         signum = self.signals.preempt_pending()
         if signum is not None:
             raise RendezvousError(f"this node got {signal_name(signum)} (a preemption)")

@@ -8,7 +8,8 @@ before its workers started (its watch heard a member lost, a peer's failure, the
 stopped, the store lost: often during the node check) goes from the join to the step after
 a failure without them (``_unstarted``); one preempted before they started (another node's
 notice, or this node's own signal, which stopped the check) to the run's end as preempted
-without them (``_preempted_unstarted``)."""
+without them (``_preempted_unstarted``), and one this node was asked to stop in by a signal
+to the end of a stop (``_stopped_unstarted``)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from phalanx.agent.sofar import RunState
 from phalanx.agent.stopped import asked_to_stop
 from phalanx.agent.watching import Watching
 from phalanx.config import LaunchConfig
-from phalanx.errors import CutOff, Interrupted, RendezvousError
+from phalanx.errors import CutOff, Interrupted, RendezvousError, signal_name
 from phalanx.hang.watch import RoundWatch
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import (
@@ -117,6 +118,9 @@ class Rounds:
         at, state = joining
         joined = at.result
         state = replace(state, attempts=state.attempts + 1)
+        signum = self.signals.pending()
+        if signum is not None:  # a stop signal since the join (it stopped the node check)
+            return self._stopped_unstarted(state, at, signum)
         heard = self.rdzv.poll()  # the round's first event, if its watch heard one already
         if heard is not None and heard.kind in ENDS_ROUND:
             return self._unstarted(state, at, heard)
@@ -159,6 +163,15 @@ class Rounds:
         failure = self._failure_events(state, None, event, None)
         emit_failure(self.events, joined.round, state.attempts, failure, stop_began=0.0)
         return self._failed(state, Failed(at, [], event, None, lambda: False), failed_here=False)
+
+    def _stopped_unstarted(self, state: RunState, at: Round, signum: int) -> RunEnd:
+        """This node was asked to stop by ``signum`` before round ``at``'s workers started
+        (often during the node check, which stopped on it): the end of a stop once they ran
+        -- the other nodes told, the stop report, 128 + the signal -- with none forked."""
+        joined = at.result
+        why = f"this node was stopped by {signal_name(signum)}"
+        log.warning("round %d ended before its workers started: %s", joined.round, why)
+        return self.ends.interrupted(state, joined, [], signum, None)
 
     def _preempted_first(self, preempt: PreemptWatch, heard: JobEvent | None) -> Preemption | None:
         """The job's preemption, when one came before the round's workers started: another
