@@ -18,7 +18,9 @@ node; healthy runs name nobody. Timeouts only catch hangs.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from phalanx.errors import REQUEUE_EXIT_CODE
 from phalanx.events import read_events
 from phalanx.resources.ports import free_port
 from support import cpuquota
@@ -355,3 +358,102 @@ def test_a_round_that_ended_in_its_check_starts_no_workers(
         assert ("node_lost", 0) in kinds, kinds
         report = json.loads((run_dir / "report.json").read_text())
         assert report["outcome"] == "succeeded", report
+
+
+def signalled_in_its_check(
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    quota: Callable[[float], cpuquota.CpuQuota],
+    signum: signal.Signals,
+) -> tuple[list[int], str]:
+    """2 nodes at ``--nnodes 2:3`` (``say_world.py``, 1 worker each, ``--preempt-signals
+    SIGUSR1``), node 1 under the quota so that its check takes seconds; node 0's agent gets
+    ``signum`` once round 0 formed, while it waits for node 1's records. Node 0's check
+    stops on it, node 1's on what node 0 tells the job; neither forks a worker (no
+    ``workers_started``, no ``world=`` line; no ``node_check`` either). Their exit codes,
+    and every node's output (for assertion messages)."""
+    spaces = netns(2)
+    slow = quota(0.02)
+    net = NamespaceHosts(spaces)
+    port = free_port()
+
+    def start(i: int) -> Node:
+        args = [*rdzv(spaces, i, port, "signalcheck", "2:3", 8), "--nproc-per-node", "1",
+                "--preempt-signals", "SIGUSR1", "--preempt-grace", "120", "--cold-start",
+                worker("say_world.py")]  # fmt: skip
+        return Node(net, i, args, tmp_path, f"n{i}", env=TOKEN)
+
+    nodes += [start(0), start(1)]
+    throttle(nodes[1], slow, " of 2..3 present")
+    # Out of the rendezvous (a signal there stops the job before any round): in its check.
+    wait_for(lambda: "rdzv_done" in kinds(nodes[0]), HANG, "round 0 to form on node 0")
+    os.kill(nodes[0].proc.pid, signum)
+    codes = [n.finish(HANG) for n in nodes]
+    every = f"codes {codes}\n" + "".join(f"--- node {i}:\n{n.stderr}" for i, n in enumerate(nodes))
+    assert "world=" not in nodes[0].stdout + nodes[1].stdout, every
+    for node in nodes:
+        assert "workers_started" not in kinds(node), every
+        assert "node_check" not in kinds(node), every  # the check stopped: no verdict
+        assert "round 0: node check stopped: " in node.stderr, every
+        assert "round 0 ended before its workers started: " in node.stderr, every
+    return codes, every
+
+
+@pytest.mark.slow
+def test_a_preemption_during_the_node_check_starts_no_workers(
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    quota: Callable[[float], cpuquota.CpuQuota],
+) -> None:
+    """``signalled_in_its_check`` with SIGUSR1, a preemption: node 0 tells the job (the
+    round's notice), and both nodes end as a preemption does: exit 75, the ``preempt``
+    event, the framed summary and ``report.json`` (SIGUSR1 on node 0)."""
+    codes, every = signalled_in_its_check(netns, nodes, tmp_path, quota, signal.SIGUSR1)
+    assert codes == [REQUEUE_EXIT_CODE] * 2, every
+    reports = [json.loads(next(n.logs.glob("*/report.json")).read_text()) for n in nodes]
+    assert reports[0]["preempted"]["node"] == reports[1]["preempted"]["node"], reports
+    for node, report, where in zip(nodes, reports, ["this node", "node "], strict=True):
+        assert "preempt" in kinds(node) and "restart" not in kinds(node), every
+        (end,) = [e for e in events(node) if e["kind"] == "job_end"]
+        assert (end["outcome"], end["exit_code"]) == ("preempted", REQUEUE_EXIT_CODE), end
+        assert report["exit_code"] == REQUEUE_EXIT_CODE and report["exits"] == [], report
+        assert report["preempted"]["signal"] == "SIGUSR1", report
+        line = next((x for x in node.stderr.splitlines() if "before its workers" in x), "")
+        assert "round 0 ended before its workers started: the job is preempted" in line, every
+        assert f"job preempted (SIGUSR1 on {where}" in node.stderr, every
+    assert "node check stopped: this node got SIGUSR1 (a preemption)" in nodes[0].stderr, every
+
+
+@pytest.mark.slow
+def test_a_stop_during_the_node_check_starts_no_workers(
+    netns: Callable[[int], NetNamespaces],
+    nodes: list[Node],
+    tmp_path: Path,
+    quota: Callable[[float], cpuquota.CpuQuota],
+) -> None:
+    """``signalled_in_its_check`` with SIGTERM, a stop (``phalanx stop``, a scheduler's):
+    node 0's check ends on it at once, not once node 1's records come in, and both nodes
+    end as stopped by node 0's SIGTERM (143), with the stop's report."""
+    codes, every = signalled_in_its_check(netns, nodes, tmp_path, quota, signal.SIGTERM)
+    assert codes == [128 + signal.SIGTERM] * 2, every
+    reports = [json.loads(next(n.logs.glob("*/report.json")).read_text()) for n in nodes]
+    assert reports[0]["stopped_on_node"] == reports[1]["stopped_on_node"], reports
+    for node, report in zip(nodes, reports, strict=True):
+        assert (report["outcome"], report["signal"]) == ("interrupted", "SIGTERM"), report
+        (end,) = [e for e in events(node) if e["kind"] == "job_end"]
+        assert end["outcome"] == "interrupted", end
+    assert "node check stopped: this node got SIGTERM (a stop)" in nodes[0].stderr, every
+    said = "round 0 ended before its workers started: this node was stopped by SIGTERM"
+    assert said in nodes[0].stderr, every
+
+
+def events(node: Node) -> list[dict[str, object]]:
+    """``node``'s events so far (none before its run directory is made)."""
+    found = list(node.logs.glob("*/events.jsonl"))
+    return read_events(found[0]) if found else []
+
+
+def kinds(node: Node) -> list[object]:
+    return [e["kind"] for e in events(node)]

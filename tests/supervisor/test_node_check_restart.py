@@ -21,6 +21,7 @@ import pytest
 
 from phalanx.agent.checking import CheckedNodes, node_check
 from phalanx.cli.argv import parse_config
+from phalanx.errors import RendezvousError
 from phalanx.events import read_events
 from phalanx.events.log import EventLog
 from phalanx.nodecheck import link
@@ -111,7 +112,7 @@ def run_round(
     def one(node: Node) -> float:
         began = time.monotonic()
         at = Joined(Exchange(records, round, node.rank), joined(round, node.rank, ids))
-        node_check(config, at, node.run_dir, node.events, node.checked)  # type: ignore[arg-type]
+        node_check(config, at, node.run_dir, node.events, node.checked, lambda: None)  # type: ignore[arg-type]
         return time.monotonic() - began
 
     with ThreadPoolExecutor(2) as pool:
@@ -178,3 +179,30 @@ def test_a_node_that_would_check_sees_the_others_skip_it_and_does_not_wait(
     assert skipped in caplog.text, caplog.text
     # node 1 takes the others' word: the next restart with them skips it on both, said once
     assert [n.checked.same(joined(6, n.rank, ids)) for n in nodes] == [5, 5]
+
+
+def test_a_node_told_to_stop_ends_its_check_at_once(
+    config: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Node 0 checks while node 1 never posts (held up); during its wait for node 1's ready
+    record ``stop`` says why to stop (the agent's: a preemption signal to this node). The
+    check ends then, in one line, with no verdict and no ``node_check`` event, well before
+    ``HELLO_TIMEOUT``; the round's agents count as unchecked (the next round checks)."""
+    caplog.set_level(logging.INFO, logger="phalanx")
+    asked: list[float] = []
+
+    def stop() -> None:  # not before the wait began: a signal during it
+        asked.append(time.monotonic())
+        if len(asked) > 1:
+            raise RendezvousError("this node got SIGUSR1 (a preemption)")
+
+    ids = ("agent-a", "agent-b")
+    node = Node(tmp_path, 0, CheckedNodes())
+    at = Joined(Exchange(Records(), 7, 0), joined(7, 0, ids))
+    began = time.monotonic()
+    verdict = node_check(config, at, node.run_dir, node.events, node.checked, stop)  # type: ignore[arg-type]
+    assert verdict is None and time.monotonic() - began < NO_WAIT, caplog.text
+    assert len(asked) == 2 and node.checks() == [], caplog.text
+    assert "round 7: node check stopped: this node got SIGUSR1 (a preemption)" in caplog.text
+    assert node.checked.same(joined(8, 0, ids)) is None
+    assert left_behind() == [], "the check's listener is still accepting"

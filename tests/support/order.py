@@ -23,6 +23,9 @@ LONGEST_FIRST: dict[str, float] = {
     # new in s49 (split from test_store_failover.py) and not listed, it started after every
     # listed module, with 205 s to go (ci56); 150 s alone at load 8 once its steps sped up
     "multinode/test_member_cut_off.py": 150,
+    # s53: + two tests of 12-17 s alone (a signal during the node check); serial runs of the
+    # module took 98 s with the first, 134 s with both, at load 3-6 (s52: 97, + a 19 s test)
+    "supervisor/test_node_check.py": 134,
     "agent/test_runfiles_faults.py": 129,  # 136 while its hang waited 10 s from step 0
     "rendezvous/test_fencing.py": 126,  # 146 before its cut-off node gave up rejoining sooner
     "cli/test_hosts_ssh.py": 123,  # 201 before test_hosts_ssh_rounds.py was split from it
@@ -35,7 +38,6 @@ LONGEST_FIRST: dict[str, float] = {
     "multinode/test_store_failover.py": 111,  # 190 before test_store_failover_ssh.py
     "agent/test_launch.py": 108,
     "project/test_soak.py": 101,  # 153 with the c10d soak, now test_soak_c10d.py
-    "supervisor/test_node_check.py": 97,  # s52: + a 19 s test (148 while its slow node was born under the quota)
     "multinode/test_lossy_link.py": 90,
     "status/test_status.py": 84,
     "rendezvous/test_rdzv_waiting.py": 83,

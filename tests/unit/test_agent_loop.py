@@ -20,14 +20,13 @@ from phalanx.agent.between import Between
 from phalanx.agent.endings import Endings
 from phalanx.agent.filewriter import REPORT_FILE, RunFiles
 from phalanx.agent.loop import Rounds
-from phalanx.agent.policy import ENDS_ROUND
 from phalanx.agent.runend import Reporter, RunEnd, Said
 from phalanx.config import LaunchConfig, RecoveryConfig, WorkersConfig
 from phalanx.errors import Interrupted, JobFailed, Preempted, RendezvousError
 from phalanx.events.log import EventLog
 from phalanx.rendezvous.api import EventKind, JobEvent
-from phalanx.rendezvous.dynamic.exchange import ROUND_ENDERS
 from phalanx.rendezvous.local import LocalRendezvous, LocalRound
+from phalanx.rendezvous.roundend import ENDS_CHECK, ENDS_ROUND
 from phalanx.status import StatusService
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.group import Outcome, RoundResult
@@ -35,12 +34,20 @@ from phalanx.supervisor.preempt import Preemption
 
 
 class Signals:
-    """The signal watcher as the loop reads it: no signal ever arrives."""
+    """The signal watcher as the loop reads it: the preemption signals ``preempts`` and the
+    stop signal ``stop`` arrived before the first round formed (none by default)."""
 
     stacks_active = False
 
+    def __init__(self, preempts: tuple[int, ...] = (), stop: int | None = None) -> None:
+        self.preempts = list(preempts)
+        self.stop = stop
+
     def pending(self) -> int | None:
-        return None
+        return self.stop
+
+    def take_preempt(self) -> int | None:
+        return self.preempts.pop(0) if self.preempts else None
 
     @contextlib.contextmanager
     def raising(self) -> Iterator[None]:
@@ -165,8 +172,8 @@ class Run:
         self.events.listen(lambda event: self.names.append(str(event["kind"])))
         self.status = StatusService(self.run_dir, self.events)
 
-    def end(self, *results: Callable[[int], RoundResult]) -> RunEnd:
-        signals: Any = Signals()
+    def end(self, *results: Callable[[int], RoundResult], signals: Any = None) -> RunEnd:
+        signals = signals or Signals()
         self.supervisor = Polling(list(results))
         supervisor: Any = self.supervisor
         ends = Endings(self.config, self.rdzv, signals, self.events)
@@ -310,8 +317,57 @@ def test_a_node_waiting_before_the_workers_started_is_acted_on_once_they_run(
 
 
 def test_the_node_check_stops_on_every_event_that_ends_a_round_before_its_workers() -> None:
-    """The check stops on the round's end (``CheckRecords``) so that the agent acts on it."""
-    assert ENDS_ROUND <= ROUND_ENDERS and EventKind.NODE_WAITING not in ROUND_ENDERS
+    """The check stops on the round's end and on a preemption (``CheckRecords``) so that the
+    agent acts on it; only a node waiting to join lets it go on (a new kind must choose)."""
+    assert ENDS_ROUND < ENDS_CHECK == ENDS_ROUND | {EventKind.PREEMPTED}
+    assert set(EventKind) == ENDS_CHECK | {EventKind.NODE_WAITING}
+
+
+def preempted_before(r: Run, end: RunEnd, node: int) -> None:
+    """``end`` is a preempted round's, whose workers never started: exit 75, no restart, the
+    ``preempt`` event and the report as after a preemption; ``node``: where it came from."""
+    assert end.outcome == "preempted" and isinstance(end.error, Preempted)
+    assert end.exit_code == 75 and r.supervisor.rounds == []
+    assert "preempt" in r.names and "workers_started" not in r.names
+    assert "restart" not in r.names and "failure" not in r.names
+    assert end.report is not None and end.report["exit_code"] == 75 and end.report["exits"] == []
+    assert end.report["preempted"]["node"] == node  # type: ignore[index]
+    assert end.report["preempted"]["signal"] == "SIGUSR1"  # type: ignore[index]
+    (text,) = [s.text for s in end.said if s.level is None]
+    assert "last step on this node: none: no worker started in this round" in text, text
+
+
+def test_a_preemption_heard_before_the_workers_started_ends_as_preempted_without_them(
+    run: Callable[..., Run],
+) -> None:
+    """Another node's notice (its node check stopped on it): no worker forked for a job
+    being preempted, and the run ends as a preempted round's does."""
+    notice = {"signal": "SIGUSR1", "time": time.time(), "node": 1, "grace": 30.0}
+    r = run(max_restarts=3, rendezvous=Hearing({0: JobEvent(EventKind.PREEMPTED, 1, "", notice)}))
+    preempted_before(r, r.end(), node=1)
+
+
+def test_a_preemption_signal_before_the_workers_started_ends_as_preempted_without_them(
+    run: Callable[..., Run],
+) -> None:
+    """This node's own signal during its node check: told to the job (the round's notice is
+    this node's), and the run ends as preempted with no worker forked."""
+    r = run(max_restarts=3, rendezvous=Remembering())
+    preempted_before(r, r.end(signals=Signals((signal.SIGUSR1,))), node=0)
+    assert r.rdzv.joined is not None and r.rdzv.joined.preemption() is not None  # type: ignore[attr-defined]
+
+
+def test_a_stop_signal_before_the_workers_started_ends_as_interrupted_without_them(
+    run: Callable[..., Run],
+) -> None:
+    """This node's stop signal during its node check: the end of a stop, no worker forked."""
+    r = run(max_restarts=3)
+    end = r.end(signals=Signals(stop=signal.SIGTERM))
+    assert end.outcome == "interrupted" and isinstance(end.error, Interrupted)
+    assert end.exit_code == 128 + signal.SIGTERM and r.supervisor.rounds == []
+    assert "workers_started" not in r.names and "restart" not in r.names
+    assert end.report is not None and end.report["signal"] == "SIGTERM"
+    assert end.report["exits"] == []
 
 
 def test_a_stop_signal_ends_as_interrupted(run: Callable[..., Run]) -> None:

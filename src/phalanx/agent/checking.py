@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -61,10 +62,12 @@ def node_check(
     run_dir: Path,
     events: EventLog,
     checked: CheckedNodes,
+    stop: Callable[[], None],
 ) -> Verdict | None:
-    """Check the round's nodes (None: off, a single node, or not repeated). Every node gets
-    the same verdict and says the same lines; a node named under ``exclude`` raises
-    ``NodeExcluded``. ``checked``: the last round's agents; updated here."""
+    """Check the round's nodes (None: off, a single node, not repeated, or stopped). Every
+    node gets the same verdict and says the same lines; a node named under ``exclude``
+    raises ``NodeExcluded``. ``checked``: the last round's agents; updated here. ``stop``:
+    raises to end the check now (``check_round``'s: a preemption signal to this node)."""
     joined, exchanges = at.result, at.exchanges()
     if exchanges is None or joined.num_nodes < 2:
         checked.remember(joined, passed=False)
@@ -72,7 +75,7 @@ def node_check(
     from phalanx.nodecheck.round import Skipped
 
     began = time.monotonic()
-    verdict = _check(config, exchanges.check, joined, run_dir, checked)
+    verdict = _check(config, exchanges.check, joined, run_dir, checked, stop)
     if verdict is None:
         return None
     if isinstance(verdict, Skipped):
@@ -93,6 +96,7 @@ def _check(
     joined: RendezvousResult,
     run_dir: Path,
     checked: CheckedNodes,
+    stop: Callable[[], None],
 ) -> Verdict | Skipped | None:
     """This node's part of the round's check (None: off, not repeated, or cut short: it says
     so in a line)."""
@@ -113,11 +117,12 @@ def _check(
             )  # fmt: skip
             return None
         return check_round(
-            exchange, joined, config.checks.node_check, run_dir, config.workers.nproc_per_node
-        )
+            exchange, joined, config.checks.node_check, run_dir, config.workers.nproc_per_node,
+            stop,
+        )  # fmt: skip
     except OSError as exc:  # no port to listen on, say: the job must not end for the check
         log.warning("node check: could not run on this node: %s", exc)
-    except RendezvousError as exc:  # the round's watch hears it too, and acts on it at once
+    except RendezvousError as exc:  # the round's watch (or ``stop``) acts on it at once
         log.warning("round %d: node check stopped: %s", joined.round, exc)
     return None
 

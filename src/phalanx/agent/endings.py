@@ -143,7 +143,7 @@ class Endings:
         self,
         state: RunState,
         at: Round,
-        plan: RoundPlan,
+        plan: RoundPlan | None,
         exits: list[WorkerExit],
         preemption: Preemption,
         gone: JobEvent | None = None,
@@ -151,7 +151,7 @@ class Endings:
         """The round ended after a preemption: wait for the other nodes until the job's
         deadline at most (a failure of theirs during the grace is the job's failure; a node
         ``gone`` meanwhile ended the round: nobody to wait for), report, requeue (node rank
-        0), exit 75."""
+        0), exit 75. ``plan`` None: the round's workers never started."""
         from phalanx.agent import preempted
 
         late, joined = gone, at.result
@@ -172,9 +172,8 @@ class Endings:
             return self.fail(state, joined, exits, late, None, None, crash_loop=False)
         if late is not None:  # a node gone or given up: the scheduler's stop, as announced
             log.warning("during the preemption grace: %s", describe_event(late))
-        text, data = preempted.report(
-            preemption, exits, preempted.last_step(plan), joined.node_rank
-        )
+        step = preempted.last_step(plan) if plan is not None else None
+        text, data = preempted.report(preemption, exits, step, joined.node_rank)
         lines, figures = self.recovery_figures()
         if figures is not None:
             data["recovery"] = figures

@@ -20,7 +20,7 @@ from phalanx.agent.checking import (
 from phalanx.agent.runend import RunEnd
 from phalanx.agent.sofar import RunState
 from phalanx.config import LaunchConfig
-from phalanx.errors import Interrupted, RendezvousError
+from phalanx.errors import Interrupted, RendezvousError, signal_name
 from phalanx.events.log import EventLog
 from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult, Round
 from phalanx.supervisor.signals import SignalWatcher
@@ -82,7 +82,9 @@ class Joining:
             seconds=round(time.monotonic() - began, 3),
         )
         check_same_code(self.config, self.rdzv, joined, self.events, self.said_args)
-        verdict = node_check(self.config, at, self.run_dir, self.events, self.checked)
+        verdict = node_check(
+            self.config, at, self.run_dir, self.events, self.checked, self._stop_check
+        )
         if verdict is not None:  # the report's, the newest round's
             state = replace(state, checked=tuple(n.line for n in verdict.named))
             if excludes_others(self.config, verdict):  # they leave: form a round without them
@@ -91,6 +93,17 @@ class Joining:
         if joined.num_nodes > 1 or state.attempts == 0:
             self._say_round(joined)
         return at, self.say_restart(state, joined)
+
+    def _stop_check(self) -> None:
+        """End the node check now (raises) once a signal came to this node since the round
+        formed, to stop or a preemption: the loop then ends the run as stopped or as
+        preempted, with no worker started."""
+        signum = self.signals.pending()
+        if signum is not None:
+            raise RendezvousError(f"this node got {signal_name(signum)} (a stop)")
+        signum = self.signals.preempt_pending()
+        if signum is not None:
+            raise RendezvousError(f"this node got {signal_name(signum)} (a preemption)")
 
     def _say_round(self, joined: RendezvousResult) -> None:
         # A spawn owner is one process per node that starts the node's ranks itself.

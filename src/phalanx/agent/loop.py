@@ -6,7 +6,10 @@ One round's steps (join, check, supervise, judge, restart or end) read in order 
 they call lives in ``between``, ``endings``, ``policy`` and ``watching``. A round that ended
 before its workers started (its watch heard a member lost, a peer's failure, the job
 stopped, the store lost: often during the node check) goes from the join to the step after
-a failure without them (``_unstarted``)."""
+a failure without them (``_unstarted``); one preempted before they started (another node's
+notice, or this node's own signal, which stopped the check) to the run's end as preempted
+without them (``_preempted_unstarted``), and one this node was asked to stop in by a signal
+to the end of a stop (``_stopped_unstarted``)."""
 
 from __future__ import annotations
 
@@ -23,13 +26,13 @@ from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.joining import Joining, no_round
 from phalanx.agent.played import Failed, Played, ended_by_preemption
-from phalanx.agent.policy import ENDS_ROUND, Step, decide, judged
+from phalanx.agent.policy import Step, decide, judged
 from phalanx.agent.runend import RunEnd
 from phalanx.agent.sofar import RunState
 from phalanx.agent.stopped import asked_to_stop
 from phalanx.agent.watching import Watching
 from phalanx.config import LaunchConfig
-from phalanx.errors import CutOff, Interrupted, RendezvousError
+from phalanx.errors import CutOff, Interrupted, RendezvousError, signal_name
 from phalanx.hang.watch import RoundWatch
 from phalanx.plan import RoundPlan, build_plan
 from phalanx.rendezvous.api import (
@@ -40,6 +43,7 @@ from phalanx.rendezvous.api import (
     RoundVerdict,
     restarts_left,
 )
+from phalanx.rendezvous.roundend import ENDS_ROUND
 from phalanx.report.exits import root_cause
 from phalanx.report.job import record_exits
 from phalanx.report.oom import OomProbe
@@ -47,7 +51,7 @@ from phalanx.resources.limits import StartFailed
 from phalanx.status import StatusService
 from phalanx.supervisor.exits import WorkerExit
 from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor
-from phalanx.supervisor.preempt import PreemptWatch
+from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
 
 log = logging.getLogger("phalanx")
@@ -114,9 +118,16 @@ class Rounds:
         at, state = joining
         joined = at.result
         state = replace(state, attempts=state.attempts + 1)
+        signum = self.signals.pending()
+        if signum is not None:  # a stop signal since the join (it stopped the node check)
+            return self._stopped_unstarted(state, at, signum)
         heard = self.rdzv.poll()  # the round's first event, if its watch heard one already
         if heard is not None and heard.kind in ENDS_ROUND:
             return self._unstarted(state, at, heard)
+        preempt = self.watching.preempt(at)
+        preemption = self._preempted_first(preempt, heard)
+        if preemption is not None:
+            return self._preempted_unstarted(state, at, preemption)
         plan = build_plan(self.config, joined, self.run_dir, self.base_env)
         mark = ProgressMark.take(plan)
         attempt = AttemptEvents(self.events, plan, joined.round, state.attempts, state.redo)
@@ -124,7 +135,7 @@ class Rounds:
         probe = OomProbe()
         tick, slow = self.watching.tick(plan, at, attempt, watch)
         poll = self.watching.poll(watch, heard)
-        result = self._supervise(state, plan, poll, tick, self.watching.preempt(at))
+        result = self._supervise(state, plan, poll, tick, preempt)
         if isinstance(result, RunEnd):
             return result
         attempt.ended(result.exits)
@@ -152,6 +163,41 @@ class Rounds:
         failure = self._failure_events(state, None, event, None)
         emit_failure(self.events, joined.round, state.attempts, failure, stop_began=0.0)
         return self._failed(state, Failed(at, [], event, None, lambda: False), failed_here=False)
+
+    def _stopped_unstarted(self, state: RunState, at: Round, signum: int) -> RunEnd:
+        """This node was asked to stop by ``signum`` before round ``at``'s workers started
+        (often during the node check, which stopped on it): the end of a stop once they ran
+        -- the other nodes told, the stop report, 128 + the signal -- with none forked."""
+        joined = at.result
+        why = f"this node was stopped by {signal_name(signum)}"
+        log.warning("round %d ended before its workers started: %s", joined.round, why)
+        return self.ends.interrupted(state, joined, [], signum, None)
+
+    def _preempted_first(self, preempt: PreemptWatch, heard: JobEvent | None) -> Preemption | None:
+        """The job's preemption, when one came before the round's workers started: another
+        node's notice (``heard``, the round's first event) or this node's own signal (which
+        stopped the node check), begun as the supervisor begins one -- the line, the
+        ``preempt`` event, the notice told to the other nodes -- with no worker to tell."""
+        if heard is not None and heard.kind is EventKind.PREEMPTED:
+            preempt.hear(heard, ())
+        signum = self.signals.take_preempt()
+        if signum is not None:  # after a peer's notice, this node joins it (its deadline)
+            preempt.begin(signum, ())
+        return preempt.preemption
+
+    def _preempted_unstarted(self, state: RunState, at: Round, preemption: Preemption) -> RunEnd:
+        """Round ``at`` was preempted before its workers started (often during the node
+        check, which stopped on it). The run ends as a round preempted once its workers ran
+        does -- a wait for the other nodes until the job's deadline, the report, exit 75, the
+        requeue; no restart spent -- with none forked: they would cost a fork, an import and
+        a Gloo start only to be signalled at once, and a short one could finish, or save
+        half-way, before the deadline stopped it."""
+        joined = at.result
+        node = preemption.node
+        where = f"node {node}" if node not in (None, joined.node_rank) else "this node"
+        why = f"the job is preempted ({preemption.signal} on {where})"
+        log.warning("round %d ended before its workers started: %s", joined.round, why)
+        return self.ends.preempted(state, at, None, [], preemption)
 
     def _ended(self, state: RunState, played: Played) -> RunState | RunEnd:
         """After the round's workers ended: the run's end (success, a preemption, a stop),

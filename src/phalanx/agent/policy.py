@@ -20,15 +20,10 @@ class Step(Enum):
     CRASH_LOOP = "crash loop"  # stop the job, saying that restarting would not help
 
 
-# Events from other nodes that end the job however much budget is left.
+# Events from other nodes that end the job however much budget is left: two of the events
+# that end a round (``rendezvous.roundend.ENDS_ROUND``), after any of which the step is this
+# policy's, whether the round's workers ran or it ended before they started.
 FINAL_EVENTS = frozenset({EventKind.JOB_STOPPED, EventKind.STORE_LOST})
-
-# The events that end a round even before its workers start: a peer's workers failed, a
-# member was lost, the job stopped, the store was lost. The agent then forks none for it
-# (``agent.loop``: the step after it is the one it takes once workers ran; the node check
-# stops on these too). Not a node waiting to join (the round re-forms once its workers run,
-# as it always did), nor a preemption (the workers run on to the job's deadline).
-ENDS_ROUND = FINAL_EVENTS | {EventKind.PEER_FAILED, EventKind.NODE_LOST}
 
 
 def _settled(failed_here: bool, event: EventKind | None) -> Step | None:

@@ -40,7 +40,7 @@ def report(
         rule,
         f"phalanx: job preempted ({preemption.signal} on {where} at {when}, "
         f"grace {preemption.grace:g} s); exit {REQUEUE_EXIT_CODE}, to be run again",
-        f"  last step on this node: {step if step is not None else 'unknown (no phalanx.step)'}",
+        f"  last step on this node: {_step(step, exits)}",
         f"  ranks that exited on their own: {_ranks(saved)}",
         f"  ranks stopped at the deadline: {_ranks(stopped)}",
         rule,
@@ -56,6 +56,13 @@ def report(
         "exits": [e.to_json() for e in exits],
     }
     return "\n".join(lines), data
+
+
+def _step(step: int | None, exits: Sequence[WorkerExit]) -> str:
+    if step is not None:
+        return str(step)
+    # No exits: the preemption came before the round's workers started (``agent.loop``).
+    return "unknown (no phalanx.step)" if exits else "none: no worker started in this round"
 
 
 def _ranks(ranks: Sequence[int]) -> str:

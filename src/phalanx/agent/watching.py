@@ -88,7 +88,7 @@ class Watching:
     def poll(self, watch: RoundWatch, heard: JobEvent | None) -> Callable[[], JobEvent | None]:
         """The rendezvous' poll as the supervisor calls it, through the hang watch: first
         ``heard``, the event taken before the workers started that did not end the round
-        (a node waiting to join, a preemption: acted on at the first tick, as before)."""
+        (a node waiting to join: acted on at the first tick, as before)."""
         held = [heard] if heard is not None else []
         return lambda: watch.hear(held.pop() if held else self.rdzv.poll())
 

@@ -17,6 +17,8 @@ import json
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ log = logging.getLogger("phalanx")
 HELLO_TIMEOUT = 60.0  # a slow node's compute probe (a node at a tenth of a core: seconds)
 RESULT_TIMEOUT = 30.0  # after the hellos: one link test each, then one write
 DIRECTORY_WAIT = 2.0  # a small write into the run directory (local disk: milliseconds)
+STOP_CHECK = 1.0  # s: how often a wait for the other nodes' records asks whether to stop
 _PROBES: Answers[str] = Answers("phalanx-check-dir")
 # The ready record of a node that checks, of one that runs with --node-check off, and of one
 # whose round has the same agents as the last round, which passed the check (a restart)
@@ -62,14 +65,17 @@ def check_round(
     settings: CheckSettings,
     run_dir: Path,
     nproc_per_node: int,
+    stop: Callable[[], None] = lambda: None,
 ) -> Verdict | Skipped:
     """Run the node check with the other nodes of ``joined``; every node gets the same
     verdict (from the same records). ``Skipped`` when a node posted a ready record that
-    skips it (``SKIPPED_BY``): then no node checks."""
+    skips it (``SKIPPED_BY``): then no node checks. ``stop``: called while this node waits
+    for the others' records (about once a second); it raises ``RendezvousError`` to end the
+    check now, as a lost store does (the agent's: a preemption signal to this node)."""
     ranks = [node.node_rank for node in joined.nodes]
     hosts = [(n.hostname, n.addr) for n in sorted(joined.nodes, key=lambda n: n.node_rank)]
     exchange.post_check("ready", READY)  # every node probes at once: alike, whatever is shared
-    readies = set(exchange.gather_check("ready", ranks, HELLO_TIMEOUT).values())
+    readies = set(_gather(exchange, "ready", ranks, HELLO_TIMEOUT, stop).values())
     for skip, reason in SKIPPED_BY.items():
         if skip in readies:  # a node that does not check would never answer: nobody checks
             return Skipped(reason)
@@ -85,7 +91,7 @@ def check_round(
         hello = {"addr": joined.this_node.addr, "port": listener.port, "token": token.hex()}
         exchange.post_check("hello", _encode(hello))
         successor = (joined.node_rank + 1) % joined.num_nodes
-        hellos = exchange.gather_check("hello", [successor], HELLO_TIMEOUT)
+        hellos = _gather(exchange, "hello", [successor], HELLO_TIMEOUT, stop)
         link = _test(hellos.get(successor))
         record: dict[str, Any] = {
             "host": joined.this_node.hostname or socket.gethostname(),
@@ -95,11 +101,31 @@ def check_round(
             "link": link,
         }
         exchange.post_check("result", _encode(record))
-        results = exchange.gather_check("result", ranks, RESULT_TIMEOUT)
+        results = _gather(exchange, "result", ranks, RESULT_TIMEOUT, stop)
     finally:
         listener.close()
     records = {rank: data for rank, raw in results.items() if (data := _decode(raw)) is not None}
     return judge(hosts, records, limits)
+
+
+def _gather(
+    exchange: CheckExchange,
+    phase: str,
+    node_ranks: Sequence[int],
+    timeout: float,
+    stop: Callable[[], None],
+) -> dict[int, bytes]:
+    """``gather_check`` in slices of ``STOP_CHECK``, calling ``stop`` before each: a node
+    told to stop (a preemption signal to its agent) ends its check within a second, not at
+    the end of a minute-long wait for a node that is itself held up; the others then hear
+    the preemption through the store and end theirs (``roundend.ENDS_CHECK``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stop()
+        left = deadline - time.monotonic()
+        found = exchange.gather_check(phase, node_ranks, max(0.0, min(left, STOP_CHECK)))
+        if len(found) == len(node_ranks) or left <= STOP_CHECK:
+            return found
 
 
 def _test(raw: bytes | None) -> dict[str, object] | None:

@@ -110,6 +110,10 @@ class SignalWatcher:
         during the grace means "now")."""
         return self._preempts.pop(0) if self._preempts else None
 
+    def preempt_pending(self) -> int | None:
+        """The next preemption signal received, left for ``take_preempt``."""
+        return self._preempts[0] if self._preempts else None
+
     def _handle_stacks(self, signum: int, frame: FrameType | None) -> None:
         self._stack_request = True
 

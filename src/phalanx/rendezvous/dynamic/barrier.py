@@ -11,14 +11,11 @@ from collections.abc import Callable
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.roundend import ENDS_ROUND
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import StoreUnavailable
 
 log = logging.getLogger("phalanx")
-
-_ENDS_WAIT = frozenset(
-    {EventKind.PEER_FAILED, EventKind.NODE_LOST, EventKind.JOB_STOPPED, EventKind.STORE_LOST}
-)
 
 
 class ExitBarrier:
@@ -67,7 +64,7 @@ class ExitBarrier:
                 if interrupted():
                     return False, None
                 event = self._poll()
-                if event is not None and event.kind in _ENDS_WAIT:
+                if event is not None and event.kind in ENDS_ROUND:  # not a preemption: peers finish
                     return False, event
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -19,9 +19,10 @@ from typing import Generic, TypeVar
 
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError
-from phalanx.rendezvous.api import EventKind, JobEvent
+from phalanx.rendezvous.api import JobEvent
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.roundend import ENDS_CHECK
 from phalanx.rendezvous.stores.base import StoreUnavailable
 
 log = logging.getLogger("phalanx")
@@ -29,10 +30,6 @@ log = logging.getLogger("phalanx")
 Answer = TypeVar("Answer")
 
 LOST_CHECK = 1.0  # s: how often a node check's wait looks whether the store counts as lost
-# The round's events that end its node check: those that end the round (``agent.policy``'s
-# ENDS_ROUND: the agent then starts no workers for it), and a preemption (no check for a job
-# about to stop). A new node waiting, NODE_WAITING, joins the next one: the check goes on.
-ROUND_ENDERS = frozenset(EventKind) - {EventKind.NODE_WAITING}
 
 
 @dataclass(frozen=True)
@@ -172,12 +169,12 @@ class CheckRecords:
 
     def _raise_if_lost(self) -> None:
         """The store lost, or the round already over: a member lost, a peer's workers failed,
-        the job stopped. A check waits up to a minute for a member's records; one that died
+        the job stopped or preempted (``roundend.ENDS_CHECK``). A check waits up to a minute for a member's records; one that died
         or was fenced while it checked never posts them, and the others would wait that out
         (and the round's judgement with them) before they acted on what their watch heard."""
         problem = self._store_problem()
         if problem is not None:
             raise RendezvousError(problem)
         event = self._pending()
-        if event is not None and event.kind in ROUND_ENDERS:
+        if event is not None and event.kind in ENDS_CHECK:
             raise RendezvousError(event.detail or f"the round ended ({event.kind.value})")
