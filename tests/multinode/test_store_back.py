@@ -10,7 +10,9 @@ The order is forced: the survivors' agents are held (SIGSTOP) while node 0's age
 workers are SIGKILLed and its agent started again, until the new agent serves; only then do
 the survivors look for a successor. Three agents at ``--nnodes 2:3``, one Gloo worker each.
 The survivors tell the agent on the empty store, which ends at once; started again, it joins
-the job on the successor's store.
+the job on the successor's store. The second test resumes the survivors one after the other,
+the late one only once the fresh store holds the stop the first one wrote there: no handle of
+the late one may read it (or any key of that store) as the job's (the store-identity rule).
 """
 
 from __future__ import annotations
