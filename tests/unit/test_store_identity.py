@@ -17,7 +17,8 @@ from phalanx.rendezvous.dynamic.failover import Candidate
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
-from phalanx.rendezvous.stores.base import KVStore
+from phalanx.rendezvous.stores.agentstore.client import OtherStore
+from phalanx.rendezvous.stores.base import KVStore, StoreUnavailable
 
 TOKEN = Token(b"identity", "the test")
 RUN = "job"
@@ -83,6 +84,33 @@ def test_a_fresh_store_at_the_lost_stores_place_is_not_the_jobs(
     other.close()
     _serve(served, there.port, seed(RUN))
     assert successors.reach(there, 5) is None
+
+
+def test_a_handle_never_reads_a_fresh_store_at_its_place(served: list[KVStore]) -> None:
+    """A node's handle (and its heartbeat's twin) reconnects after the store's host was
+    lost; at its place an agent started again serves a fresh store, which the failover walk
+    already told that the job moved on (its stop). The handle must not read that stop, or
+    any key there, as the job's (the 07:33 full-suite failure: a survivor read that stop in
+    its restart round and ended the job): it counts as not answering."""
+    job = _serve(served, 0, seed(RUN))
+    successors = _successors(job.port, job.port + 1)
+    client = AgentKVStore(HOST, job.port, TOKEN, read_timeout=5)
+    served.append(client)
+    successors.attach(client)
+    twin = client.twin(1)
+    served.append(twin)
+    client.set("k", b"the job's")
+    assert client.get("k") == twin.get("k") == b"the job's"  # its own store: read as ever
+    job.close()
+    fresh = _serve(served, successors.current.port, seed(RUN))
+    Board(fresh, Keys(RUN), "walk").stop("the job's store was lost, not the job's", None)
+    for handle in (client, twin):
+        board = Board(handle, Keys(RUN), "test")
+        with pytest.raises(StoreUnavailable):  # the pooled connection, to the lost store
+            board.stopped()
+        for _ in range(2):  # each new connection: checked again, refused again
+            with pytest.raises(OtherStore, match="serves another store than the one this"):
+                board.stopped()
 
 
 def test_a_store_that_names_no_id_is_not_checked(served: list[KVStore]) -> None:

@@ -60,10 +60,13 @@ class AgentStoreSuccessors:
         self._before: tuple[Candidate, bytes] | None = None  # the store left by the last move
         self._first: bytes | None = None  # the id of the job's first store, if this node used it
 
-    def attach(self, store: KVStore) -> None:
-        """This node uses ``store``, at ``current``, from now on: its id is the job's store's.
-        May raise ``StoreUnavailable``."""
+    def attach(self, store: AgentKVStore) -> None:
+        """This node uses ``store``, at ``current``, from now on: its id is the job's store's,
+        and ``store`` is pinned to it (no key of another store at that place is ever read
+        as the job's). May raise ``StoreUnavailable``."""
         self._id = store.get(STORE_KEY)
+        if self._id is not None:
+            store.pin(STORE_KEY, self._id)
         if self.epoch == 0:  # the job's first store: never taken for a fresh one (``signpost``)
             self._first = self._id
 
@@ -112,6 +115,7 @@ class AgentStoreSuccessors:
                 read_timeout=self._read_timeout,
                 seed=held,
             )
+            store.pin(STORE_KEY, held[STORE_KEY])
         except OSError as exc:
             log.warning(
                 "rendezvous: cannot serve the successor store on %s (%s); trying the next "
@@ -123,7 +127,7 @@ class AgentStoreSuccessors:
             signpost.keep(first, store, candidate, self._token, self._run_id, self._first)
         return store
 
-    def reach(self, candidate: Candidate, timeout: float) -> KVStore | None:
+    def reach(self, candidate: Candidate, timeout: float) -> AgentKVStore | None:
         probe = AgentKVStore(candidate.host, candidate.port, self._token, read_timeout=timeout)
         try:
             found = probe.get(RUN_KEY)  # the handshake first: the token, proved both ways
@@ -138,11 +142,9 @@ class AgentStoreSuccessors:
             self._not_the_jobs(candidate)
             return None
         self._ids[candidate] = which
-        return AgentKVStore(
-            candidate.host, candidate.port, self._token, read_timeout=self._read_timeout
-        )
+        return self._client(candidate, which)
 
-    def newest(self, patience: float) -> KVStore | None:
+    def newest(self, patience: float) -> AgentKVStore | None:
         """A node that starts while the job runs on a successor's store (listed endpoints
         only: members are known only to members): the confirmed store with the highest
         failover number the listed candidates serve (``majority.choose``), as a client
@@ -182,7 +184,7 @@ class AgentStoreSuccessors:
             return store
         return None
 
-    def _look(self, keys: Keys) -> list[tuple[Candidate, KVStore, int, bool, bool]]:
+    def _look(self, keys: Keys) -> list[tuple[Candidate, AgentKVStore, int, bool, bool]]:
         """Every listed candidate that serves the job's store, one try each: where, a
         client of it, its failover number, whether it is confirmed and whether the job
         forms a round on it now."""
@@ -241,13 +243,20 @@ class AgentStoreSuccessors:
             if store.get(STORE_KEY) == which:
                 store.close()  # (a client with the usual timeout instead of the probe's)
                 self._ids[place] = which
-                return place, AgentKVStore(
-                    place.host, place.port, self._token, read_timeout=self._read_timeout
-                )
+                return place, self._client(place, which)
         except StoreUnavailable:
             pass
         store.close()
         return None
+
+    def _client(self, candidate: Candidate, which: bytes | None) -> AgentKVStore:
+        """A client of the store at ``candidate`` whose id is ``which``, pinned to it (None:
+        a store with no id, an older phalanx's, is not pinned)."""
+        at = candidate.host, candidate.port
+        store = AgentKVStore(*at, self._token, read_timeout=self._read_timeout)
+        if which is not None:
+            store.pin(STORE_KEY, which)
+        return store
 
     def moved(self, candidate: Candidate) -> Reach:
         if self._id is not None:

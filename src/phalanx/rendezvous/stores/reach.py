@@ -24,7 +24,7 @@ REPORT_EVERY = 5.0
 ATTEMPT = 1.0  # seconds one connection attempt may take (a filtered port never answers)
 
 
-def _hostport(host: str, port: int) -> str:
+def hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -64,12 +64,12 @@ def wait_reachable(host: str, port: int, timeout: float, what: str) -> float:
             return deadline - now
         if now >= deadline:
             raise StoreUnavailable(
-                f"{what} at {_hostport(host, port)} did not answer within {timeout:g} s: {reason}"
+                f"{what} at {hostport(host, port)} did not answer within {timeout:g} s: {reason}"
             )
         if now >= next_report:
             log.warning(
                 "rendezvous: %s at %s: %s; trying for another %.0f s (join_timeout)",
-                what, _hostport(host, port), reason, deadline - now,
+                what, hostport(host, port), reason, deadline - now,
             )  # fmt: skip
             next_report = now + REPORT_EVERY
         time.sleep(min(0.25, max(0.0, deadline - now)))

@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from collections.abc import Mapping, Sequence
 
 from phalanx.rendezvous.stores.agentstore import auth, wire
 from phalanx.rendezvous.stores.agentstore.auth import Token
 from phalanx.rendezvous.stores.agentstore.conf import HOW_TO_SET
+from phalanx.rendezvous.stores.agentstore.greeting import HANDSHAKE, NOT_A_STORE, await_greeting
 from phalanx.rendezvous.stores.agentstore.line import Line, read_frame
 from phalanx.rendezvous.stores.agentstore.server import StoreServer
 from phalanx.rendezvous.stores.base import (
@@ -35,12 +35,11 @@ from phalanx.rendezvous.stores.base import (
     StoreTimedOut,
     StoreUnavailable,
 )
-from phalanx.rendezvous.stores.reach import REPORT_EVERY, wait_reachable
+from phalanx.rendezvous.stores.reach import hostport as _hostport
+from phalanx.rendezvous.stores.reach import wait_reachable
 
 log = logging.getLogger("phalanx")
 
-_HANDSHAKE = "the handshake"
-_NOT_A_STORE = " (a phalanx store speaks first: the process on that port is not one, or hangs)"
 # Seconds a hosting handle's close waits for the other nodes to disconnect: their last reads
 # take a moment; a node that hangs or vanished without a reset must not hold the exit long.
 LINGER = 5.0
@@ -48,6 +47,10 @@ LINGER = 5.0
 
 class TokenRefused(Malformed):
     """The handshake failed: one side does not know the other's token."""
+
+
+class OtherStore(StoreUnavailable):
+    """The place serves another store than the handle's (``pin``): as if it were not there."""
 
 
 class AgentKVStore:
@@ -78,6 +81,7 @@ class AgentKVStore:
         self._idle: list[Line] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._pin: tuple[str, bytes] | None = None
 
     @classmethod
     def connect(
@@ -117,15 +121,24 @@ class AgentKVStore:
     def port(self) -> int:
         return self._address[1]
 
+    def pin(self, key: str, value: bytes) -> None:
+        """Use a new connection only once ``key`` reads ``value`` on it, else raise
+        ``OtherStore``: one connection talks to one server for life, a new one to whatever
+        serves the place now -- after the store's host was lost, maybe a fresh store of an
+        agent started again there, with the job's token and run id (``claim.STORE_KEY``)."""
+        self._pin = (key, value)
+
     def twin(self, read_timeout: float) -> AgentKVStore:
         """A handle on the same store with a pool of its own and ``read_timeout`` (the
         heartbeat thread's: a call stuck in TCP's retransmission backoff on a lossy link is
         given up quickly and the next one goes out on a fresh connection). Closing it
         closes its connections only, never the server."""
-        return AgentKVStore(
+        twin = AgentKVStore(
             self._address[0], self._address[1], self._token, read_timeout=read_timeout,
             where=self.where,
         )  # fmt: skip
+        twin._pin = self._pin
+        return twin
 
     def get(self, key: str) -> bytes | None:
         reply = self._call([wire.GET, _key(key)], f"get {key!r}")
@@ -213,12 +226,33 @@ class AgentKVStore:
         except BaseException:
             sock.close()
             raise
-        return Line(sock)
+        return self._pinned(Line(sock))
+
+    def _pinned(self, line: Line) -> Line:
+        """``line``, once it reaches the store this handle is pinned to (``pin``)."""
+        if self._pin is None:
+            return line
+        (key, value), request = self._pin, f"get {self._pin[0]!r}"
+        try:
+            line.bound(self._read_timeout)
+            self._send(line, _gets([key]), request)
+            (found,) = self._values([key], self._receive(line, request, wire.MAX_FRAME), request)
+        except BaseException:
+            line.close()
+            raise
+        if found == value:
+            return line
+        line.close()
+        raise OtherStore(
+            f"{self.where} serves another store than the one this node used (its id "
+            "differs: the agent there was started again after the job's store was lost, "
+            "and serves a fresh one); none of its keys is taken for the job's"
+        )
 
     def _handshake(self, sock: socket.socket, say_waiting: bool = False) -> None:
-        request = _HANDSHAKE
+        request = HANDSHAKE
         if say_waiting:
-            self._await_greeting(sock)
+            await_greeting(sock, self.where, self._read_timeout)
         (hello,) = self._receive(sock, request, wire.MAX_HANDSHAKE_FRAME)
         if len(hello) != 2 or hello[0] != auth.GREETING or len(hello[1]) != auth.NONCE_BYTES:
             raise MalformedReply(self.where, request, "it is not a phalanx rendezvous store")
@@ -242,37 +276,6 @@ class AgentKVStore:
                 f"{self.where} did not prove the job's rendezvous token: the process serving "
                 f"that port is not this job's store, or its token differs ({HOW_TO_SET})"
             )
-
-    def _await_greeting(self, sock: socket.socket) -> None:
-        """Wait up to ``read_timeout`` for the server's first byte, saying every
-        ``REPORT_EVERY`` seconds what this node waits for: a port held by a process that
-        accepts and never speaks (not a phalanx store, or a hung one) is otherwise a minute
-        of silence. Leaves the socket's timeout at ``read_timeout``."""
-        start = time.monotonic()
-        deadline = start + self._read_timeout
-        try:
-            while (left := deadline - time.monotonic()) > 0:
-                sock.settimeout(max(0.01, min(REPORT_EVERY, left)))
-                try:
-                    sock.recv(1, socket.MSG_PEEK)  # the greeting, or the end: either is an answer
-                    return
-                except TimeoutError:
-                    if deadline - time.monotonic() > 0:
-                        log.warning(
-                            "rendezvous: %s accepted the connection but has said nothing for "
-                            "%.0f s (a phalanx store speaks first: the process on that port is "
-                            "not one, or hangs); waiting for its greeting for another %.0f s "
-                            "(read_timeout)",
-                            self.where, time.monotonic() - start, deadline - time.monotonic(),
-                        )  # fmt: skip
-                except OSError:
-                    return  # a reset: the receive below says it
-            raise StoreTimedOut(
-                f"{self.where} did not answer {_HANDSHAKE} within {self._read_timeout:g} s"
-                f"{_NOT_A_STORE}"
-            )
-        finally:
-            sock.settimeout(self._read_timeout)
 
     def _take(self) -> Line:
         with self._lock:
@@ -347,7 +350,7 @@ class AgentKVStore:
         except wire.FrameError as exc:
             raise MalformedReply(self.where, request, str(exc)) from None
         except TimeoutError:
-            hint = _NOT_A_STORE if request == _HANDSHAKE else ""
+            hint = NOT_A_STORE if request == HANDSHAKE else ""
             within = on.timeout if isinstance(on, Line) else on.gettimeout()
             raise StoreTimedOut(
                 f"{self.where} did not answer {request} within {within:g} s{hint}"
@@ -394,7 +397,3 @@ def _gets(keys: list[str]) -> bytes:
 
 def _why(exc: OSError) -> str:
     return exc.strerror or str(exc) or exc.__class__.__name__
-
-
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
