@@ -77,20 +77,24 @@ class _CountedWaits(AgentKVStore):
 
     waits: ClassVar[list[list[str]]] = []
     reads: ClassVar[list[list[str]]] = []
+    calls: ClassVar[list[str]] = []  # "wait" and "read", in their order
 
     def twin(self, read_timeout: float) -> AgentKVStore:
         return _CountedWaits(*self._address, self._token, read_timeout=read_timeout)
 
     def wait(self, keys: list[str], timeout: float) -> bool:
         _CountedWaits.waits.append(keys)
+        _CountedWaits.calls.append("wait")
         return super().wait(keys, timeout)
 
     def get(self, key: str) -> bytes | None:
         _CountedWaits.reads.append([key])
+        _CountedWaits.calls.append("read")
         return super().get(key)
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         _CountedWaits.reads.append(keys)
+        _CountedWaits.calls.append("read")
         return super().get_many(keys)
 
 
@@ -199,8 +203,9 @@ def test_a_joining_nodes_watch_asks_the_store_nothing_then_waits_on_the_new_roun
 ) -> None:
     """From ``announce`` to ``follow`` the watch thread asks the store nothing (no wait, no
     duties: the old round's events and counters, the ring's next heartbeat), while the
-    heartbeats go on; once it follows the new round, a peer's event posted there reaches
-    ``next_event``."""
+    heartbeats go on; once it follows the new round its first call is the wait for that
+    round's first event (no read of it before, nor the duties: they come an interval on),
+    and a peer's event posted there reaches ``next_event``."""
     host, _ = pair
     settings = RendezvousSettings(heartbeat_interval=0.4, heartbeat_timeout=4.0)
     keys = Keys("joining")
@@ -210,6 +215,7 @@ def test_a_joining_nodes_watch_asks_the_store_nothing_then_waits_on_the_new_roun
     liveness.follow(Membership(0, 0, ("a", "b"), nodes), 0)
     _CountedWaits.waits.clear()
     _CountedWaits.reads.clear()
+    _CountedWaits.calls.clear()
     liveness.announce()  # as next_round does: it joins round 1
     liveness.start()
     try:
@@ -220,6 +226,7 @@ def test_a_joining_nodes_watch_asks_the_store_nothing_then_waits_on_the_new_roun
         assert liveness.store_problem() is None
         liveness.follow(Membership(1, 0, ("a", "b"), nodes), 0)
         wait_for(lambda: len(_CountedWaits.waits) > 0, HANG, "the watch to wait on the store")
+        assert _CountedWaits.calls[0] == "wait", _CountedWaits.calls
         event = JobEvent(EventKind.PEER_FAILED, 1, "rank 1 failed", {"rank": 1})
         Board(host, keys, "b").post_event(1, event, about="b")
         wait_for(lambda: liveness.next_event() is not None, HANG, "the new round's event read")

@@ -194,6 +194,7 @@ def test_a_joining_nodes_watch_makes_no_call_until_it_follows_the_new_round() ->
         now[0] += PATIENT.heartbeat_interval
     assert store.calls == 0, store.read
     liveness.follow(Membership(1, 0, ("a", "b", "c"), nodes), 0)
+    now[0] += PATIENT.heartbeat_interval  # (the new round's duties begin an interval on)
     for beat in range(4, 8):
         peer.store.set(peer.keys.heartbeat("b"), str(beat).encode())
         assert liveness.tick() is True

@@ -118,9 +118,13 @@ class Liveness:
         (self._health.recovered if joining else self._health.answered)()
 
     def follow(self, membership: Membership, rank: int) -> None:
-        """Watch ``membership`` from now on (events and holes of earlier rounds are dropped)."""
+        """Watch ``membership`` from now on (events and holes of earlier rounds are dropped).
+        Its first event is waited for at once, not read first (where waits park on the
+        store), and its duties come a heartbeat interval on: one call per node as a round
+        forms, not two (a thousand more beside the round's own)."""
         with self._lock:
-            self._view = _View(membership, rank)
+            self._view = view = _View(membership, rank)
+            self._absent = (view, 1) if self._twins else None
             self._events.clear()
             self._next_event = 1
             self._hole = None
@@ -129,7 +133,7 @@ class Liveness:
             self._spares = 0
             self._pulse.follow()
             self._ring_watch.follow()
-            self._next_beat = 0.0
+            self._next_beat = self._clock() + self._s.heartbeat_interval
             self._joining = False
         self._followed.set()
 
