@@ -3,10 +3,11 @@
 ``AgentKVStore.wait_get``: a ``wait`` and the reads sent behind it on one connection,
 answered by the server once the wait is over (it serves a connection's requests in order
 and parks the connection while its wait is open), so what a joining node waits for comes
-back in the wait's own round trip (``assembly``, ``formation``). And the watch thread of a
-node that joins a round makes no waits on the store until it follows the new round, whose
-events it then waits for at once (``liveness``). Counted per node in a restart round:
-``tests/unit/test_restart_calls.py``."""
+back in the wait's own round trip (``assembly``, ``formation``). The watch thread of a node
+that joins a round asks the store nothing until it follows the new round, whose events it
+then waits for at once, while the beats go on and speak for the store (``liveness``); and a
+member that finds the restart round open already writes nothing to open it (``Board``).
+Counted per node in a restart round: ``tests/unit/test_restart_calls.py``."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
+from phalanx.rendezvous.stores.agentstore import AgentKVStore, StoreServer, Token
+from phalanx.rendezvous.stores.base import StoreUnavailable
 from support.launch import wait_for
 
 TOKEN = Token(b"the job's secret", "the test")
@@ -70,24 +72,140 @@ def test_a_wait_that_times_out_still_answers_its_reads(
 
 
 class _CountedWaits(AgentKVStore):
-    """An agent store handle whose twins (the watch and heartbeat threads') count waits."""
+    """An agent store handle whose twins (the watch and heartbeat threads') count waits and
+    reads."""
 
     waits: ClassVar[list[list[str]]] = []
+    reads: ClassVar[list[list[str]]] = []
+    calls: ClassVar[list[str]] = []  # "wait" and "read", in their order
 
     def twin(self, read_timeout: float) -> AgentKVStore:
         return _CountedWaits(*self._address, self._token, read_timeout=read_timeout)
 
     def wait(self, keys: list[str], timeout: float) -> bool:
         _CountedWaits.waits.append(keys)
+        _CountedWaits.calls.append("wait")
         return super().wait(keys, timeout)
 
+    def get(self, key: str) -> bytes | None:
+        _CountedWaits.reads.append([key])
+        _CountedWaits.calls.append("read")
+        return super().get(key)
 
-def test_a_joining_nodes_watch_waits_on_no_store_then_on_the_new_rounds_events(
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        _CountedWaits.reads.append(keys)
+        _CountedWaits.calls.append("read")
+        return super().get_many(keys)
+
+
+class _NotedBeats(AgentKVStore):
+    """An agent store handle whose twins note each heartbeat that failed."""
+
+    failed: ClassVar[list[StoreUnavailable]] = []
+
+    def twin(self, read_timeout: float) -> AgentKVStore:
+        return _NotedBeats(*self._address, self._token, read_timeout=read_timeout)
+
+    def set(self, key: str, value: bytes) -> None:
+        try:
+            super().set(key, value)
+        except StoreUnavailable as exc:
+            _NotedBeats.failed.append(exc)
+            raise
+
+
+def test_a_joining_node_whose_beats_get_through_again_keeps_its_store() -> None:
+    """While the node joins, its watch asks nothing, so the beats speak for the store: the
+    store's server stops (a beat fails: connection refused) and serves again on its port
+    before two heartbeats passed; the next beat gets through, and the store does not count
+    as lost (it did when a beat's answer, unlike a pass of the watch, cleared no error:
+    "unreachable" two heartbeats after the failed one, and the thread stopped)."""
+    settings = RendezvousSettings(heartbeat_interval=2.0, heartbeat_timeout=30.0)
+    keys = Keys("outage")
+    first = StoreServer.start("127.0.0.1", 0, TOKEN)
+    store = _NotedBeats("127.0.0.1", first.port, TOKEN, read_timeout=5)
+    nodes = (NodeInfo(0, "a", "x", 1), NodeInfo(1, "b", "y", 1))
+    liveness = Liveness(Board(store, keys, "a"), settings)
+    liveness.follow(Membership(0, 0, ("a", "b"), nodes), 0)
+    liveness.announce()  # as next_round does: it joins round 1
+    _NotedBeats.failed.clear()
+    liveness.start()
+    again = None
+    try:
+        wait_for(lambda: _beat_at(first.port, keys), HANG, "a heartbeat")
+        first.close()
+        wait_for(lambda: _NotedBeats.failed, HANG, "a heartbeat to fail")
+        again = StoreServer.start("127.0.0.1", first.port, TOKEN)
+        wait_for(lambda: _beat_at(first.port, keys), HANG, "a heartbeat on the store again")
+        time.sleep(2 * settings.heartbeat_interval)  # past when it counted as lost before
+        assert liveness.store_problem() is None
+    finally:
+        liveness.stop()
+        store.close()
+        first.close()
+        if again is not None:
+            again.close()
+
+
+def test_a_member_that_finds_the_restart_round_open_writes_nothing_to_open_it(
     pair: tuple[AgentKVStore, AgentKVStore],
 ) -> None:
-    """From ``announce`` to ``follow`` the watch thread makes no wait on the store (it read
-    the old round's events with its heartbeat duties); once it follows the new round, a
-    peer's event posted there reaches ``next_event``."""
+    """The first member to rejoin opens round 1 (its ``open`` key, then the newest-round
+    pointer); one that then reads the pointer at 1 (``formation``: with the job's stop, in
+    one round trip) makes no call to open it (every member wrote ``open`` before: a
+    thousand writes of one key in a restart of 1,024 nodes)."""
+    host, other = pair
+    keys = Keys("opening")
+    Board(host, keys, "a").open_round(1, None, read=True)
+    assert host.get(keys.round(1, "open")) == b"1" and host.get(keys.latest_round) == b"1"
+    counted = _Calls("127.0.0.1", host.port, TOKEN, read_timeout=5)
+    _Calls.calls.clear()
+    try:
+        Board(counted, keys, "b").open_round(1, other.get(keys.latest_round), read=True)
+        assert counted.calls == []
+        Board(counted, keys, "b").open_round(1)  # without the pointer read: its read only
+        assert counted.calls == ["get"]
+    finally:
+        counted.close()
+
+
+def _beat_at(port: int, keys: Keys) -> bool:
+    """Whether node a's heartbeat is on the store at ``port`` (a connection of its own)."""
+    reader = AgentKVStore("127.0.0.1", port, TOKEN, read_timeout=5)
+    try:
+        return reader.get(keys.heartbeat("a")) is not None
+    finally:
+        reader.close()
+
+
+class _Calls(AgentKVStore):
+    """An agent store handle that notes its calls."""
+
+    calls: ClassVar[list[str]] = []
+
+    def get(self, key: str) -> bytes | None:
+        self.calls.append("get")
+        return super().get(key)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.calls.append("set")
+        super().set(key, value)
+
+    def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes
+    ) -> tuple[bool, bytes | None]:
+        self.calls.append("compare_set")
+        return super().compare_set(key, expected, desired)
+
+
+def test_a_joining_nodes_watch_asks_the_store_nothing_then_waits_on_the_new_rounds_events(
+    pair: tuple[AgentKVStore, AgentKVStore],
+) -> None:
+    """From ``announce`` to ``follow`` the watch thread asks the store nothing (no wait, no
+    duties: the old round's events and counters, the ring's next heartbeat), while the
+    heartbeats go on; once it follows the new round its first call is the wait for that
+    round's first event (no read of it before, nor the duties: they come an interval on),
+    and a peer's event posted there reaches ``next_event``."""
     host, _ = pair
     settings = RendezvousSettings(heartbeat_interval=0.4, heartbeat_timeout=4.0)
     keys = Keys("joining")
@@ -96,13 +214,19 @@ def test_a_joining_nodes_watch_waits_on_no_store_then_on_the_new_rounds_events(
     liveness = Liveness(Board(store, keys, "a"), settings)
     liveness.follow(Membership(0, 0, ("a", "b"), nodes), 0)
     _CountedWaits.waits.clear()
+    _CountedWaits.reads.clear()
+    _CountedWaits.calls.clear()
     liveness.announce()  # as next_round does: it joins round 1
     liveness.start()
     try:
-        time.sleep(4 * settings.heartbeat_interval)  # the length of the join, not a condition
-        assert _CountedWaits.waits == []
+        beat = keys.heartbeat("a")
+        wait_for(lambda: int(host.get(beat) or 0) >= 3, HANG, "three heartbeats")
+        time.sleep(2 * settings.heartbeat_interval)  # the rest of the join, not a condition
+        assert _CountedWaits.waits == [] and _CountedWaits.reads == []
+        assert liveness.store_problem() is None
         liveness.follow(Membership(1, 0, ("a", "b"), nodes), 0)
         wait_for(lambda: len(_CountedWaits.waits) > 0, HANG, "the watch to wait on the store")
+        assert _CountedWaits.calls[0] == "wait", _CountedWaits.calls
         event = JobEvent(EventKind.PEER_FAILED, 1, "rank 1 failed", {"rank": 1})
         Board(host, keys, "b").post_event(1, event, about="b")
         wait_for(lambda: liveness.next_event() is not None, HANG, "the new round's event read")

@@ -123,6 +123,7 @@ def test_a_lost_node_whose_event_did_not_go_out_is_told_on_the_next_tick() -> No
     watcher.follow(Membership(0, 0, ("watcher", "gone"), nodes), 0)
     other = Board(MemoryStore(server), KEYS, "other")
     other.store.set(KEYS.heartbeat("gone"), DIED)  # its guardian's last word
+    clock.now += SETTINGS.heartbeat_interval  # (a round's duties begin an interval on)
     with pytest.raises(StoreUnavailable):
         watcher.tick()  # (the thread's loop takes it as one failed call, and goes on)
     records, events = lost_told(other, 0)

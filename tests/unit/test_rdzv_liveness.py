@@ -80,6 +80,7 @@ def test_an_entry_written_between_the_readers_two_reads_is_delivered() -> None:
 def test_a_slot_taken_and_never_written_is_stepped_over_after_the_timeout() -> None:
     liveness, _, writer, clock = setup()
     liveness.follow(membership(0), 0)
+    clock.now += SETTINGS.heartbeat_interval  # a round's duties begin an interval on
     writer.store.add(KEYS.round(0, "events"), 1)  # took slot 1, died before writing it
     writer.post_event(0, failure(2), about="writer")  # slot 2
     liveness.tick()  # the counter shows slot 1 taken: the hole's clock starts now
@@ -97,6 +98,7 @@ def test_a_slot_taken_and_never_written_is_stepped_over_after_the_timeout() -> N
 def test_an_entry_written_late_but_before_the_skip_is_delivered() -> None:
     liveness, store, writer, clock = setup()
     liveness.follow(membership(0), 0)
+    clock.now += SETTINGS.heartbeat_interval  # a round's duties begin an interval on
     slot = writer.store.add(KEYS.round(0, "events"), 1)  # slot 1 taken, entry not written yet
     liveness.tick()  # hole clock starts
     clock.now += SETTINGS.heartbeat_timeout + 1

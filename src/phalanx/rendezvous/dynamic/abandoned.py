@@ -110,8 +110,8 @@ class Abandoned:
     def settle_lost(self, r: int, settled: int | None = None) -> None:
         """While restart round r+1 waits for round r's members to settle: settle each one
         still unsettled that is lost by its watchers' rule, and tell the round. Its watchers
-        may all be gone: members that fenced came back as new members and watch round r no
-        more (the c10d soak, seed 4141: the store's host frozen 10 s fenced both survivors
+        may all be gone or joining (a joining node's watch asks nothing of round r): members
+        that fenced came back as new members and watch round r no more (the c10d soak, seed 4141: the store's host frozen 10 s fenced both survivors
         while a third member was SIGKILLed, and its place held the round for join_timeout).
 
         ``settled``: how many of round r's members have settled, as just read (None: read

@@ -18,13 +18,22 @@ flight end (each within ``bound``), then writes ``LEFT``: no older beat lands af
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 
-from phalanx.rendezvous.dynamic.pulse import Pulse
+from phalanx.rendezvous.dynamic.pulse import Counters, Pulse
+from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import Malformed, StoreUnavailable
 
 log = logging.getLogger("phalanx")
+
+
+def hedge(pulse: Pulse, settings: RendezvousSettings, bound: float) -> int:
+    """How many beats may be in flight at once. Counters: while a beat waits for its answer
+    the next goes out beside it, so that within a bound several are; a lease is only read,
+    one read at a time."""
+    return math.ceil(bound / settings.heartbeat_interval) + 1 if isinstance(pulse, Counters) else 1
 
 
 class Beater:

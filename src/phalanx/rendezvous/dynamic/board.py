@@ -141,10 +141,14 @@ class Board:
     def open_round(self, r: int, current: bytes | None = None, *, read: bool = False) -> None:
         """Mark round ``r`` open and move the run's newest-round pointer up to it (never down).
         ``read``: ``current`` is the pointer as the caller just read it (a stale one only
-        costs a compare-and-set that fails and reads it anew)."""
-        self.store.set(self.keys.round(r, "open"), b"1")
+        costs a compare-and-set that fails and reads it anew). A pointer at ``r`` or past it
+        says round ``r`` is open (it moves only after ``open`` is written): nothing to write,
+        so of a thousand members that rejoin, the first few write."""
         if not read:
             current = self.store.get(self.keys.latest_round)
+        if current is not None and _integer(self.keys.latest_round, current) >= r:
+            return
+        self.store.set(self.keys.round(r, "open"), b"1")
         while current is None or _integer(self.keys.latest_round, current) < r:
             swapped, current = self.store.compare_set(
                 self.keys.latest_round, current, str(r).encode()

@@ -5,14 +5,11 @@ It does every periodic store operation, so ``poll()`` never touches the network:
 - it waits on the store for the next entry of the round's event log (a ``wait`` on its
   key: the agent store parks the wait and wakes it when the entry is written, so the wait
   lasts until the thread's next heartbeat duties, one call a heartbeat interval while
-  nothing happens; from ``announce`` until ``follow``, while the node joins a round, it
-  waits for ``follow`` instead, so the new round's events are waited for as soon as it
-  forms, and reads the old round's with its heartbeat duties; on etcd, where a wait costs
-  a read and a watch stream, it reads the entry every ``event_interval``), so a peer's
-  failure reaches ``poll()`` as soon as it is posted, and ``on_event`` is rung so the agent
-  polls at once rather than at its next tick. It reads ahead only while the agent has
-  consumed what was read (an agent restarts on the first event), so even when every node
-  fails at once each reads O(1) entries, not O(n);
+  nothing happens; on etcd, where a wait costs a read and a watch stream, it reads the entry
+  every ``event_interval``), so a peer's failure reaches ``poll()`` as soon as it is posted,
+  and ``on_event`` is rung so the agent polls at once rather than at its next tick. It reads
+  ahead only while the agent has consumed what was read (an agent restarts on the first
+  event), so even when every node fails at once each reads O(1) entries, not O(n);
 - every ``heartbeat_interval`` (from a thread of its own, ``beat``: the heartbeat never
   waits behind these reads) it shows this node is alive, and judges the next node in the
   ring (rank + 1 mod n) by heartbeat counters or, on a store with leases (etcd), by its
@@ -22,12 +19,13 @@ It does every periodic store operation, so ``poll()`` never touches the network:
   the log, ``_skip_hole``). These duties' reads, with the next event's and the judged
   node's heartbeat, go out together: one round trip on the agent store (``BatchedStore``).
 
-The thread keeps watching the previous round while the agent is in ``next_round`` (that
-is how members that died during a restart are found and the restart stops waiting for
-them), and switches to the new round on ``follow``. It starts before the first round forms
-and beats while the node joins, so the heartbeats that prove the node alive (to its
-``Fence``, ``phalanx.rendezvous.fencing``) run on without a gap from before the round
-closes, when the others may start watching it, until the node leaves.
+From ``announce`` to ``follow`` (the node joins a round) the thread asks the store nothing:
+the round it followed ended for this node, what it read of it is dropped on ``follow``, and
+a member lost meanwhile is found by the nodes waiting for its place (``abandoned``); the
+beats alone speak for the store (a thousand joining nodes' duties cost a call a second each
+beside the round's own). It starts before the first round forms and beats while the node
+joins, so the heartbeats that prove the node alive (to its ``Fence``, ``fencing``) run on
+without a gap from before the round closes, when the others may start watching it.
 
 On a store that can open a second handle on itself (``TwinnedStore``: the agent store) both
 threads use handles of their own, their calls bounded (``health.call_bound``); when the store
@@ -37,7 +35,6 @@ counts as lost is ``health.StoreHealth``'s to say; the ring watch is ``ring``.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -45,11 +42,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx.rendezvous.api import EventKind, JobEvent
-from phalanx.rendezvous.dynamic.beat import Beater
+from phalanx.rendezvous.dynamic.beat import Beater, hedge
 from phalanx.rendezvous.dynamic.board import Board, count_in
 from phalanx.rendezvous.dynamic.health import StoreHealth, call_bound, twinned
 from phalanx.rendezvous.dynamic.members import Membership
-from phalanx.rendezvous.dynamic.pulse import Counters, pulse_for
+from phalanx.rendezvous.dynamic.pulse import pulse_for
 from phalanx.rendezvous.dynamic.ring import RingWatch
 from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.settings import RendezvousSettings
@@ -100,7 +97,10 @@ class Liveness:
         self._stop_heard: JobEvent | None = None
         proved = fence.proved_alive if fence is not None else (lambda start: None)
         self._pulse = pulse_for(board, settings, clock, proved, beat_store)
-        self._beater = self._beater_for(bound)
+        self._beater = Beater(
+            self._pulse, settings.heartbeat_interval, bound, hedge(self._pulse, settings, bound),
+            answered=self._beat_answered, failed=self._failed, expelled=self._health.expel,
+        )  # fmt: skip
         self._ring_watch = RingWatch(board, self._pulse, settings.heartbeat_timeout)
         self._next_beat = 0.0
         self._stop = threading.Event()
@@ -109,23 +109,22 @@ class Liveness:
         # (view, index): the last wait found that entry absent; the next read of it is skipped
         # (the next wait is woken by it instead), so a quiet round costs one call per pause.
         self._absent: tuple[_View, int] | None = None
-        self._joining = False  # from ``announce`` to ``follow``: no event waits on the store
+        self._joining = False  # from ``announce`` to ``follow``: no store calls but the beats
         self._followed = threading.Event()  # set by ``follow`` (and ``stop``): wakes the thread
 
-    def _beater_for(self, bound: float) -> Beater:
-        # Counters: while a beat waits for its answer the next goes out beside it, so that
-        # within a bound several are in flight; a lease is only read, one read at a time.
-        hedge = math.ceil(bound / self._s.heartbeat_interval) + 1
-        return Beater(
-            self._pulse, self._s.heartbeat_interval, bound,
-            hedge if isinstance(self._pulse, Counters) else 1,
-            answered=self._health.answered, failed=self._failed, expelled=self._health.expel,
-        )  # fmt: skip
+    def _beat_answered(self) -> None:
+        with self._lock:  # while the watch pauses (joining) a beat is the thread's whole pass
+            joining = self._joining and self._view is not None
+        (self._health.recovered if joining else self._health.answered)()
 
     def follow(self, membership: Membership, rank: int) -> None:
-        """Watch ``membership`` from now on (events and holes of earlier rounds are dropped)."""
+        """Watch ``membership`` from now on (events and holes of earlier rounds are dropped).
+        Its first event is waited for at once, not read first (where waits park on the
+        store), and its duties come a heartbeat interval on: one call per node as a round
+        forms, not two (a thousand more beside the round's own)."""
         with self._lock:
-            self._view = _View(membership, rank)
+            self._view = view = _View(membership, rank)
+            self._absent = (view, 1) if self._twins else None
             self._events.clear()
             self._next_event = 1
             self._hole = None
@@ -134,7 +133,7 @@ class Liveness:
             self._spares = 0
             self._pulse.follow()
             self._ring_watch.follow()
-            self._next_beat = 0.0
+            self._next_beat = self._clock() + self._s.heartbeat_interval
             self._joining = False
         self._followed.set()
 
@@ -200,8 +199,7 @@ class Liveness:
 
     def spares(self) -> int:
         """How many agents queued for the round after the followed one, as last read: the
-        spares while the round runs with MAX members (an agent that died while it waited
-        still counts)."""
+        spares while the round runs with MAX members (a dead one still counts)."""
         with self._lock:
             return self._spares
 
@@ -221,8 +219,7 @@ class Liveness:
         return self._health.problem(fenced)
 
     def last_answer(self) -> float:
-        """When (``clock``) the store last answered this node's threads: where a lost store
-        began to be lost."""
+        """When (``clock``) the store last answered this node's threads (a loss's start)."""
         return self._health.last_ok()
 
     def fenced(self) -> bool:
@@ -257,7 +254,7 @@ class Liveness:
         while not self._stop.is_set():
             pause = self._s.event_interval
             try:
-                self.tick()
+                asked = self.tick()
             except Malformed as exc:
                 log.error("rendezvous: %s", exc)
                 self._health.malformed(str(exc))  # final: the same read finds the same junk
@@ -268,7 +265,8 @@ class Liveness:
                 pause = self._s.heartbeat_interval  # retry gently: each failure may log
                 self._failed(exc)
             else:
-                self._health.recovered()
+                if asked:
+                    self._health.recovered()
             if self.store_problem() is not None:
                 self._beater.stop(0.0)
                 self._ring()
@@ -280,13 +278,13 @@ class Liveness:
         """Wait on the store for the followed round's next event (False: not now, the caller
         pauses instead). The wait ends early when the entry is written; an error is the next
         ``tick``'s to meet and count."""
-        if not self._twins:
-            return False  # etcd: a wait is a read and a watch stream; a plain read is cheaper
         with self._lock:
             view, queued, index = self._view, bool(self._events), self._next_event
             joining, until_beat = self._joining, self._next_beat - self._clock()
-        if joining:  # (no store call: a thousand joining nodes' waits took the round's CPU)
+        if joining:  # no store call: it waits for ``follow`` (or the next pass)
             return self._followed.wait(max(0.0, until_beat)) or True
+        if not self._twins:
+            return False  # etcd: a wait is a read and a watch stream; a plain read is cheaper
         seconds = max(seconds, until_beat)  # a write wakes the wait: it may last until the beat
         if view is None or queued:
             return False  # joining, or the agent has not taken what was read: no read ahead
@@ -304,22 +302,26 @@ class Liveness:
             return  # a beat that met its handle closed by ``stop``: nothing to tell
         self._health.failed(exc)
 
-    def tick(self) -> None:
+    def tick(self) -> bool:
         """One pass of the thread's work (events, and once per heartbeat interval the rest).
-        May raise ``StoreUnavailable``."""
+        Returns False when it asked the store nothing while the node joins a round (then
+        only the beats speak for the store). May raise ``StoreUnavailable``."""
         with self._lock:
             view, absent, self._absent = self._view, self._absent, None
             waited = absent is not None and absent[0] is view and absent[1] == self._next_event
-            index, queued = self._next_event, bool(self._events)
+            index, queued, joining = self._next_event, bool(self._events), self._joining
         now = self._clock()
         if due := now >= self._next_beat:
             self._next_beat = now + self._s.heartbeat_interval
         if view is None:
-            return  # joining a first round: nobody to judge yet
+            return True  # joining a first round: nobody to judge yet, no reason for doubt
+        if joining:  # the round followed ended for this node: finish telling a lost member
+            self._ring_watch.tell_untold(view.membership)  # (no call unless a post failed)
+            return False
         if not due:
             if not waited:
                 self._read_events(view)
-            return
+            return True
         r, keys = view.membership.round, self._b.keys
         # One round trip where the store can: the next event (unless a wait found it absent),
         # the counters, the heartbeat the ring watch judges first (joining: 2 calls/s, not 4).
@@ -339,6 +341,7 @@ class Liveness:
                 self._status_requests = max(self._status_requests, statuses)
                 self._spares = spares
         self._ring_watch.watch(view.membership, view.rank, now, {ahead: values[4]} if ahead else {})
+        return True
 
     def _read_events(self, view: _View, first: tuple[int, bytes | None] | None = None) -> None:
         """Queue the next event for ``poll()`` unless one is still waiting there (``first``:
@@ -368,14 +371,11 @@ class Liveness:
 
     def _skip_hole(self, view: _View, taken_up_to: int) -> None:
         """Step over an entry whose writer died between taking its slot and writing it
-        (``taken_up_to``: the event counter, just read).
-
-        The clock starts when the counter first shows the slot taken, not when this reader
-        began waiting for it, and the entry is read once more just before it is skipped: a
-        writer that takes the slot right after the reader last looked has ``heartbeat_timeout``
-        to write it, and an entry written at the last moment is delivered, never skipped.
-        (Checked once per heartbeat interval: the counter's read is the only cost.)
-        """
+        (``taken_up_to``: the event counter, just read). The clock starts when the counter
+        first shows the slot taken, not when this reader began waiting for it, and the entry
+        is read once more just before it is skipped: a writer that takes the slot right after
+        the reader last looked has ``heartbeat_timeout`` to write it, and an entry written at
+        the last moment is delivered, never skipped (the counter's read is the only cost)."""
         with self._lock:
             if self._view is not view or self._events:
                 return  # the reader is not waiting at a hole while an event is queued
