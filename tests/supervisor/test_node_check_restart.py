@@ -1,7 +1,8 @@
-"""The node check on a restart (docs/how-to/nodes.md, "Node check"): a round with the same
-agents as the last one, which passed the check, does not repeat it; new agents, or a node
-that remembers otherwise, check or skip without waiting; and a round's check leaves no
-thread behind (the chaos soak found one left per check, blocked in accept()).
+"""The node check on a restart (docs/how-to/nodes.md, "Node check"): a round whose every
+agent was checked in an earlier round (passed, or named under ``warn``), the same agents or
+not, does not repeat it; a round with an agent never checked checks every node; and a
+round's check leaves no thread behind (the chaos soak found one left per check, blocked in
+accept()).
 
 Two "nodes" run the agent's own ``node_check`` in two threads, with the real probes and a
 real link test on loopback; only the round's store is an in-memory stand-in (its records,
@@ -89,9 +90,11 @@ def config(tmp_path: Path) -> Any:
 
 
 class Node:
-    def __init__(self, tmp: Path, rank: int, checked: CheckedNodes) -> None:
-        self.rank, self.checked = rank, checked
-        self.run_dir = tmp / f"node{rank}"
+    """One agent: its run directory and its memory (``CheckedNodes``); ranks by round."""
+
+    def __init__(self, tmp: Path, name: str) -> None:
+        self.name, self.checked = name, CheckedNodes()
+        self.run_dir = tmp / name
         self.run_dir.mkdir()
         self.events = EventLog(self.run_dir)
 
@@ -104,41 +107,43 @@ class Node:
         return [e["round"] for e in found if e["kind"] == "node_check"]
 
 
-def run_round(
-    config: Any, nodes: list[Node], records: Records, round: int, ids: tuple[str, str]
-) -> float:
-    """Both nodes' ``node_check`` for ``round`` at once; the slower one's seconds."""
+def run_round(config: Any, nodes: list[Node], records: Records, round: int) -> float:
+    """``node_check`` of round ``round`` on ``nodes`` (node rank = place) at once; the
+    slower one's seconds."""
 
-    def one(node: Node) -> float:
+    def one(rank: int) -> float:
         began = time.monotonic()
-        at = Joined(Exchange(records, round, node.rank), joined(round, node.rank, ids))
+        ids = (nodes[0].name, nodes[1].name)  # the agents' ids, as the rendezvous has them
+        at = Joined(Exchange(records, round, rank), joined(round, rank, ids))
+        node = nodes[rank]
         node_check(config, at, node.run_dir, node.events, node.checked, lambda: None)  # type: ignore[arg-type]
         return time.monotonic() - began
 
     with ThreadPoolExecutor(2) as pool:
-        return max(pool.map(one, nodes))
+        return max(pool.map(one, range(len(nodes))))
 
 
-def test_a_restart_with_the_same_agents_does_not_repeat_it_and_new_ones_do(
+def test_a_round_of_agents_all_checked_before_does_not_repeat_it_and_a_new_one_does(
     config: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Round 0 checks; round 1 (a restart, the same two agents) checks nobody and waits
-    for nothing; round 2 (node 1's agent is a new one) checks again; round 3, the same
-    agents as round 2, does not."""
+    """Round 0 (agents a, b) checks; round 1 (a restart, the same agents) checks nobody and
+    waits for nothing; round 2 (b and c: c is new, as an agent started again) checks both;
+    round 3 (a and c: the spare a taken in, b out, as the soak's restarts do) checks
+    nobody: each was checked in an earlier round, if not together."""
     caplog.set_level(logging.INFO, logger="phalanx")
     records = Records()
-    nodes = [Node(tmp_path, rank, CheckedNodes()) for rank in (0, 1)]
-    run_round(config, nodes, records, 0, ("agent-a", "agent-b"))
-    assert [n.checks() for n in nodes] == [[0], [0]], caplog.text
-    assert run_round(config, nodes, records, 1, ("agent-a", "agent-b")) < NO_WAIT
-    assert [n.checks() for n in nodes] == [[0], [0]], caplog.text
-    not_repeated = "round 1: node check not repeated: the same 2 nodes passed it in round 0"
+    a, b, c = (Node(tmp_path, name) for name in "abc")
+    run_round(config, [a, b], records, 0)
+    assert [n.checks() for n in (a, b)] == [[0], [0]], caplog.text
+    assert run_round(config, [a, b], records, 1) < NO_WAIT
+    assert [n.checks() for n in (a, b)] == [[0], [0]], caplog.text
+    not_repeated = "round 1: node check not repeated: each of its 2 nodes was checked in an earlier round"  # fmt: skip
     assert caplog.text.count(not_repeated) == 2, caplog.text
-    run_round(config, nodes, records, 2, ("agent-a", "agent-c"))
-    assert [n.checks() for n in nodes] == [[0, 2], [0, 2]], caplog.text
-    run_round(config, nodes, records, 3, ("agent-a", "agent-c"))
-    assert [n.checks() for n in nodes] == [[0, 2], [0, 2]], caplog.text
-    assert "round 3: node check not repeated: the same 2 nodes passed it in round 2" in caplog.text
+    run_round(config, [b, c], records, 2)
+    assert [n.checks() for n in (a, b, c)] == [[0], [0, 2], [2]], caplog.text
+    assert run_round(config, [c, a], records, 3) < NO_WAIT
+    assert [n.checks() for n in (a, b, c)] == [[0], [0, 2], [2]], caplog.text
+    assert "round 3: node check not repeated: each of its 2 nodes" in caplog.text
     assert left_behind() == [], "the checks' listeners are still accepting"
 
 
@@ -160,25 +165,20 @@ def test_a_listener_that_answered_a_link_test_ends_its_thread_when_closed() -> N
     assert left_behind() == [], [t.name for t in set(threading.enumerate()) - before]
 
 
-def test_a_node_that_would_check_sees_the_others_skip_it_and_does_not_wait(
+def test_a_node_never_checked_makes_every_node_check_and_none_waits_in_vain(
     config: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Node 0 remembers the same agents passing in the last round, node 1 does not (its
-    check there was cut short, say): node 0 says ``same`` and goes on, node 1 reads it and
-    skips the check too, in one line, well before ``HELLO_TIMEOUT``. Neither checks."""
+    """Node 0 was checked in round 4, node 1 never was (a new agent, or one whose checks
+    were all cut short): node 0's ``same`` does not skip it, both check in round 5, well
+    before ``HELLO_TIMEOUT``, and both are checked from then on."""
     assert NO_WAIT < HELLO_TIMEOUT
     caplog.set_level(logging.INFO, logger="phalanx")
-    ids = ("agent-a", "agent-b")
-    remembers = CheckedNodes()
-    remembers.remember(joined(4, 0, ids), passed=True)
-    nodes = [Node(tmp_path, 0, remembers), Node(tmp_path, 1, CheckedNodes())]
-    assert run_round(config, nodes, Records(), 5, ids) < NO_WAIT
-    assert [n.checks() for n in nodes] == [[], []], caplog.text
-    assert "round 5: node check not repeated: the same 2 nodes passed it in round 4" in caplog.text
-    skipped = "round 5: node check skipped: the same nodes passed it in the last round"
-    assert skipped in caplog.text, caplog.text
-    # node 1 takes the others' word: the next restart with them skips it on both, said once
-    assert [n.checked.same(joined(6, n.rank, ids)) for n in nodes] == [5, 5]
+    nodes = [Node(tmp_path, "old"), Node(tmp_path, "new")]
+    nodes[0].checked.round = 4
+    assert run_round(config, nodes, Records(), 5) < NO_WAIT
+    assert [n.checks() for n in nodes] == [[5], [5]], caplog.text
+    assert "not repeated" not in caplog.text, caplog.text
+    assert [n.checked.round for n in nodes] == [4, 5]
 
 
 def test_a_node_told_to_stop_ends_its_check_at_once(
@@ -196,13 +196,12 @@ def test_a_node_told_to_stop_ends_its_check_at_once(
         if len(asked) > 1:
             raise RendezvousError("this node got SIGUSR1 (a preemption)")
 
-    ids = ("agent-a", "agent-b")
-    node = Node(tmp_path, 0, CheckedNodes())
-    at = Joined(Exchange(Records(), 7, 0), joined(7, 0, ids))
+    node = Node(tmp_path, "agent-a")
+    at = Joined(Exchange(Records(), 7, 0), joined(7, 0, ("agent-a", "agent-b")))
     began = time.monotonic()
     verdict = node_check(config, at, node.run_dir, node.events, node.checked, stop)  # type: ignore[arg-type]
     assert verdict is None and time.monotonic() - began < NO_WAIT, caplog.text
     assert len(asked) == 2 and node.checks() == [], caplog.text
     assert "round 7: node check stopped: this node got SIGUSR1 (a preemption)" in caplog.text
-    assert node.checked.same(joined(8, 0, ids)) is None
+    assert node.checked.round is None
     assert left_behind() == [], "the check's listener is still accepting"

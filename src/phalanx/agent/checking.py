@@ -2,14 +2,19 @@
 every node (``phalanx.consistency``), and the node check (``phalanx.nodecheck``): its verdict
 said in the log and the event log; under ``--node-check exclude`` a named node leaves.
 
-The node check runs when a round's agents differ from the last round's (the first round, a
-node that joined, left, or came back as a new agent); a restart with the same agents, which
-passed it in the last round, does not repeat it (``CheckedNodes``). On CPU it is about 0.2 s
-of a restart that otherwise takes about 0.1 s, and on GPUs seconds (the child's torch import
-and CUDA start); the nodes were checked one round ago, and what goes wrong on them while
-they train is the straggler watch's, the failure report's and ``--exclude-after``'s to find.
-Every node decides from its own memory of the last round; a node that decides otherwise
-(one whose check there was cut short) sees the others' ``SAME`` and skips it too."""
+The node check runs when a round has an agent that no check has seen (the first round, a
+node that joined, or one that came back as a new agent); a round whose every agent was
+checked in an earlier round does not repeat it (``CheckedNodes``: each agent knows whether
+it was, and says so in its ready record; one agent that was not makes every node check). On
+CPU it is about 0.2 s of a restart that otherwise takes about 0.1 s, and on GPUs seconds (the
+child's torch import and CUDA start); the nodes were checked before, and what goes wrong on
+them while they train is the straggler watch's, the failure report's and
+``--exclude-after``'s to find. Before, only a round with the very agents of the last round
+skipped it, and only if nobody was named: in the soak every worker fault's restart took the
+spare in (a member out) and every run directory was named (32 MiB log disks), so nearly
+every restart ran the whole check (issue 41). A node named under ``warn`` counts as checked:
+the job started with it, and checked again it could only be named again and start anyway;
+under ``exclude`` a named node leaves."""
 
 from __future__ import annotations
 
@@ -38,22 +43,15 @@ log = logging.getLogger("phalanx")
 
 
 class CheckedNodes:
-    """This agent's memory of the last round: its agents (ids), and whether they passed the
-    node check there (or skipped it as agents that had passed it before)."""
+    """Whether this agent was checked: the first round whose check reached a verdict with
+    it in (it passed, or was named under ``warn``); None: never (it says ``READY``)."""
 
     def __init__(self) -> None:
-        self._passed: frozenset[str] = frozenset()
-        self._round = -1
+        self.round: int | None = None
 
-    def same(self, joined: RendezvousResult) -> int | None:
-        """The round in which ``joined``'s agents, all of them, passed the check (None: not
-        the same agents as the last round, or they did not pass it there)."""
-        ids = frozenset(joined.node_ids)
-        return self._round if ids and ids == self._passed else None
-
-    def remember(self, joined: RendezvousResult, passed: bool) -> None:
-        self._passed = frozenset(joined.node_ids) if passed else frozenset()
-        self._round = joined.round if passed else -1
+    def remember(self, joined: RendezvousResult) -> None:
+        if self.round is None:
+            self.round = joined.round
 
 
 def node_check(
@@ -66,11 +64,11 @@ def node_check(
 ) -> Verdict | None:
     """Check the round's nodes (None: off, a single node, not repeated, or stopped). Every
     node gets the same verdict and says the same lines; a node named under ``exclude``
-    raises ``NodeExcluded``. ``checked``: the last round's agents; updated here. ``stop``:
-    raises to end the check now (``check_round``'s: a preemption signal to this node)."""
+    raises ``NodeExcluded``. ``checked``: whether this agent was checked; updated here.
+    ``stop``: raises to end the check now (``check_round``'s: a preemption signal to
+    this node)."""
     joined, exchanges = at.result, at.exchanges()
     if exchanges is None or joined.num_nodes < 2:
-        checked.remember(joined, passed=False)
         return None
     from phalanx.nodecheck.round import Skipped
 
@@ -79,13 +77,15 @@ def node_check(
     if verdict is None:
         return None
     if isinstance(verdict, Skipped):
-        if verdict.same:  # the others vouch for the round: its agents passed the last check
-            checked.remember(joined, passed=True)
-            log.info("round %d: node check skipped: %s", joined.round, verdict.reason)
+        if verdict.same:
+            log.info(
+                "round %d: node check not repeated: each of its %d nodes was checked in an "
+                "earlier round", joined.round, joined.num_nodes,
+            )  # fmt: skip
         else:
             log.warning("round %d: node check skipped: %s", joined.round, verdict.reason)
         return None
-    checked.remember(joined, passed=not verdict.named)
+    checked.remember(joined)  # (a node named under exclude leaves: see _say)
     _say(config, joined, run_dir, events, verdict, round(time.monotonic() - began, 3))
     return verdict
 
@@ -100,25 +100,16 @@ def _check(
 ) -> Verdict | Skipped | None:
     """This node's part of the round's check (None: off, not repeated, or cut short: it says
     so in a line)."""
-    from phalanx.nodecheck.round import OFF, SAME, check_round
+    from phalanx.nodecheck.round import OFF, READY, SAME, check_round
 
-    before = checked.same(joined)
-    checked.remember(joined, passed=False)  # until this round's check passes
     try:
         if config.checks.node_check.action is Action.OFF:
             exchange.post_check("ready", OFF)  # so nodes that check do not wait for this one
             return None
-        if before is not None:  # the same agents passed it: a restart (see the module's doc)
-            exchange.post_check("ready", SAME)  # so a node that would check does not wait
-            checked.remember(joined, passed=True)
-            log.info(
-                "round %d: node check not repeated: the same %d nodes passed it in round %d",
-                joined.round, joined.num_nodes, before,
-            )  # fmt: skip
-            return None
+        ready = READY if checked.round is None else SAME  # SAME: skip, if every node says it
         return check_round(
-            exchange, joined, config.checks.node_check, run_dir, config.workers.nproc_per_node,
-            stop,
+            exchange, joined, config.checks.node_check, run_dir,
+            config.workers.nproc_per_node, ready, stop,
         )  # fmt: skip
     except OSError as exc:  # no port to listen on, say: the job must not end for the check
         log.warning("node check: could not run on this node: %s", exc)

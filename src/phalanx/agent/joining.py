@@ -46,7 +46,7 @@ class Joining:
         self.run_dir = run_dir
         self.events = events
         self.between = between
-        self.checked = CheckedNodes()  # the last round's agents: a restart's check not repeated
+        self.checked = CheckedNodes()  # whether this agent was checked: a restart skips it again
         self.said_args = SaidArgs()  # per-node script arguments: said once while they hold
 
     def next_round(self, state: RunState) -> tuple[Round, RunState] | RunEnd:

@@ -38,12 +38,12 @@ DIRECTORY_WAIT = 2.0  # a small write into the run directory (local disk: millis
 STOP_CHECK = 1.0  # s: how often a wait for the other nodes' records asks whether to stop
 _PROBES: Answers[str] = Answers("phalanx-check-dir")
 # The ready record of a node that checks, of one that runs with --node-check off, and of one
-# whose round has the same agents as the last round, which passed the check (a restart)
+# that was checked in an earlier round (``agent.checking.CheckedNodes``)
 READY, OFF, SAME = b"1", b"off", b"same"
-# Why no node checks, by the ready record that says so (one such record skips it for all)
+# Why no node checks: one OFF record skips it for all; SAME records, only from every node
 SKIPPED_BY = {
     OFF: "a node runs with --node-check off",
-    SAME: "the same nodes passed it in the last round",
+    SAME: "each node was checked in an earlier round",
 }
 
 
@@ -55,7 +55,7 @@ class Skipped:
 
     @property
     def same(self) -> bool:
-        """Skipped since the round's agents passed the check in the last round."""
+        """Skipped since every node of the round was checked in an earlier round."""
         return self.reason == SKIPPED_BY[SAME]
 
 
@@ -65,20 +65,24 @@ def check_round(
     settings: CheckSettings,
     run_dir: Path,
     nproc_per_node: int,
+    ready: bytes = READY,
     stop: Callable[[], None] = lambda: None,
 ) -> Verdict | Skipped:
     """Run the node check with the other nodes of ``joined``; every node gets the same
-    verdict (from the same records). ``Skipped`` when a node posted a ready record that
-    skips it (``SKIPPED_BY``): then no node checks. ``stop``: called while this node waits
-    for the others' records (about once a second); it raises ``RendezvousError`` to end the
-    check now, as a lost store does (the agent's: a preemption signal to this node)."""
+    verdict (from the same records). ``ready``: this node's ready record (``SAME``: it was
+    checked before). ``Skipped`` when a node runs with the check off (it would never
+    answer), or every node was checked before: then no node checks. ``stop``: called while
+    this node waits for the others' records (about once a second); it raises
+    ``RendezvousError`` to end the check now, as a lost store does (the agent's: a
+    preemption signal to this node)."""
     ranks = [node.node_rank for node in joined.nodes]
     hosts = [(n.hostname, n.addr) for n in sorted(joined.nodes, key=lambda n: n.node_rank)]
-    exchange.post_check("ready", READY)  # every node probes at once: alike, whatever is shared
-    readies = set(_gather(exchange, "ready", ranks, HELLO_TIMEOUT, stop).values())
-    for skip, reason in SKIPPED_BY.items():
-        if skip in readies:  # a node that does not check would never answer: nobody checks
-            return Skipped(reason)
+    exchange.post_check("ready", ready)  # every node probes at once: alike, whatever is shared
+    readies = _gather(exchange, "ready", ranks, HELLO_TIMEOUT, stop)
+    if OFF in readies.values():
+        return Skipped(SKIPPED_BY[OFF])
+    if len(readies) == len(ranks) and set(readies.values()) == {SAME}:
+        return Skipped(SKIPPED_BY[SAME])
     facts = compute_probe(nproc_per_node)
     limits = settings.thresholds
     for path, what in ((run_dir, "the run directory"), (settings.checkpoint_dir, "the checkpoint directory")):  # fmt: skip
