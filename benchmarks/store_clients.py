@@ -7,8 +7,12 @@ compare-and-sets, waits) in one thread per client (started once, for every round
 ``Liveness`` (the heartbeat and watch threads: the wait for the next event, the heartbeat
 write, and the duties' reads -- the round's counters and the ring watch's read -- in one
 round trip, about once a second each on the agent store, where they run on twins as in a
-real agent; the event read every quarter second elsewhere) for the steady state and beside
-the restart round. Every store call but ``wait`` (which blocks by design) is timed; a
+real agent; the event read every quarter second elsewhere) beside the first round (an agent
+starts beating as it joins its first round: ``DynamicRendezvousHandler.next_round``; with
+``bare``, as this benchmark ran before session 53, from the steady state on; the threads
+are started before the round's clock starts: a thousand thread starts on two cores are the
+benchmark's cost, each on its own node in a job), in the steady state and beside the
+restart round. Every store call but ``wait`` (which blocks by design) is timed; a
 ``get_many`` is one call. The parent steers the phases by lines on stdin and gets one JSON
 line back per phase.
 """
@@ -173,8 +177,18 @@ def timed(store: KVStore, record: Callable[[str, float], None]) -> Timed:
 class Driver:
     """``count`` agents of a job of ``total``; agent ``first + i`` is this driver's i-th."""
 
-    def __init__(self, kind: StoreKind, port: int, run_id: str, first: int, count: int, total: int):
+    def __init__(
+        self,
+        kind: StoreKind,
+        port: int,
+        run_id: str,
+        first: int,
+        count: int,
+        total: int,
+        bare: bool = False,
+    ) -> None:
         self.phase = "connect"
+        self.bare = bare  # the first round without heartbeats (no real agent joins so)
         # phase -> op -> latencies (s; -1 for a wait). list.append is atomic: no lock needed.
         self.samples: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         self.form_ops: dict[str, int] = defaultdict(int)  # phase -> store calls by form()
@@ -202,6 +216,10 @@ class Driver:
         for _ in range(count):
             self._joiners.submit(started.wait)
         started.wait()
+        if not bare:  # beating before the first round, as agents join it (``next_round``)
+            self._start_liveness()
+            for start in self._starting:  # the threads' starts, a thousand on two cores here
+                start.join()  # but each on its own node in a job, are not the round's time
 
     def _record(self, op: str, seconds: float) -> None:
         self.samples[self.phase][op].append(seconds)
@@ -238,13 +256,20 @@ class Driver:
             raise errors[0]
 
     def start_heartbeats(self) -> None:
+        """The steady state: every agent's heartbeat and watch threads on (started with the
+        first round, unless ``bare``)."""
+        if not self.liveness:
+            self._start_liveness()
+
+    def _start_liveness(self) -> None:
         """Start every agent's heartbeat thread, each at a random point of one heartbeat
         interval: real agents' threads start when each agent did, seconds apart, so their
-        ticks are spread out; started together they would all tick in the same instant."""
+        ticks are spread out; started together they would all tick in the same instant.
+        Before the first round it only beats (until ``follow``)."""
         for (board, _), joined in zip(self.agents, self.memberships, strict=True):
-            assert joined is not None
             liveness = Liveness(board, SETTINGS)
-            liveness.follow(*joined)
+            if joined is not None:
+                liveness.follow(*joined)
             self.liveness.append(liveness)
         for liveness in self.liveness:
             start = threading.Timer(random.uniform(0, SETTINGS.heartbeat_interval), liveness.start)
@@ -261,12 +286,14 @@ class Driver:
         self._joiners.shutdown(wait=False)
 
 
-def drive(kind: str, port: int, run_id: str, first: int, count: int, total: int) -> None:
+def drive(
+    kind: str, port: int, run_id: str, first: int, count: int, total: int, bare: bool
+) -> None:
     """The driver's side of the line protocol (see ``store_load.Children``)."""
     raise_fd_limit()
     threading.stack_size(512 * 1024)  # hundreds of threads; they need little stack
     sys.setswitchinterval(SWITCH_INTERVAL)
-    driver = Driver(STORES[kind], port, run_id, first, count, total)
+    driver = Driver(STORES[kind], port, run_id, first, count, total, bare)
     print("ready", flush=True)
     for line in sys.stdin:
         phase = line.strip()
@@ -297,6 +324,8 @@ if __name__ == "__main__":
     if role == "serve":
         serve(name)
     else:
-        port_, run_id_, first_, count_, total_ = rest
-        drive(name, int(port_), run_id_, int(first_), int(count_), int(total_))
+        port_, run_id_, first_, count_, total_, first_round = rest
+        drive(
+            name, int(port_), run_id_, int(first_), int(count_), int(total_), first_round == "bare"
+        )
     os._exit(0)  # no waiting on a daemon heartbeat thread stuck on a dead store

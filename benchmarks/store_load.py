@@ -2,7 +2,9 @@
 
 ``--clients`` agents (1,024 by default), each one real socket connection to the store, put on
 it the load that phalanx's rendezvous puts on it, by running phalanx's own rendezvous code
-(see ``store_clients.py``): every agent joins a first round at once, then the heartbeat
+(see ``store_clients.py``): every agent joins a first round at once, its heartbeat thread
+beating as it joins, as an agent's does (``--bare-first-round``: without, as this benchmark
+ran before session 53, which favours the first round), then the heartbeat
 threads run for ``--seconds`` (the steady state while workers train: about 4 store calls per
 agent per second on the agent store, 10 on TCPStore, each agent's ticks at its own point of
 the second), then every agent
@@ -128,7 +130,9 @@ class Phase:
     form_ops: int = 0
 
 
-def run_store(kind: str, clients: int, seconds: float, drivers: int, logs: Path) -> list[Phase]:
+def run_store(
+    kind: str, clients: int, seconds: float, drivers: int, logs: Path, bare: bool = False
+) -> list[Phase]:
     """The three phases on store ``kind``; returns their measurements."""
     # The agent store's secret, from the environment as agents take it (never in argv).
     env = {**os.environ, "PHALANX_RDZV_TOKEN": secrets.token_hex(16)}
@@ -137,8 +141,9 @@ def run_store(kind: str, clients: int, seconds: float, drivers: int, logs: Path)
         run_id = f"load-{uuid.uuid4().hex[:8]}"
         shares = [clients // drivers + (i < clients % drivers) for i in range(drivers)]
         firsts = [sum(shares[:i]) for i in range(drivers)]
+        mode = "bare" if bare else "beating"  # the first round's heartbeats
         argvs = [
-            [*CHILD, "drive", kind, port, run_id, str(first), str(count), str(clients)]
+            [*CHILD, "drive", kind, port, run_id, str(first), str(count), str(clients), mode]
             for first, count in zip(firsts, shares, strict=True)
             if count
         ]
@@ -183,13 +188,17 @@ def percentile(values: list[float], q: float) -> float:
 
 
 ROWS = {
-    "round0": "first round (all join)",
+    "round0": "first round (all join, + heartbeats)",
     "steady": "steady (heartbeat threads)",
     "round1": "restart round (+ heartbeats)",
 }
 
 
-def table(results: dict[str, list[Phase]], clients: int) -> list[str]:
+def row(phase: str, bare: bool) -> str:
+    return "first round (all join, no heartbeats)" if bare and phase == "round0" else ROWS[phase]
+
+
+def table(results: dict[str, list[Phase]], clients: int, bare: bool = False) -> list[str]:
     connects = ", ".join(f"{kind} {phases[0].connect:.1f} s" for kind, phases in results.items())
     lines = [
         f"All {clients} clients connected (drivers started, imports included): {connects}.",
@@ -206,7 +215,7 @@ def table(results: dict[str, list[Phase]], clients: int) -> list[str]:
                 per_agent = f"{p.form_ops / clients:.1f} (round)"
             ms = [1000 * percentile(p.latencies, q) for q in (0.5, 0.99, 1.0)]
             lines.append(
-                f"| {kind} | {ROWS[p.name]} | {p.seconds:.2f} s | {calls / p.seconds:,.0f} | "
+                f"| {kind} | {row(p.name, bare)} | {p.seconds:.2f} s | {calls / p.seconds:,.0f} | "
                 f"{per_agent} | {ms[0]:.2f} ms | {ms[1]:.2f} ms | {ms[2]:.2f} ms | "
                 f"{100 * p.server_cpu / p.seconds:.0f}% | {1e6 * p.server_cpu / calls:.0f} us | "
                 f"{100 * p.driver_cpu / p.seconds:.0f}% |"
@@ -221,6 +230,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--drivers", type=int, default=16, help="processes holding the clients")
     parser.add_argument("--stores", default=",".join(store_clients.STORES))
     parser.add_argument("--quick", action="store_true", help="16 clients, 1 s: a smoke run")
+    parser.add_argument(
+        "--bare-first-round", action="store_true",
+        help="no heartbeats beside the first round (an agent's beat as it joins; figures "
+        "before session 53 were taken so)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         args.clients, args.seconds, args.drivers = 16, 1.0, 2
@@ -242,13 +256,14 @@ def main(argv: list[str]) -> int:
             (Path(scratch) / kind).mkdir()
             try:
                 results[kind] = run_store(
-                    kind, args.clients, args.seconds, args.drivers, Path(scratch)
-                )
+                    kind, args.clients, args.seconds, args.drivers, Path(scratch),
+                    args.bare_first_round,
+                )  # fmt: skip
             except BenchError as exc:
                 logs = "".join(p.read_text() for p in (Path(scratch) / kind).glob("*.log"))
                 print(f"store_load: {kind}: {exc}\n{logs[-4000:]}", file=sys.stderr)
                 return 1
-    print("\n".join(table(results, args.clients)))
+    print("\n".join(table(results, args.clients, args.bare_first_round)))
     print(
         f"\n{args.clients} agents (one connection each) over {args.drivers} driver processes; "
         f"steady state {args.seconds:g} s; {os.cpu_count()} CPUs; open-file limit {fds}; "

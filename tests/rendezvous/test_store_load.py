@@ -39,7 +39,7 @@ def test_the_quick_mode_reports_every_phase_of_both_stores() -> None:
     rows = [m for line in done.stdout.splitlines() if (m := ROW.match(line))]
     seen = {(m["store"], m["phase"]) for m in rows}
     phases = {
-        "first round (all join)",
+        "first round (all join, + heartbeats)",
         "steady (heartbeat threads)",
         "restart round (+ heartbeats)",
     }
