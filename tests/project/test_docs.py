@@ -10,10 +10,12 @@ NAME for the blocks after it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -191,14 +193,28 @@ def test_the_tutorials_runnable_blocks_run(page: Path, tmp_path: Path) -> None:
             (work / options["file"]).write_text(code + "\n")
             continue
         assert lang == "bash", f"{page.name}: a runnable {lang} block needs file=NAME"
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", code],
-            cwd=work, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        done = _run_block(code, work, env)
         expected = int(options.get("exit", "0"))
         assert done.returncode == expected, (code, done.stdout[-3000:], done.stderr[-3000:])
         if page.stem == "failure-report" and expected:
             _check_report_fields(Path(env["TMPDIR"]))
+
+
+def _run_block(code: str, work: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run one bash block in a process group of its own, and end that whole group after it:
+    a block that starts a node in the background (``&``) and timed out used to leave that
+    node, or the foreground one, running after the test (``subprocess.run`` kills bash only)."""
+    shell = subprocess.Popen(
+        ["bash", "-euo", "pipefail", "-c", code], cwd=work, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = shell.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)  # phalanx's guardians then end the workers
+        shell.communicate(timeout=30)
+    return subprocess.CompletedProcess(shell.args, shell.returncode, stdout, stderr)
 
 
 def _check_report_fields(tmp: Path) -> None:
