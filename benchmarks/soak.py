@@ -52,7 +52,7 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from soak_trainer import COLLECTIVE_KILL_SIGNAL, HANG_SIGNAL  # noqa: E402
+from soak_trainer import COLLECTIVE_HOLD, COLLECTIVE_KILL_SIGNAL, HANG_SIGNAL  # noqa: E402
 
 from support.etcd_server import EtcdCluster  # noqa: E402
 from support.hosts import NamespaceHosts, Node  # noqa: E402
@@ -83,7 +83,9 @@ HANG_WATCH = "floor=1,factor=3"
 # What a fault must wait out by its nature at the soak's settings (``lost_split``), seconds:
 # a hang fails its round at 10 x the watch's bound (FAIL_FACTOR x floor: 1 s here, 60 s at the
 # defaults); a node cut off, frozen or flapping is found by its lease (etcd ``lease_ttl``) or
-# its silence (c10d ``heartbeat_timeout``); a frozen spare is waited for while it is held.
+# its silence (c10d ``heartbeat_timeout``); a frozen spare is waited for while it is held
+# (``waits``), and the job stalls while a doomed rank holds back before it kills itself in a
+# collective (``COLLECTIVE_HOLD``).
 NODE_KINDS = ("node_cut", "node_freeze", "link_flap")
 WAITS = {  # (--default-timeouts, backend): seconds by kind
     (False, "etcd"): {"worker_hang": 10.0, **dict.fromkeys(NODE_KINDS, 4.0)},
@@ -91,6 +93,16 @@ WAITS = {  # (--default-timeouts, backend): seconds by kind
     (True, "etcd"): {"worker_hang": 600.0, **dict.fromkeys(NODE_KINDS, 10.0)},
     (True, "c10d"): {"worker_hang": 600.0, **dict.fromkeys(NODE_KINDS, 10.0)},
 }
+
+
+def waits(default_timeouts: bool, backend: str) -> dict[str, float]:
+    """What each kind waits out by its nature (``soak_report.lost_split``), seconds by kind:
+    ``WAITS``, the frozen spare's hold, and the in-collective kill's hold: the rank, told by
+    a signal, finishes its step and holds back ``COLLECTIVE_HOLD`` before it SIGKILLs itself,
+    and the others stall in the all-reduce all that time -- the fault's shape, not phalanx's
+    reaction, which starts at the SIGKILL."""
+    return {**WAITS[default_timeouts, backend], "spare_freeze": SPARE_HOLD[backend],
+            "worker_kill_in_collective": COLLECTIVE_HOLD}  # fmt: skip
 PORT = 29400  # c10d: the store's port on every candidate
 # Per backend: agents, --nnodes (the world: one worker per member), the batch over it. c10d
 # runs rounds of 3, the fewest that fail over (a survivor of 2 is no majority).
@@ -578,8 +590,8 @@ def main() -> int:
     job_ettr = None if step is None else min(1.0, args.steps * step / wall)
     main_run = figures["ettr_by_run"]
     ettr = min((r["ettr"] for r in main_run), default=None)
-    waits = {**WAITS[args.default_timeouts, args.backend], "spare_freeze": SPARE_HOLD[args.backend]}
-    split = None if step is None else rep.lost_split(soak.faults, waits, wall, args.steps * step)
+    held = waits(args.default_timeouts, args.backend)
+    split = None if step is None else rep.lost_split(soak.faults, held, wall, args.steps * step)
     lives = rep.agent_lives(clock["history"])
     grew = [life for life in lives if rep.grew(life["first"], life["last"])]
     leftovers_found = any(left["processes"].values()) or bool(left["cgroups"])

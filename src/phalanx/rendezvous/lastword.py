@@ -21,15 +21,21 @@ On etcd the same request deletes the dead agent's receipt key (``EtcdStore.set_d
 which no lease removes. ``ready`` imports what ``say_died`` needs, for the guardian to call
 while the agent lives: the word then costs one request at the agent's death.
 
-Every step of ``say_died`` is bounded (``SAY_TIMEOUT`` per connection and request) and every
-error swallowed: the guardian has its cleanup to finish, and a word that cannot be said
-leaves the old behaviour, the timeout.
+Every step of ``say_died`` is bounded (``SAY_TIMEOUT`` per connection and request) and no
+error escapes it: the guardian has its cleanup to finish. A try that failed at once (a
+refused or reset connection, a reply that is not the store's) is made once more, when a
+whole second try still ends before the guardian's deadline; one that took its timeout is
+not (a second would not). A word that could not be said leaves the old behaviour, the
+others count the node lost when its lease or heartbeats run out, and the guardian says so
+on its stderr, which is the agent's: the node's log (``guardian: could not tell ...``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -43,6 +49,10 @@ Word = dict[str, Any]  # JSON-able
 Reach = dict[str, Any]  # how a fresh process opens the store as a client: part of a word
 
 SAY_TIMEOUT = 2.0  # seconds per connection and per request
+_TRY = 2 * SAY_TIMEOUT  # the longest one try takes (the agent store: connect, then set)
+_PAUSE = 0.1  # s before the second try: a store restarting, a leader changing
+
+log = logging.getLogger("phalanx")
 
 
 def agent_store(host: str, port: int, token: Token) -> Reach:
@@ -84,16 +94,49 @@ def ready(word: Mapping[str, Any]) -> None:
         _SAYERS[word["reach"]["store"]].ready()
 
 
-def say_died(word: Mapping[str, Any]) -> None:
-    """Write ``DIED`` into the liveness key of the word's node, as a client of its store.
-    Bounded (a few ``SAY_TIMEOUT``s); never raises."""
+def say_died(word: Mapping[str, Any], until: float) -> None:
+    """Write ``DIED`` into the liveness key of the word's node, as a client of its store;
+    a second try only if it ends before ``until`` (``time.monotonic()``). Never raises; a
+    word not said is logged (the module's docstring)."""
     with contextlib.suppress(Exception):
-        from phalanx.rendezvous.dynamic.keys import Keys
+        tries, why = 0, ""
+        while True:
+            tries += 1
+            began = time.monotonic()
+            try:
+                _say(word)
+                return
+            except Exception as exc:  # any: the word's own fault too (a module not found)
+                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if tries > 1 or time.monotonic() - began >= SAY_TIMEOUT:
+                break
+            if time.monotonic() + _PAUSE + _TRY > until:
+                break
+            time.sleep(_PAUSE)
+        _not_said(word, why, tries)
 
-        reach = word["reach"]
-        _SAYERS[reach["store"]].say(
-            reach, word["run_id"], Keys(word["run_id"]).heartbeat(word["node_id"])
-        )
+
+def _say(word: Mapping[str, Any]) -> None:
+    from phalanx.rendezvous.dynamic.keys import Keys
+
+    reach = word["reach"]
+    _SAYERS[reach["store"]].say(
+        reach, word["run_id"], Keys(word["run_id"]).heartbeat(word["node_id"])
+    )
+
+
+def _not_said(word: Mapping[str, Any], why: str, tries: int) -> None:
+    if not log.handlers:  # the guardian: nothing set up; its stderr is the agent's
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("phalanx: %(message)s"))
+        log.addHandler(handler)
+    etcd = word["reach"].get("store") == "etcd"
+    log.warning(
+        "guardian: could not tell the rendezvous store that this node's agent died (%s; "
+        "%d %s): the other nodes count the node lost only when its %s",
+        why, tries, "try" if tries == 1 else "tries",
+        "lease runs out (lease_ttl)" if etcd else "heartbeats are heartbeat_timeout old",
+    )  # fmt: skip
 
 
 class _AgentStore:

@@ -14,7 +14,8 @@ died, so the other nodes count it lost at once instead of after ``heartbeat_time
 that at the agent's death the word costs one request, not the imports; a guardian given no
 word (a single node, or one that hosts the store) imports nothing and stays a few
 milliseconds. The word is said under an alarm: a store that does not answer delays the
-cleanup by a few seconds at most.
+cleanup by a few seconds at most. A word that could not be said is told on the guardian's
+stderr, which is the agent's (the node's log; ``lastword.say_died``).
 
 With a job cgroup (``phalanx.supervisor.cgroup``) it then SIGKILLs every other member of the
 cgroup but the agent -- which catches what left its process group, ``setsid`` included --
@@ -102,6 +103,7 @@ if word and not leaving:
         raise TimeoutError
     signal.signal(signal.SIGALRM, _late)
     signal.setitimer(signal.ITIMER_REAL, 6.0)  # lastword.say_died: a few 2 s steps at most
+    until = time.monotonic() + 5.5  # its second try only if it ends before the alarm
     try:
         try:
             if readying is not None:
@@ -112,7 +114,7 @@ if word and not leaving:
             # (on its path) must not stand in for a standard module here either.
             sys.path.extend(said["path"])
             from phalanx.rendezvous.lastword import say_died
-            say_died(said)
+            say_died(said, until)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except BaseException:
@@ -197,7 +199,7 @@ class Guardian:
             [sys.executable, "-I", "-S", "-c", _GUARDIAN_CODE, *self._where],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            # The agent's: a last word that could not be said is told in the node's log.
             close_fds=True,
             env=worker_environment(os.environ),  # it needs none of the launcher's secrets
             # Its own group: a Ctrl-C or a kill of the launcher's group must not take it too.

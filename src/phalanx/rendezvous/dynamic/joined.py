@@ -34,6 +34,7 @@ from phalanx.rendezvous.dynamic.exchange import (
     StackRequests,
     StatusRequests,
 )
+from phalanx.rendezvous.dynamic.health import call_bound
 from phalanx.rendezvous.dynamic.judge import judge
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Membership
@@ -110,6 +111,8 @@ class JoinedRound:
         record = {"node_rank": rank, "hostname": hostname, "round": membership.round}
         record.update(failure)
         detail = f"node {rank} ({hostname}) reported a worker failure"
+        if failure.get("peer_error"):  # its cause may be in the store already: told first
+            self.liveness.look.now(call_bound(self.settings))  # (``look``)
         seq = None
         try:
             seq = self.board.add_failure(record)

@@ -2,34 +2,30 @@
 
 It does every periodic store operation, so ``poll()`` never touches the network:
 
-- it waits on the store for the next entry of the round's event log (a ``wait`` on its
-  key: the agent store parks the wait and wakes it when the entry is written, so the wait
-  lasts until the thread's next heartbeat duties, one call a heartbeat interval while
-  nothing happens; on etcd, where a wait costs a read and a watch stream, it reads the entry
-  every ``event_interval``), so a peer's failure reaches ``poll()`` as soon as it is posted,
-  and ``on_event`` is rung so the agent polls at once rather than at its next tick. It reads
-  ahead only while the agent has consumed what was read (an agent restarts on the first
-  event), so even when every node fails at once each reads O(1) entries, not O(n);
+- it waits on the store for the next entry of the round's event log (the agent store parks
+  the wait and wakes it when the entry is written, so it lasts until the thread's next
+  heartbeat duties; on etcd, where a wait costs a read and a watch stream, it reads the
+  entry every ``event_interval``), so a peer's failure reaches ``poll()`` as soon as it is
+  posted and ``on_event`` is rung (the agent polls at once). It reads ahead only while the
+  agent has consumed what was read (it restarts on the first event): O(1) entries a node;
 - every ``heartbeat_interval`` (from a thread of its own, ``beat``: the heartbeat never
   waits behind these reads) it shows this node is alive, and judges the next node in the
   ring (rank + 1 mod n) by heartbeat counters or, on a store with leases (etcd), by its
-  leased key (``pulse``). At the same pace it reads the round's counters: the stacks and
-  status requests (``phalanx stacks``, ``phalanx status``: a person waits for the answer),
-  the agents that wait for the next round (spares), and the event counter (for a hole in
-  the log, ``_skip_hole``). These duties' reads, with the next event's and the judged
-  node's heartbeat, go out together: one round trip on the agent store (``BatchedStore``).
+  leased key (``pulse``); also at once when a rank here failed with a peer's error (``look``).
+  So often it reads the round's counters (stacks and status requests, spares, events: for a
+  hole in the log, ``_skip_hole``); these reads, with the next event's and the judged node's
+  heartbeat, go out together: one round trip on the agent store (``BatchedStore``).
 
-From ``announce`` to ``follow`` (the node joins a round) the thread asks the store nothing:
-the round it followed ended for this node, what it read of it is dropped on ``follow``, and
-a member lost meanwhile is found by the nodes waiting for its place (``abandoned``); the
-beats alone speak for the store (a thousand joining nodes' duties cost a call a second each
-beside the round's own). It starts before the first round forms and beats while the node
-joins, so the heartbeats that prove the node alive (to its ``Fence``, ``fencing``) run on
-without a gap from before the round closes, when the others may start watching it.
+From ``announce`` to ``follow`` (the node joins a round) the thread asks the store nothing
+(what it read of the round it followed is dropped on ``follow``; a member lost meanwhile is
+found by the nodes waiting for its place, ``abandoned``): the beats alone speak for the
+store. It starts before the first round forms and beats while the node joins, so the
+heartbeats that prove it alive (``fencing``) run on without a gap from before the round
+closes, when the others may start watching it.
 
 On a store that can open a second handle on itself (``TwinnedStore``: the agent store) both
-threads use handles of their own, their calls bounded (``health.call_bound``); when the store
-counts as lost is ``health.StoreHealth``'s to say; the ring watch is ``ring``.
+threads use handles of their own, their calls bounded (``health.call_bound``); the store's
+loss is ``health.StoreHealth``'s to say; the ring watch is ``ring``.
 """
 
 from __future__ import annotations
@@ -45,6 +41,7 @@ from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.beat import Beater, hedge
 from phalanx.rendezvous.dynamic.board import Board, count_in
 from phalanx.rendezvous.dynamic.health import StoreHealth, call_bound, twinned
+from phalanx.rendezvous.dynamic.look import Look
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.dynamic.pulse import pulse_for
 from phalanx.rendezvous.dynamic.ring import RingWatch
@@ -73,9 +70,9 @@ class Liveness:
         clock: Callable[[], float] = time.monotonic,
         fence: Fence | None = None,
     ) -> None:
-        """``clock`` times heartbeats and holes (a fake one drives the thread's ``tick`` by
-        hand in tests). ``fence`` hears of every heartbeat written (counters; a leased store
-        tells it of renewals itself), and once it fired the store counts as lost."""
+        """``clock`` times heartbeats and holes (tests drive ``tick`` with a fake one). ``fence``
+        hears of every heartbeat written (counters; a leased store tells it of renewals
+        itself), and once it fired the store counts as lost."""
         self._s = settings
         self._clock = clock
         self._fence = fence
@@ -92,8 +89,7 @@ class Liveness:
         self._stack_requests = 0  # the newest stacks request of the round seen so far
         self._status_requests = 0  # the same for status requests
         self._spares = 0  # agents queued for the round after the followed one
-        # A peer's JOB_STOPPED by a signal, kept for the job's life (rounds and the store
-        # pass; the stop does not): the agent may meet the store gone before it polls it.
+        # A peer's JOB_STOPPED by a signal, kept for the job's life: the store may go first.
         self._stop_heard: JobEvent | None = None
         proved = fence.proved_alive if fence is not None else (lambda start: None)
         self._pulse = pulse_for(board, settings, clock, proved, beat_store)
@@ -104,10 +100,11 @@ class Liveness:
         self._ring_watch = RingWatch(board, self._pulse, settings.heartbeat_timeout)
         self._next_beat = 0.0
         self._stop = threading.Event()
+        self.look = Look(settings.heartbeat_interval, clock, wakes=not self._twins)
         self._thread: threading.Thread | None = None
         self._ring: Callable[[], None] = lambda: None
-        # (view, index): the last wait found that entry absent; the next read of it is skipped
-        # (the next wait is woken by it instead), so a quiet round costs one call per pause.
+        # (view, index): the last wait found that entry absent; its next read is skipped (its
+        # write wakes the next wait): a quiet round costs one call per pause.
         self._absent: tuple[_View, int] | None = None
         self._joining = False  # from ``announce`` to ``follow``: no store calls but the beats
         self._followed = threading.Event()  # set by ``follow`` (and ``stop``): wakes the thread
@@ -241,6 +238,7 @@ class Liveness:
         behind: the thread is a daemon). The fence stands down: no heartbeats follow."""
         self._stop.set()
         self._followed.set()
+        self.look.wake()
         if self._fence is not None:
             self._fence.stand_down()
         self._beater.stop(self._s.heartbeat_interval)
@@ -251,28 +249,30 @@ class Liveness:
 
     # -- the thread ------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.is_set():
-            pause = self._s.event_interval
-            try:
-                asked = self.tick()
-            except Malformed as exc:
-                log.error("rendezvous: %s", exc)
-                self._health.malformed(str(exc))  # final: the same read finds the same junk
-            except StoreTimedOut as exc:
-                # No error: the next call goes out on a fresh connection.
-                self._health.timed_out(exc)
-            except StoreUnavailable as exc:
-                pause = self._s.heartbeat_interval  # retry gently: each failure may log
-                self._failed(exc)
-            else:
-                if asked:
-                    self._health.recovered()
-            if self.store_problem() is not None:
-                self._beater.stop(0.0)
-                self._ring()
-                return  # STORE_LOST is final: stop knocking on a dead store
-            if pause > self._s.event_interval or not self._wait_for_event(pause):
-                self._stop.wait(pause)
+        with self.look.running():
+            while not self._stop.is_set():
+                pause = self._s.event_interval
+                try:
+                    with self.look.passing():
+                        asked = self.tick()
+                except Malformed as exc:
+                    log.error("rendezvous: %s", exc)
+                    self._health.malformed(str(exc))  # final: the same read finds the same junk
+                except StoreTimedOut as exc:
+                    # No error: the next call goes out on a fresh connection.
+                    self._health.timed_out(exc)
+                except StoreUnavailable as exc:
+                    pause = self._s.heartbeat_interval  # retry gently: each failure may log
+                    self._failed(exc)
+                else:
+                    if asked:
+                        self._health.recovered()
+                if self.store_problem() is not None:
+                    self._beater.stop(0.0)
+                    self._ring()
+                    return  # STORE_LOST is final: stop knocking on a dead store
+                if pause > self._s.event_interval or not self._wait_for_event(pause):
+                    self.look.pause(pause)
 
     def _wait_for_event(self, seconds: float) -> bool:
         """Wait on the store for the followed round's next event (False: not now, the caller
@@ -311,7 +311,7 @@ class Liveness:
             waited = absent is not None and absent[0] is view and absent[1] == self._next_event
             index, queued, joining = self._next_event, bool(self._events), self._joining
         now = self._clock()
-        if due := now >= self._next_beat:
+        if due := now >= self._next_beat or self.look.due(now):
             self._next_beat = now + self._s.heartbeat_interval
         if view is None:
             return True  # joining a first round: nobody to judge yet, no reason for doubt
