@@ -11,14 +11,15 @@ survivors and failed below MIN. The workers need no torch (a few are cheap to st
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from support.failover import CONF, HANG, PORT, kill_tree
+from support.failover import CONF, HANG, PORT, events, kill_tree
 from support.hosts import NamespaceHosts, Node
-from support.launch import wait_for
+from support.launch import wait_for, worker
 from support.multinode import c10d_args
 from support.netns import NetNamespaces
 
@@ -33,16 +34,39 @@ if restart == "0":
     time.sleep(600)
 """
 
+# When the lost host's agent is let go, after both survivors moved to the successor's store
+# (the second confirms it): later than the spare, which waits on that mark, can come; sooner
+# than its next look came, when it looked every follow.EVERY (0.5 s) from the loss.
+AGAIN = 0.1
+
 
 def _agent(
-    hosts: NamespaceHosts, i: int, tmp_path: Path, script: Path, shared: Path, listed: bool
+    hosts: NamespaceHosts,
+    i: int,
+    tmp_path: Path,
+    script: Path,
+    shared: Path,
+    listed: bool,
+    name: str = "",
+    wrap: Callable[[list[str]], list[str]] | None = None,
 ) -> Node:
     rdzv = c10d_args(hosts, PORT, "3", "follow", CONF)
     if listed:
         where = rdzv.index("--rdzv-endpoint") + 1
         rdzv[where] = ",".join(f"{hosts.addr(j)}:{PORT}" for j in range(4))
     args = [*rdzv, "--max-restarts", "1", "--cold-start", str(script), str(shared)]
-    return Node(hosts, i, args, tmp_path, env={"NODE": str(i)})
+    return Node(hosts, i, args, tmp_path, name, env={"NODE": str(i)}, wrap=wrap)
+
+
+def on_go(go: Path) -> Callable[[list[str]], list[str]]:
+    """The host's ``python -m phalanx ...`` run as ``agent_on_go.py GO ...``: imported at
+    once, started when the file ``go`` appears."""
+
+    def wrap(command: list[str]) -> list[str]:
+        at = command.index("-m")
+        return [*command[:at], worker("agent_on_go.py"), str(go), *command[at + 2 :]]
+
+    return wrap
 
 
 def _ran(shared: Path, restart: int) -> dict[str, str]:
@@ -77,3 +101,45 @@ def test_a_waiting_spare_follows_the_lost_store_and_the_restart_round_takes_it(
     assert now in {f"{hosts.addr(i)}:{PORT}" for i in first[1:]}, now  # a survivor serves it
     follows = f"this node, waiting outside the running round, follows it to {now}"
     assert follows in spare.stderr, spare.stderr[-4000:]
+
+
+def test_the_restart_round_takes_the_spare_not_the_lost_hosts_agent_started_again(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
+) -> None:
+    """The c10d soak's ``store_host_lost``: the lost host's agent is started again as soon as
+    the job moved to the successor's store and joins the restart round there, as the spare
+    does; the round takes whichever comes first, and the agent started again is cold (in the
+    soak its template then imports torch for 1.7-1.8 s while the round waits). The spare
+    waits on the successor's confirmation and comes first. Before, a look that found it not
+    yet confirmed came back only ``follow.EVERY`` (0.5 s) later, and the agent started again
+    took the place (in the soak it began its rendezvous 0.48-0.55 s after the loss).
+
+    The soak's layout: every node's address a candidate, node 0's first, the spare last; the
+    ranks linked as a collective links them (``linked_sleeper.py``), so the survivors find
+    the loss at once. Node 0's agent is let go ``AGAIN`` after both survivors moved, its
+    interpreter and imports paid before (``agent_on_go.py``): it reaches its rendezvous
+    about when a cold one started at the loss would, and before the spare's next look
+    would have come."""
+    hosts, shared = NamespaceHosts(netns(4)), tmp_path / "shared"
+    shared.mkdir()
+    script = Path(worker("linked_sleeper.py"))
+    for i in range(3):
+        nodes.append(_agent(hosts, i, tmp_path, script, shared, True))
+    wait_for(lambda: len(_ran(shared, 0)) == 3, HANG, "three nodes to run")
+    spare = _agent(hosts, 3, tmp_path, script, shared, True)
+    go = tmp_path / "go"
+    again = _agent(hosts, 0, tmp_path, script, shared, True, "n0b", on_go(go))
+    nodes += [spare, again]
+    ready = Path(f"{go}.ready")
+    wait_for(lambda: "a spare: it waits" in spare.stderr and ready.exists(), HANG, "the spare")
+    kill_tree(nodes[0].proc.pid)
+    moved = lambda: all("serves the rendezvous store now" in n.stderr for n in nodes[1:3])  # noqa: E731
+    wait_for(moved, HANG, "both survivors to move", every=0.005)
+    time.sleep(AGAIN)  # the fault's shape (when the agent is started again), not a wait
+    go.touch()
+    for node in nodes[1:]:  # the agent started again waits as a spare: not needed, exit 0
+        assert node.finish(HANG) == 0, node.stderr[-6000:]
+    said = "\n".join(f"--- {n.err.name}\n{n.stderr[-3000:]}" for n in nodes)
+    assert _ran(shared, 1) == {"1": "3", "2": "3", "3": "3"}, said  # the spare ran a rank
+    assert [e["round"] for e in events(spare, "rdzv_done")] == [1], said
+    assert events(again, "rdzv_done") == [], said  # never in a round

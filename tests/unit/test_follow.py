@@ -5,6 +5,9 @@ namespaces, the store's host SIGKILLed, the spare in the restart round) is
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from phalanx.rendezvous.dynamic.board import Board, encode
@@ -28,6 +31,7 @@ class Listed:
     def __init__(self) -> None:
         self.current, self.epoch = LOST, 0
         self.serving: dict[Candidate, MemoryServer] = {}
+        self.reached = 0  # tries at a candidate, answered or not
 
     def candidates(self, membership: Membership) -> list[Candidate]:
         return list(PLACES)
@@ -36,6 +40,7 @@ class Listed:
         return candidate == self.current
 
     def reach(self, candidate: Candidate, timeout: float) -> KVStore | None:
+        self.reached += 1
         server = self.serving.get(candidate)
         return None if server is None else MemoryStore(server)
 
@@ -51,32 +56,64 @@ class Listed:
 
 
 @pytest.mark.parametrize(
-    ("serving", "lost", "found"),
+    ("serving", "lost", "found", "pending"),
     [
-        ([], 0, None),  # nobody serves yet: look again
-        ([(1, 1, False)], 0, None),  # a successor no quorum reached (yet): never joined
-        ([(1, 1, True)], 0, (1, 1)),  # the confirmed successor
-        ([(1, 1, True), (2, 2, True)], 0, (2, 2)),  # the newest confirmed one
-        ([(1, 1, True), (2, 2, False)], 0, (1, 1)),  # a newer unconfirmed one is passed by
-        ([(2, 0, True)], 0, None),  # a fresh first store elsewhere (an agent started again)
-        ([(0, 0, True)], 0, (0, 0)),  # the lost store answers again (its id: ``reach``)
-        ([(0, 1, True), (2, 2, True)], 1, (2, 2)),  # ... but the job moved on: there
-        ([(1, 1, True)], 1, None),  # the store it lost, not newer (``current`` is the lost one)
+        ([], 0, None, None),  # nobody serves yet: look again
+        ([(1, 1, False)], 0, None, (1, 1)),  # no quorum reached it (yet): waited on, not joined
+        ([(1, 1, False), (2, 2, False)], 0, None, (2, 2)),  # the newest of those
+        ([(1, 1, True)], 0, (1, 1), None),  # the confirmed successor
+        ([(1, 1, True), (2, 2, True)], 0, (2, 2), None),  # the newest confirmed one
+        ([(1, 1, True), (2, 2, False)], 0, (1, 1), None),  # a newer unconfirmed one is passed by
+        ([(2, 0, True)], 0, None, None),  # a fresh first store elsewhere (an agent started again)
+        ([(0, 0, True)], 0, (0, 0), None),  # the lost store answers again (its id: ``reach``)
+        ([(0, 1, True), (2, 2, True)], 1, (2, 2), None),  # ... but the job moved on: there
+        ([(1, 1, True)], 1, None, None),  # the store it lost, not newer (``current``: the lost)
     ],
 )
 def test_the_store_a_spare_follows(
-    serving: list[tuple[int, int, bool]], lost: int, found: tuple[int, int] | None
+    serving: list[tuple[int, int, bool]],
+    lost: int,
+    found: tuple[int, int] | None,
+    pending: tuple[int, int] | None,
 ) -> None:
     places = Listed()
     for i, epoch, sure in serving:
         places.serve_at(i, epoch, sure)
-    got = newest(PLACES, places, KEYS, lost)
+    got, unsure = newest(PLACES, places, KEYS, lost)
     assert (None if got is None else (PLACES.index(got[0]), got[2])) == found
+    assert (None if unsure is None else (PLACES.index(unsure[0]), unsure[2])) == pending
 
 
-def _follow(places: Listed, members: Membership = ROUND) -> Follow:
-    """A spare's ``Follow`` that stood by behind round ``members`` (patience: none)."""
-    follow = Follow(Failover(places, RendezvousSettings()), RendezvousSettings(join_timeout=0))
+def test_a_spare_joins_the_successor_as_its_quorum_confirms_it_not_a_look_later() -> None:
+    """The look finds the successor serving, not yet confirmed: the spare waits on that
+    store's mark (``follow.confirmation``) and moves once the member completing the quorum
+    writes it -- woken by that write, with no second look (``EVERY`` later, before)."""
+    places = Listed()
+    places.serve_at(1, 1, False)
+    server = places.serving[PLACES[1]]
+
+    def quorum_completes() -> None:  # once the spare waits on the mark (or, if it never
+        end = time.monotonic() + 5  # does, 5 s on: then it finds it at its next look)
+        while time.monotonic() < end:
+            with server.lock:
+                if server.waiters.get(KEYS.confirmed):
+                    break
+            time.sleep(0.001)
+        MemoryStore(server).set(KEYS.confirmed, encode({"epoch": 1, "round": 5}))
+
+    member = threading.Thread(target=quorum_completes, daemon=True)
+    member.start()
+    move = _follow(places, patience=60).follow(KEYS, StoreUnavailable("gone"))
+    member.join(10)
+    assert move is not None and move.candidate == PLACES[1] and move.epoch == 1
+    assert places.reached == len(PLACES)  # one look: each candidate tried once
+
+
+def _follow(places: Listed, members: Membership = ROUND, patience: float = 0) -> Follow:
+    """A spare's ``Follow`` that stood by behind round ``members`` (``patience``: its
+    join_timeout; none by default)."""
+    settings = RendezvousSettings(join_timeout=patience)
+    follow = Follow(Failover(places, RendezvousSettings()), settings)
     board = Board(MemoryStore(MemoryServer()), KEYS, "spare")
     board.put_first(KEYS.round(members.round, "members"), members.to_json())
     board.open_round(members.round)

@@ -5,10 +5,21 @@ the store's host is lost").
 Before, it went down with the store (its next read failed the join): the restart round on
 the successor's store then had to wait for an agent started again, cold (torch imported
 first), or for its last call, and in the c10d soak the lost store's host cost the most of
-the twelve fault kinds. Now it looks, about twice a second, at every candidate the members
-walk (``Successors.candidates`` of the round that ran while it waited: read when it stood by,
+the twelve fault kinds. Now it looks at every candidate the members walk
+(``Successors.candidates`` of the round that ran while it waited: read when it stood by,
 since nothing can be read once the store is gone) and joins, as a client, the store a quorum
 of the last round's members reached: the restart round there takes it at once.
+
+How soon matters: the lost host's agent, started again, joins that round too, cold (its
+template still imports torch), and whichever node comes first takes the place. The spare saw
+the loss when its own wait on the store failed; the members serve and reach the successor's
+store within about 0.1 s of finding it (at once where a worker fails first, as in training;
+else within two heartbeats: ``health``). A look every 0.5 s found it not yet confirmed and
+came back 0.5 s later, after the agent started again (the c10d soak: 0.48-0.55 s). So until
+the members must have found the loss (two heartbeat intervals, and ``EVERY`` for their walk)
+it looks every ``SOON``, then every ``EVERY``; and a look that finds a newer store not yet
+confirmed waits on that store for its ``confirmed`` mark (one parked call, answered when the
+mark is written: joined the moment the quorum completes) instead of looking again.
 
 No split brain (design.md, "No split brain"): it never serves a store (only a member of the
 last round walks to serve one, ``failover.walk``); it joins only a store newer than the one
@@ -42,6 +53,12 @@ from phalanx.rendezvous.stores.base import KVStore, Malformed, MalformedValue, S
 log = logging.getLogger("phalanx")
 
 EVERY = 0.5  # seconds between two looks at the candidates (each try at most ``failover.TRY``)
+# Between two looks while the members may still be finding the loss. A look tries each
+# candidate once (a refused connection where nobody serves yet); once a newer store answers
+# this node waits on it instead, so the store it follows is not asked more than before.
+SOON = 0.05
+
+Found = tuple[Candidate, KVStore, int]  # where, a client of the store there, its failover number
 
 
 def running(board: Board) -> Membership | None:
@@ -93,11 +110,15 @@ def signposted(board: Board, failover: Failover) -> Move | None:
 
 def newest(
     candidates: Sequence[Candidate], successors: Successors, keys: Keys, lost: int
-) -> tuple[Candidate, KVStore, int] | None:
+) -> tuple[Found | None, Found | None]:
     """Among the candidates, one try each: the confirmed store with the highest failover
     number past ``lost`` (the lost store's), or else the lost store itself answering again
-    (``reach`` refuses another store at its place); None: neither answers."""
-    best: tuple[Candidate, KVStore, int] | None = None
+    (``reach`` refuses another store at its place); None: neither answers. Second, only
+    where the first is None: the newest store past ``lost`` not confirmed (yet), still open
+    (the successor its survivors are still reaching, or a cut-off member's: never joined
+    unconfirmed); None: none."""
+    best: Found | None = None
+    pending: Found | None = None
     for candidate in candidates:
         store = successors.reach(candidate, TRY)
         if store is None:
@@ -106,15 +127,38 @@ def newest(
             epoch = epoch_of(store, keys)
             newer = epoch > lost and confirmed(store, keys, epoch)
             usable = newer or (epoch == lost and successors.is_current(candidate))
+            unsure = epoch > lost and not newer
         except (StoreUnavailable, ValueError):
-            usable = False
+            usable = unsure = False
         if usable and (best is None or epoch > best[2]):
             if best is not None:
                 best[1].close()
             best = (candidate, store, epoch)
+        elif unsure and (pending is None or epoch > pending[2]):
+            if pending is not None:
+                pending[1].close()
+            pending = (candidate, store, epoch)
         else:
             store.close()
-    return best
+    if best is not None and pending is not None:
+        pending[1].close()
+        pending = None
+    return best, pending
+
+
+def confirmation(pending: Found, keys: Keys, timeout: float) -> Found | None:
+    """``pending`` (a store past the lost one, not confirmed when looked at) once a quorum of
+    the last round's members reached it: waited on its ``confirmed`` mark, at most
+    ``timeout`` seconds (one call the store answers when the mark is written); None, closed:
+    not within it, or the store failed."""
+    store = pending[1]
+    try:
+        if store.wait([keys.confirmed], timeout):
+            return pending
+    except StoreUnavailable:
+        pass
+    store.close()
+    return None
 
 
 class Follow:
@@ -132,6 +176,8 @@ class Follow:
         # A spare waits as long as the job runs; the members find the loss within
         # heartbeat_timeout, walk and confirm the successor well within join_timeout.
         self._patience = settings.join_timeout
+        # The members find a store whose host refuses them by two failed heartbeats (``health``).
+        self._soon = 2 * settings.heartbeat_interval + EVERY
         self._clock = clock
         self._running: Membership | None = None  # the round this node waits behind
 
@@ -166,11 +212,22 @@ class Follow:
             "round %d; looking for the store that succeeds it, at most %gs",
             successors.current, why, membership.round, self._patience,
         )  # fmt: skip
-        until = self._clock() + self._patience
-        while (found := newest(candidates, successors, keys, lost)) is None:
-            if self._clock() >= until:
+        start = self._clock()
+        until, soon = start + self._patience, start + self._soon
+        while True:
+            found, pending = newest(candidates, successors, keys, lost)
+            if found is not None:
+                break
+            left = until - self._clock()
+            if left <= 0:
+                if pending is not None:
+                    pending[1].close()
                 return None
-            time.sleep(EVERY)
+            if pending is not None:  # joined the moment it is confirmed, not a look later
+                if (found := confirmation(pending, keys, min(EVERY, left))) is not None:
+                    break
+            else:
+                time.sleep(min(SOON if self._clock() < soon else EVERY, left))
         candidate, store, epoch = found
         self._f.epoch, self._running = epoch, None
         if epoch == lost:
