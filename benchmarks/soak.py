@@ -142,6 +142,7 @@ class Soak:
         self.all_logs: list[Path] = []
         self.pids = self.out / "pids"
         self.marks = self.out / "marks"  # each worker's first step: when the job was back
+        self.steps_dir = self.out / "steps"  # each worker's last completed step
         self.job = self.out / "job"
         self.faults: list[dict[str, Any]] = []
         self.keys: list[int] = []
@@ -149,7 +150,7 @@ class Soak:
 
     # -- setup -------------------------------------------------------------------------
     def start(self) -> None:
-        for d in (self.pids, self.marks, self.job):
+        for d in (self.pids, self.marks, self.steps_dir, self.job):
             d.mkdir(parents=True)
         cfg = json.loads((HERE.parent / "examples/configs/tiny.json").read_text())
         cfg.update(steps=self.args.steps, checkpoint_every=self.args.checkpoint_every,
@@ -187,7 +188,7 @@ class Soak:
                 str(self.out / "config.json"), "--output_dir", str(self.job)]  # fmt: skip
         node = Node(self.hosts, i, args, self.out / f"disk{i}", name,
                     env={"SOAK_PIDS": str(self.pids), "SOAK_NODE": str(i), "SOAK_MARKS": str(self.marks),
-                         "SOAK_STEP_DELAY": str(self.args.step_delay)})  # fmt: skip
+                         "SOAK_STEPS": str(self.steps_dir), "SOAK_STEP_DELAY": str(self.args.step_delay)})  # fmt: skip
         self.all_logs.append(node.logs)
         return node
 
@@ -592,6 +593,7 @@ def main() -> int:
     ettr = min((r["ettr"] for r in main_run), default=None)
     held = waits(args.default_timeouts, args.backend)
     split = None if step is None else rep.lost_split(soak.faults, held, wall, args.steps * step)
+    rerun = rep.rerun_steps(soak.all_logs, soak.steps_dir)
     lives = rep.agent_lives(clock["history"])
     grew = [life for life in lives if rep.grew(life["first"], life["last"])]
     leftovers_found = any(left["processes"].values()) or bool(left["cgroups"])
@@ -602,7 +604,7 @@ def main() -> int:
         "seed": args.seed, "backend": args.backend, "minutes": args.minutes, "every": args.every,
         "steps": args.steps, "job_failed": soak.failed, "faults": soak.faults, "kinds": sorted({f["kind"] for f in soak.faults}),
         "finished": clock["finished"] is not None, "wall_s": wall, "ettr_harness": harness_ettr,
-        "ettr_job": job_ettr, "step_s": step, "lost_split": split, "ettr_events": ettr, "by_kind": rep.by_kind(soak.faults), "figures": figures, "bit_identical": same, "checkpoints": count,
+        "ettr_job": job_ettr, "step_s": step, "lost_split": split, "ettr_events": ettr, "by_kind": rep.by_kind(soak.faults), "figures": figures, "bit_identical": same, "rerun": rerun, "checkpoints": count,
         "checkpoints_bad": bad, "leftovers": left, "store_keys": soak.keys,
         "agents_start": clock["start_sample"], "agents_end": clock["end_sample"], "agents_grew": grew,
         "agents_compared": lives, "guardian_kills_touched": touched,
@@ -629,6 +631,11 @@ def main() -> int:
             f"checkpoint and slower first steps; ETTR with the waits taken out "
             f"{split['ettr_without_waits']:.3f}"
         )
+    print(
+        f"steps run again: {rerun['total']} over {len(rerun['per_restart'])} restarts ("
+        + ", ".join(f"{p['reached']}->{p['resumed']}" for p in rerun["per_restart"])
+        + "; the step a worker had reached -> the step the next round resumed from)"
+    )
     for kind, cost in report["by_kind"].items():
         print(
             f"  {kind:<17} {cost['count']:>2} faults, down median {cost['median_down']:6.2f} s, "

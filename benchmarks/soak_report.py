@@ -46,6 +46,32 @@ def resumed_from(logs: list[Path]) -> list[int]:
     return found
 
 
+def rerun_steps(logs: list[Path], steps: Path) -> dict[str, Any]:
+    """Per restart, the steps run again: the highest step a worker of the round before had
+    completed (``soak_trainer``'s ``$SOAK_STEPS`` files, by restart count) against the step
+    the restarted round resumed from (its first rank's "resumed from step N"; "starting at
+    step 0" is 0). Counted in steps, not seconds: a loaded machine does not change them."""
+    reached: dict[int, int] = {}
+    for path in steps.iterdir() if steps.is_dir() else ():
+        try:
+            restart, value = int(path.name.split(".", 1)[0]), int(path.read_text())
+        except ValueError:
+            continue  # a worker killed before its first step wrote nothing
+        reached[restart] = max(reached.get(restart, 0), value)
+    resumed: dict[int, int] = {}
+    for folder in logs:
+        for out in folder.glob("*/attempt_*/rank_*/stdout.log") if folder.is_dir() else []:
+            restart = int(out.parent.parent.name.removeprefix("attempt_"))
+            for line in out.read_text(errors="replace").splitlines():
+                if "; resumed from step " in line:
+                    resumed[restart] = int(line.rsplit(" ", 1)[1])
+                elif "; starting at step 0" in line:
+                    resumed[restart] = 0
+    per = [{"restart": k, "reached": reached[k - 1], "resumed": s, "rerun": reached[k - 1] - s}
+           for k, s in sorted(resumed.items()) if k > 0 and k - 1 in reached]  # fmt: skip
+    return {"per_restart": per, "total": sum(p["rerun"] for p in per)}
+
+
 def same_weights(a: Path, b: Path) -> bool:
     x, y = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)

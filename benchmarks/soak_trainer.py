@@ -6,7 +6,10 @@ exception), ``HANG_SIGNAL`` (SIGWINCH) makes it hang (a stall), ``COLLECTIVE_KIL
 all-reduce, and every optimizer step sleeps ``$SOAK_STEP_DELAY`` seconds after it (a step that
 takes time; the numbers do not change).
 With ``$SOAK_MARKS`` set, each worker process writes the time of its first optimizer step
-(past the first all-reduce) to ``$SOAK_MARKS/<node>.<rank>.<pid>``: when the job was back."""
+(past the first all-reduce) to ``$SOAK_MARKS/<node>.<rank>.<pid>``: when the job was back.
+With ``$SOAK_STEPS`` set, it keeps the step it has completed (Adam's own count, which a
+resume restores) in ``$SOAK_STEPS/<restart>.<node>.<rank>.<pid>``, one ``pwrite`` per step:
+what a killed worker had reached, for the steps each restart runs again."""
 
 from __future__ import annotations
 
@@ -59,9 +62,16 @@ def main() -> None:
     marks = os.environ.get("SOAK_MARKS")
     mark = Path(marks) / f"{node}.{os.environ.get('RANK')}.{os.getpid()}" if marks else None
     plain = torch.optim.Adam.step
+    steps = os.environ.get("SOAK_STEPS")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    where = f"{restart}.{node}.{os.environ.get('RANK')}.{os.getpid()}"
+    reached = os.open(Path(steps) / where, os.O_WRONLY | os.O_CREAT, 0o644) if steps else None
 
     def step(self: torch.optim.Adam, *args: object, **kwargs: object) -> object:
         done = plain(self, *args, **kwargs)
+        if reached is not None:
+            count = next(iter(self.state.values()))["step"]
+            os.pwrite(reached, f"{int(count):12d}".encode(), 0)
         if mark is not None and not mark.exists():
             mark.write_text(repr(time.time()))
         time.sleep(delay)

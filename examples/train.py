@@ -1,9 +1,10 @@
 """A config-driven DDP trainer in TRELLIS.2's shape, deterministic and resumable.
 
 It fits a small MLP to a regression target generated from a fixed seed (no downloads),
-checkpoints every ``checkpoint_every`` steps with ``phalanx.inscript.checkpoint``, resumes from the
-newest complete checkpoint in ``--output_dir`` on its own, and writes ``final.pt``. A run
-killed at any step and rerun with the same command ends with bit-identical weights, because
+checkpoints every ``checkpoint_every`` steps (and at the end) with ``phalanx.checkpoint``,
+holds its last step on every rank (``checkpoint.LastStep``: written when the job stops for a
+failure), resumes from the newest complete checkpoint in ``--output_dir`` on its own, and
+writes ``final.pt``. A run killed at any step and rerun with the same command ends with bit-identical weights, because
 everything that varies is a function of the step (data order, dropout seed), the optimizer
 state is checkpointed, and kernels and thread counts are fixed.
 
@@ -170,29 +171,35 @@ def train(job: Job, info: dist.DistInfo) -> None:
     ids = [info.device.index] if info.device.type == "cuda" else None
     ddp = DistributedDataParallel(model, device_ids=ids)
     tick, since = time.perf_counter(), start
-    for step in range(start, cfg.steps):
-        # Dropout differs per rank and per step, and replays exactly after a resume.
-        torch.manual_seed((cfg.seed * 1_000_003 + step) * 1_024 + info.rank)
-        idx = batch_indices(cfg, step, info.rank, info.world_size).to(info.device)
-        loss = nn.functional.mse_loss(ddp(x[idx]), y[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            mean = loss.detach().clone()
-            tdist.all_reduce(mean)
-            if lead:
-                rate = (done - since) * cfg.global_batch_size / (time.perf_counter() - tick)
-                loss_value = mean.item() / info.world_size
-                print(
-                    f"step {done}/{cfg.steps} loss {loss_value:.6f} {rate:.0f} samples/s",
-                    flush=True,
-                )
-            tick, since = time.perf_counter(), done
-        if done % cfg.checkpoint_every == 0 and lead:
+    # Every rank holds its state after each step (DDP: replicated, so any rank's copy is the
+    # job's); a failure's stop writes it, and the next round resumes from the step reached.
+    with checkpoint.LastStep(out / "checkpoints", keep=cfg.keep) as last:
+        for step in range(start, cfg.steps):
+            # Dropout differs per rank and per step, and replays exactly after a resume.
+            torch.manual_seed((cfg.seed * 1_000_003 + step) * 1_024 + info.rank)
+            idx = batch_indices(cfg, step, info.rank, info.world_size).to(info.device)
+            loss = nn.functional.mse_loss(ddp(x[idx]), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            done = step + 1
             state = {"step": done, "model": model.state_dict(), "optimizer": opt.state_dict()}
-            checkpoint.save(state, out / "checkpoints", done, keep=cfg.keep)
+            last.update(done, state)
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                mean = loss.detach().clone()
+                tdist.all_reduce(mean)
+                if lead:
+                    rate = (done - since) * cfg.global_batch_size / (time.perf_counter() - tick)
+                    loss_value = mean.item() / info.world_size
+                    print(
+                        f"step {done}/{cfg.steps} loss {loss_value:.6f} {rate:.0f} samples/s",
+                        flush=True,
+                    )
+                tick, since = time.perf_counter(), done
+            # The last step too: a run stopped at ``steps`` resumes from there, whatever the
+            # interval (the soak's reference replays the job's resumes that way).
+            if (done % cfg.checkpoint_every == 0 or done == cfg.steps) and lead:
+                checkpoint.save(state, out / "checkpoints", done, keep=cfg.keep)
     if lead:
         final = checkpoint.save_file(model.state_dict(), out / "final.pt")
         print(f"wrote {final}", flush=True)

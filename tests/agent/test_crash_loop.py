@@ -165,3 +165,27 @@ def test_a_program_with_no_progress_signal_at_all_is_a_crash_loop(tmp_path: Path
         result.stderr
     )
     assert _report(tmp_path / "logs")["crash_loop"] is True
+
+
+
+def test_a_last_step_written_again_at_the_same_step_is_no_progress(tmp_path: Path) -> None:
+    """Rank 0 holds a last step at step 7 every attempt, which the agent's stop asks it to
+    write; rank 1 fails the same way each time. The first attempt writes step 7 (progress);
+    the second finds it complete and writes nothing, not even the heartbeat a save's pause
+    ends with: no progress, so the second identical failure is a crash loop."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    result = run_phalanx(
+        ["--standalone", "--nproc-per-node", "2", "--max-restarts", str(MAX_RESTARTS),
+         "--log-dir", str(tmp_path / "logs"), worker("progress_or_fail.py"), str(shared),
+         "laststep"],
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.count("restarting the worker group") == 1, result.stderr
+    assert "crash loop: the same failure twice in a row" in result.stderr, result.stderr
+    assert _report(tmp_path / "logs")["crash_loop"] is True
+    assert "rank0 wrote its last step 7" in result.stderr, result.stderr
+    assert "rank0: its last step 7 was complete already" in result.stderr, result.stderr
+    (log,) = (tmp_path / "logs").glob("*/checkpoints.jsonl")
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert steps == [7], steps

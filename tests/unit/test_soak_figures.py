@@ -70,3 +70,28 @@ def test_a_frozen_nodes_late_stop_is_not_the_jobs() -> None:
     soak_report.job_per_fault(faults, sorted(events, key=lambda e: e["t"]))
     assert faults[0]["reform"] == pytest.approx(0.35)
     assert faults[0]["downtime"] == pytest.approx(7.0)
+
+
+def test_the_steps_run_again_are_counted_per_restart(tmp_path: Path) -> None:
+    """``rerun_steps``: the highest step a worker of round k-1 completed against the step
+    round k resumed from, from every agent run's logs (a restarted agent's run dir too)."""
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    for name, value in {"0.0.0.11": 530, "0.1.1.12": 531, "1.0.0.13": 700, "2.1.1.14": 900}.items():
+        (steps / name).write_text(f"{value:12d}")
+    (steps / "1.1.1.15").write_text("")  # killed before its first step
+    logs = [tmp_path / "n0-logs", tmp_path / "n1-logs"]
+    said = {(0, 0): "starting at step 0", (0, 1): "resumed from step 520",
+            (1, 2): "resumed from step 700"}  # fmt: skip
+    for (node, attempt), words in said.items():
+        rank0 = logs[node] / "run" / f"attempt_{attempt}" / "rank_0"
+        rank0.mkdir(parents=True)
+        (rank0 / "stdout.log").write_text(f"world size 2, gloo on cpu; {words}\n")
+    found = soak_report.rerun_steps(logs, steps)
+    assert found == {
+        "per_restart": [
+            {"restart": 1, "reached": 531, "resumed": 520, "rerun": 11},
+            {"restart": 2, "reached": 700, "resumed": 700, "rerun": 0},
+        ],
+        "total": 11,
+    }

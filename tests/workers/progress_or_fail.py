@@ -1,6 +1,7 @@
 # usage: progress_or_fail.py DIR EVIDENCE -- every attempt, rank 0 shows EVIDENCE of progress
 # (checkpoint: a phalanx.checkpoint save; optimizer: 3 optimizer steps; step: phalanx.step;
-# heartbeat: phalanx.heartbeat; none: nothing), then writes DIR/shown.<restart>; the last rank waits for that file and
+# heartbeat: phalanx.heartbeat; none: nothing; laststep: a LastStep held at step 7, which
+# the agent's stop asks it to write), then writes DIR/shown.<restart>; the last rank waits for that file and
 # exits 3, the same way every time. Rank 0 then sleeps until phalanx stops it. With "gate"
 # after EVIDENCE, the last rank of the first attempt also waits for DIR/go before it fails.
 import os
@@ -15,7 +16,14 @@ rank, last = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]) - 1
 restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 shown = folder / f"shown.{restart}"
 if rank == 0:
-    if evidence == "checkpoint":
+    if evidence == "laststep":
+        import torch
+
+        from phalanx import checkpoint
+
+        last = checkpoint.LastStep(folder / "ckpt")
+        last.update(7, {"w": torch.ones(2)})
+    elif evidence == "checkpoint":
         from phalanx import checkpoint
 
         checkpoint.save({"restart": restart}, folder / "ckpt", step=restart)

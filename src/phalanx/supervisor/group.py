@@ -238,7 +238,7 @@ class Supervisor:
             log.warning("%s again during the grace: stopping the workers now", signal_name(taken))
             return self._preempt_stop(slots, streams, selector)
         if any(s.exit is not None and s.exit.failed for s in slots):
-            self._stopper.stop(slots, streams, selector, signal.SIGTERM)
+            self._stopper.stop(slots, streams, selector, signal.SIGTERM, last_step=True)
             return self._result(Outcome.FAILED, slots)
         if all(s.exit is not None for s in slots):
             self._stopper.stop(slots, streams, selector, signal.SIGKILL)  # leftover children only
@@ -282,7 +282,7 @@ class Supervisor:
         """The caller's checks, then the rendezvous: the round's result if either ends it."""
         running = running_workers(slots)
         if on_tick(running):
-            self._stopper.stop(slots, streams, selector, signal.SIGTERM)
+            self._stopper.stop(slots, streams, selector, signal.SIGTERM, last_step=True)
             return self._result(Outcome.STOPPED, slots)
         event = poll()
         if event is None:
@@ -293,7 +293,8 @@ class Supervisor:
         # Without the store the others may re-form without this node at any moment: no
         # grace period for workers that may overlap new ones.
         gone = event.kind is EventKind.STORE_LOST
-        self._stopper.stop(slots, streams, selector, signal.SIGKILL if gone else signal.SIGTERM)
+        first = signal.SIGKILL if gone else signal.SIGTERM
+        self._stopper.stop(slots, streams, selector, first, last_step=True)
         if any(s.exit is not None and s.exit.failed for s in slots):
             # A worker had died on its own before the event was acted on: its failure is
             # this round's story, as if noticed a moment earlier.

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from phalanx.rendezvous.fencing import KILL_BOUND, Fence
+from phalanx.supervisor.laststep import LAST_STEP_GRACE, ask_last_step
 from phalanx.supervisor.logs import LogStream
 from phalanx.supervisor.pipes import PipeSelector
 from phalanx.supervisor.preempt import tell_stopping
@@ -41,9 +42,12 @@ class Stopper:
         selector: PipeSelector,
         first_signal: int,
         grace: float | None = None,
+        last_step: bool = False,
     ) -> None:
         """Signal every group, wait to the deadline (``grace``; default the shutdown
-        timeout), then SIGKILL and wait a bounded time.
+        timeout), then SIGKILL and wait a bounded time. With ``last_step`` (a stop after a
+        failure) and a SIGTERM first, the ranks holding a last step are asked to write it
+        first (``supervisor.laststep``), for at most ``LAST_STEP_GRACE`` seconds.
 
         A worker whose exit is already pending (its exit fd readable: it died before this
         signal, e.g. while the agent was busy polling or not scheduled) is recorded first, as
@@ -55,6 +59,8 @@ class Stopper:
         self._reaper.handle_events(selector.select(0), slots, streams, selector, stopping=fenced)
         if grace is None:
             grace = KILL_WAIT if first_signal == signal.SIGKILL else self._shutdown_timeout
+        if last_step and first_signal == signal.SIGTERM and not fenced:
+            self._ask_last_step(slots, streams, selector)
         if first_signal == signal.SIGTERM:
             tell_stopping(s.plan for s in slots if s.exit is None)
         for sig, wait in ((first_signal, grace), (signal.SIGKILL, KILL_WAIT)):
@@ -81,6 +87,16 @@ class Stopper:
         for slot in slots:
             if slot.exit is not None:
                 slot.exit = with_logs(slot.exit, slot)
+
+    def _ask_last_step(
+        self, slots: list[Slot], streams: dict[int, LogStream], selector: PipeSelector
+    ) -> None:
+        def wait_events(timeout: float) -> None:
+            events = selector.select(timeout)
+            # Part of phalanx's stop: an exit now is one the failure being stopped caused.
+            self._reaper.handle_events(events, slots, streams, selector, stopping=True)
+
+        ask_last_step(slots, min(LAST_STEP_GRACE, self._shutdown_timeout), wait_events)
 
     def reap_fenced(
         self,

@@ -28,6 +28,13 @@ PREEMPT_SIGNALS_ENV = "PHALANX_PREEMPT_SIGNALS"
 # SIGTERM: that SIGTERM is a stop. A SIGTERM with neither file came from outside (Slurm and
 # Kubernetes signal every process of a job, maybe before the agent has written its notice).
 STOP_NOTICE_FILE = "stopping"
+# The last step (``phalanx.checkpoint.LastStep``), three files in the rank's directory: the
+# worker writes LAST_STEP_HELD (its pid) at its first ``update``; the agent, stopping the
+# round after a failure, writes LAST_STEP_NOTICE; the worker's watch thread saves its copy and
+# answers with LAST_STEP_DONE (JSON: "step" saved or already there, "written", "error").
+LAST_STEP_HELD = "laststep.held"
+LAST_STEP_NOTICE = "laststep.save"
+LAST_STEP_DONE = "laststep.done"
 
 
 def isolated_main(module: str) -> str:
