@@ -182,11 +182,11 @@ def test_a_spare_queued_before_round_0s_members_were_written_still_follows(
         wait_for(lambda n=node: events(n, "rdzv_start") != [], HANG, f"node {i} to join")
         time.sleep(HELD)  # (its slot taken: ``began`` is said just before it asks for one)
     _hold_own_store(hosts, 0, on=True)
-    try:
-        nodes.append(_agent(hosts, 2, tmp_path, script, shared, True, conf=PATIENT))  # slot 3
-        spare = _agent(hosts, 3, tmp_path, script, shared, True, conf=PATIENT)
-        nodes.append(spare)
-        wait_for(lambda: "a spare: it waits" in spare.stderr, HANG, "the spare to wait")
+    try:  # slot 3 closes round 0, slot 4 queues as the spare (whichever of the two comes first)
+        nodes += [_agent(hosts, i, tmp_path, script, shared, True, conf=PATIENT) for i in (2, 3)]
+        waits = lambda: [n for n in nodes[2:] if "a spare: it waits" in n.stderr]  # noqa: E731
+        wait_for(waits, HANG, "the fourth node to wait as the spare")
+        (spare,) = waits()
         assert _ran(shared, 0) == {}, "round 0 ran before node 0 wrote its members"
     finally:
         _hold_own_store(hosts, 0, on=False)
@@ -199,3 +199,4 @@ def test_a_spare_queued_before_round_0s_members_were_written_still_follows(
     assert "could not read which round" not in spare.stderr, said
     assert "waiting outside the running round, follows it to" in spare.stderr, said
     assert _ran(shared, 1) == {"1": "3", "2": "3", "3": "3"}, said  # the spare ran a rank
+    assert [e["round"] for e in events(spare, "rdzv_done")] == [1], said
