@@ -504,7 +504,10 @@ class Soak:
         for node in self.nodes:  # the spare leaves once the job is done
             try:
                 node.proc.wait(60)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # (said: its guardian outlives it a few seconds)
+                print(f"soak: {node.err.name}'s agent, pid {node.proc.pid}, still ran 60 s after "
+                      f"the job: SIGKILLed ({node.stderr.strip().splitlines()[-1][:200]})",
+                      flush=True)  # fmt: skip
                 node.kill()
         return {"t0": t0, "first_step": first, "finished": finished, "start_sample": start_sample,
                 "end_sample": end_sample, "history": history}  # fmt: skip
@@ -515,10 +518,26 @@ class Soak:
         return tuple(k for k in chosen if k != other)
 
     def leftovers(self) -> dict[str, Any]:
-        procs = {}
-        for name in self.spaces.names[: self.agents]:
-            listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
-            procs[name] = [int(p) for p in listed.stdout.split()]
+        """What is left in the nodes' namespaces once every process phalanx started had its
+        bounded time to end: a dead agent's guardian outlives it by design (its last word to
+        the store, at most 6 s; the job cgroup's sweep, at most 5 s), and a template killed
+        with its agent takes a moment to exit. Before, this looked at once after an agent's
+        SIGKILL and listed those two (seed 7, the spare killed 60 s after the job ended)."""
+        procs: dict[str, list[int]] = {}
+        deadline = time.monotonic() + 15
+        while True:
+            for name in self.spaces.names[: self.agents]:
+                argv = ["ip", "netns", "pids", name]
+                listed = subprocess.run(argv, capture_output=True, text=True)
+                procs[name] = [int(p) for p in listed.stdout.split()]
+            if not any(procs.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        for name, pids in procs.items():
+            for pid in pids:
+                with contextlib.suppress(psutil.Error):
+                    line = " ".join(psutil.Process(pid).cmdline())[:200]
+                    print(f"soak: left in {name}: {pid} {line}", flush=True)
         from phalanx.supervisor.cgroup import hierarchies
 
         cgroups = [str(root / f"phalanx-{run.name}") for logs in self.all_logs if logs.is_dir()

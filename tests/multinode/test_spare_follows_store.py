@@ -11,6 +11,7 @@ survivors and failed below MIN. The workers need no torch (a few are cheap to st
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,11 @@ if restart == "0":
 # (the second confirms it): later than the spare, which waits on that mark, can come; sooner
 # than its next look came, when it looked every follow.EVERY (0.5 s) from the loss.
 AGAIN = 0.1
+# A pause that lets an agent's next store calls go out (two heartbeat intervals of CONF).
+HELD = 1.0
+# Node 0 held from its own store for a few seconds (a cold agent's start) must not count it
+# lost meanwhile.
+PATIENT = CONF.replace("heartbeat_timeout=4", "heartbeat_timeout=12")
 
 
 def _agent(
@@ -49,8 +55,9 @@ def _agent(
     listed: bool,
     name: str = "",
     wrap: Callable[[list[str]], list[str]] | None = None,
+    conf: str = CONF,
 ) -> Node:
-    rdzv = c10d_args(hosts, PORT, "3", "follow", CONF)
+    rdzv = c10d_args(hosts, PORT, "3", "follow", conf)
     if listed:
         where = rdzv.index("--rdzv-endpoint") + 1
         rdzv[where] = ",".join(f"{hosts.addr(j)}:{PORT}" for j in range(4))
@@ -143,3 +150,53 @@ def test_the_restart_round_takes_the_spare_not_the_lost_hosts_agent_started_agai
     assert _ran(shared, 1) == {"1": "3", "2": "3", "3": "3"}, said  # the spare ran a rank
     assert [e["round"] for e in events(spare, "rdzv_done")] == [1], said
     assert events(again, "rdzv_done") == [], said  # never in a round
+
+
+def _hold_own_store(hosts: NamespaceHosts, i: int, *, on: bool) -> None:
+    """Hold node ``i``'s agent's calls to the store it serves itself (the packets on its
+    loopback to and from the store's port dropped; sent again once let through): the other
+    nodes' calls, over its link, are answered meanwhile."""
+    for side in ("--dport", "--sport"):
+        rule = ["OUTPUT", "-o", "lo", "-p", "tcp", side, str(PORT), "-j", "DROP"]
+        argv = ["iptables", "-A" if on else "-D", *rule]
+        subprocess.run(hosts.command(i, argv), check=True, capture_output=True)
+
+
+def test_a_spare_queued_before_round_0s_members_were_written_still_follows(
+    netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
+) -> None:
+    """The c10d soak's first ``store_host_lost`` (seed 7): the spare, started with the others,
+    took slot 4 just as round 0 closed, before node 0 (slot 1, the store's host) wrote its
+    members; it read the running round once, found none, and when the store was lost had
+    nothing to follow (``could not read which round this node was joining``): a cold agent
+    took its place (7.9 s down). Forced here: node 0's own calls to its store are held (the
+    others' answered) from before the third node closes round 0 until the spare waits; the
+    spare keeps the round once its members are written, and follows the job."""
+    hosts, shared = NamespaceHosts(netns(4)), tmp_path / "shared"
+    shared.mkdir()
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    for i in range(2):  # node 0 first: slot 1 of round 0, the node that writes its members
+        node = _agent(hosts, i, tmp_path, script, shared, True, conf=PATIENT)
+        nodes.append(node)
+        wait_for(lambda n=node: events(n, "rdzv_start") != [], HANG, f"node {i} to join")
+        time.sleep(HELD)  # (its slot taken: ``began`` is said just before it asks for one)
+    _hold_own_store(hosts, 0, on=True)
+    try:  # slot 3 closes round 0, slot 4 queues as the spare (whichever of the two comes first)
+        nodes += [_agent(hosts, i, tmp_path, script, shared, True, conf=PATIENT) for i in (2, 3)]
+        waits = lambda: [n for n in nodes[2:] if "a spare: it waits" in n.stderr]  # noqa: E731
+        wait_for(waits, HANG, "the fourth node to wait as the spare")
+        (spare,) = waits()
+        assert _ran(shared, 0) == {}, "round 0 ran before node 0 wrote its members"
+    finally:
+        _hold_own_store(hosts, 0, on=False)
+    wait_for(lambda: len(_ran(shared, 0)) == 3, HANG, "three nodes to run")
+    time.sleep(HELD)  # the spare's next turn of its wait (every heartbeat_interval) reads them
+    kill_tree(nodes[0].proc.pid)
+    codes = [node.finish(HANG) for node in nodes[1:]]
+    said = "\n".join(f"--- {n.err.name}\n{n.stderr[-3000:]}" for n in nodes)
+    assert codes == [0, 0, 0], said
+    assert "could not read which round" not in spare.stderr, said
+    assert "waiting outside the running round, follows it to" in spare.stderr, said
+    assert _ran(shared, 1) == {"1": "3", "2": "3", "3": "3"}, said  # the spare ran a rank
+    assert [e["round"] for e in events(spare, "rdzv_done")] == [1], said

@@ -240,7 +240,7 @@ class Rounds:
             if back is not None:  # back as a new member: the others spent the restart for it
                 return back
         decided = self._next_step(state, at, failed_here, event, failed.progressed)
-        if isinstance(decided, RunEnd):
+        if isinstance(decided, RunEnd | RunState):  # (a run state: failed over meanwhile)
             return decided
         step, verdict = decided
         if step is not Step.REFORM:
@@ -324,7 +324,7 @@ class Rounds:
         failed_here: bool,
         event: EventKind | None,
         progressed: Callable[[], bool],
-    ) -> tuple[Step, RoundVerdict | None] | RunEnd:
+    ) -> tuple[Step, RoundVerdict | None] | RunEnd | RunState:
         """The policy's step after a failed round, with the job's verdict on the round
         when one is needed (None otherwise; ``progressed``: this node's evidence for it)."""
         verdict = None
@@ -332,7 +332,7 @@ class Rounds:
         budget_left = restarts_left(count, self.config.recovery.max_restarts) > 0
         if judged(failed_here=failed_here, event=event, budget_left=budget_left):
             judging = self._judge(state, at, progressed())
-            if isinstance(judging, RunEnd):
+            if isinstance(judging, RunEnd | RunState):
                 return judging
             verdict = judging
         step = decide(
@@ -349,9 +349,13 @@ class Rounds:
             )
         return step, verdict
 
-    def _judge(self, state: RunState, at: Round, progressed: bool) -> RoundVerdict | RunEnd:
+    def _judge(
+        self, state: RunState, at: Round, progressed: bool
+    ) -> RoundVerdict | RunEnd | RunState:
         """The job's verdict on round ``at`` (waiting for the other nodes' evidence); a
-        signal meanwhile ends the wait at once, and the job stops, as in ``Joining.next_round``."""
+        signal meanwhile ends the wait at once, and the job stops, as in ``Joining.next_round``.
+        The store lost meanwhile (its host went down while the nodes judged): the failover
+        of any loss after a failed round (the state to restart with), else the job ends."""
         try:
             with self.signals.raising():
                 return at.judge_round(progressed, failure_signature)
@@ -359,7 +363,8 @@ class Rounds:
             where = "this node, waiting for the other nodes' verdict"
             return self.between.stopped_waiting(state, exc, where)
         except RendezvousError as exc:
-            return self.between.cut_short(state, exc, no_round(state, exc))
+            back = self._rejoined(state, at, failed_here=True)  # (only once it does not answer)
+            return back if back is not None else self.between.cut_short(state, exc, no_round(state, exc))  # fmt: skip
 
     def _rejoined(self, state: RunState, at: Round, failed_here: bool) -> RunState | RunEnd | None:
         """This node lost the store (or fenced itself; or its workers failed and the store's

@@ -185,11 +185,14 @@ class Follow:
         """A join begins: this node stands by outside no round (yet)."""
         self._running = None
 
-    def watch(self, board: Board) -> None:
-        """This node stands by on ``board``'s store, outside the round that runs: keep that
-        round (its candidates, should the store be lost). A few reads; a store that fails
-        them keeps what was kept (the join's next call meets the failure)."""
-        if self._f is None:
+    def watch(self, board: Board, t: int = -1) -> None:
+        """This node stands by on ``board``'s store for round ``t``, outside the round that
+        runs: keep that round (its candidates, should the store be lost). A few reads, none
+        once the round kept is round t-1 (called on every turn of the wait: a node that
+        queued as round t-1 closed, before its members were written, found none at first --
+        the c10d soak's spare that then had nothing to follow); a store that fails them keeps
+        what was kept (the join's next call meets the failure)."""
+        if self._f is None or (self._running is not None and self._running.round >= t - 1 >= 0):
             return
         with contextlib.suppress(StoreUnavailable, MalformedValue):
             self._running = running(board) or self._running

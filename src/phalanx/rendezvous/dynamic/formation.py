@@ -60,7 +60,7 @@ class RoundFormer:
         where: str = "",
         admit_mismatch: bool = False,
         arriving: Callable[[], None] = lambda: None,
-        standing_by: Callable[[], None] = lambda: None,
+        standing_by: Callable[[int, bool], None] = lambda t, waiting: None,
         majority: bool = False,
         max_restarts: int = 0,
         back: Callable[[int], None] = lambda t: None,
@@ -68,9 +68,10 @@ class RoundFormer:
         """``worker_port``: the workers' master port in every round (``phalanx.spawn``);
         None: node 0 picks a free port each round. ``where``: the store, as the waiting line
         names it. ``admit_mismatch``: join a running job whose code or arguments differ
-        (``admission``; --allow-mismatch). ``standing_by``: called whenever this node goes
-        (back) to waiting as no member of a running round (each time it loses the race for
-        a place); ``arriving``: after that, just before it takes a slot (``Fence.stand_down``,
+        (``admission``; --allow-mismatch). ``standing_by(t, waiting)``: called whenever this
+        node goes (back) to waiting for round t as no member of a running round (each time
+        it loses the race for a place), and again on each turn of that wait (``waiting``);
+        ``arriving``: after that, just before it takes a slot (``Fence.stand_down``,
         ``Fence.arrived``). ``majority``: the store may move (c10d): a restart round needs a
         quorum of the last round's members (``majority``). ``max_restarts``: the budget a
         waiting node spends when every member is gone (``abandoned``). ``back(t)``: called
@@ -114,7 +115,7 @@ class RoundFormer:
                 self._open(t)
             else:
                 self._check_stopped()
-                self._standing_by()  # no member of a running round while it waits
+                self._standing_by(t, False)  # no member of a running round while it waits
                 t = self._first_undecided(t)
                 if not self._admit_mismatch:
                     check_admission(self._b, t, me.fingerprint)
@@ -224,6 +225,7 @@ class RoundFormer:
                     "no new round opened (set --rdzv-conf join_timeout=... to wait longer)"
                 )
             self._line.check(t, deadline, queued=True, spare=spare)
+            self._standing_by(t, True)  # (the round that runs, once its members are written)
             self._b.store.wait([key], min(left, self._s.heartbeat_interval))
         # A spare that waited past the timeout gets the whole timeout for the round it joins.
         return self._clock() + self._s.join_timeout if waited_past else deadline

@@ -276,11 +276,11 @@ class DynamicRendezvous:
             fingerprint=self._fingerprint,
         )  # fmt: skip
 
-    def _standing_by(self) -> None:
-        """It waits as no member of a running round: no fence (a pause now must not count)."""
-        if self._fence is not None:
+    def _standing_by(self, t: int, waiting: bool) -> None:
+        """It waits for round ``t`` outside the running round: no fence (a pause must not count)."""
+        if self._fence is not None and not waiting:
             self._fence.stand_down()
-        self._follow.watch(self._board)  # the store lost meanwhile, it follows the job
+        self._follow.watch(self._board, t)  # the store lost meanwhile, it follows the job
 
     def _arriving(self) -> None:
         """This node, stood by, takes a slot in a round: its fence arms from now."""
