@@ -18,22 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from support.failover import CONF, HANG, PORT, events, kill_tree
+from support.failover import CONF, HANG, NODE_SLEEPER, PORT, events, kill_tree
 from support.hosts import NamespaceHosts, Node
 from support.launch import wait_for, worker
 from support.multinode import c10d_args
 from support.netns import NetNamespaces
-
-# A worker that needs no torch: it writes its node and world size per restart, and in restart
-# 0 it waits to be stopped (the job re-forms after the loss); in restart 1 it ends at once.
-SLEEPER = """import os, pathlib, sys, time
-restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
-name, shared = f"r{restart}-rank{os.environ['RANK']}", pathlib.Path(sys.argv[1])
-(shared / f".{name}").write_text(f"{os.environ['NODE']} {os.environ['WORLD_SIZE']}")
-(shared / f".{name}").rename(shared / name)  # whole or absent: the test polls these files
-if restart == "0":
-    time.sleep(600)
-"""
 
 # When the lost host's agent is let go, after both survivors moved to the successor's store
 # (the second confirms it): later than the spare, which waits on that mark, can come; sooner
@@ -89,7 +78,7 @@ def test_a_waiting_spare_follows_the_lost_store_and_the_restart_round_takes_it(
     hosts, shared = NamespaceHosts(netns(4)), tmp_path / "shared"
     shared.mkdir()
     script = tmp_path / "sleeper.py"
-    script.write_text(SLEEPER)
+    script.write_text(NODE_SLEEPER)
     # Listed, the spare sits at the second place, before both survivors: a place no member
     # is at gets one try in their walk (no waiting there: a spare never serves).
     first, last = ([0, 2, 3], 1) if listed else ([0, 1, 2], 3)
@@ -175,7 +164,7 @@ def test_a_spare_queued_before_round_0s_members_were_written_still_follows(
     hosts, shared = NamespaceHosts(netns(4)), tmp_path / "shared"
     shared.mkdir()
     script = tmp_path / "sleeper.py"
-    script.write_text(SLEEPER)
+    script.write_text(NODE_SLEEPER)
     for i in range(2):  # node 0 first: slot 1 of round 0, the node that writes its members
         node = _agent(hosts, i, tmp_path, script, shared, True, conf=PATIENT)
         nodes.append(node)

@@ -19,22 +19,11 @@ from pathlib import Path
 
 import psutil
 
-from support.failover import CONF, HANG, PORT, events, kill_tree
+from support.failover import CONF, HANG, NODE_SLEEPER, PORT, events, kill_tree
 from support.hosts import NamespaceHosts, Node
 from support.launch import wait_for
 from support.multinode import c10d_args
 from support.netns import NetNamespaces
-
-# A worker that needs no torch: it writes its node and world size per restart; in restart 0
-# it waits to be stopped, later it ends at once.
-SLEEPER = """import os, pathlib, sys, time
-restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
-name, shared = f"r{restart}-rank{os.environ['RANK']}", pathlib.Path(sys.argv[1])
-(shared / f".{name}").write_text(f"{os.environ['NODE']} {os.environ['WORLD_SIZE']}")
-(shared / f".{name}").rename(shared / name)  # whole or absent: the test polls these files
-if restart == "0":
-    time.sleep(600)
-"""
 
 # The frozen node is found lost (and the verdict judged without it) only after this long:
 # the window in which the store's host is lost while the others wait on the verdict.
@@ -65,7 +54,7 @@ def test_the_store_host_lost_during_the_verdict_wait_the_others_fail_over(
     hosts, shared = NamespaceHosts(netns(3)), tmp_path / "shared"
     shared.mkdir()
     script = tmp_path / "sleeper.py"
-    script.write_text(SLEEPER)
+    script.write_text(NODE_SLEEPER)
     for i in range(3):
         rdzv = c10d_args(hosts, PORT, "2:3", "verdict", CONF_SLOW_LOSS)
         rdzv[rdzv.index("--rdzv-endpoint") + 1] = ",".join(

@@ -28,6 +28,18 @@ HOST = socket.gethostname()  # (a network namespace keeps the machine's name)
 # All three in round 0 (the last call waits for the third), restarts to spend on the loss.
 CONF = FAST.replace("last_call_timeout=1", "last_call_timeout=5")
 
+# A worker that needs no torch: it writes its node and world size per restart (whole or
+# absent: written aside, then renamed), waits to be stopped in restart 0 (the job re-forms
+# after the fault) and ends at once later. Its one argument is the shared folder.
+NODE_SLEEPER = """import os, pathlib, sys, time
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+name, shared = f"r{restart}-rank{os.environ['RANK']}", pathlib.Path(sys.argv[1])
+(shared / f".{name}").write_text(f"{os.environ['NODE']} {os.environ['WORLD_SIZE']}")
+(shared / f".{name}").rename(shared / name)  # whole or absent: the test polls these files
+if restart == "0":
+    time.sleep(600)
+"""
+
 
 def reference_weights(out: Path) -> bytes:
     """The trainer's weights after an uninterrupted run (one process: the same steps)."""
