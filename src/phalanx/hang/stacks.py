@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,10 +181,13 @@ def request_dumps(
     why: str,
     timeout: float = DUMP_TIMEOUT,
     py_spy_timeout: float = PY_SPY_TIMEOUT,
+    native: Collection[int] | None = None,
 ) -> dict[int, str]:
     """Signal every target that catches ``STACK_SIGNAL``; return each rank's new dump text
     ("" when it has no handler or wrote nothing before ``timeout``). A line saying ``why``
-    goes before each dump in the rank's ``stacks.txt``.
+    goes before each dump in the rank's ``stacks.txt``. Where py-spy is installed it dumps
+    the ranks in ``native`` (None: all) and every rank that does not catch the signal (its
+    only dump); the call waits for those dumps too.
 
     Every rank is asked at once and every wait shares one deadline: however many ranks are
     stuck (a py-spy attached to a process frozen in the kernel never returns), the call
@@ -201,7 +204,8 @@ def request_dumps(
                 os.kill(target.pid, STACK_SIGNAL)
                 waiting[target.rank] = target
     started = time.monotonic()
-    pyspy = _start_py_spy(targets, catching)
+    spied = [t for t in targets if native is None or t.rank in native or t.rank not in catching]
+    pyspy = _start_py_spy(spied, catching)
     last = dict(before)
     quiet_since: dict[int, float] = {}
     deadline = started + timeout

@@ -97,6 +97,9 @@ class RoundWatch:
         self.detected_at = 0.0  # wall clock of the hang
         self.report_path: Path | None = None
         self._texts: dict[int, str] = {}  # the last dump of each rank
+        # Each rank's progress when py-spy last dumped it: a stop's dump leaves out py-spy
+        # for a rank that has not moved since (``_analyse``).
+        self._native: dict[int, tuple[int, int]] = {}
 
     def see(self, reading: Reading) -> bool:
         """A tick's reading: True stops the round (a hang was found that fails it)."""
@@ -198,7 +201,7 @@ class RoundWatch:
 
     def _fail(self, stalled: list[int], timeout: float, rule: str) -> None:
         self.detected_at = time.time()
-        self.hang = self._analyse("hang detected", timeout, rule)
+        self.hang = self._analyse("hang detected", timeout, rule, stopping=True)
         self.report_path = self._write(self.hang, "detected here")
         log.warning(
             "hang: no progress from rank(s) %s for %g s%s; report: %s",
@@ -218,7 +221,8 @@ class RoundWatch:
             and self.hang is None
             and self._running
         ):
-            self.peer_hang = self._analyse(f"hang found by node {event.node_rank}", 0.0)
+            why = f"hang found by node {event.node_rank}"
+            self.peer_hang = self._analyse(why, 0.0, stopping=True)
             self.report_path = self._write(self.peer_hang, f"reported by node {event.node_rank}")
             log.warning(
                 "node %s found a hang; this node's stacks: %s",
@@ -259,23 +263,35 @@ class RoundWatch:
             lines.append(self._texts.get(state.rank, "").rstrip("\n") or _no_dump(state.pid))
         return "\n".join(lines) + "\n"
 
-    def _analyse(self, why: str, timeout: float, rule: str = "") -> HangAnalysis:
+    def _analyse(
+        self, why: str, timeout: float, rule: str = "", *, stopping: bool = False
+    ) -> HangAnalysis:
+        """Every live rank's stack (``request_dumps``) and where it stands. ``stopping``: the
+        round is stopped once this returns, and each moment of it delays the stop, here and
+        on the nodes still waiting for this one's word: py-spy (0.1-0.6 s a process, a
+        second and more on a loaded host) dumps only the ranks that moved since its last
+        dump of them; a rank named at its bound and silent since has its native stack on
+        file from then, and its Python stack is taken again (faulthandler, at once)."""
         from phalanx.hang.analysis import RankState, analyse
         from phalanx.hang.stacks import DumpTarget, main_thread, parse_dump, request_dumps
 
         targets = [DumpTarget(w.global_rank, pid, w.log_dir) for w, pid in self._running]
-        self._texts = request_dumps(targets, why)
+        detector = self._detector or self._rhythm
+        progress = {
+            t.rank: detector.progress(t.rank)
+            if detector is not None
+            else self._reading.counters.get(t.rank) or (0, -1)
+            for t in targets
+        }
+        native = [t.rank for t in targets if self._native.get(t.rank) != progress[t.rank]]
+        self._texts = request_dumps(targets, why, native=native if stopping else None)
+        self._native.update((rank, progress[rank]) for rank in (native if stopping else progress))
         states = []
         for worker, pid in self._running:
             rank = worker.global_rank
             thread = main_thread(parse_dump(self._texts.get(rank, "")))
-            detector = self._detector or self._rhythm
-            if detector is not None:
-                beats, step = detector.progress(rank)
-                idle = detector.idle(rank)
-            else:
-                beats, step = self._reading.counters.get(rank) or (0, -1)
-                idle = 0.0
+            beats, step = progress[rank]
+            idle = detector.idle(rank) if detector is not None else 0.0
             states.append(
                 RankState(
                     rank=rank,
