@@ -5,16 +5,14 @@ It does every periodic store operation, so ``poll()`` never touches the network:
 - it waits on the store for the next entry of the round's event log (the agent store parks
   the wait and wakes it when the entry is written, so it lasts until the thread's next
   heartbeat duties; on etcd, where a wait costs a read and a watch stream, it reads the
-  entry every ``event_interval``), so a peer's failure reaches ``poll()`` as soon as it is
-  posted and ``on_event`` is rung (the agent polls at once). It reads ahead only while the
-  agent has consumed what was read (it restarts on the first event): O(1) entries a node;
-- every ``heartbeat_interval`` (from a thread of its own, ``beat``: the heartbeat never
-  waits behind these reads) it shows this node is alive, and judges the next node in the
-  ring (rank + 1 mod n) by heartbeat counters or, on a store with leases (etcd), by its
-  leased key (``pulse``); also at once when a rank here failed with a peer's error (``look``).
-  So often it reads the round's counters (stacks and status requests, spares, events: for a
-  hole in the log, ``_skip_hole``); these reads, with the next event's and the judged node's
-  heartbeat, go out together: one round trip on the agent store (``BatchedStore``).
+  entry every ``event_interval``, and at once a loss it posted itself), so a peer's failure
+  reaches ``poll()`` as soon as it is posted and ``on_event`` is rung (the agent polls at
+  once). It reads ahead only while the agent has taken what was read: O(1) entries a node;
+- every ``heartbeat_interval`` (from a thread of its own, ``beat``) it shows this node is
+  alive, and judges the next node in the ring (rank + 1 mod n) by heartbeat counters
+  (``pulse``; on etcd by its leased key, on every pass: ``ring``); also at once when a rank
+  here failed with a peer's error (``look``). It reads the round's counters (stacks and
+  status requests, spares, events: ``_skip_hole``) with the next event: one round trip.
 
 From ``announce`` to ``follow`` (the node joins a round) the thread asks the store nothing
 (what it read of the round it followed is dropped on ``follow``; a member lost meanwhile is
@@ -47,11 +45,7 @@ from phalanx.rendezvous.dynamic.pulse import pulse_for
 from phalanx.rendezvous.dynamic.ring import RingWatch
 from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.rendezvous.stores.base import (
-    Malformed,
-    StoreTimedOut,
-    StoreUnavailable,
-)
+from phalanx.rendezvous.stores.base import Malformed, StoreTimedOut, StoreUnavailable
 
 log = logging.getLogger("phalanx")
 
@@ -115,10 +109,9 @@ class Liveness:
         (self._health.recovered if joining else self._health.answered)()
 
     def follow(self, membership: Membership, rank: int) -> None:
-        """Watch ``membership`` from now on (events and holes of earlier rounds are dropped).
-        Its first event is waited for at once, not read first (where waits park on the
-        store), and its duties come a heartbeat interval on: one call per node as a round
-        forms, not two (a thousand more beside the round's own)."""
+        """Watch ``membership`` from now on (earlier rounds' events and holes dropped). Its
+        first event is waited for at once, not read first (where waits park), its duties a
+        heartbeat interval on: one call per node as a round forms, not two."""
         with self._lock:
             self._view = view = _View(membership, rank)
             self._absent = (view, 1) if self._twins else None
@@ -235,7 +228,7 @@ class Liveness:
 
     def stop(self) -> None:
         """End the thread; waits at most one heartbeat (a call stuck on a lost store is left
-        behind: the thread is a daemon). The fence stands down: no heartbeats follow."""
+        behind, a daemon). The fence stands down: no heartbeats follow."""
         self._stop.set()
         self._followed.set()
         self.look.wake()
@@ -276,8 +269,7 @@ class Liveness:
 
     def _wait_for_event(self, seconds: float) -> bool:
         """Wait on the store for the followed round's next event (False: not now, the caller
-        pauses instead). The wait ends early when the entry is written; an error is the next
-        ``tick``'s to meet and count."""
+        pauses instead; an error is the next ``tick``'s to meet and count)."""
         with self._lock:
             view, queued, index = self._view, bool(self._events), self._next_event
             joining, until_beat = self._joining, self._next_beat - self._clock()
@@ -303,9 +295,8 @@ class Liveness:
         self._health.failed(exc)
 
     def tick(self) -> bool:
-        """One pass of the thread's work (events, and once per heartbeat interval the rest).
-        Returns False when it asked the store nothing while the node joins a round (then
-        only the beats speak for the store). May raise ``StoreUnavailable``."""
+        """One pass of the thread's work. False: it asked the store nothing (the node joins a
+        round: only the beats speak for the store). May raise ``StoreUnavailable``."""
         with self._lock:
             view, absent, self._absent = self._view, self._absent, None
             waited = absent is not None and absent[0] is view and absent[1] == self._next_event
@@ -318,14 +309,24 @@ class Liveness:
         if joining:  # the round followed ended for this node: finish telling a lost member
             self._ring_watch.tell_untold(view.membership)  # (no call unless a post failed)
             return False
-        if not due:
-            if not waited:
-                self._read_events(view)
-            return True
+        entry = [] if waited or queued else [self._b.keys.event(view.membership.round, index)]
+        told = self._ring_watch.told
+        if due:
+            self._duties(view, now, index, entry)
+        elif self._ring_watch.glances:  # leases: the ring judged every pass (``glance``)
+            read = self._ring_watch.glance(view.membership, view.rank, now, entry)
+            if entry:
+                self._read_events(view, (index, read[0]))
+        elif not waited:
+            self._read_events(view)
+        if self._ring_watch.told != told:  # a loss this pass posted: for this node's agent
+            self._read_events(view)  # now, not a pause later (where no wait wakes: etcd)
+        return True
+
+    def _duties(self, view: _View, now: float, index: int, entry: list[str]) -> None:
+        """A heartbeat pass: the next event's ``entry``, the counters and the heartbeat the
+        ring watch judges first, read in one round trip where the store can."""
         r, keys = view.membership.round, self._b.keys
-        # One round trip where the store can: the next event (unless a wait found it absent),
-        # the counters, the heartbeat the ring watch judges first (joining: 2 calls/s, not 4).
-        entry = [] if waited or queued else [keys.event(r, index)]
         counted = [keys.round(r, "events"), keys.round(r, "stack_requests"),
                    keys.round(r, "status_requests"), keys.round(r + 1, "waiting")]  # fmt: skip
         ahead = self._ring_watch.ahead(view.membership, view.rank)
@@ -341,7 +342,6 @@ class Liveness:
                 self._status_requests = max(self._status_requests, statuses)
                 self._spares = spares
         self._ring_watch.watch(view.membership, view.rank, now, {ahead: values[4]} if ahead else {})
-        return True
 
     def _read_events(self, view: _View, first: tuple[int, bytes | None] | None = None) -> None:
         """Queue the next event for ``poll()`` unless one is still waiting there (``first``:

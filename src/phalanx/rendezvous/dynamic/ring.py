@@ -1,5 +1,5 @@
 """The ring watch of a round: each node judges the next one (rank + 1 mod n), ``liveness``'s
-thread once per heartbeat interval.
+thread once per heartbeat interval (on a store with leases on every pass: below).
 
 A node judged lost is settled as such in the round's store (``Board.settle``: one watcher
 wins) and told to the whole job (``lost.Untold``). While the next node looks quiet or lost
@@ -12,6 +12,13 @@ earlier round: a node stopped while it joined this one, after the round closed w
 no other heartbeat to show (it tells the round the job stopped: ``stopping``; should that
 fail, or the node die between its writes, nobody else would). So a ``LEFT`` without a
 settled place is a silence: lost after ``heartbeat_timeout``, as stopped beats are.
+
+On a store with leases (etcd) a node is lost when etcd deletes its leased key, and reading
+the key is the whole judgment (no counter to time), so the ring is judged on every pass of
+the thread (``glance``: a quarter interval apart), its key read with the next event in one
+request. Judged once per heartbeat interval, a frozen or cut-off node was found up to that
+interval (0.5 s at the soak's pace) after etcd revoked its lease (issue 41). The verdict is
+the same read as before, only sooner: a node is never judged lost while its key is there.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.lost import Untold
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.dynamic.pulse import UNREAD, Pulse, Verdict
+from phalanx.rendezvous.stores.base import LeasedStore
 
 log = logging.getLogger("phalanx")
 
@@ -40,6 +48,8 @@ class RingWatch:
         # Node id -> when its LEFT was first read with its place unsettled (None: settled).
         self._left: dict[str, float | None] = {}
         self._untold: list[Untold] = []  # settled as lost, not yet told
+        self.glances = isinstance(board.store, LeasedStore)  # (see the module's docstring)
+        self.told = 0  # how many losses this watch has told (the caller reads what it posted)
 
     def follow(self) -> None:
         """A new round: nobody in it is judged yet."""
@@ -78,6 +88,19 @@ class RingWatch:
             elif verdict is Verdict.ALIVE:
                 return  # it watches the rest of the ring
 
+    def glance(
+        self, members: Membership, rank: int, now: float, reads: list[str]
+    ) -> list[bytes | None]:
+        """A pass between heartbeat passes, on a store with leases: read ``reads`` and the
+        key ``watch`` judges first in one round trip, judge the ring by it, and return the
+        values of ``reads``. A lapsed lease is then found within a pass of etcd deleting
+        the key, not at the next heartbeat interval (see the module's docstring)."""
+        ahead = self.ahead(members, rank)
+        values = self._b.get_many([*reads, *([ahead] if ahead else [])])
+        if ahead:
+            self.watch(members, rank, now, {ahead: values.pop()})
+        return values
+
     def _left_how(self, members: Membership, rank: int, now: float) -> tuple[Verdict, str]:
         """Member ``rank``'s ``LEFT``, judged by its place in the round (one read until it is
         found settled, then none)."""
@@ -111,3 +134,4 @@ class RingWatch:
         while self._untold:
             log.warning("rendezvous: %s", self._untold[0].tell(self._b))
             self._untold.pop(0)
+            self.told += 1

@@ -55,6 +55,7 @@ _MIN_READ_MISSES = 2
 # and the first try with the value read go at once: one other writer, whom the read saw.
 _PAUSE_FIRST = 0.01
 _PAUSE_MAX = 0.1
+_TXN_OPS = 128  # etcd's --max-txn-ops default: the most operations one transaction may hold
 
 
 def create_etcd_store(endpoint: str, run_id: str, conf: dict[str, str]) -> EtcdStore:
@@ -236,6 +237,23 @@ class EtcdStore:
             wire.delete_range_op(kept + b"\0", end),
         ]
         self._txn({"success": ops})
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """``[get(key) for key in keys]`` in one request per ``_TXN_OPS`` keys: a transaction
+        of ranges (the liveness thread reads the next event and the judged node's key on
+        every pass: one request, not two)."""
+        found: list[bytes | None] = []
+        for at in range(0, len(keys), _TXN_OPS):
+            ops = [wire.range_op(self._key(k)) for k in keys[at : at + _TXN_OPS]]
+            reply = self._txn({"success": ops})
+            found += [None if (kv := reply.first(i)) is None else kv.value for i in range(len(ops))]
+        return found
+
+    def wait_get(
+        self, keys: list[str], timeout: float, reads: list[str]
+    ) -> tuple[bool, list[bytes | None]]:
+        """``wait``, then ``get_many(reads)``: a watch carries no reads, so two requests."""
+        return self.wait(keys, timeout), self.get_many(reads)
 
     def wait(self, keys: list[str], timeout: float) -> bool:
         """Read the keys, then follow a ``/v3/watch`` stream from that revision: never polls.
