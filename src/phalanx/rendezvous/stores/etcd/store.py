@@ -226,6 +226,13 @@ class EtcdStore:
             )
         return reply.succeeded or _is_token(reply.first(0), token)
 
+    def delete_prefix(self, prefix: str) -> None:
+        """``PrefixStore``: one range delete (no receipt: resent, it deletes nothing new but
+        what a straggler wrote there meanwhile, which it was meant to go anyway)."""
+        start = self._key(prefix)
+        body = {"key": wire.b64(start), "range_end": wire.b64(_prefix_end(start))}
+        self._client.call("kv/deleterange", body, wire.acknowledged)
+
     def clear(self, keep: str) -> None:
         """Delete everything under the run's prefix but data key ``keep``, in one transaction:
         two ranges, either side of ``keep``, so it costs one request however many keys."""
