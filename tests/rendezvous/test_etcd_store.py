@@ -182,6 +182,21 @@ def test_get_set_delete(etcd: EtcdCluster, make_store: StoreFactory) -> None:
     assert store.delete("k") is False
 
 
+def test_delete_prefix_deletes_that_prefix_only(
+    etcd: EtcdCluster, make_store: StoreFactory
+) -> None:
+    run_id = uuid.uuid4().hex
+    store, other_run = make_store(etcd, run_id), make_store(etcd)
+    for key in ("r1/a", "r1/b/c", "r10/a", "r1", "r2/a"):
+        store.set(key, b"x")
+    other_run.set("r1/a", b"y")
+    store.delete_prefix("r1/")
+    assert [store.get(k) for k in ("r1/a", "r1/b/c", "r10/a", "r1", "r2/a")] == [
+        None, None, b"x", b"x", b"x"
+    ]  # fmt: skip
+    assert other_run.get("r1/a") == b"y"  # another run's keys are under another prefix
+
+
 def test_add(etcd: EtcdCluster, make_store: StoreFactory) -> None:
     store = make_store(etcd)
     assert store.add("n", 1) == 1  # absent counts as 0

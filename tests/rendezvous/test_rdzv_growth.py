@@ -6,6 +6,7 @@ The algorithm on the in-memory store, then the same on the real agent store (cou
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -221,6 +222,21 @@ def run_keys(cluster: EtcdCluster, run_id: str) -> list[str]:
 def etcd_nodes(cluster: EtcdCluster, run_id: str) -> list[RendezvousHandler]:
     spec = RendezvousSpec("etcd", run_id, 2, 2, cluster.endpoint_arg, CONF)
     return [create_handler(spec) for _ in range(2)]
+
+
+@needs_etcd
+def test_restart_rounds_keep_an_etcd_run_bounded(etcd: EtcdCluster) -> None:
+    """On etcd a round is swept by one range delete of its prefix (``PrefixStore``): the
+    count stays level, and no key of a round two behind the newest is left."""
+    run_id = uuid.uuid4().hex
+    nodes = etcd_nodes(etcd, run_id)
+    try:
+        assert_bounded(restart_rounds(nodes, lambda: len(run_keys(etcd, run_id))))
+        left = {int(m[1]) for k in run_keys(etcd, run_id) if (m := re.search(r"/r(\d+)/", k))}
+        assert left == {ROUNDS - 1, ROUNDS}, sorted(left)
+    finally:
+        for h in nodes:
+            h.shutdown()
 
 
 @needs_etcd

@@ -109,6 +109,15 @@ class LeasedStore(KVStore, Protocol):
 
 
 @runtime_checkable
+class PrefixStore(KVStore, Protocol):
+    """A ``KVStore`` that deletes every key under a prefix in one request (etcd: one range
+    delete), where the others delete key by key."""
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every key that starts with ``prefix``, which ends in ``/``."""
+
+
+@runtime_checkable
 class RenewingStore(LeasedStore, Protocol):
     """A ``LeasedStore`` that says when its lease was renewed, so the node can fence itself
     (``phalanx.rendezvous.fencing``) before the lease can expire."""

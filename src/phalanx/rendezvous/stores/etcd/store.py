@@ -11,14 +11,13 @@ seconds, etcd deletes every such key: that is how peers learn this node is gone.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from phalanx.rendezvous.stores.base import MalformedValue, StoreUnavailable
 from phalanx.rendezvous.stores.etcd import wire
@@ -31,6 +30,7 @@ from phalanx.rendezvous.stores.etcd.conf import (
 )
 from phalanx.rendezvous.stores.etcd.lease import LEASE_NOT_FOUND, EtcdLease, LeaseExpired
 from phalanx.rendezvous.stores.etcd.stream import StreamBroken
+from phalanx.rendezvous.stores.etcd.watch import watch_until_present
 
 __all__ = [
     "EtcdOptions",
@@ -227,6 +227,13 @@ class EtcdStore:
             )
         return reply.succeeded or _is_token(reply.first(0), token)
 
+    def delete_prefix(self, prefix: str) -> None:
+        """``PrefixStore``: one range delete (no receipt: resent, it deletes nothing new but
+        what a straggler wrote there meanwhile, which it was meant to go anyway)."""
+        start = self._key(prefix)
+        body = {"key": wire.b64(start), "range_end": wire.b64(_prefix_end(start))}
+        self._client.call("kv/deleterange", body, wire.acknowledged)
+
     def clear(self, keep: str) -> None:
         """Delete everything under the run's prefix but data key ``keep``, in one transaction:
         two ranges, either side of ``keep``, so it costs one request however many keys."""
@@ -256,31 +263,33 @@ class EtcdStore:
         return self.wait(keys, timeout), self.get_many(reads)
 
     def wait(self, keys: list[str], timeout: float) -> bool:
-        """Read the keys, then follow a ``/v3/watch`` stream from that revision: never polls.
+        """Read the keys; while some are missing, follow a ``/v3/watch`` stream: never polls.
 
+        The watch is opened before the read it continues from (see ``etcd.watch``): a watch
+        asked to start at an older revision is served by etcd's 100 ms catch-up loop.
         A watch broken by a lost member is resumed on another one. Raises ``StoreUnavailable``
         when no endpoint answers within ``request_timeout`` before ``timeout`` is up.
         """
         deadline = time.monotonic() + timeout
         wanted = sorted({self._key(k) for k in keys})
+        if not wanted:
+            return True
+        present = self._read(wanted)[0]  # keys already there cost one request, no watch
         pause = 0.05
-        while wanted:
-            reply = self._txn({"success": [wire.range_op(k, keys_only=True) for k in wanted]})
-            present = {k: reply.first(i) is not None for i, k in enumerate(wanted)}
-            if all(present.values()) or time.monotonic() >= deadline:
-                return all(present.values())
+        while not all(present.values()) and time.monotonic() < deadline:
             try:
-                return self._watch(present, reply.revision + 1, deadline)
+                return watch_until_present(self._client, self.prefix, wanted, self._read, deadline)
             except StreamBroken as exc:
                 log.info("etcd: watch interrupted (%s); reading again", exc)
                 # A member that breaks every watch at once must not make this loop spin.
                 time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
                 pause = min(pause * 2, 0.5)
+                present = self._read(wanted)[0]
             except StoreUnavailable:
                 if time.monotonic() < deadline:
                     raise
                 return False
-        return True
+        return all(present.values())
 
     def close(self) -> None:
         """Stop renewing, revoke the lease (its ephemeral keys vanish), drop the receipt key.
@@ -341,33 +350,10 @@ class EtcdStore:
             return True, None  # (a resent request that found its own receipt: the first one won)
         return False, reply.first(0)
 
-    def _watch(self, present: dict[bytes, bool], start_revision: int, deadline: float) -> bool:
-        """Follow the keys' range from ``start_revision`` until all exist or time is up."""
-        request = {
-            "key": wire.b64(min(present)),
-            "range_end": wire.b64(max(present) + b"\0"),
-            "start_revision": str(start_revision),
-        }
-        stream = self._client.stream("watch", {"create_request": request}, deadline)
-        with contextlib.closing(stream):  # closes the HTTP stream on every way out
-            return self._follow(stream, present)
-
-    def _follow(self, stream: Iterator[wire.WatchResult], present: dict[bytes, bool]) -> bool:
-        """Apply watch events to ``present``; ``True`` once every key exists."""
-        for result in stream:
-            if result.canceled:
-                reason = result.cancel_reason or "history compacted"
-                if "PermissionDenied" in reason:
-                    raise EtcdRequestError(f"etcd refused to watch {self.prefix}: {reason}")
-                if "Unauthenticated" in reason:
-                    self._client.invalidate_token()
-                raise StreamBroken(f"etcd cancelled the watch: {reason}")
-            for event in result.events:
-                if event.key in present:
-                    present[event.key] = not event.deleted
-            if all(present.values()):
-                return True
-        return False
+    def _read(self, wanted: list[bytes]) -> tuple[dict[bytes, bool], int]:
+        """Which of the keys exist, and the revision the read saw them at."""
+        reply = self._txn({"success": [wire.range_op(k, keys_only=True) for k in wanted]})
+        return {k: reply.first(i) is not None for i, k in enumerate(wanted)}, reply.revision
 
 
 def _prefix_end(prefix: bytes) -> bytes:

@@ -48,10 +48,12 @@ class TxnReply:
 class WatchEvent:
     key: bytes
     deleted: bool
+    revision: int  # the revision that made the change (a delete's own, not the key's last put)
 
 
 @dataclass(frozen=True)
 class WatchResult:
+    created: bool  # the reply that says the watcher exists (etcd sends it before any event)
     canceled: bool
     cancel_reason: str
     events: tuple[WatchEvent, ...]
@@ -175,8 +177,12 @@ def watch_result(message: object) -> WatchResult:
         if kind not in ("PUT", "DELETE"):
             raise BadReply(f"{where}.type is {_show(kind)}, not PUT or DELETE")
         kv = _field(event, "kv", dict, where)
-        events.append(WatchEvent(_b64(kv, "key", f"{where}.kv"), kind == "DELETE"))
+        at = f"{where}.kv"
+        events.append(
+            WatchEvent(_b64(kv, "key", at), kind == "DELETE", _int(kv, "mod_revision", at))
+        )
     return WatchResult(
+        created=_field(result, "created", bool, "result", default=False),
         canceled=_field(result, "canceled", bool, "result", default=False),
         cancel_reason=_field(result, "cancel_reason", str, "result", default=""),
         events=tuple(events),
