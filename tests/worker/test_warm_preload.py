@@ -1,10 +1,12 @@
 """The template imports torch only when the job's program would (docs/explanation/design.md,
-"Warm start"; ``phalanx.supervisor.reach``).
+"Warm start"; ``phalanx.supervisor.reach``), and phalanx's in-script API over torch with it
+(``phalanx.checkpoint``, ``phalanx.dist``: a worker that uses them no longer imports them at
+every start).
 
 Three real launches, one worker each: a script that imports only the standard library (also
 run as ``-m``), and one that reaches torch through a module of its own. Each worker says, before its own imports
-run, whether torch was already in ``sys.modules`` (inherited from the template it was forked
-from), and the template's log line says what it imported.
+run, whether torch and phalanx's checkpoint module were already in ``sys.modules`` (inherited
+from the template it was forked from), and the template's log line says what it imported.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import pytest
 from support.launch import run_phalanx
 
 WARM_LINE = "warm start: workers fork from template pid"
-HEAD = 'import json, sys\nprint(json.dumps({"torch": "torch" in sys.modules}), flush=True)\n'
+HEAD = (
+    "import json, sys\n"
+    'print(json.dumps({m: m in sys.modules for m in ("torch", "phalanx.inscript.checkpoint")}), flush=True)\n'
+)
 PROGRAMS = {
     "free.py": HEAD + "import os, time\nimport helper\n",
     "helper.py": "import json\n",
@@ -48,7 +53,10 @@ def test_a_script_that_never_imports_torch_forks_from_a_template_without_it(
     launches: dict[str, tuple[str, str, str]], how: str
 ) -> None:
     stdout, stderr, template_log = launches[how]
-    assert json.loads(stdout.split("]: ", 1)[1].splitlines()[0]) == {"torch": False}
+    assert json.loads(stdout.split("]: ", 1)[1].splitlines()[0]) == {
+        "torch": False,
+        "phalanx.inscript.checkpoint": False,
+    }
     assert f"{WARM_LINE}" in stderr
     assert "(nothing imported: the program never imports torch)" in stderr
     assert ": imported no module in " in template_log, template_log
@@ -59,6 +67,7 @@ def test_a_script_that_imports_torch_through_its_own_module_gets_it_preloaded(
 ) -> None:
     stdout, stderr, template_log = launches["trains.py"]
     lines = [line.split("]: ", 1)[1] for line in stdout.splitlines()]
-    assert lines == ['{"torch": true}', "2"]
+    assert lines == ['{"torch": true, "phalanx.inscript.checkpoint": true}', "2"]
     assert f"{WARM_LINE}" in stderr and "imports took" in stderr
-    assert ": imported torch in " in template_log, template_log
+    imported = ": imported torch, phalanx.inscript.dist, phalanx.inscript.checkpoint in "
+    assert imported in template_log, template_log

@@ -1,10 +1,9 @@
 """Warm start, the agent's side: one template process per agent run, workers forked from it.
 
-``open_template`` starts ``phalanx.worker.template`` with the environment every worker of
-this node shares and returns at once; the template imports torch while the rendezvous runs
--- unless the job's program provably never imports it and no ``--preload`` is given
-(``template_imports``, ``phalanx.supervisor.reach``): then it imports nothing, and forking
-still skips the interpreter's and phalanx's start-up.
+``open_template`` starts ``phalanx.worker.template`` with the environment every worker of this
+node shares and returns at once; the template imports torch while the rendezvous runs -- unless
+the program provably never imports it and no ``--preload`` is given (``template_imports``,
+``supervisor.reach``): then nothing, and forking still skips python's and phalanx's start-up.
 ``Template.launch_all`` is the supervisor's ``LaunchAll``: it waits for the template to be
 ready, then sends one request for the round's workers with each one's stdout and stderr pipe
 ends (``SCM_RIGHTS``) and gets back, in one answer, each pid and a pidfd (the template forks
@@ -51,7 +50,8 @@ log = logging.getLogger("phalanx")
 # Every mode whose workers are python running a file or module (--run-path runs the module
 # phalanx.worker.run_path, so it keeps its semantics); --no-python programs are exec'd.
 WARM_MODES = frozenset({LaunchMode.SCRIPT, LaunchMode.MODULE, LaunchMode.RUN_PATH})
-TORCH = ("torch",)  # what the template imports before the --preload modules, by default
+# By default, before --preload: torch and phalanx's in-script API over it (design.md, "Warm start")
+TORCH = ("torch", "phalanx.inscript.dist", "phalanx.inscript.checkpoint")
 READY_TIMEOUT = 120.0  # importing torch on a loaded machine; a cold start would wait as long
 REPLY_TIMEOUT = 30.0  # one fork, or one exit status after the pidfd said the worker ended
 
