@@ -15,7 +15,7 @@ import pytest
 from phalanx.config import LaunchMode, WorkersConfig
 from phalanx.supervisor import reach
 from phalanx.supervisor.reach import may_import_torch
-from phalanx.supervisor.warm import template_imports
+from phalanx.supervisor.warm import TORCH, template_imports
 
 
 def write(root: Path, files: dict[str, str]) -> Path:
@@ -218,7 +218,9 @@ def test_a_file_too_big_to_read(tmp_path: Path) -> None:
 
 
 def test_what_the_template_imports(tmp_path: Path) -> None:
-    """torch unless the program never imports it; any --preload keeps it."""
+    """torch (and phalanx's in-script API over it) unless the program never imports it; any
+    --preload keeps it."""
+    assert TORCH[0] == "torch"
     write(tmp_path, {"free.py": "import time\n", "uses.py": "import torch\n", "job.py": ""})
 
     def imports(program: str, **fields: object) -> tuple[str, ...]:
@@ -226,8 +228,8 @@ def test_what_the_template_imports(tmp_path: Path) -> None:
         return template_imports(workers, {}, str(tmp_path))
 
     assert imports("free.py") == ()
-    assert imports("uses.py") == ("torch",)
-    assert imports("free.py", preload=("json",)) == ("torch",)
+    assert imports("uses.py") == TORCH  # torch and phalanx's in-script API over it
+    assert imports("free.py", preload=("json",)) == TORCH
     assert imports("free.py", mode=LaunchMode.RUN_PATH) == ()
     assert imports("job", mode=LaunchMode.MODULE) == ()
-    assert imports("uses", mode=LaunchMode.MODULE) == ("torch",)
+    assert imports("uses", mode=LaunchMode.MODULE) == TORCH
