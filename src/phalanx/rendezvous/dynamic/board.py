@@ -387,9 +387,12 @@ class Board:
     def failures(self) -> list[dict[str, Any]]:
         """The job's failure records of the last rounds (older ones are swept), oldest
         first (holes skipped)."""
+        # Two round trips on a BatchedStore, not 3 + one per entry (a failed node reads this
+        # twice on a restart's path); a plain read, as fresh as ``add(key, 0)`` (etcd: writes).
+        start, count = self.counters([self.keys.failures_from, self.keys.failure_count])
+        keys = [self.keys.failure(i) for i in range(max(1, start), count + 1)]
         found = []
-        for index in range(self.failures_from(), self.read_int(self.keys.failure_count) + 1):
-            body = self.get_json(self.keys.failure(index))
-            if body is not None:
-                found.append({k: v for k, v in body.items() if k != "nonce"})
+        for key, data in zip(keys, self.get_many(keys) if keys else [], strict=True):
+            if data is not None:
+                found.append({k: v for k, v in decode(data, key).items() if k != "nonce"})
         return found

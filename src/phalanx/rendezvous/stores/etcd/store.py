@@ -259,8 +259,21 @@ class EtcdStore:
     def wait_get(
         self, keys: list[str], timeout: float, reads: list[str]
     ) -> tuple[bool, list[bytes | None]]:
-        """``wait``, then ``get_many(reads)``: a watch carries no reads, so two requests."""
-        return self.wait(keys, timeout), self.get_many(reads)
+        """``wait``, then ``get_many(reads)``. The wait's first read carries the reads: keys
+        already there (a membership or a master written before this node asks) cost one
+        request, not two; a watch carries no reads, so after one they are read again."""
+        deadline = time.monotonic() + timeout
+        wanted = sorted({self._key(k) for k in keys})
+        ops = [wire.range_op(k, keys_only=True) for k in wanted]
+        if not ops or len(ops) + len(reads) > _TXN_OPS:
+            return self.wait(keys, timeout), self.get_many(reads)
+        ops += [wire.range_op(self._key(k)) for k in reads]
+        reply = self._txn({"success": ops})
+        present = {k: reply.first(i) is not None for i, k in enumerate(wanted)}
+        if all(present.values()):
+            return True, [None if (kv := reply.first(len(wanted) + i)) is None else kv.value
+                          for i in range(len(reads))]  # fmt: skip
+        return self._follow(wanted, deadline, present), self.get_many(reads)
 
     def wait(self, keys: list[str], timeout: float) -> bool:
         """Read the keys; while some are missing, follow a ``/v3/watch`` stream: never polls.
@@ -274,7 +287,10 @@ class EtcdStore:
         wanted = sorted({self._key(k) for k in keys})
         if not wanted:
             return True
-        present = self._read(wanted)[0]  # keys already there cost one request, no watch
+        return self._follow(wanted, deadline, self._read(wanted)[0])  # (there: no watch)
+
+    def _follow(self, wanted: list[bytes], deadline: float, present: dict[bytes, bool]) -> bool:
+        """``wait`` on from a first read that found ``present``."""
         pause = 0.05
         while not all(present.values()) and time.monotonic() < deadline:
             try:
