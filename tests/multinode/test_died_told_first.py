@@ -15,7 +15,6 @@ other agent is killed and continued once ``DIED`` is in the store and its rank h
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -28,9 +27,10 @@ from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.pulse import DIED_REASON
 from phalanx.rendezvous.stores.etcd.conf import EtcdOptions, run_prefix
 from phalanx.rendezvous.stores.etcd.store import EtcdStore
+from support.etcd_pair import node_events, start_pair
 from support.etcd_server import EtcdCluster
-from support.hosts import Loopback, Node
-from support.launch import alive, wait_for, worker
+from support.hosts import Node
+from support.launch import alive, wait_for
 from support.tools import needs_etcd
 
 pytestmark = needs_etcd
@@ -57,28 +57,10 @@ def _failures(etcd: EtcdCluster) -> list[dict[str, object]]:
         store.close()
 
 
-def _events(node: Node) -> list[dict[str, object]]:
-    return [
-        json.loads(line)
-        for path in node.logs.glob("*/events.jsonl")
-        for line in path.read_text().splitlines()
-    ]
-
-
 def test_a_dead_agents_node_is_told_before_the_ranks_it_took_down(
     etcd: EtcdCluster, nodes: list[Node], tmp_path: Path
 ) -> None:
-    folder = tmp_path / "steps"
-    folder.mkdir()
-    for i in range(2):
-        args = [
-            "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
-            "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints[0].removeprefix("http://"),
-            "--rdzv-id", RUN_ID, "--rdzv-conf", CONF, worker("steps_until_go.py"), str(folder),
-        ]  # fmt: skip
-        nodes.append(Node(Loopback(), i, args, tmp_path, f"n{i}"))
-    both = [folder / "stepping.0", folder / "stepping.1"]  # rank 1: a round of both nodes
-    wait_for(lambda: all(p.exists() for p in both), HANG, "both nodes' ranks to step")
+    both = start_pair(etcd, nodes, tmp_path, nnodes="1:2", run_id=RUN_ID, conf=CONF, timeout=HANG)
     survivor, victim = nodes
     ranks = [int(p.read_text()) for p in both]
     os.kill(survivor.proc.pid, signal.SIGSTOP)
@@ -92,10 +74,10 @@ def test_a_dead_agents_node_is_told_before_the_ranks_it_took_down(
         os.kill(survivor.proc.pid, signal.SIGCONT)
 
     def failed() -> bool:
-        return any(e["kind"] == "failure" for e in _events(survivor))
+        return any(e["kind"] == "failure" for e in node_events(survivor))
 
     wait_for(failed, HANG, "the survivor to record the round's failure")
-    [failure] = [e for e in _events(survivor) if e["kind"] == "failure"]
+    [failure] = [e for e in node_events(survivor) if e["kind"] == "failure"]
     assert failure["failure_kind"] == "node_lost", failure
     assert DIED_REASON in str(failure["reason"]), failure
     records = _failures(etcd)

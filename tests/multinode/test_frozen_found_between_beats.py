@@ -17,7 +17,6 @@ waits in Gloo (no peer error, no look), and no guardian speaks for a live, stopp
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +24,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from support.etcd_pair import node_events, start_pair
 from support.etcd_server import EtcdCluster
-from support.hosts import Loopback, Node
-from support.launch import wait_for, worker
+from support.hosts import Node
+from support.launch import wait_for
 from support.tools import needs_etcd
 
 pytestmark = needs_etcd
@@ -48,14 +48,6 @@ def etcd() -> Iterator[EtcdCluster]:
         yield cluster
 
 
-def _events(node: Node) -> list[dict[str, object]]:
-    return [
-        json.loads(line)
-        for path in node.logs.glob("*/events.jsonl")
-        for line in path.read_text().splitlines()
-    ]
-
-
 def _tree(pid: int) -> list[psutil.Process]:
     """The agent and every process under it (guardian, template, workers)."""
     return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
@@ -70,29 +62,19 @@ def _signal(procs: list[psutil.Process], sig: signal.Signals) -> None:
 def test_a_frozen_nodes_lapsed_lease_is_found_before_the_next_heartbeat_pass(
     etcd: EtcdCluster, nodes: list[Node], tmp_path: Path
 ) -> None:
-    folder = tmp_path / "steps"
-    folder.mkdir()
-    for i in range(2):
-        args = [
-            "--nnodes", "2:2", "--nproc-per-node", "1", "--max-restarts", "3",
-            "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints[0].removeprefix("http://"),
-            "--rdzv-id", RUN_ID, "--rdzv-conf", CONF, worker("steps_until_go.py"), str(folder),
-        ]  # fmt: skip
-        nodes.append(Node(Loopback(), i, args, tmp_path, f"n{i}"))
-    both = [folder / "stepping.0", folder / "stepping.1"]
-    wait_for(lambda: all(p.exists() for p in both), HANG, "both nodes' ranks to step")
+    start_pair(etcd, nodes, tmp_path, nnodes="2:2", run_id=RUN_ID, conf=CONF, timeout=HANG)
     survivor, frozen = nodes
     tree = _tree(frozen.proc.pid)
     _signal(tree, signal.SIGSTOP)
     try:
 
         def failed() -> bool:
-            return any(e["kind"] == "failure" for e in _events(survivor))
+            return any(e["kind"] == "failure" for e in node_events(survivor))
 
         wait_for(failed, HANG, "the survivor to find the frozen node lost")
     finally:
         _signal(tree, signal.SIGCONT)
-    events = _events(survivor)
+    events = node_events(survivor)
     failure = next(e for e in events if e["kind"] == "failure")
     assert failure["failure_kind"] == "node_lost", failure
     assert LEASE_LOST in str(failure["reason"]), failure
