@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -58,16 +59,30 @@ def tiny_tmpfs(path: Path, size: str = "64k") -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=True, timeout=30)
 
 
+_READ_ONLY_TRIES = 20  # (a job's writes are short: the window is milliseconds wide)
+
+
 @contextlib.contextmanager
 def read_only(path: Path) -> Iterator[Path]:
     """``path`` made read-only in place (root only): a read-only bind mount of it over
     itself, unmounted after. Files already open for writing keep their mount (as after a
     filesystem turned read-only under a writer that holds them); every new open by path
     gets EROFS. (A ``remount,ro`` of the whole filesystem is refused while a file on it is
-    open for writing, and a running job always holds some.)"""
-    subprocess.run(["mount", "--bind", str(path), str(path)], check=True, timeout=30)
+    open for writing, and a running job always holds some.) The bind mount and its turn to
+    read-only are two calls: a file the job opens for writing in between, through the new
+    mount, makes the second refuse ("mount point is busy"); then the bind mount is dropped
+    and made again, up to ``_READ_ONLY_TRIES`` times."""
+    for tries_left in reversed(range(_READ_ONLY_TRIES)):
+        subprocess.run(["mount", "--bind", str(path), str(path)], check=True, timeout=30)
+        remount = ["mount", "-o", "remount,bind,ro", str(path)]
+        done = subprocess.run(remount, capture_output=True, text=True, timeout=30)
+        if done.returncode == 0:
+            break
+        subprocess.run(["umount", "-l", str(path)], check=True, timeout=30)
+        if not tries_left:
+            raise subprocess.CalledProcessError(done.returncode, remount, done.stdout, done.stderr)
+        time.sleep(0.05)
     try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True, timeout=30)
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=True, timeout=30)
