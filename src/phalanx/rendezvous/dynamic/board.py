@@ -380,19 +380,17 @@ class Board:
         can change."""
         return self.append(self.keys.failure_count, self.keys.failure, record, "seq")
 
-    def failures_from(self) -> int:
-        """The failure log's first entry not yet swept (``sweep``)."""
-        return max(1, self.counter(self.keys.failures_from))
+    def failure_log(self) -> tuple[int, int, list[bytes | None]]:
+        """The log's first entry not yet swept (``sweep``), its last, each between as read
+        (None: a hole): two round trips on a BatchedStore, plain reads (``add`` writes on etcd)."""
+        start, last = self.counters([self.keys.failures_from, self.keys.failure_count])
+        first = max(1, start)
+        keys = [self.keys.failure(i) for i in range(first, last + 1)]
+        return first, last, self.get_many(keys) if keys else []
 
     def failures(self) -> list[dict[str, Any]]:
         """The job's failure records of the last rounds (older ones are swept), oldest
         first (holes skipped)."""
-        # Two round trips on a BatchedStore, not 3 + one per entry (a failed node reads this
-        # twice on a restart's path); a plain read, as fresh as ``add(key, 0)`` (etcd: writes).
-        start, count = self.counters([self.keys.failures_from, self.keys.failure_count])
-        keys = [self.keys.failure(i) for i in range(max(1, start), count + 1)]
-        found = []
-        for key, data in zip(keys, self.get_many(keys) if keys else [], strict=True):
-            if data is not None:
-                found.append({k: v for k, v in decode(data, key).items() if k != "nonce"})
-        return found
+        first, _, entries = self.failure_log()
+        found = [(self.keys.failure(i), d) for i, d in enumerate(entries, first) if d is not None]
+        return [{k: v for k, v in decode(d, key).items() if k != "nonce"} for key, d in found]

@@ -97,13 +97,11 @@ def _sweep_failures(board: Board, r: int) -> None:
     past what was deleted, so readers and later sweeps start there.
     """
     keys = board.keys
-    start, last = board.counters([keys.failures_from, keys.failure_count])
-    first = index = max(1, start)
-    entries = [keys.failure(i) for i in range(first, last + 1)]  # (read at once: few)
-    found = dict(zip(entries, board.get_many(entries) if entries else [], strict=True))
+    first, last, entries = board.failure_log()  # (read at once: few)
+    index = first
     while index <= last:
         key = keys.failure(index)
-        data = found[key]
+        data = entries[index - first]
         body = None if data is None else decode(data, key)
         if body is None and index == last:
             break  # the newest slot: its writer may be about to write it
