@@ -58,7 +58,7 @@ class Watching:
             job=self._job_stacks(at),
             hang_watch=pace.hang_watch(self.config),
             events=attempt,
-            stopping=lambda: laststep.notify(worker.log_dir for worker in plan.workers),
+            stopping=laststep.notify,
         )
 
     def tick(

@@ -74,14 +74,14 @@ class RoundWatch:
         job: JobStacks | None = None,
         hang_watch: HangWatch | None = None,
         events: HangEvents | None = None,
-        stopping: Callable[[], object] = lambda: None,
+        stopping: Callable[[list[Path]], object] = lambda rank_dirs: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``job``: the round's job-wide stacks requests (None: a single-node round, where a
-        request is answered with a file at once). ``stopping``: told when this watch has
-        decided that the round stops (its hang, or a peer's), before the dump it takes first:
-        the ranks' last step is asked for then (``supervisor.laststep.notify``), and written
-        while the dump runs rather than after it."""
+        request is answered with a file at once). ``stopping``: told the live ranks' directories
+        when this watch has decided that the round stops (its hang, or a peer's), before the
+        dump it takes first: their last step is asked for then (``supervisor.laststep.notify``),
+        and written while the dump runs rather than after it."""
         self._plan = plan
         self._requests = requests
         self._job = job
@@ -250,7 +250,7 @@ class RoundWatch:
 
     def _fail(self, stalled: list[int], timeout: float, rule: str) -> None:
         self.detected_at = time.time()
-        self._stopping()
+        self._stopping([worker.log_dir for worker, _ in self._running])
         self.hang = self._analyse("hang detected", timeout, rule, stopping=True)
         self.report_path = self._write(self.hang, "detected here")
         log.warning(
@@ -272,7 +272,7 @@ class RoundWatch:
             and self._running
         ):
             why = f"hang found by node {event.node_rank}"
-            self._stopping()
+            self._stopping([worker.log_dir for worker, _ in self._running])
             self.peer_hang = self._analyse(why, 0.0, stopping=True)
             self.report_path = self._write(self.peer_hang, f"reported by node {event.node_rank}")
             log.warning(

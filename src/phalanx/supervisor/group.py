@@ -1,8 +1,9 @@
 """Running one round of local workers: start, watch, stop -- all driven by events.
 
 Worker exits arrive as readable pidfds and log output as readable pipes, in one ``select``
-loop; the only timers are the tick (the rendezvous poll) and the caller's ``due`` moment. Shutdown order is fixed: the stop signal to
-every worker's process group, wait to a ``time.monotonic()`` deadline, SIGKILL, bounded wait.
+loop; the only timers are the tick (the rendezvous poll) and the caller's ``due`` moment.
+Shutdown order is fixed: the stop signal to every worker's process group, wait to a
+``time.monotonic()`` deadline, SIGKILL, bounded wait.
 A lost store skips the grace: SIGKILL at once. Every worker group is guarded by the node's
 fence too (``phalanx.rendezvous.fencing``), whose own thread SIGKILLs them when the node may
 have been cut off from the store for too long; the loop then reports ``STORE_LOST``.
