@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from phalanx.hang.dumping import odd_state
 from phalanx.hang.stacks import DumpTarget, request_dumps
-from phalanx.hang.watch import odd_state
 from phalanx.resources.ports import free_port
 from support.hosts import Node
 from support.launch import launched, run_phalanx, wait_for, worker

@@ -4,7 +4,9 @@ file. Real workers, real Gloo, a rank that really sleeps; the dumps are counted,
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 from support.launch import run_phalanx, worker
@@ -45,3 +47,46 @@ def test_a_rank_named_hung_is_not_dumped_by_py_spy_again_when_its_round_fails(
     hang = json.loads((attempt / "hang_report.json").read_text())
     assert [s["rank"] for s in hang["suspects"]] == [1], hang
     assert "steps_then_hang.py" in json.dumps(hang["suspects"]), hang  # where it sleeps
+
+
+# A py-spy that "dumps" until its rank has answered the agent's last-step notice
+# (``laststep.done`` in the rank directory, where its output goes), a minute at most.
+ANSWER_WAITER = """#!{python}
+import os, sys, time
+
+rank_dir = os.path.dirname(os.readlink("/proc/self/fd/1"))
+for _ in range(1200):
+    if os.path.exists(os.path.join(rank_dir, "laststep.done")):
+        break
+    time.sleep(0.05)
+else:
+    sys.exit("stand-in: no answer in a minute")
+print("stand-in: the last step was answered while this dump ran", flush=True)
+"""
+
+
+def test_a_hangs_last_step_is_asked_for_before_the_stacks_are_taken(tmp_path: Path) -> None:
+    """A rank that holds a last step sleeps past ``--stall-timeout``: the round fails, and
+    the rank is asked for its step as the round is failed, before the report's dump, so it
+    writes it while the stacks are taken; the stop then finds it written. The dump here is a
+    py-spy stand-in that lasts until the answer is in: asked only by the stop, after the
+    dump, the answer would come once py-spy was given up on (10 s) and killed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "py-spy"
+    exe.write_text(ANSWER_WAITER.format(python=sys.executable))
+    exe.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    logs = tmp_path / "logs"
+    result = run_phalanx(
+        ["--nproc-per-node", "1", "--max-restarts", "0", "--stall-timeout", "2",
+         "--log-dir", str(logs), worker("laststep_then_sleep.py"), str(tmp_path / "ckpt")],
+        env=env,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1 and "[hang]" in result.stderr, result.stderr
+    assert "rank0 wrote its last step 7" in result.stderr, result.stderr
+    (run_dir,) = logs.iterdir()
+    native = (run_dir / "attempt_0" / "rank_0" / "py-spy.txt").read_text()
+    assert "stand-in: the last step was answered while this dump ran" in native, native
+    assert "gave no dump" not in native, native

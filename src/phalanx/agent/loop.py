@@ -50,7 +50,7 @@ from phalanx.report.oom import OomProbe
 from phalanx.resources.limits import StartFailed
 from phalanx.status import StatusService
 from phalanx.supervisor.exits import WorkerExit
-from phalanx.supervisor.group import OnTick, Outcome, RoundResult, Supervisor
+from phalanx.supervisor.group import Due, OnTick, Outcome, RoundResult, Supervisor
 from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
 
@@ -135,7 +135,10 @@ class Rounds:
         probe = OomProbe()
         tick, slow = self.watching.tick(plan, at, attempt, watch)
         poll = self.watching.poll(watch, heard)
-        result = self._supervise(state, plan, poll, tick, preempt)
+        try:
+            result = self._supervise(state, plan, poll, tick, preempt, watch.due)
+        finally:
+            watch.close()  # a naming's dump still under way: said before the round's end
         if isinstance(result, RunEnd):
             return result
         attempt.ended(result.exits)
@@ -285,16 +288,11 @@ class Rounds:
         poll: Callable[[], JobEvent | None],
         tick: OnTick,
         preempt: PreemptWatch,
+        due: Due,
     ) -> RoundResult | RunEnd:
         try:
-            return self.supervisor.run(
-                plan,
-                self.signals,
-                poll,
-                tick,
-                preempt,
-                pace.tick_every(self.config, self.rdzv.quiet),
-            )
+            every = pace.tick_every(self.config, self.rdzv.quiet)
+            return self.supervisor.run(plan, self.signals, poll, tick, preempt, every, due)
         except StartFailed as exc:  # a limit reached: no round without every worker
             return self.between.cut_short(state, exc, str(exc))
 

@@ -19,6 +19,7 @@ from phalanx.plan import RoundPlan
 from phalanx.rendezvous.api import JobEvent, RendezvousHandler, Round
 from phalanx.status import StatusService
 from phalanx.stragglers.watch import StragglerWatch
+from phalanx.supervisor import laststep
 from phalanx.supervisor.group import OnTick
 from phalanx.supervisor.preempt import Preemption, PreemptWatch
 from phalanx.supervisor.signals import SignalWatcher
@@ -57,6 +58,7 @@ class Watching:
             job=self._job_stacks(at),
             hang_watch=pace.hang_watch(self.config),
             events=attempt,
+            stopping=laststep.notify,
         )
 
     def tick(

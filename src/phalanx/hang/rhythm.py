@@ -100,6 +100,11 @@ class RhythmDetector:
         track = self._ranks.get(rank)
         return 0.0 if track is None else self._clock() - track.moved_at
 
+    def moved_at(self, rank: int) -> float | None:
+        """When ``rank``'s progress last moved (the clock's time; None: never observed)."""
+        track = self._ranks.get(rank)
+        return None if track is None else track.moved_at
+
     def progress(self, rank: int) -> tuple[int, int]:
         track = self._ranks.get(rank)
         return (0, NO_STEP) if track is None else (track.beats, track.step)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -29,12 +28,12 @@ from phalanx.hang.stall import StallDetector, main_thread_cpu
 from phalanx.plan import RoundPlan
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.tick import Reading, Running
-from phalanx.worker.contract import STACK_SIGNAL
 
 # What a hang or a stack request reads (the dumps, their analysis, the files), imported when
 # one comes: not on every launch, whose start is on its critical path.
 if TYPE_CHECKING:
     from phalanx.hang.analysis import HangAnalysis
+    from phalanx.hang.dumping import Dump, Naming
     from phalanx.hang.jobstacks import JobStacks
 
 log = logging.getLogger("phalanx")
@@ -61,7 +60,9 @@ class RoundWatch:
     (the supervisor then stops it); ``peer_hang`` when it dumped its ranks because a peer
     found one. With a stall timeout the first bound fails the round; else the hang watch
     (``hang_watch``) names a rank at its bound and fails the round only at ``FAIL_FACTOR``
-    times it (``phalanx.hang.rhythm``)."""
+    times it (``phalanx.hang.rhythm``). The tick is never held by a naming's dump (a
+    ``Dump``, in a thread; said at the first tick after it is in), and ``due`` says when a
+    rank's silence reaches its bound or its round's fail, for the tick to come then."""
 
     def __init__(
         self,
@@ -73,10 +74,14 @@ class RoundWatch:
         job: JobStacks | None = None,
         hang_watch: HangWatch | None = None,
         events: HangEvents | None = None,
+        stopping: Callable[[list[Path]], object] = lambda rank_dirs: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``job``: the round's job-wide stacks requests (None: a single-node round, where a
-        request is answered with a file at once)."""
+        request is answered with a file at once). ``stopping``: told the live ranks' directories
+        when this watch has decided that the round stops (its hang, or a peer's), before the
+        dump it takes first: their last step is asked for then (``supervisor.laststep.notify``),
+        and written while the dump runs rather than after it."""
         self._plan = plan
         self._requests = requests
         self._job = job
@@ -87,6 +92,8 @@ class RoundWatch:
             RhythmDetector(hang_watch, clock) if hang_watch and not stall_timeout else None
         )
         self._events = events
+        self._stopping = stopping
+        self._naming: Naming | None = None  # a hang's first naming, its dump under way
         self._named: dict[int, Bound] = {}  # ranks named hung (the watch goes on), and why
         self._next_check = clock()
         self._running: Running = ()
@@ -105,18 +112,44 @@ class RoundWatch:
         """A tick's reading: True stops the round (a hang was found that fails it)."""
         self._reading = reading
         self._running = reading.running
+        if self._naming is not None and self._naming.dump.done():
+            self._say_named()
         requested = self._requests is not None and self._requests.take_stack_request()
         if requested and (self._job is None or not self._job.request()):
             self.snapshot()  # a single node, or the other nodes cannot be asked
         if self._job is not None and (asked := self._job.unanswered()):
             self._job.answer(asked, self._node_stacks("stacks on request"))
         watching = self._detector is not None or self._rhythm is not None
-        if not watching or self.hang is not None or self._clock() < self._next_check:
+        now, due = self._clock(), self.due()
+        if not watching or self.hang is not None:
             return False
-        self._next_check = self._clock() + self._check_every
+        if now < self._next_check and (due is None or now < due):
+            return False
+        self._next_check = now + self._check_every
         if self._rhythm is not None:
             return self._see_rhythm(self._rhythm, reading)
         return self._detector is not None and self._see_stall(self._detector, reading)
+
+    def due(self) -> float | None:
+        """When the watch must look, whatever the tick's pace (the clock's time; None: no
+        moment): the first live rank's silence reaching its bound (named then) or, named,
+        ``FAIL_FACTOR`` times the bound it was named at (its round fails then). While the
+        ranks move, that moment is a bound away (60 s at the defaults), past the next tick:
+        no wake-up is added; it comes only for a rank silent that long."""
+        rhythm = self._rhythm
+        if rhythm is None or self.hang is not None:
+            return None
+        moments = []
+        for worker, _ in self._running:
+            rank = worker.global_rank
+            since, named = rhythm.moved_at(rank), self._named.get(rank)
+            if since is None:
+                continue
+            if named is None:
+                moments.append(since + rhythm.bound(rank).seconds)
+            elif named.acts:
+                moments.append(since + FAIL_FACTOR * named.seconds)
+        return min(moments, default=None)
 
     def _see_stall(self, detector: StallDetector, reading: Reading) -> bool:
         """``--stall-timeout``: a rank silent that long fails the round at once."""
@@ -164,16 +197,25 @@ class RoundWatch:
         return True
 
     def _name(self, over: dict[int, Bound]) -> None:
-        """Ranks past their bound: the first of a hang is said with every rank's stack; the
-        ones that stop while it lasts (waiting for it, most likely) join it quietly."""
+        """Ranks past their bound: the first of a hang is said with every rank's stack (once
+        the dump, started now, is in); the ones that stop while it lasts (waiting for it,
+        most likely) join it quietly."""
         quiet = bool(self._named)
         self._named.update(over)
         if quiet:
             return
+        from phalanx.hang.dumping import Naming
+
         bound = min(over.values(), key=lambda b: b.seconds)
-        analysis = self._analyse("hang suspected", bound.seconds, bound.rule)
+        self._naming = Naming(self._ask("hang suspected", stopping=False), bound, sorted(over))
+
+    def _say_named(self) -> None:
+        """The naming's report, log line and event, its dump in (waiting for what is left)."""
+        assert self._naming is not None
+        dump, bound, ranks = self._naming
+        self._naming = None
+        analysis = self._analysed(dump, bound.seconds, bound.rule)
         path = self._write(analysis, "named here; the job goes on")
-        ranks = sorted(over)
         then = (
             f"fails the round at {FAIL_FACTOR * bound.seconds:g} s without progress"
             if bound.acts
@@ -189,7 +231,14 @@ class RoundWatch:
             suspects = [s.rank for s in analysis.suspects]
             self._events.hang_named(ranks, suspects, path, bound.seconds)
 
+    def close(self) -> None:
+        """The round ended: a naming's dump still under way is waited for and said (its
+        workers are gone, which ends it at once), before the round's own end is."""
+        if self._naming is not None:
+            self._say_named()
+
     def _moves_again(self, rank: int, silence: float) -> None:
+        self.close()  # the naming said before the end of the silence it named
         bound = self._named.pop(rank)
         log.warning(
             "hang over: rank %d moves again after %.1f s without progress (named at %g s); "
@@ -201,6 +250,7 @@ class RoundWatch:
 
     def _fail(self, stalled: list[int], timeout: float, rule: str) -> None:
         self.detected_at = time.time()
+        self._stopping([worker.log_dir for worker, _ in self._running])
         self.hang = self._analyse("hang detected", timeout, rule, stopping=True)
         self.report_path = self._write(self.hang, "detected here")
         log.warning(
@@ -222,6 +272,7 @@ class RoundWatch:
             and self._running
         ):
             why = f"hang found by node {event.node_rank}"
+            self._stopping([worker.log_dir for worker, _ in self._running])
             self.peer_hang = self._analyse(why, 0.0, stopping=True)
             self.report_path = self._write(self.peer_hang, f"reported by node {event.node_rank}")
             log.warning(
@@ -248,32 +299,32 @@ class RoundWatch:
 
     def _node_stacks(self, why: str) -> str:
         """This node's section of a stacks file: a line per rank, then each rank's dump."""
+        from phalanx.hang.dumping import node_section
+
         # A watch's bound, so that each rank's time without progress is shown (0: unknown).
         watching = self._detector.timeout if self._detector else 0.0
         analysis = self._analyse(
             why, watching or (self._rhythm.settings.floor if self._rhythm else 0.0)
         )
-        lines = [f"stacks of {len(analysis.ranks)} rank(s) on {self.host} at {time.ctime()}"]
-        lines += analysis.rank_lines()
-        for state in analysis.ranks:
-            lines.append("")
-            lines.append(
-                f"=== rank {state.rank} (local rank {state.local_rank}, pid {state.pid}) ==="
-            )
-            lines.append(self._texts.get(state.rank, "").rstrip("\n") or _no_dump(state.pid))
-        return "\n".join(lines) + "\n"
+        return node_section(analysis, self._texts, self.host)
 
     def _analyse(
         self, why: str, timeout: float, rule: str = "", *, stopping: bool = False
     ) -> HangAnalysis:
-        """Every live rank's stack (``request_dumps``) and where it stands. ``stopping``: the
-        round is stopped once this returns, and each moment of it delays the stop, here and
-        on the nodes still waiting for this one's word: py-spy (0.1-0.6 s a process, a
-        second and more on a loaded host) dumps only the ranks that moved since its last
-        dump of them; a rank named at its bound and silent since has its native stack on
-        file from then, and its Python stack is taken again (faulthandler, at once)."""
-        from phalanx.hang.analysis import RankState, analyse
-        from phalanx.hang.stacks import DumpTarget, main_thread, parse_dump, request_dumps
+        """Every live rank's stack (``_ask``) and where it stands, waited for here (a
+        naming's dump under way is said first: its report, then this one)."""
+        self.close()
+        return self._analysed(self._ask(why, stopping=stopping), timeout, rule)
+
+    def _ask(self, why: str, *, stopping: bool) -> Dump:
+        """Ask for every live rank's stack (``request_dumps``, in a ``Dump``'s thread).
+        ``stopping``: the round is stopped once it is in, and each moment of it delays the
+        stop, here and on the nodes still waiting for this one's word: py-spy (0.1-0.6 s a
+        process, a second and more on a loaded host) dumps only the ranks that moved since
+        its last dump of them; a rank named at its bound and silent since has its native
+        stack on file from then, and its Python stack is taken again (faulthandler, at once)."""
+        from phalanx.hang.dumping import Dump
+        from phalanx.hang.stacks import DumpTarget
 
         targets = [DumpTarget(w.global_rank, pid, w.log_dir) for w, pid in self._running]
         detector = self._detector or self._rhythm
@@ -284,13 +335,22 @@ class RoundWatch:
             for t in targets
         }
         native = [t.rank for t in targets if self._native.get(t.rank) != progress[t.rank]]
-        self._texts = request_dumps(targets, why, native=native if stopping else None)
         self._native.update((rank, progress[rank]) for rank in (native if stopping else progress))
+        return Dump(self._running, targets, why, native if stopping else None, progress)
+
+    def _analysed(self, dump: Dump, timeout: float, rule: str = "") -> HangAnalysis:
+        """Where each rank of ``dump`` stands, its stack in (waiting for it)."""
+        from phalanx.hang.analysis import RankState, analyse
+        from phalanx.hang.dumping import odd_state
+        from phalanx.hang.stacks import main_thread, parse_dump
+
+        self._texts = dump.texts()
+        detector = self._detector or self._rhythm
         states = []
-        for worker, pid in self._running:
+        for worker, pid in dump.running:
             rank = worker.global_rank
             thread = main_thread(parse_dump(self._texts.get(rank, "")))
-            beats, step = progress[rank]
+            beats, step = dump.progress[rank]
             idle = detector.idle(rank) if detector is not None else 0.0
             states.append(
                 RankState(
@@ -333,39 +393,3 @@ def _suspects(analysis: HangAnalysis) -> str:
     if not analysis.suspects:
         return ""
     return "; suspects: " + ", ".join(f"rank {s.rank}" for s in analysis.suspects)
-
-
-def odd_state(pid: int) -> str:
-    """Why ``pid`` cannot answer a stack request, when its state says (else ""). psutil is
-    imported here, when a rank did not answer: not on every launch (8 ms of its start)."""
-    import psutil
-
-    # Process states in which no stack can come (``psutil``'s names), said in words.
-    odd_states = {
-        psutil.STATUS_STOPPED: "stopped (state T)",
-        psutil.STATUS_TRACING_STOP: "stopped by a tracer (state t)",
-        psutil.STATUS_DISK_SLEEP: "in the kernel (state D, disk sleep)",
-        psutil.STATUS_ZOMBIE: "a zombie (state Z: exited, not yet reaped)",
-    }
-    try:
-        return odd_states.get(psutil.Process(pid).status(), "")
-    except psutil.Error:
-        return ""
-
-
-def _no_dump(pid: int) -> str:
-    """Why a rank has no dump, and what would give one."""
-    from phalanx.hang.stacks import catches
-
-    if state := odd_state(pid):
-        return f"(no dump: the process is {state})"
-    if catches(pid, STACK_SIGNAL):
-        return "(no dump: the process did not answer in time)"
-    if shutil.which("py-spy") is None:
-        # A --spawn-owner or --no-python process: nothing of phalanx inside to dump it.
-        return (
-            f"(no dump: this process has no phalanx code to catch {STACK_SIGNAL.name}, as a "
-            "--spawn-owner or --no-python program; install py-spy (pip install py-spy) and "
-            "its stack and those of the processes it started are shown)"
-        )
-    return f"(no dump: this process does not catch {STACK_SIGNAL.name} and py-spy gave none)"

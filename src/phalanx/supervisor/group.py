@@ -1,8 +1,9 @@
 """Running one round of local workers: start, watch, stop -- all driven by events.
 
 Worker exits arrive as readable pidfds and log output as readable pipes, in one ``select``
-loop; the only timer is the rendezvous poll. Shutdown order is fixed: the stop signal to
-every worker's process group, wait to a ``time.monotonic()`` deadline, SIGKILL, bounded wait.
+loop; the only timers are the tick (the rendezvous poll) and the caller's ``due`` moment.
+Shutdown order is fixed: the stop signal to every worker's process group, wait to a
+``time.monotonic()`` deadline, SIGKILL, bounded wait.
 A lost store skips the grace: SIGKILL at once. Every worker group is guarded by the node's
 fence too (``phalanx.rendezvous.fencing``), whose own thread SIGKILLs them when the node may
 have been cut off from the store for too long; the loop then reports ``STORE_LOST``.
@@ -75,6 +76,8 @@ class RoundResult:
 
 # Called every monitor tick with (plan, pid) of every live worker; True stops the round.
 OnTick = Callable[[Sequence[tuple[WorkerPlan, int]]], bool]
+# When the caller's checks must run next, whatever the tick's pace (monotonic; None: none).
+Due = Callable[[], float | None]
 
 
 class Supervisor:
@@ -137,11 +140,14 @@ class Supervisor:
         on_tick: OnTick = lambda running: False,
         preempt: PreemptWatch | None = None,
         tick_every: float | None = None,
+        due: Due = lambda: None,
     ) -> RoundResult:
         """Run one round to its end. Every ``monitor_interval`` (``tick_every`` when given:
         a caller whose ``poll`` has nothing to deliver ticks only as often as its own checks
         need) and at once after a signal: ``on_tick`` (the caller's own checks; True stops
-        the workers and returns ``STOPPED``), then ``poll``. With ``preempt``, a preemption
+        the workers and returns ``STOPPED``), then ``poll``; and at the moment ``due`` says,
+        when that comes first (the hang watch's deadlines: a hung rank's round fails at its
+        deadline, not up to a tick after it). With ``preempt``, a preemption
         signal here or a peer's ``PREEMPTED`` lets the workers run on until they end or the
         job's deadline (``phalanx.supervisor.preempt``)."""
         every = self._monitor_interval if tick_every is None else tick_every
@@ -159,7 +165,7 @@ class Supervisor:
             ramp = _FIRST_TICK
             next_poll = time.monotonic() + min(every, ramp)
             while True:
-                next_poll, fenced = self._wait(selector, signals, slots, streams, next_poll)
+                next_poll, fenced = self._wait(selector, signals, slots, streams, next_poll, due)
                 ended = self._settle(slots, streams, selector, signals, fenced)
                 if ended is None and time.monotonic() >= next_poll:
                     ramp *= 2
@@ -177,11 +183,15 @@ class Supervisor:
         slots: list[Slot],
         streams: dict[int, LogStream],
         next_poll: float,
+        due: Due,
     ) -> tuple[float, str | None]:
-        """Wait for what comes first, an event or the tick at ``next_poll``, and record the
-        exits that came. Returns when the next tick is due (0.0: at once, after a signal or
-        the rendezvous' ring) and the fence's reason if it fired."""
-        timeout = max(0.0, next_poll - time.monotonic())
+        """Wait for what comes first, an event, the tick at ``next_poll`` or the ``due``
+        moment, and record the exits that came. Returns when the next tick is due (0.0: at
+        once, after a signal, the rendezvous' ring or the due moment) and the fence's reason
+        if it fired."""
+        moment = due()
+        until = next_poll if moment is None else min(next_poll, moment)
+        timeout = max(0.0, until - time.monotonic())
         bound = self._preempt.wait_bound() if self._preempt is not None else None
         events = selector.select(timeout if bound is None else min(timeout, bound))
         # Read before the exits: the fence's SIGKILLs are phalanx's, not failures (``due``:
@@ -191,7 +201,7 @@ class Supervisor:
         if any(key.fd == signals.fd for key, _ in events):
             signals.drain()  # or select would return at once forever
             next_poll = 0.0  # a stacks request is answered now, not at the next tick
-        if selector.rang():
+        if selector.rang() or (moment is not None and time.monotonic() >= moment):
             next_poll = 0.0
         return next_poll, fenced
 

@@ -7,6 +7,10 @@ Every live rank on the node that holds a copy is asked, not only the lowest: a f
 Their saves go through the checkpoint directory's lock, and only the first writes the step
 (``save_if_newer``); the agent stops waiting at the first answer. A round with no holder
 (a job that does not use ``LastStep``) is stopped at once, exactly as before.
+
+A stop the agent decides before it carries it out (a hang: the report's dump comes first) asks
+at the decision (``notify``): the ranks write the step while the dump runs, and the stop finds
+the answer there already, rather than waiting the worker's ``NOTICE_POLL`` and the save.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from phalanx.supervisor.slot import Slot
 from phalanx.worker.contract import LAST_STEP_DONE, LAST_STEP_HELD, LAST_STEP_NOTICE
@@ -36,17 +41,9 @@ WaitEvents = Callable[[float], None]
 def ask_last_step(slots: list[Slot], bound: float, wait_events: WaitEvents) -> None:
     """Ask each live holder on this node to write its last step; return at the first answer,
     when no holder is left alive, or after ``bound`` seconds."""
-    holders = [s for s in slots if s.exit is None and (s.plan.log_dir / LAST_STEP_HELD).exists()]
-    if not holders:
-        return
     began = time.monotonic()
-    asked = []
-    for slot in holders:
-        try:
-            replace_file(slot.plan.log_dir / LAST_STEP_NOTICE, b"")
-            asked.append(slot)
-        except OSError as exc:
-            log.warning("cannot ask %s for its last step: %s", slot.plan.name, exc.strerror or exc)
+    live = {s.plan.log_dir: s for s in slots if s.exit is None}
+    asked = [live[log_dir] for log_dir in notify(live)]
     deadline = began + bound
     while asked:
         for slot in asked:
@@ -67,6 +64,21 @@ def ask_last_step(slots: list[Slot], bound: float, wait_events: WaitEvents) -> N
             bound,
             ", ".join(s.plan.name for s in asked),
         )
+
+
+def notify(rank_dirs: Iterable[Path]) -> list[Path]:
+    """Write the notice in each of ``rank_dirs`` (live ranks') whose rank holds a last step;
+    returns the ones asked. Asking again is harmless: a rank answers once."""
+    asked = []
+    for rank_dir in rank_dirs:
+        if not (rank_dir / LAST_STEP_HELD).exists():
+            continue
+        try:
+            replace_file(rank_dir / LAST_STEP_NOTICE, b"")
+            asked.append(rank_dir)
+        except OSError as exc:
+            log.warning("cannot ask %s for its last step: %s", rank_dir.name, exc.strerror or exc)
+    return asked
 
 
 def _answer(slot: Slot) -> dict[str, object] | None:
