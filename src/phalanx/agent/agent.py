@@ -107,6 +107,12 @@ class Agent:
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._console = console or (sys.stdout.buffer, sys.stderr.buffer)
         self._contain = contain
+        self._checked = CheckedNodes()  # this agent's node check: whether, and its figure
+
+    def _probe_ahead(self, events: EventLog) -> Callable[[], None]:
+        """The node check's compute probe, for ``join_when_ready`` to run before this agent
+        joins a running job (``agent.checking.probe_ahead``)."""
+        return lambda: probe_ahead(self._config, self._checked, events)
 
     def run(self) -> int:
         """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
@@ -194,21 +200,18 @@ class Agent:
             cgroup = JobCgroup.enter(f"phalanx-{run_dir.name}") if self._contain else None
             guardian = Guardian(cgroup, on_lost=lambda lost: guardian_lost(events, lost))
             template: Template | None = None
-            checked = CheckedNodes()  # this agent's node check: whether, and its figure
             rendezvous: RendezvousHandler | None = None
             supervisor: Supervisor | None = None
             try:
                 template = open_warm(config.workers, self._base_env, run_dir)  # imports from now
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
-                    join_when_ready(
-                        template, rendezvous.peers(), lambda: probe_ahead(config, checked, events)
-                    )
+                    join_when_ready(template, rendezvous.peers(), self._probe_ahead(events))
                 supervisor = self._supervisor(
                     guardian, template, rendezvous.peers(), events, filters, wall_clock
                 )
                 ends = Endings(config, rendezvous, signals, events, recovery)
-                return self._play(Between(ends), supervisor, run_dir, status, files, checked)
+                return self._play(Between(ends), supervisor, run_dir, status, files)
             finally:
                 if template is not None:
                     template.close()
@@ -227,13 +230,12 @@ class Agent:
         run_dir: Path,
         status: StatusService,
         files: RunFiles,
-        checked: CheckedNodes,
     ) -> int:
         """Run the rounds to their end, and report it (``agent.runend``)."""
         config, ends = self._config, between.ends
         rounds = Rounds(
             config, ends.rdzv, supervisor, ends.signals, run_dir, self._base_env, status,
-            between, checked,
+            between, self._checked,
         )  # fmt: skip
         end = rounds.run()
         return Reporter(files, self._base_env, config.recovery.exclude_file).finish(end)
