@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from phalanx.agent.between import Between
+from phalanx.agent.checking import CheckedNodes, probe_ahead
 from phalanx.agent.endings import Endings
 from phalanx.agent.filewriter import END_WRITES, REPORT_FILE, RunFiles
 from phalanx.agent.loop import Rounds
@@ -106,6 +107,12 @@ class Agent:
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._console = console or (sys.stdout.buffer, sys.stderr.buffer)
         self._contain = contain
+        self._checked = CheckedNodes()  # this agent's node check: whether, and its figure
+
+    def _probe_ahead(self, events: EventLog) -> Callable[[], None]:
+        """The node check's compute probe, for ``join_when_ready`` to run before this agent
+        joins a running job (``agent.checking.probe_ahead``)."""
+        return lambda: probe_ahead(self._config, self._checked, events)
 
     def run(self) -> int:
         """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
@@ -199,7 +206,7 @@ class Agent:
                 template = open_warm(config.workers, self._base_env, run_dir)  # imports from now
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
-                    join_when_ready(template, rendezvous.peers())
+                    join_when_ready(template, rendezvous.peers(), self._probe_ahead(events))
                 supervisor = self._supervisor(
                     guardian, template, rendezvous.peers(), events, filters, wall_clock
                 )
@@ -228,7 +235,7 @@ class Agent:
         config, ends = self._config, between.ends
         rounds = Rounds(
             config, ends.rdzv, supervisor, ends.signals, run_dir, self._base_env, status,
-            between,
+            between, self._checked,
         )  # fmt: skip
         end = rounds.run()
         return Reporter(files, self._base_env, config.recovery.exclude_file).finish(end)
@@ -261,7 +268,9 @@ class Agent:
 POLL = 0.25  # seconds between looks at the job while the warm start imports
 
 
-def join_when_ready(template: Template | None, peers: Peers | None) -> None:
+def join_when_ready(
+    template: Template | None, peers: Peers | None, probe_ahead: Callable[[], None] = lambda: None
+) -> None:
     """An agent that comes to a running job -- started again after a crash, a spare, a node
     that scales the job up -- joins only once its warm start has imported (or was given up):
     joined before, the job's next round could take it and then wait for that import (issue
@@ -269,11 +278,16 @@ def join_when_ready(template: Template | None, peers: Peers | None) -> None:
     once when the job is not running without it (``Peers.job_running``): at the job's start,
     where waiting made the node with the slowest import (the store's host, in CI) arrive last
     and be left out as the spare; and as soon as a restart round waits for nodes, which
-    below MIN fails at its last call without this one (the c10d soak's store_host_lost)."""
-    if template is None or peers is None or not peers.job_running():
+    below MIN fails at its last call without this one (the c10d soak's store_host_lost).
+    Then, the job still running without it, ``probe_ahead``: the node check's compute probe,
+    which the round that takes this node in would otherwise run after it formed."""
+    if peers is None or not peers.job_running():
         return
-    log.info("rendezvous: the job is running; joining once the warm start has imported")
-    template.wait_ready(lambda: not peers.job_running(), POLL)
+    if template is not None:
+        log.info("rendezvous: the job is running; joining once the warm start has imported")
+        template.wait_ready(lambda: not peers.job_running(), POLL)
+    if peers.job_running():
+        probe_ahead()
 
 
 def _check_master_wait(environ: Mapping[str, str]) -> None:

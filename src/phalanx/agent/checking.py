@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ from phalanx.rendezvous.api import CheckExchange, RendezvousHandler, RendezvousR
 if TYPE_CHECKING:
     from phalanx.consistency.perargs import ArgsDifference
     from phalanx.nodecheck import Verdict
+    from phalanx.nodecheck.probes import LocalFacts
     from phalanx.nodecheck.round import Skipped
 
 # The comparison and the check themselves (``consistency``, ``nodecheck``: 30 ms of imports)
@@ -44,14 +46,50 @@ log = logging.getLogger("phalanx")
 
 class CheckedNodes:
     """Whether this agent was checked: the first round whose check reached a verdict with
-    it in (it passed, or was named under ``warn``); None: never (it says ``READY``)."""
+    it in (it passed, or was named under ``warn``); None: never (it says ``READY``). And
+    this node's compute figure (``probe``), measured once per agent."""
 
     def __init__(self) -> None:
         self.round: int | None = None
+        self._probed: LocalFacts | None = None
 
     def remember(self, joined: RendezvousResult) -> None:
         if self.round is None:
             self.round = joined.round
+
+    def probe(self, nproc_per_node: int, events: EventLog, asked_by: int | None) -> LocalFacts:
+        """This node's compute figure for a check: the one measured before (ahead of its
+        join, ``probe_ahead``, or at an earlier check), else measured now (``asked_by``: the
+        round whose check asks; None: ahead). Why once: a round that takes in a node never
+        checked (a spare, an agent started again) checks every node, and the probe was most
+        of that check (0.15 s of a core on CPU, seconds on GPUs), after the round formed,
+        with every rank waiting for it; the others' figures of their first check stand, as a
+        restart among checked nodes trusts them (the module's docstring). A probe that found
+        a problem (a GPU that did not answer) is run again at the next check."""
+        if self._probed is None:
+            from phalanx.nodecheck.probes import compute_probe
+
+            began = time.monotonic()
+            facts = compute_probe(nproc_per_node)
+            events.emit(
+                "node_probe", round=asked_by, compute=facts.compute, device=facts.device,
+                problems=facts.problems, seconds=round(time.monotonic() - began, 3),
+            )  # fmt: skip
+            if facts.problems or facts.compute is None:
+                return facts
+            self._probed = facts
+        known = self._probed
+        return replace(known, problems=list(known.problems))  # the check appends its own
+
+
+def probe_ahead(config: LaunchConfig, checked: CheckedNodes, events: EventLog) -> None:
+    """This node's compute probe, now: it comes to a running job that does not need it yet
+    (``agent.join_when_ready``), so the probe costs no round anything; the round that takes
+    it in checks with that figure instead of probing after it formed (issue 41: the first
+    agent SIGKILL of a soak was back in 0.64 s against 0.16-0.38 s, 0.35 s of it this
+    check). Nothing when the node check is off."""
+    if config.checks.node_check.action is not Action.OFF:
+        checked.probe(config.workers.nproc_per_node, events, None)
 
 
 def node_check(
@@ -73,7 +111,7 @@ def node_check(
     from phalanx.nodecheck.round import Skipped
 
     began = time.monotonic()
-    verdict = _check(config, exchanges.check, joined, run_dir, checked, stop)
+    verdict = _check(config, exchanges.check, joined, run_dir, checked, stop, events)
     if verdict is None:
         return None
     if isinstance(verdict, Skipped):
@@ -97,6 +135,7 @@ def _check(
     run_dir: Path,
     checked: CheckedNodes,
     stop: Callable[[], None],
+    events: EventLog,
 ) -> Verdict | Skipped | None:
     """This node's part of the round's check (None: off, not repeated, or cut short: it says
     so in a line)."""
@@ -107,9 +146,10 @@ def _check(
             exchange.post_check("ready", OFF)  # so nodes that check do not wait for this one
             return None
         ready = READY if checked.round is None else SAME  # SAME: skip, if every node says it
+        nproc = config.workers.nproc_per_node
         return check_round(
-            exchange, joined, config.checks.node_check, run_dir,
-            config.workers.nproc_per_node, ready, stop,
+            exchange, joined, config.checks.node_check, run_dir, nproc, ready, stop,
+            lambda: checked.probe(nproc, events, joined.round),
         )  # fmt: skip
     except OSError as exc:  # no port to listen on, say: the job must not end for the check
         log.warning("node check: could not run on this node: %s", exc)

@@ -39,6 +39,7 @@ class Joining:
         run_dir: Path,
         events: EventLog,
         between: Between,
+        checked: CheckedNodes,
     ) -> None:
         self.config = config
         self.rdzv = rendezvous
@@ -46,7 +47,7 @@ class Joining:
         self.run_dir = run_dir
         self.events = events
         self.between = between
-        self.checked = CheckedNodes()  # whether this agent was checked: a restart skips it again
+        self.checked = checked  # whether this agent was checked: a restart skips it again
         self.said_args = SaidArgs()  # per-node script arguments: said once while they hold
 
     def next_round(self, state: RunState) -> tuple[Round, RunState] | RunEnd:

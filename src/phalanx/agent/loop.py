@@ -22,6 +22,7 @@ from phalanx import exclusion
 from phalanx.agent import pace
 from phalanx.agent.attempt_events import AttemptEvents, AttemptFailure, emit_failure
 from phalanx.agent.between import Between
+from phalanx.agent.checking import CheckedNodes
 from phalanx.agent.crashloop import ProgressMark, failure_signature
 from phalanx.agent.describe import describe_event
 from phalanx.agent.joining import Joining, no_round
@@ -79,9 +80,11 @@ class Rounds:
         base_env: Mapping[str, str],
         status: StatusService,
         between: Between,
+        checked: CheckedNodes | None = None,
     ) -> None:
         """``between``: the run's ends (its ``ends``: after a round; itself: between rounds),
-        which read the state this loop hands them."""
+        which read the state this loop hands them. ``checked``: this agent's node check so
+        far (its figure may have been measured before the first join: ``probe_ahead``)."""
         self.config = config
         self.status = status
         self.rdzv = rendezvous
@@ -92,7 +95,9 @@ class Rounds:
         self.between = between
         self.ends = between.ends
         self.events = self.ends.events
-        self.joining = Joining(config, rendezvous, signals, run_dir, self.events, between)
+        self.joining = Joining(
+            config, rendezvous, signals, run_dir, self.events, between, checked or CheckedNodes()
+        )
         self._exclude = exclusion.ExcludeAfter(config, run_dir, self.events)  # --exclude-after
         self.watching = Watching(config, rendezvous, signals, run_dir, status, self.events)
         self.peers = rendezvous.peers()  # None: a single node

@@ -34,6 +34,10 @@ KINDS: dict[str, tuple[str, ...]] = {
     # the round's medians and every node's figures (compute in multiply-adds/s, latency_ms,
     # throughput in MB/s).
     "node_check": ("round", "seconds", "named", "medians", "nodes"),
+    # This node measured its compute figure for the node check (once per agent: at its first
+    # check, ``round``, or, null, before it joined a running job): multiply-adds/s, the
+    # device ("cpu", "cuda"), the problems it found, how long it took.
+    "node_probe": ("round", "compute", "device", "problems", "seconds"),
     # The nodes' script arguments differ (they run: ``phalanx.consistency.perargs``): the
     # line said, and every node's ``node``, ``host`` and ``args`` (a list; the hash, a
     # string, where the list was too long to publish). Once while the difference holds.

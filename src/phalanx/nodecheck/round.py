@@ -2,8 +2,9 @@
 the links tested in a ring, the same verdict on every node.
 
 Order, so that no probe disturbs another: once every node has said it is ``ready`` (so
-they all probe at the same time, alike in what they share), the compute probe and the
-local checks; then the ``hello`` record (this node's check port and token); once every node's hello is in, each
+they all probe at the same time, alike in what they share), the compute probe (an agent
+measures it once: at its first check, or before it joins a running job; later checks reuse
+that figure, ``agent.checking.CheckedNodes``) and the local checks; then the ``hello`` record (this node's check port and token); once every node's hello is in, each
 node tests its link to the next node of the ring while answering the one before it; then
 the ``result`` record; once every result is in (or ``RESULT_TIMEOUT`` passed), the verdict.
 A node whose record is missing is named as not answering. Cost on an idle machine: the
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.nodecheck.link import Listener, test_link
-from phalanx.nodecheck.probes import compute_probe, directory_problem
+from phalanx.nodecheck.probes import LocalFacts, compute_probe, directory_problem
 from phalanx.nodecheck.settings import CheckSettings
 from phalanx.nodecheck.verdict import Verdict, judge
 from phalanx.rendezvous.api import CheckExchange, RendezvousResult
@@ -67,6 +68,7 @@ def check_round(
     nproc_per_node: int,
     ready: bytes = READY,
     stop: Callable[[], None] = lambda: None,
+    probe: Callable[[], LocalFacts] | None = None,
 ) -> Verdict | Skipped:
     """Run the node check with the other nodes of ``joined``; every node gets the same
     verdict (from the same records). ``ready``: this node's ready record (``SAME``: it was
@@ -74,7 +76,9 @@ def check_round(
     answer), or every node was checked before: then no node checks. ``stop``: called while
     this node waits for the others' records (about once a second); it raises
     ``RendezvousError`` to end the check now, as a lost store does (the agent's: a
-    preemption signal to this node)."""
+    preemption signal to this node). ``probe``: this node's compute figure (a fresh copy
+    each call; the agent's is measured once per agent: ``agent.checking.CheckedNodes``);
+    by default the compute probe, run here."""
     ranks = [node.node_rank for node in joined.nodes]
     hosts = [(n.hostname, n.addr) for n in sorted(joined.nodes, key=lambda n: n.node_rank)]
     exchange.post_check("ready", ready)  # every node probes at once: alike, whatever is shared
@@ -83,7 +87,7 @@ def check_round(
         return Skipped(SKIPPED_BY[OFF])
     if len(readies) == len(ranks) and set(readies.values()) == {SAME}:
         return Skipped(SKIPPED_BY[SAME])
-    facts = compute_probe(nproc_per_node)
+    facts = probe() if probe is not None else compute_probe(nproc_per_node)
     limits = settings.thresholds
     for path, what in ((run_dir, "the run directory"), (settings.checkpoint_dir, "the checkpoint directory")):  # fmt: skip
         problem = _bounded_probe(path, what, limits.min_free_mb) if path else None
