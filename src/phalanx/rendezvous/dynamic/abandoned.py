@@ -42,7 +42,7 @@ from phalanx.rendezvous.api import restarts_left
 from phalanx.rendezvous.dynamic.board import Board, parsed
 from phalanx.rendezvous.dynamic.lost import tell_lost
 from phalanx.rendezvous.dynamic.members import Membership
-from phalanx.rendezvous.dynamic.pulse import Verdict, pulse_for
+from phalanx.rendezvous.dynamic.pulse import UNREAD, Verdict, pulse_for
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import Malformed, StoreUnavailable
 
@@ -86,16 +86,32 @@ class Abandoned:
         self._stall: tuple[int, int] | None = None
         self._known: tuple[int, set[int]] = (-1, set())
 
-    def check(self, t: int, hostname: str) -> bool:
+    def ahead(self, t: int) -> str | None:
+        """The heartbeat key ``check`` judges first while round t-1 runs (its first member),
+        once its members are known (None: not yet), for the caller to read with its own
+        reads in one round trip."""
+        running = self._running
+        if running is None or running.round != t - 1 or not running.node_ids:
+            return None
+        return self._b.keys.heartbeat(running.node_ids[0])
+
+    def check(self, t: int, hostname: str, read: dict[str, bytes | None] | None = None) -> bool:
         """Whether round t is open now because round t-1 was found abandoned (this node, on
         ``hostname``, opened it, or another waiting node did). Raises ``RendezvousError``
-        when it was and the job has no restart left."""
+        when it was and the job has no restart left. ``read``: heartbeat keys read already
+        (``ahead``), by key; the others are read here."""
         try:
             running = self._members(t - 1)
             if running is None:
                 return False
             now = self._clock()
-            verdicts = gone(running.node_ids, lambda node_id: self._pulse.judge(node_id, now))
+            heard = dict(read or {})
+            keys = self._b.keys
+
+            def judge(node_id: str) -> tuple[Verdict, str]:
+                return self._pulse.judge(node_id, now, heard.pop(keys.heartbeat(node_id), UNREAD))
+
+            verdicts = gone(running.node_ids, judge)
             if verdicts is None:
                 return False
             return self._abandon(running, verdicts, hostname)

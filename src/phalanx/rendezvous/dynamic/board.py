@@ -207,9 +207,13 @@ class Board:
     def stopped(self) -> tuple[str, bool] | None:
         """Why the job stopped and whether it finished (the tombstone of a successful run),
         or None while it runs."""
-        found = self.get_json(self.keys.stopped)
-        if found is None:
+        return self.stopped_in(self.store.get(self.keys.stopped))
+
+    def stopped_in(self, data: bytes | None) -> tuple[str, bool] | None:
+        """``stopped`` from ``data``, the ``stopped`` key's value as read."""
+        if data is None:
             return None
+        found = decode(data, self.keys.stopped)
         return str(found.get("reason", "stopped")), found.get("finished") is True
 
     def finish(self) -> None:

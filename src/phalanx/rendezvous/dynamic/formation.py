@@ -40,8 +40,10 @@ from phalanx.rendezvous.dynamic.assembly import master_of, members_of
 from phalanx.rendezvous.dynamic.board import Board, Decision, count_in, encode
 from phalanx.rendezvous.dynamic.majority import close_restart, ended, expire_late, failed_over
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
+from phalanx.rendezvous.dynamic.pulse import UNREAD, Unread
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
+from phalanx.rendezvous.dynamic.wake import look
 from phalanx.rendezvous.settings import RendezvousSettings
 
 # A store that outlives the job (etcd) keeps the run's state, so an id serves one job.
@@ -161,9 +163,10 @@ class RoundFormer:
         if back and prior is not None and rank is not None:
             self._b.settle(t - 1, rank, prior.count, "rejoined")
 
-    def _check_stopped(self) -> None:
-        """Raise if the job stopped."""
-        stopped = self._b.stopped()
+    def _check_stopped(self, stopped: tuple[str, bool] | Unread | None = UNREAD) -> None:
+        """Raise if the job stopped (``stopped``: ``Board.stopped`` as read already)."""
+        if isinstance(stopped, Unread):
+            stopped = self._b.stopped()
         if stopped is None:
             return
         reason, finished = stopped
@@ -205,14 +208,16 @@ class RoundFormer:
         but this node's place) keeps waiting for the job's life; returns the join deadline
         for the rest of the round (the timeout again from now, for such a spare)."""
         key = self._keys.round(t, "open")
+        if t == 0:
+            return deadline  # round 0 is open from the start: nothing to read
         waited_past = False
-        while not self._b.is_open(t):
-            self._check_stopped()
-            spare = self._spare(t)
+        while not (seen := look(self._b, t, self._abandoned.ahead(t))).open:  # (one round trip)
+            self._check_stopped(self._b.stopped_in(seen.stopped))
+            spare = self._spare(t, seen.closed)
             self._was_spare |= spare and not self._ran
-            if self._b.all_ok(t - 1):
+            if seen.all_ok:
                 raise self._not_needed(t)
-            if self._abandoned.check(t, hostname):
+            if self._abandoned.check(t, hostname, seen.ahead):
                 continue
             left = deadline - self._clock()
             if left <= 0 and spare:
@@ -224,15 +229,16 @@ class RoundFormer:
                     f"join_timeout={self._s.join_timeout:g}s: round {t - 1} is running and "
                     "no new round opened (set --rdzv-conf join_timeout=... to wait longer)"
                 )
-            self._line.check(t, deadline, queued=True, spare=spare)
+            self._line.check(t, deadline, queued=True, spare=spare, present=seen.joined)
             self._standing_by(t, True)  # (the round that runs, once its members are written)
             self._b.store.wait([key], min(left, self._s.heartbeat_interval))
         # A spare that waited past the timeout gets the whole timeout for the round it joins.
         return self._clock() + self._s.join_timeout if waited_past else deadline
 
-    def _spare(self, t: int) -> bool:
-        """Round t-1 runs with MAX members: this node waits as a spare (one plain read)."""
-        running = self._b.decision(t - 1)
+    def _spare(self, t: int, closed: bytes | None) -> bool:
+        """Round t-1 runs with MAX members: this node waits as a spare (``closed``: round
+        t-1's ``closed`` key as read)."""
+        running = self._b.decision_in(t - 1, closed)
         return running is not None and not running.failed and running.count >= self._max
 
     def _not_needed(self, t: int) -> PhalanxError:

@@ -125,15 +125,18 @@ class WaitingLine:
         queued: bool = False,
         settling: bool = False,
         spare: bool = False,
+        present: int | None = None,
     ) -> None:
         """Say where round ``round_`` stands if it changed, or if it is time to say it again
-        (``settling``: the wait is for round ``round_ - 1``'s members to settle)."""
+        (``settling``: the wait is for round ``round_ - 1``'s members to settle; ``present``:
+        its ``joined`` counter as read already)."""
         now = self._clock()
         if self._began is None:
             self._began = now
         if now - self._began < QUIET:
             return
-        present = self._b.counter(self._b.keys.round(round_, "joined"))
+        if present is None:
+            present = self._b.counter(self._b.keys.round(round_, "joined"))
         waiting = Waiting(
             round_, present, self._names(round_, present), queued,
             self._settling(round_ - 1) if settling else None, spare,
