@@ -37,7 +37,7 @@ from support.netns import NetNamespaces
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return reference_weights(tmp_path_factory.mktemp("reference"))
+    return reference_weights(tmp_path_factory)
 
 
 def _said_cut_off(node: Node) -> None:

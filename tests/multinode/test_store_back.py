@@ -45,7 +45,7 @@ from support.netns import NetNamespaces
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return reference_weights(tmp_path_factory.mktemp("reference"))
+    return reference_weights(tmp_path_factory)
 
 
 def test_a_store_host_started_again_at_once_is_not_taken_for_the_jobs_store(

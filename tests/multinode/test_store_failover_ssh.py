@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support.failover import CONF, HANG, STEPS, reference_weights
+from support.failover import CONF, HANG, STEPS, reference_weights, then_fast, world_again
 from support.launch import remove_job_cgroups, wait_for, worker
 from support.netns import NetNamespaces
 from support.sshd import SshHosts, needs_sshd
@@ -28,7 +28,7 @@ pytestmark = needs_sshd
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return reference_weights(tmp_path_factory.mktemp("reference"))
+    return reference_weights(tmp_path_factory)
 
 
 def _controller(hosts: SshHosts, tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
@@ -83,6 +83,8 @@ def test_under_a_hostfile_the_others_fail_over_when_the_first_hosts_agent_is_sig
         (host,) = [pid for pid in agents
                    if pid and "is_host=true" in " ".join(psutil.Process(pid).cmdline())]  # fmt: skip
         os.kill(host, signal.SIGKILL)  # its guardian SIGKILLs its worker
+        went_on = world_again(shared, 2)  # (or the controller ended: _ended says how)
+        then_fast(shared, lambda: proc.poll() is not None or went_on(), "the two to go on")
         out, err = _ended(proc)
         assert proc.returncode == 0, f"{out}\n{err}"
         assert "was lost; the job goes on without it" in err, err

@@ -347,6 +347,11 @@ def test_the_etcd_lease_reports_each_renewal_as_often_as_fencing_asks() -> None:
 
 # -- tier (c): partitions of real hosts -------------------------------------------------------
 FAST = "heartbeat_interval=0.5,last_call_timeout=1,join_timeout=30,exit_barrier_timeout=10"
+# With restarts left, a node that fenced itself waits for the store to answer again (to
+# rejoin) for close_timeout (30 s by default) before it ends. Where the store stays out of
+# reach (a link down, its host frozen), that is only how long the node takes to give up:
+# 10 s, not half a minute per test (s56: the grace tests, without it, took 36-39 s each).
+CUT_OFF = "close_timeout=10"
 
 
 def stamp_files(directory: Path, label: str) -> list[tuple[float, float | None, int]]:
@@ -469,12 +474,6 @@ def partition_scenario(
     assert "was lost" in nodes[0].stderr, nodes[0].stderr
 
 
-# With restarts left, a node that fenced itself waits for the store to answer again (to
-# rejoin) for close_timeout (30 s by default) before it ends. The link stays down here, so
-# that is only how long node 1 takes to give up: 10 s, not half a minute per test.
-CUT_OFF = "close_timeout=10"
-
-
 @pytest.mark.slow
 def test_a_node_cut_off_from_the_c10d_store_is_fenced_before_the_others_re_form(
     netns: Callable[[int], NetNamespaces], nodes: list[Node], tmp_path: Path
@@ -509,7 +508,7 @@ def test_a_node_cut_off_during_its_workers_grace_is_fenced_all_the_same(
     stamps = tmp_path / "stamps"
     stamps.mkdir()
     for i in (0, 1):
-        conf = f"{FAST},heartbeat_timeout=4,read_timeout=30,is_host={str(i == 0).lower()}"
+        conf = f"{FAST},heartbeat_timeout=4,read_timeout=30,{CUT_OFF},is_host={str(i == 0).lower()}"
         args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
                 "--shutdown-timeout", "1" if i == 0 else "600",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{spaces.addr(0)}:{port}",
@@ -549,7 +548,7 @@ def test_every_worker_is_guarded_by_the_fence_while_the_agent_waits_out_a_grace(
         args = ["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
                 "--master-addr", "127.0.0.1", "--master-port", str(port),
                 "--max-restarts", "1", "--shutdown-timeout", "600" if i == 1 else "1",
-                "--rdzv-conf", f"{FAST},heartbeat_timeout=4,read_timeout=30",
+                "--rdzv-conf", f"{FAST},heartbeat_timeout=4,read_timeout=30,{CUT_OFF}",
                 worker("stubborn_then_fail.py"), str(shared), "1"]  # fmt: skip
         nodes.append(Node(Loopback(), i, args, tmp_path, f"n{i}"))
 

@@ -158,9 +158,10 @@ def test_a_job_checks_its_nodes_before_the_round(
     tmp_path: Path,
     quota: Callable[[float], cpuquota.CpuQuota],
 ) -> None:
-    """A 4-node job (1 worker each, a script that prints a line) with node 2's agent and
-    worker under the quota: the check names it in the log, ``events.jsonl``,
-    ``report.json`` and ``phalanx status``; the job still runs (``--node-check warn``)."""
+    """A 4-node job (1 worker each, a script that prints a line) with node 2's agent under
+    the quota: the check names it in the log, ``events.jsonl``, ``report.json`` and
+    ``phalanx status``; the job still runs (``--node-check warn``). The quota is lifted once
+    every node named it: the rest of node 2's job at 2 % of a core took 6-7 s more."""
     spaces = netns(N)
     slow = quota(0.02)
     net = NamespaceHosts(spaces)
@@ -175,6 +176,9 @@ def test_a_job_checks_its_nodes_before_the_round(
     nodes += first
     throttle(first[1], slow, f" of {N} present")
     nodes[:] = [first[0], start(1), first[1], start(3)]
+    said = lambda: all(named(n.stderr) for n in nodes)  # noqa: E731
+    wait_for(said, HANG, "every node's check to name a node")
+    slow.lift()  # the check is done: node 2's worker need not start and run at 2 %
     assert [n.finish(HANG) for n in nodes] == [0] * N, nodes[0].stderr + nodes[2].stderr
     for node in nodes:
         assert named(node.stderr) == {spaces.addr(2)}, node.stderr
@@ -377,11 +381,11 @@ def signalled_in_its_check(
     signum: signal.Signals,
 ) -> tuple[list[int], str]:
     """2 nodes at ``--nnodes 2:3`` (``say_world.py``, 1 worker each, ``--preempt-signals
-    SIGUSR1``), node 1 under the quota so that its check takes seconds; node 0's agent gets
-    ``signum`` once round 0 formed, while it waits for node 1's records. Node 0's check
-    stops on it, node 1's on what node 0 tells the job; neither forks a worker (no
-    ``workers_started``, no ``world=`` line; no ``node_check`` either). Their exit codes,
-    and every node's output (for assertion messages)."""
+    SIGUSR1``), node 1 under the quota so that its check takes seconds (lifted once it
+    stopped); node 0's agent gets ``signum`` once round 0 formed, while it waits for node
+    1's records. Node 0's check stops on it, node 1's on what node 0 tells the job; neither
+    forks a worker (no ``workers_started``, no ``world=`` line; no ``node_check`` either).
+    Their exit codes, and every node's output (for assertion messages)."""
     spaces = netns(2)
     slow = quota(0.02)
     net = NamespaceHosts(spaces)
@@ -398,6 +402,10 @@ def signalled_in_its_check(
     # Out of the rendezvous (a signal there stops the job before any round): in its check.
     wait_for(lambda: "rdzv_done" in kinds(nodes[0]), HANG, "round 0 to form on node 0")
     os.kill(nodes[0].proc.pid, signum)
+    # Once node 1's check stopped, the rest of its end need not run at 2 % of a core.
+    said = lambda: "node check stopped: " in nodes[1].stderr  # noqa: E731
+    wait_for(lambda: said() or nodes[1].proc.poll() is not None, HANG, "node 1's check to stop")
+    slow.lift()
     codes = [n.finish(HANG) for n in nodes]
     every = f"codes {codes}\n" + "".join(f"--- node {i}:\n{n.stderr}" for i, n in enumerate(nodes))
     assert "world=" not in nodes[0].stdout + nodes[1].stdout, every

@@ -60,6 +60,14 @@ class CpuQuota:
         """Move running process ``pid`` (all its threads) into the cgroup: throttled from now."""
         (self.path / "cgroup.procs").write_text(f"{pid}\n")
 
+    def lift(self) -> None:
+        """No quota from now on for what is in the cgroup (the slow node is slow no more):
+        a test whose fault has done its part lets the rest of the job run at full speed."""
+        if self.v1:
+            (self.path / "cpu.cfs_quota_us").write_text("-1\n")
+        else:
+            (self.path / "cpu.max").write_text(f"max {PERIOD_US}\n")
+
     def destroy(self) -> None:
         """Kill what is left in it (only the test's own processes are ever put there), then
         remove it. Idempotent."""

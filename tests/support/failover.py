@@ -7,14 +7,19 @@ events."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
+import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
 
 from support.hosts import NamespaceHosts, Node
 from support.launch import wait_for, worker
@@ -41,13 +46,35 @@ if restart == "0":
 """
 
 
-def reference_weights(out: Path) -> bytes:
-    """The trainer's weights after an uninterrupted run (one process: the same steps)."""
-    subprocess.run(
-        [sys.executable, worker("failover_train.py"), str(out), str(STEPS), "reference"],
-        check=True, timeout=HANG,
-    )  # fmt: skip
-    return (out / "reference.bin").read_bytes()
+def reference_weights(factory: pytest.TempPathFactory) -> bytes:
+    """The trainer's weights after an uninterrupted run (one process: the same steps).
+
+    Computed once per test session, not once per module (each import of torch in it took 3-9
+    s of a loaded run, in four modules): the session's pytest-xdist workers share one copy in
+    the session's temporary root, made by whichever needs it first under a lock, the others
+    reading it; keyed by the trainer's text and steps."""
+    root = factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    trainer = Path(worker("failover_train.py"))
+    key = hashlib.sha256(trainer.read_bytes() + f" {STEPS}".encode()).hexdigest()[:12]
+    out = root / f"failover-reference-{key}"
+    out.mkdir(exist_ok=True)
+    with open(out / "lock", "w") as lock:
+        deadline = time.monotonic() + HANG
+        while True:  # (bounded: the holder's run is, by HANG)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "another worker's reference run never ended"
+                time.sleep(0.1)
+        done = out / "reference.bin"
+        if not done.exists():
+            subprocess.run(
+                [sys.executable, str(trainer), str(out), str(STEPS), "reference"],
+                check=True, timeout=HANG,
+            )  # fmt: skip
+        return done.read_bytes()
 
 
 def start_three(
@@ -102,8 +129,8 @@ def training(nodes: list[Node], shared: Path) -> Callable[[], bool]:
 
 def then_fast(shared: Path, done: Callable[[], bool], what: str) -> None:
     """Once ``done()`` -- what the trainer's slow steps (``FAILOVER_STEP_DELAY``) kept the
-    job running for -- or the job finished, its steps left go at 0.2 s (OUT_DIR/fast): only
-    the wait changes, not what the test sees (each step still a real Gloo collective)."""
+    job running for -- or the job finished, its steps left go without a pause (OUT_DIR/fast):
+    only the wait changes, not what the test sees (each step still a real Gloo collective)."""
     wait_for(lambda: done() or (shared / "final.bin").exists(), HANG, what)
     (shared / "fast").touch()
 

@@ -1,7 +1,8 @@
 """The heartbeat and watch calls are bounded (docs/explanation/faults.md, "a lossy link"):
 each call of ``Liveness``'s watch thread and of its heartbeat goes out on a handle of its
 own whose calls give up after ``call_bound`` (``heartbeat_timeout`` / 4), so a reply that
-is stuck holds neither: the next call goes out on a fresh connection.
+is stuck holds neither: the next call goes out on a fresh connection. So are the calls of
+a node waiting for a store it lost to answer again, so that wait ends at ``close_timeout``.
 
 A real agent store; the node's ``Liveness`` (its real threads) reaches it through a proxy
 whose replies can be held (``support/slow_replies.py``: requests reach the store at once,
@@ -13,6 +14,7 @@ the held answers would have come. Timeouts only catch hangs.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -23,6 +25,7 @@ from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.health import call_bound
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
+from phalanx.rendezvous.dynamic.lost import store_answers
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.agentstore import AgentKVStore, Token
@@ -106,3 +109,33 @@ def test_stuck_answers_to_the_heartbeat_are_given_up(
     key = KEYS.heartbeat("reader")
     then = host.get(key)
     wait_for(lambda: host.get(key) != then, HANG, "a new beat after the stuck ones")
+
+
+def test_waiting_for_a_lost_store_to_answer_ends_at_close_timeout() -> None:
+    """A node that lost the store (or fenced itself) waits for it to answer again at most
+    ``close_timeout`` (``lost.store_answers``), its calls bounded as the heartbeat's: with
+    every answer held (a frozen store host, a black-holed link) and ``read_timeout`` 600 s,
+    the wait gives up after ``close_timeout`` (2 s), not with the first call's answer
+    (``STUCK``); once answers flow, the store answers again."""
+    settings = RendezvousSettings(
+        heartbeat_interval=0.5, heartbeat_timeout=4.0, close_timeout=2.0, read_timeout=600
+    )
+    host = AgentKVStore.host("127.0.0.1", 0, token=TOKEN, read_timeout=30, linger=0)
+    proxy = SlowReplies(host.port)
+    node = AgentKVStore.connect(
+        "127.0.0.1", proxy.port, token=TOKEN, connect_timeout=10, read_timeout=600
+    )
+    board = Board(node, KEYS, "lost")
+    got: list[bool] = []
+    try:
+        proxy.delay = STUCK
+        waiting = threading.Thread(target=lambda: got.append(store_answers(board, settings)))
+        waiting.start()
+        waiting.join(HANG)
+        assert got == [False], "the wait outlasted close_timeout by a held answer"
+        proxy.delay = 0.0
+        assert store_answers(board, settings)
+    finally:
+        proxy.close()
+        node.close()
+        host.close()

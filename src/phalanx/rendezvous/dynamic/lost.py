@@ -23,9 +23,10 @@ import time
 
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.board import Board
+from phalanx.rendezvous.dynamic.health import call_bound
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.settings import RendezvousSettings
-from phalanx.rendezvous.stores.base import StoreUnavailable
+from phalanx.rendezvous.stores.base import StoreUnavailable, TwinnedStore
 
 log = logging.getLogger("phalanx")
 
@@ -119,13 +120,26 @@ def tell_rejoining(
 def store_answers(board: Board, settings: RendezvousSettings) -> bool:
     """Wait until the store answers again (one bounded call each ``heartbeat_interval``),
     at most ``close_timeout``: a store that is gone for good ends the job soon. False when
-    it stayed out of reach."""
+    it stayed out of reach.
+
+    The calls go out on a handle of their own, bounded as the heartbeat's (``call_bound``),
+    where the store can open one: on the agent's own handle a store host that is frozen, or
+    whose packets are dropped, held the first call for ``read_timeout`` (60 s by default),
+    past ``close_timeout`` (a fenced node so ended 30 s after its fence, not 10)."""
+    twin = None
+    if isinstance(board.store, TwinnedStore):
+        twin = board.store.twin(call_bound(settings))
+        board = Board(twin, board.keys, board.node_id)
     until = time.monotonic() + settings.close_timeout
-    while True:
-        try:
-            board.latest_round()
-            return True
-        except StoreUnavailable:
-            if time.monotonic() >= until:
-                return False
-            time.sleep(settings.heartbeat_interval)
+    try:
+        while True:
+            try:
+                board.latest_round()
+                return True
+            except StoreUnavailable:
+                if time.monotonic() >= until:
+                    return False
+                time.sleep(settings.heartbeat_interval)
+    finally:
+        if twin is not None:
+            twin.close()  # its own connections only, never the server
