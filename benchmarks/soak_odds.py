@@ -1,0 +1,87 @@
+"""What one soak run's costs make of every other seed's draw:
+``python benchmarks/soak_odds.py REPORT.json [--seeds 20000] [--goal 0.93]``.
+
+A soak's ETTR depends on which faults its seed draws as much as on phalanx. ``soak.schedule``
+deals every kind once, shuffled, then deals again: a 10-minute run at a fault every 30 s has
+20 faults of 12 kinds, so 8 kinds come twice, and which 8 decides how much of the run is
+waited out by the faults' nature (a hang fails its round at 10 s at the soak's pace, a node cut
+off, frozen or flapping is found at its lease; a full disk or a killed guardian costs
+nothing). Two hangs and six node faults in one run cost about 20 s more than one hang and four.
+
+This takes one run's ``report.json``: its useful time (steps x the job's own step time), each
+kind's median downtime, and its *rest* (lost time outside the faults' windows), and computes
+the ETTR those costs give the schedule of every seed from 0 to ``--seeds``: the median, the 5th
+and 95th percentiles, and the share of seeds at or above ``--goal``. The run's own seed is
+predicted too, beside what it measured: a check of the model (which uses medians where the run
+had several faults of a kind, and the run's own rest for every draw).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from soak import KINDS, schedule
+
+
+def run_costs(report: dict[str, Any]) -> tuple[dict[str, float], float, float]:
+    """(each kind's median seconds down, the useful seconds, the rest) of one run."""
+    downs: dict[str, list[float]] = {}
+    for fault in report["faults"]:
+        if "skipped" not in fault:
+            downs.setdefault(fault["kind"], []).append(float(fault.get("downtime") or 0.0))
+    useful = report["steps"] * report["step_s"]
+    return (
+        {kind: statistics.median(values) for kind, values in downs.items()},
+        useful,
+        report["lost_split"]["rest"],
+    )
+
+
+def draw_ettr(
+    seed: int, report: dict[str, Any], cost: dict[str, float], useful: float, rest: float
+) -> float:
+    """The ETTR seed's schedule gets at these costs (the soak's own kinds, in its order)."""
+    other = "store_host_lost" if report["backend"] == "etcd" else "etcd_member"
+    kinds = tuple(kind for kind in KINDS if kind != other)
+    plan = schedule(seed, report["minutes"], report["every"], kinds)
+    missing = sorted({kind for _, kind in plan} - set(cost))
+    if missing:
+        raise SystemExit(f"the run has no fault of kind {missing}: pass a full run's report")
+    lost = sum(cost[kind] for _, kind in plan) + rest
+    return useful / (useful + lost)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("report", type=Path, help="a soak run's report.json")
+    parser.add_argument("--seeds", type=int, default=20000, help="seeds 0..N-1 to draw")
+    parser.add_argument("--goal", type=float, default=None, help="etcd 0.93, c10d 0.90")
+    args = parser.parse_args()
+    report = json.loads(args.report.read_text())
+    goal = args.goal if args.goal is not None else (0.93 if report["backend"] == "etcd" else 0.90)
+    cost, useful, rest = run_costs(report)
+    values = sorted(draw_ettr(s, report, cost, useful, rest) for s in range(args.seeds))
+    share = sum(v >= goal for v in values) / len(values)
+    own = draw_ettr(report["seed"], report, cost, useful, rest)
+    print(
+        f"{report['backend']} seed {report['seed']}: measured ETTR {report['ettr_job']:.3f}, "
+        f"predicted {own:.3f} (each kind at its median: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sorted(cost.items(), key=lambda kv: -kv[1]))
+        + f"; rest {rest:.1f} s)"
+    )
+    print(
+        f"over {args.seeds} seeds at these costs: median {statistics.median(values):.3f}, "
+        f"5th percentile {values[len(values) // 20]:.3f}, 95th {values[-len(values) // 20]:.3f}; "
+        f"at or above {goal:g}: {share:.0%}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
