@@ -1,7 +1,8 @@
 """Step 3 of forming a round (``formation``): its membership and its workers' master port.
 
-Slot 1 reads the n arrivals, assigns node ranks and writes ``members``: a deterministic
-result, so any node can redo it if slot 1 died (the first write wins). Node rank 0 picks a
+Slot 1 reads the n arrivals (with the membership, if another node wrote it, and the last
+round's restart claim: one round trip), assigns node ranks and writes ``members``: a
+deterministic result, so any node can redo it if slot 1 died (the first write wins). Node rank 0 picks a
 free port on its host and publishes ``master``. The others wait for each key and read it in
 the wait's round trip where the store can (``BatchedStore.wait_get``): one call each. When
 slot 1 is node rank 0 itself (a first round's first arrival, unless another node hosts the
