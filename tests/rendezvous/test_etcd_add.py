@@ -20,7 +20,7 @@ from collections.abc import Callable
 import pytest
 
 from phalanx.rendezvous.stores.base import StoreUnavailable
-from phalanx.rendezvous.stores.etcd import store as etcd_store
+from phalanx.rendezvous.stores.etcd import misses as etcd_misses
 from phalanx.rendezvous.stores.etcd.conf import run_prefix
 from phalanx.rendezvous.stores.etcd.store import EtcdOptions, EtcdStore
 from support.fake_etcd import HEADER, JSON, FakeEtcd, Junk, junk_json
@@ -82,7 +82,7 @@ class OneKey:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(etcd_store, "time", fake)
+    monkeypatch.setattr(etcd_misses, "time", fake)  # (the retries' clock and pauses)
     return fake
 
 

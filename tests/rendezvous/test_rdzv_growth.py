@@ -29,7 +29,7 @@ from phalanx.rendezvous.stores.agentstore import AgentKVStore, StoreServer, Toke
 from phalanx.rendezvous.stores.etcd.conf import run_prefix
 from phalanx.stragglers.watch import PHASE as RATES
 from support.etcd_server import EtcdCluster
-from support.memcluster import FAST, WAIT, Cluster, wait_event
+from support.memcluster import FAST, WAIT, Cluster, swept, wait_event
 from support.tools import needs_etcd
 
 ROUNDS = 20
@@ -54,6 +54,7 @@ def form_all(handlers: list[RendezvousHandler]) -> list[Round]:
     assert not any(t.is_alive() for t in threads), "next_round hung"
     if errors:
         raise errors[0]
+    swept()  # (node rank 0 sweeps the rounds before in the background)
     return [joined[i] for i in range(len(handlers))]
 
 
@@ -138,14 +139,14 @@ def test_a_sweep_missed_by_a_dead_sweeper_is_caught_up_by_the_next(
 ) -> None:
     """Node rank 0 of round 3 dies between forming it and sweeping round 1 (the sweep is
     skipped); node rank 0 of round 4 deletes rounds 1 and 2, and the store stays level."""
-    from phalanx.rendezvous.dynamic import handler as handler_module
+    from phalanx.rendezvous.dynamic import sweep as sweep_module
     from phalanx.rendezvous.dynamic.sweep import sweep
 
     def sweep_unless_round_3(board: object, current: object) -> None:
         if getattr(current, "round", None) != 3:
             sweep(board, current)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(handler_module, "sweep", sweep_unless_round_3)
+    monkeypatch.setattr(sweep_module, "sweep", sweep_unless_round_3)
     nodes: list[RendezvousHandler] = [cluster.node(n) for n in "ab"]
 
     def round_keys(r: int) -> list[str]:

@@ -103,6 +103,16 @@ def form(*handlers: DynamicRendezvous) -> list[RendezvousResult]:
     return [r.result for r in rounds(*handlers)]
 
 
+def swept(timeout: float = WAIT) -> None:
+    """Until every sweep under way ended: node rank 0 sweeps the rounds before in a thread of
+    its own after its round formed (``dynamic.sweep.Sweeper``), so a test that counts the
+    store's keys right after a round formed waits for it first."""
+    for thread in threading.enumerate():
+        if thread.name == "phalanx-sweep":
+            thread.join(timeout)
+            assert not thread.is_alive(), "a sweep hung"
+
+
 def wait_event(handler: RendezvousHandler, kind: EventKind, timeout: float = WAIT) -> JobEvent:
     """The next event of ``kind`` that ``handler`` polls (others before it are dropped)."""
     seen: list[JobEvent] = []

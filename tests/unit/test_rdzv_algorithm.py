@@ -30,6 +30,7 @@ from support.memcluster import (
     crash,
     form,
     rounds,
+    swept,
     wait_event,
 )
 from support.memory_store import MemoryServer, MemoryStore
@@ -397,6 +398,7 @@ def test_what_a_node_that_comes_to_the_job_finds(cluster: Cluster) -> None:
     assert not a.job_running() and not b.job_running()
     for _ in range(3):  # rounds 0, 1, 2: round 2's rank 0 sweeps round 0
         form(a, b)
+    swept()
     assert "phalanx/rdzv/job/r0/closed" not in cluster.server.data
     newcomer, static = cluster.node("c", settings=patient), cluster.node("s", fixed_rank=0)
     host = cluster.node("h", hosting=True)  # (last: its shutdown stops the server)

@@ -1,7 +1,8 @@
 """Step 3 of forming a round (``formation``): its membership and its workers' master port.
 
-Slot 1 reads the n arrivals, assigns node ranks and writes ``members``: a deterministic
-result, so any node can redo it if slot 1 died (the first write wins). Node rank 0 picks a
+Slot 1 reads the n arrivals (with the membership, if another node wrote it, and the last
+round's restart claim: one round trip), assigns node ranks and writes ``members``: a
+deterministic result, so any node can redo it if slot 1 died (the first write wins). Node rank 0 picks a
 free port on its host and publishes ``master``. The others wait for each key and read it in
 the wait's round trip where the store can (``BatchedStore.wait_get``): one call each. When
 slot 1 is node rank 0 itself (a first round's first arrival, unless another node hosts the
@@ -12,11 +13,12 @@ like every other node, and no node waits for it (a call and a wake-up fewer per 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import NodeInfo
-from phalanx.rendezvous.dynamic.board import Board, decode, parsed
+from phalanx.rendezvous.dynamic.board import Board, claim_of, decode, parsed
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.resources.ports import free_port
@@ -37,36 +39,79 @@ def members_of(
     than built again: ``Membership.from_json``)."""
     key, master_key = board.keys.round(t, "members"), board.keys.round(t, "master")
     master: dict[str, Any] | None = None
-    if slot == 1:
-        found = board.get_json(key)
+    read: _Read | None = None
+    if slot == 1:  # the membership (written already if slot 1 was slow), the arrivals, the claim
+        read = _read(board, settings, t, count)
+        found = read.members
     else:  # (returns at once if it is written already)
         _, (data, published) = board.wait_get([key], settings.close_timeout, [key, master_key])
         found = None if data is None else decode(data, key)
         master = None if published is None else decode(published, master_key)
     if found is None:  # slot 1 (or, if it died, everyone) assembles: same result for all
-        found, mine, master = _assemble(board, settings, t, count, prior, worker_port)
+        read = read or _read(board, settings, t, count)
+        found, mine, master = _assemble(board, t, read, prior, worker_port)
         prior = mine or prior  # (what it proposed is what it reads back, unless it lost)
     if "fail" in found:
         raise RendezvousError(f"round {t}: {found['fail']}")
     return parsed(key, found, lambda body: Membership.from_json(body, like=prior)), master
 
 
+@dataclass(frozen=True)
+class _Read:
+    """What assembling round t takes from the store, read in one round trip: its membership
+    (None: nobody wrote it yet), its arrivals in slot order, and the restart claimed after
+    round t-1 (``Board.claimed_restart``'s answer; (False, "") for round 0)."""
+
+    members: dict[str, Any] | None
+    arrivals: list[Arrival]
+    claimed: tuple[bool, str]
+
+
+def _read(board: Board, settings: RendezvousSettings, t: int, count: int) -> _Read:
+    """Wait for round t's ``count`` arrivals and read them, the membership and the last
+    round's claim behind the wait: one round trip on a ``BatchedStore`` (slot 1 read the
+    membership, then the arrivals, then the claim: three on etcd's critical path)."""
+    keys = [board.keys.node(t, s) for s in range(1, count + 1)]
+    members, claim = board.keys.round(t, "members"), board.keys.round(t - 1, "claim")
+    extra = [members, claim] if t > 0 else [members]
+    announced, values = board.wait_get(keys, settings.close_timeout, [*keys, *extra])
+    found = None if (data := values[count]) is None else decode(data, members)
+    claimed = (False, "")
+    if t > 0 and (body := values[count + 1]) is not None:
+        claimed = parsed(claim, decode(body, claim), claim_of)
+    if found is not None:  # assembled already: the arrivals are not needed (maybe swept)
+        return _Read(found, [], claimed)
+    if not announced:
+        missing = [s for s, data in enumerate(values[:count], 1) if data is None]
+        raise RendezvousError(
+            f"round {t} closed with {count} nodes, but the node(s) in slot(s) {missing} "
+            f"never announced themselves within close_timeout={settings.close_timeout:g}s"
+        )
+    arrivals = []
+    for k, data in zip(keys, values[:count], strict=True):
+        if data is None:
+            raise RendezvousError(f"round {t}: arrival {k!r} vanished from the store")
+        arrivals.append(parsed(k, decode(data, k), Arrival.from_json))
+    return _Read(None, arrivals, claimed)
+
+
 def _assemble(
     board: Board,
-    settings: RendezvousSettings,
     t: int,
-    count: int,
+    read: _Read,
     prior: Membership | None,
     worker_port: int | None,
 ) -> tuple[dict[str, Any], Membership | None, dict[str, Any] | None]:
     """Write round t's membership unless another node did first: (what the key holds, the
     membership this node proposed (None: a failure), the master record if this node is
     node rank 0 and published it)."""
-    arrivals = _arrivals(board, settings, t, count)
+    if read.members is not None:
+        return read.members, None, None
+    arrivals, count = read.arrivals, len(read.arrivals)
     restarts, abandoned = 0, ""
     if t > 0:
         restarts = _restarts_before(board, t, prior)
-        claimed, abandoned = board.claimed_restart(t - 1)
+        claimed, abandoned = read.claimed
         restarts += int(claimed)
     try:
         ranks = assign_ranks(arrivals)
@@ -93,24 +138,6 @@ def _assemble(
     # put_first adds the writer's id; the membership itself is the same from any writer.
     found = board.put_first(board.keys.round(t, "members"), membership.to_json())
     return found, membership, master
-
-
-def _arrivals(board: Board, settings: RendezvousSettings, t: int, count: int) -> list[Arrival]:
-    """Round t's ``count`` arrivals, in slot order (read in one round trip)."""
-    keys = [board.keys.node(t, s) for s in range(1, count + 1)]
-    announced, values = board.wait_get(keys, settings.close_timeout, keys)
-    if not announced:
-        missing = [s for s, data in enumerate(values, 1) if data is None]
-        raise RendezvousError(
-            f"round {t} closed with {count} nodes, but the node(s) in slot(s) {missing} "
-            f"never announced themselves within close_timeout={settings.close_timeout:g}s"
-        )
-    arrivals = []
-    for k, data in zip(keys, values, strict=True):
-        if data is None:
-            raise RendezvousError(f"round {t}: arrival {k!r} vanished from the store")
-        arrivals.append(parsed(k, decode(data, k), Arrival.from_json))
-    return arrivals
 
 
 def _restarts_before(board: Board, t: int, prior: Membership | None) -> int:

@@ -19,6 +19,7 @@ from phalanx.rendezvous.dynamic.answers import AnswerBoard
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.stores.base import (
     BatchedStore,
+    CountingStore,
     KVStore,
     MalformedValue,
     StoreUnavailable,
@@ -79,7 +80,8 @@ class Decision:
         return bool(self.failure)
 
 
-def _claim(body: dict[str, Any]) -> tuple[bool, str]:
+def claim_of(body: dict[str, Any]) -> tuple[bool, str]:
+    """A ``claim`` record's body as ``claimed_restart`` answers it."""
     return bool(body["restart"]), str(body.get("abandoned", ""))
 
 
@@ -91,6 +93,7 @@ class Board:
         # Asked once: a runtime-checked protocol's isinstance inspects every method each time
         # (tens of microseconds: a round's reads asked it thousands of times in a driver).
         self._batch = store if isinstance(store, BatchedStore) else None
+        self._counting = store if isinstance(store, CountingStore) else None
         self.answers = AnswerBoard(store, keys)  # stacks, status, node-check records
 
     # -- generic -------------------------------------------------------------------------
@@ -250,20 +253,21 @@ class Board:
     def settle(self, r: int, rank: int, count: int, fate: str) -> bool:
         """Record how member ``rank`` of round ``r`` (of ``count``) left it: ``rejoined``,
         ``lost`` or ``left``. Only the first fate counts; returns whether this one did.
-
-        ``gone`` (and ``lost``) are counted before ``settled`` so whoever sees
-        ``all_settled`` reads final counts.
-        """
-        swapped, _ = self.store.compare_set(
-            self.keys.fate(r, rank), None, f"{fate}:{self.node_id}".encode()
-        )
+        ``gone`` (and ``lost``: who is left, for the last node to leave a failed job) are
+        counted before ``settled`` so whoever sees ``all_settled`` reads final counts; on a
+        ``CountingStore`` all of it is one request."""
+        counted = {"rejoined": (), "left": ("gone",), "lost": ("gone", "lost")}[fate]
+        counters = [self.keys.round(r, c) for c in (*counted, "settled")]
+        claim, full = self.keys.fate(r, rank), self.keys.round(r, "all_settled")
+        value = f"{fate}:{self.node_id}".encode()
+        if self._counting is not None:
+            return self._counting.claim_counted(claim, value, counters, count, full)
+        swapped, _ = self.store.compare_set(claim, None, value)
         if swapped:
-            if fate != "rejoined":
-                self.store.add(self.keys.round(r, "gone"), 1)
-            if fate == "lost":  # tells the last node to leave a failed job who is left
-                self.store.add(self.keys.round(r, "lost"), 1)
-            if self.store.add(self.keys.round(r, "settled"), 1) >= count:
-                self.store.set(self.keys.round(r, "all_settled"), b"1")
+            for counter in counters[:-1]:
+                self.store.add(counter, 1)
+            if self.store.add(counters[-1], 1) >= count:
+                self.store.set(full, b"1")
         return swapped
 
     def claim(self, r: int, restart: bool) -> bool:
@@ -277,14 +281,14 @@ class Board:
         all, as ``claim``. Returns it, and why the round was abandoned ("": a member claimed
         first)."""
         key = self.keys.round(r, "claim")
-        return parsed(key, self.put_first(key, {"restart": restart, "abandoned": reason}), _claim)
+        return parsed(key, self.put_first(key, {"restart": restart, "abandoned": reason}), claim_of)
 
     def claimed_restart(self, r: int) -> tuple[bool, str]:
         """Whether a restart was claimed after round ``r``, and why the round was abandoned
         ("": it was not, or nothing was claimed)."""
         key = self.keys.round(r, "claim")
         found = self.get_json(key)
-        return (False, "") if found is None else parsed(key, found, _claim)
+        return (False, "") if found is None else parsed(key, found, claim_of)
 
     def post_progress(self, r: int, progressed: bool) -> int:
         """This member of round ``r`` judged it: counted in ``judged``, and in ``progressed``

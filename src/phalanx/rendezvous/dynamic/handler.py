@@ -41,7 +41,7 @@ from phalanx.rendezvous.dynamic.lost import store_answers, tell_rejoining
 from phalanx.rendezvous.dynamic.members import Arrival
 from phalanx.rendezvous.dynamic.nodefence import fence_for
 from phalanx.rendezvous.dynamic.stopping import placed_in, tell_left_while_joining
-from phalanx.rendezvous.dynamic.sweep import sweep
+from phalanx.rendezvous.dynamic.sweep import Sweeper
 from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.lastword import Reach, Word, word
 from phalanx.rendezvous.settings import RendezvousSettings
@@ -107,6 +107,7 @@ class DynamicRendezvous:
         self._goback = None if self._failover is None else GoBack(self._failover, self._settings)
         self._follow = Follow(self._failover, self._settings)  # a spare that loses the store
         self._superseded: str | None = None  # why this store host stopped: the store moved
+        self._sweeper = Sweeper()  # node rank 0's sweep of the rounds before (``sweep``)
         self._wire(run_id, node_id or uuid.uuid4().hex)
 
     def _wire(self, run_id: str, node_id: str) -> None:
@@ -162,13 +163,11 @@ class DynamicRendezvous:
             return False
         if self._fence is not None:
             self._fence.rearm()
-        if self._joined is not None:
-            # Before waiting in the next round: the old round's members stop at once.
+        if self._joined is not None:  # before it waits: the old round's members stop at once
             joined = self._joined
             tell_rejoining(self._board, joined.membership, joined.rank, why, gone)
-        # As a member of the last round coming back (``_joined`` is kept): it opens the next
-        # round and joins it (settling its old place as rejoined, unless a peer counted it
-        # lost first), so the job re-forms even when every member lost the store at once.
+        # As a member of the last round (``_joined`` kept) it opens the next and joins it, its
+        # old place settled as rejoined (unless found lost): the job re-forms if all lost it.
         self._wire(self._board.keys.run_id, uuid.uuid4().hex)
         log.info("rendezvous %r: the store answers again; rejoining as a new member", self.run_id)
         return True
@@ -245,8 +244,8 @@ class DynamicRendezvous:
                         raise
                     self._switch(moved)
                     prior = None
-            if rank == 0:  # (after the master is published: the others need not wait)
-                sweep(self._board, membership)
+            if rank == 0:  # (off the round's path: the others need not wait, nor this node)
+                self._sweeper.start(self._board, membership)
         except StoreUnavailable as exc:
             # A store that answered junk answers the leave's write with the same junk.
             self._junk = isinstance(exc, Malformed)
@@ -375,6 +374,7 @@ class DynamicRendezvous:
             return
         self._closed = True
         try:
+            self._sweeper.wait()  # before the last node to leave deletes the run
             self._leave()
         except StoreUnavailable as exc:
             log.info("rendezvous: leaving without telling the other nodes: %s", exc)

@@ -18,6 +18,8 @@ store that outlives the job (etcd) also implements ``DurableStore``, so the last
 leave can remove the run's keys. A store that reads many keys in one round trip (the agent
 store) implements ``BatchedStore``; the node that assembles a round's membership reads the
 arrivals with it, and a joining node reads what a wait was for in the wait's round trip.
+A store that can make several conditional writes one request (etcd: a transaction)
+implements ``CountingStore``; a node settles its place in a round with it.
 """
 
 from __future__ import annotations
@@ -163,3 +165,16 @@ class BatchedStore(KVStore, Protocol):
     ) -> tuple[bool, list[bytes | None]]:
         """``wait(keys, timeout)``, then ``get_many(reads)`` once the wait is over (found or
         not), in the same round trip."""
+
+
+@runtime_checkable
+class CountingStore(KVStore, Protocol):
+    """A ``KVStore`` that claims a key and counts the claim in one request."""
+
+    def claim_counted(
+        self, key: str, value: bytes, counters: list[str], total: int, full: str
+    ) -> bool:
+        """At once: ``compare_set(key, None, value)``; if that set it, ``add(c, 1)`` for each
+        of ``counters``, and ``set(full, b"1")`` when the last one's sum reaches ``total``.
+        Returns whether this call set ``key`` (False: it held a value, nothing was written).
+        Raises ``StoreUnavailable`` as ``add`` does."""

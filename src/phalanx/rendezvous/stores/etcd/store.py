@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ from phalanx.rendezvous.stores.etcd.conf import (
     run_prefix,
 )
 from phalanx.rendezvous.stores.etcd.lease import LEASE_NOT_FOUND, EtcdLease, LeaseExpired
+from phalanx.rendezvous.stores.etcd.misses import Misses
 from phalanx.rendezvous.stores.etcd.stream import StreamBroken
 from phalanx.rendezvous.stores.etcd.watch import watch_until_present
 
@@ -44,17 +44,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT = 3.0  # close() is best effort: an unreachable etcd expires the lease anyway
-# add() gives up only after this many tries with a value it read missed: one late reply (a
-# paused or starved process) costs its guess and at most one such try, never the add.
-_MIN_READ_MISSES = 2
-# After a try with a value it read missed too, add() pauses before the next one, a random
-# share of a pause that doubles from _PAUSE_FIRST up to _PAUSE_MAX: writers that keep colliding
-# spread out instead of each sending a transaction as soon as the last one's miss came back
-# (683 tries in 1 s against an etcd that always said "changed"). As torch's etcd store does
-# (``cas_delay``: 0-0.1 s) and etcd's own client between retries (25 ms, 10 % jitter). The guess
-# and the first try with the value read go at once: one other writer, whom the read saw.
-_PAUSE_FIRST = 0.01
-_PAUSE_MAX = 0.1
 _TXN_OPS = 128  # etcd's --max-txn-ops default: the most operations one transaction may hold
 
 
@@ -168,38 +157,40 @@ class EtcdStore:
 
     def add(self, key: str, amount: int) -> int:
         """Raises ``StoreUnavailable`` when other writers keep changing the key for longer than
-        ``request_timeout``, and ``MalformedValue`` when it holds no integer."""
+        ``request_timeout`` (``misses``), and ``MalformedValue`` when it holds no integer."""
         full = self._key(key)
-        compare, base = wire.compare_absent(full), 0  # guess "absent"; a miss returns the value
-        # Each miss is a request answered: another writer's change (or a member that keeps
-        # saying so). A deadline (not a count) bounds the retries, so nothing makes this spin.
-        # It bounds contention, not one late reply: its clock also runs while a reply is slow
-        # or this process is descheduled (a loaded machine, SIGSTOP), after which the guess
-        # misses with nobody contending; giving up then blamed contention nobody made (a
-        # loaded CI run). So the add gives up only once tries with a value it read missed too.
-        start = time.monotonic()
-        misses = 0
+        found: wire.KV | None = None  # guess "absent"; a miss returns the value
+        misses = Misses(key, self._where, self.options.request_timeout)
         while True:
-            done, found = self._conditional_put(full, compare, str(base + amount).encode())
+            total = amount + _count(key, found)
+            done, (found,) = self._conditional(
+                [_compare(full, found)], [(full, str(total).encode())], [full]
+            )
             if done:
-                return base + amount
-            misses += 1  # (all but the first were tries with the value read)
-            spent = time.monotonic() - start
-            if misses > _MIN_READ_MISSES and spent >= self.options.request_timeout:
-                raise StoreUnavailable(
-                    f"add({key!r}) on etcd at {self.current_endpoint}: the key changed between "
-                    f"each read and write, {misses} tries in {spent:.3g} s (request_timeout "
-                    f"{self.options.request_timeout:.3g} s)"
-                )
-            if misses >= _MIN_READ_MISSES:
-                time.sleep(_pause(misses - _MIN_READ_MISSES))
-            if found is None:
-                compare, base = wire.compare_absent(full), 0
-            else:
-                compare, base = (
-                    wire.compare_mod(full, found.mod_revision),
-                    _as_int(key, found.value),
-                )
+                return total
+            misses.missed()
+
+    def claim_counted(
+        self, key: str, value: bytes, counters: list[str], total: int, full: str
+    ) -> bool:
+        """``CountingStore``: one transaction a try (a ``compare_set`` and an ``add`` per
+        counter, then a ``set``, were a request each: four on the round's critical path for
+        the last member to settle its place). Raises as ``add`` does."""
+        claim, names = self._key(key), [self._key(c) for c in counters]
+        found: list[wire.KV | None] = [None] * len(names)  # guess: nothing counted yet
+        misses = Misses(counters[-1], self._where, self.options.request_timeout)
+        while True:
+            counts = [
+                str(1 + _count(c, kv)).encode() for c, kv in zip(counters, found, strict=True)
+            ]
+            puts = [(claim, value), *zip(names, counts, strict=True)]
+            if int(counts[-1]) >= total:
+                puts.append((self._key(full), b"1"))
+            compare = [wire.compare_absent(claim), *map(_compare, names, found)]
+            done, (held, *found) = self._conditional(compare, puts, [claim, *names])
+            if done or held is not None:  # (held: another node settled the place first)
+                return done
+            misses.missed()
 
     def compare_set(
         self, key: str, expected: bytes | None, desired: bytes
@@ -209,7 +200,7 @@ class EtcdStore:
             compare = wire.compare_absent(full)
         else:
             compare = wire.compare_value(full, expected)
-        done, found = self._conditional_put(full, compare, desired)
+        done, (found,) = self._conditional([compare], [(full, desired)], [full])
         if done:
             return True, desired
         return False, None if found is None else found.value
@@ -339,6 +330,9 @@ class EtcdStore:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _where(self) -> str:
+        return self.current_endpoint
+
     def _key(self, key: str) -> bytes:
         return f"{self.prefix}kv/{key}".encode()
 
@@ -349,22 +343,24 @@ class EtcdStore:
     def _txn(self, request: wire.JSON) -> wire.TxnReply:
         return self._client.call("kv/txn", request, lambda reply: wire.txn_reply(request, reply))
 
-    def _conditional_put(
-        self, full: bytes, compare: wire.JSON, value: bytes
-    ) -> tuple[bool, wire.KV | None]:
-        """Put ``value`` if ``compare`` holds; otherwise report what the key holds."""
+    def _conditional(
+        self, compare: list[wire.JSON], puts: list[tuple[bytes, bytes]], reads: list[bytes]
+    ) -> tuple[bool, list[wire.KV | None]]:
+        """Put each ``(key, value)`` if every ``compare`` holds; otherwise report what
+        ``reads`` hold (``None`` each when the puts were done)."""
         with self._txn_lock:
             token = self._token()
+            success = [*(wire.put_op(k, v) for k, v in puts), wire.put_op(self._receipt, token)]
             reply = self._txn(
                 {
-                    "compare": [compare],
-                    "success": [wire.put_op(full, value), wire.put_op(self._receipt, token)],
-                    "failure": [wire.range_op(full), wire.range_op(self._receipt)],
+                    "compare": compare,
+                    "success": success,
+                    "failure": [*(wire.range_op(k) for k in reads), wire.range_op(self._receipt)],
                 }
             )
-        if reply.succeeded or _is_token(reply.first(1), token):
-            return True, None  # (a resent request that found its own receipt: the first one won)
-        return False, reply.first(0)
+        if reply.succeeded or _is_token(reply.first(len(reads)), token):
+            return True, [None] * len(reads)  # (resent, it found its own receipt: the first won)
+        return False, [reply.first(i) for i in range(len(reads))]
 
     def _read(self, wanted: list[bytes]) -> tuple[dict[bytes, bool], int]:
         """Which of the keys exist, and the revision the read saw them at."""
@@ -382,12 +378,14 @@ def _is_token(kv: wire.KV | None, token: bytes) -> bool:
     return kv is not None and kv.value == token
 
 
-def _pause(n: int) -> float:
-    """Seconds before the next try after ``n + 1`` tries with a value read missed: between
-    half and all of a cap that doubles from ``_PAUSE_FIRST`` to ``_PAUSE_MAX`` (so never less
-    than half of it: the tries an add makes before its deadline are bounded)."""
-    cap = min(_PAUSE_MAX, _PAUSE_FIRST * 2 ** min(n, 16))
-    return random.uniform(cap / 2, cap)
+def _compare(key: bytes, found: wire.KV | None) -> wire.JSON:
+    """The key is still as a read ``found`` it (absent: ``None``)."""
+    return wire.compare_absent(key) if found is None else wire.compare_mod(key, found.mod_revision)
+
+
+def _count(key: str, found: wire.KV | None) -> int:
+    """A counter's value as a read ``found`` it (absent: 0)."""
+    return 0 if found is None else _as_int(key, found.value)
 
 
 def _as_int(key: str, value: bytes) -> int:
