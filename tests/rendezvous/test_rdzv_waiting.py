@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.rendezvous.dynamic.board import Board, encode
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.records import encode
 from phalanx.rendezvous.dynamic.waiting import Waiting, WaitingLine, waiting_text
 from phalanx.resources.ports import free_port
 from support.etcd_server import EtcdCluster

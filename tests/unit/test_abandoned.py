@@ -12,10 +12,11 @@ import pytest
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import NodeInfo
 from phalanx.rendezvous.dynamic.abandoned import Abandoned, gone
-from phalanx.rendezvous.dynamic.board import Board, Decision, encode
+from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.dynamic.pulse import Verdict
+from phalanx.rendezvous.dynamic.records import encode
 from phalanx.rendezvous.stores.base import StoreUnavailable
 from support.memcluster import FAST
 from support.memory_store import MemoryServer, MemoryStore

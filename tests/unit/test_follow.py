@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from phalanx.rendezvous.dynamic.board import Board, encode
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.failover import Candidate, Failover
 from phalanx.rendezvous.dynamic.follow import Follow, newest, running, signposted
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.records import encode
 from phalanx.rendezvous.dynamic.waiting import Waiting, waiting_text
 from phalanx.rendezvous.lastword import Reach
 from phalanx.rendezvous.settings import RendezvousSettings

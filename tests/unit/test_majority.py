@@ -13,7 +13,7 @@ import time
 import pytest
 
 from phalanx.errors import CUT_OFF_EXIT_CODE, CutOff, RendezvousError
-from phalanx.rendezvous.dynamic.board import Board, decode
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.failover import republish
 from phalanx.rendezvous.dynamic.majority import (
     choose,
@@ -25,6 +25,7 @@ from phalanx.rendezvous.dynamic.majority import (
     keepalive,
     short_of,
 )
+from phalanx.rendezvous.dynamic.records import decode
 from support.memory_store import MemoryServer, MemoryStore
 from support.rounds import KEYS, ROUND
 

@@ -14,11 +14,12 @@ import pytest
 
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import EventKind, NodeInfo
-from phalanx.rendezvous.dynamic.board import LEFT, Board, parsed
+from phalanx.rendezvous.dynamic.board import LEFT, Board
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
+from phalanx.rendezvous.dynamic.records import parsed
 from phalanx.rendezvous.stores.base import MalformedValue
 from support.launch import wait_for
 from support.memcluster import (

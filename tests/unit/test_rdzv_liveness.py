@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from phalanx.rendezvous.api import EventKind, JobEvent, NodeInfo
-from phalanx.rendezvous.dynamic.board import Board, encode
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.records import encode
 from phalanx.rendezvous.settings import RendezvousSettings
 from support.memory_store import MemoryServer, MemoryStore
 

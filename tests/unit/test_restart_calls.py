@@ -14,11 +14,12 @@ from dataclasses import replace
 
 from phalanx.rendezvous.api import NodeInfo
 from phalanx.rendezvous.dynamic.abandoned import Abandoned
-from phalanx.rendezvous.dynamic.board import Board, Decision, encode
+from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.formation import RoundFormer
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.liveness import Liveness
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
+from phalanx.rendezvous.dynamic.records import encode
 from support.memcluster import FAST, WAIT
 from support.memory_store import MemoryServer, MemoryStore
 

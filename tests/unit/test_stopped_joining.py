@@ -15,10 +15,11 @@ import signal
 import pytest
 
 from phalanx.rendezvous.api import EventKind, NodeInfo
-from phalanx.rendezvous.dynamic.board import LEFT, Board, Decision, encode
+from phalanx.rendezvous.dynamic.board import LEFT, Board, Decision
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.pulse import Counters, Verdict
+from phalanx.rendezvous.dynamic.records import encode
 from phalanx.rendezvous.dynamic.ring import RingWatch
 from phalanx.rendezvous.dynamic.stopping import Placed, placed_in, tell_left_while_joining
 from phalanx.rendezvous.settings import RendezvousSettings

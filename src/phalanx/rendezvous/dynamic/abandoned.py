@@ -39,10 +39,11 @@ from collections.abc import Callable, Sequence
 from phalanx.config import shown_run_id
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import restarts_left
-from phalanx.rendezvous.dynamic.board import Board, parsed
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.lost import tell_lost
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.dynamic.pulse import UNREAD, Verdict, pulse_for
+from phalanx.rendezvous.dynamic.records import parsed
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import Malformed, StoreUnavailable
 

@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from phalanx.consistency.compare import UNKNOWN, differing_fields
 from phalanx.consistency.fingerprint import MISSING, VERSION_FIELDS
 from phalanx.errors import MismatchError
-from phalanx.rendezvous.dynamic.board import Board, parsed
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.records import parsed
 
 
 def check_admission(board: Board, t: int, fingerprint: Mapping[str, str]) -> None:

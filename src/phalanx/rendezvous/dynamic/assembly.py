@@ -18,8 +18,9 @@ from typing import Any
 
 from phalanx.errors import RendezvousError
 from phalanx.rendezvous.api import NodeInfo
-from phalanx.rendezvous.dynamic.board import Board, claim_of, decode, parsed
+from phalanx.rendezvous.dynamic.board import Board, claim_of
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
+from phalanx.rendezvous.dynamic.records import decode, parsed
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.resources.ports import free_port
 

@@ -8,7 +8,6 @@ desired value) cannot make two nodes both believe they won.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +16,11 @@ from typing import Any, TypeVar
 from phalanx.rendezvous.api import EventKind, JobEvent, RoundVerdict
 from phalanx.rendezvous.dynamic.answers import AnswerBoard
 from phalanx.rendezvous.dynamic.keys import Keys
+from phalanx.rendezvous.dynamic.records import count_in, decode, encode, integer, parsed
 from phalanx.rendezvous.stores.base import (
     BatchedStore,
     CountingStore,
     KVStore,
-    MalformedValue,
     StoreUnavailable,
 )
 
@@ -31,41 +30,6 @@ LEFT = b"left"  # heartbeat value of a node that left on purpose: watchers skip 
 # Heartbeat value written by the guardian of an agent that died (``phalanx.rendezvous.
 # lastword``): watchers count the node lost at once instead of after its liveness runs out.
 DIED = b"died"
-
-
-def encode(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def decode(data: bytes, key: str = "?") -> dict[str, Any]:
-    """A JSON object as phalanx writes it; ``MalformedValue`` naming ``key`` otherwise."""
-    try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise MalformedValue(key, f"not JSON: {data[:80]!r}") from None
-    if not isinstance(value, dict):
-        raise MalformedValue(key, f"expected a JSON object, got {data[:80]!r}")
-    return value
-
-
-def _integer(key: str, data: bytes) -> int:
-    try:
-        return int(data)
-    except ValueError:
-        raise MalformedValue(key, f"expected an integer, got {data[:80]!r}") from None
-
-
-def count_in(key: str, data: bytes | None) -> int:
-    """A counter's value as read from ``key`` (absent: 0)."""
-    return 0 if data is None else _integer(key, data)
-
-
-def parsed(key: str, body: dict[str, Any], parse: Callable[[dict[str, Any]], T]) -> T:
-    """``parse(body)``, with a missing or mistyped field a ``MalformedValue`` naming ``key``."""
-    try:
-        return parse(body)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise MalformedValue(key, f"{type(exc).__name__}: {exc} in {str(body)[:120]}") from None
 
 
 @dataclass(frozen=True)
@@ -139,7 +103,7 @@ class Board:
     # -- rounds ----------------------------------------------------------------------------
     def latest_round(self) -> int:
         data = self.store.get(self.keys.latest_round)
-        return 0 if data is None else _integer(self.keys.latest_round, data)
+        return 0 if data is None else integer(self.keys.latest_round, data)
 
     def open_round(self, r: int, current: bytes | None = None, *, read: bool = False) -> None:
         """Mark round ``r`` open and move the run's newest-round pointer up to it (never down).
@@ -149,10 +113,10 @@ class Board:
         so of a thousand members that rejoin, the first few write."""
         if not read:
             current = self.store.get(self.keys.latest_round)
-        if current is not None and _integer(self.keys.latest_round, current) >= r:
+        if current is not None and integer(self.keys.latest_round, current) >= r:
             return
         self.store.set(self.keys.round(r, "open"), b"1")
-        while current is None or _integer(self.keys.latest_round, current) < r:
+        while current is None or integer(self.keys.latest_round, current) < r:
             swapped, current = self.store.compare_set(
                 self.keys.latest_round, current, str(r).encode()
             )
@@ -172,7 +136,7 @@ class Board:
             latest, first = self.get_many([keys.latest_round, keys.round(0, "closed")])
             if latest in (None, b"0"):
                 return first is not None
-            t = _integer(keys.latest_round, latest)
+            t = integer(keys.latest_round, latest)
             closed, settled = self.get_many(
                 [keys.round(t, "closed"), keys.round(t - 1, "all_settled")]
             )

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from phalanx.errors import CUT_OFF_EXIT_CODE
 from phalanx.rendezvous.api import RoundVerdict
-from phalanx.rendezvous.dynamic.board import Board, Decision, encode
+from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.joined import JoinedRound
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.lost import Untold
@@ -248,7 +248,7 @@ def republish(
     board.open_round(r)
     board.store.set(keys.round(r, "failover"), b"1")  # the next round needs a strict majority
     if verdict is not None and r > 0:
-        board.store.compare_set(keys.round(r - 1, "verdict"), None, encode(verdict.to_json()))
+        board.propose_verdict(r - 1, verdict)
     if lost is not None and board.settle(r, lost, membership.count, "lost"):
         Untold(membership, lost, why, since).tell(board)
 

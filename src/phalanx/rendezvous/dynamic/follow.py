@@ -42,11 +42,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from phalanx.rendezvous.dynamic.board import Board, parsed
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.failover import TRY, Candidate, Failover, Move, Successors, epoch_of
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.majority import FEWEST, confirmed
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.records import parsed
 from phalanx.rendezvous.settings import RendezvousSettings
 from phalanx.rendezvous.stores.base import KVStore, Malformed, MalformedValue, StoreUnavailable
 

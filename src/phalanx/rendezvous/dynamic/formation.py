@@ -37,11 +37,12 @@ from phalanx.errors import Interrupted, NotNeeded, PhalanxError, Preempted, Rend
 from phalanx.rendezvous.dynamic.abandoned import Abandoned
 from phalanx.rendezvous.dynamic.admission import check_admission
 from phalanx.rendezvous.dynamic.assembly import master_of, members_of
-from phalanx.rendezvous.dynamic.board import Board, Decision, count_in, encode
+from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.majority import close_restart, ended, expire_late, failed_over
 from phalanx.rendezvous.dynamic.members import Arrival, Membership
 from phalanx.rendezvous.dynamic.pulse import UNREAD, Unread
 from phalanx.rendezvous.dynamic.queued import QueuedNodes, restart_close
+from phalanx.rendezvous.dynamic.records import count_in, encode
 from phalanx.rendezvous.dynamic.waiting import WaitingLine
 from phalanx.rendezvous.dynamic.wake import look
 from phalanx.rendezvous.settings import RendezvousSettings

@@ -21,8 +21,9 @@ import logging
 import time
 
 from phalanx.rendezvous.api import RoundVerdict, Signature
-from phalanx.rendezvous.dynamic.board import Board, count_in, decode, parsed
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.records import count_in, decode, parsed
 from phalanx.rendezvous.settings import RendezvousSettings
 
 log = logging.getLogger("phalanx")

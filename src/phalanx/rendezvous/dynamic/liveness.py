@@ -23,8 +23,7 @@ closes, when the others may start watching it.
 
 On a store that can open a second handle on itself (``TwinnedStore``: the agent store) both
 threads use handles of their own, their calls bounded (``health.call_bound``); the store's
-loss is ``health.StoreHealth``'s to say; the ring watch is ``ring``.
-"""
+loss is ``health.StoreHealth``'s to say; the ring watch is ``ring``."""
 
 from __future__ import annotations
 
@@ -37,11 +36,12 @@ from dataclasses import dataclass
 
 from phalanx.rendezvous.api import EventKind, JobEvent
 from phalanx.rendezvous.dynamic.beat import Beater, hedge
-from phalanx.rendezvous.dynamic.board import Board, count_in
+from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.health import StoreHealth, call_bound, twinned
 from phalanx.rendezvous.dynamic.look import Look
 from phalanx.rendezvous.dynamic.members import Membership
 from phalanx.rendezvous.dynamic.pulse import pulse_for
+from phalanx.rendezvous.dynamic.records import count_in
 from phalanx.rendezvous.dynamic.ring import RingWatch
 from phalanx.rendezvous.fencing import Fence
 from phalanx.rendezvous.settings import RendezvousSettings

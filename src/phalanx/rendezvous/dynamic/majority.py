@@ -25,10 +25,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from phalanx.errors import CutOff, RendezvousError
-from phalanx.rendezvous.dynamic.board import Board, Decision, encode, parsed
+from phalanx.rendezvous.dynamic.board import Board, Decision
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.dynamic.lost import Untold
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.records import encode, parsed
 from phalanx.rendezvous.stores.base import KVStore
 
 FEWEST = 3  # a round of 2 never fails over: its survivor could never be a majority

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from phalanx.errors import signal_name
 from phalanx.rendezvous.api import EventKind, JobEvent
-from phalanx.rendezvous.dynamic.board import LEFT, Board, decode, parsed
+from phalanx.rendezvous.dynamic.board import LEFT, Board
 from phalanx.rendezvous.dynamic.members import Arrival, Membership, assign_ranks
+from phalanx.rendezvous.dynamic.records import decode, parsed
 from phalanx.rendezvous.stores.base import StoreUnavailable
 
 log = logging.getLogger("phalanx")

@@ -31,8 +31,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from phalanx.rendezvous.dynamic.board import DIED, LEFT, Board, count_in, decode, parsed
+from phalanx.rendezvous.dynamic.board import DIED, LEFT, Board
 from phalanx.rendezvous.dynamic.members import Membership
+from phalanx.rendezvous.dynamic.records import count_in, decode, parsed
 from phalanx.rendezvous.stores.base import LeasedStore, PrefixStore, StoreUnavailable
 
 log = logging.getLogger("phalanx")

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phalanx.rendezvous.dynamic.board import Board, count_in
+from phalanx.rendezvous.dynamic.board import Board
+from phalanx.rendezvous.dynamic.records import count_in
 
 
 @dataclass(frozen=True)
