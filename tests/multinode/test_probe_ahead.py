@@ -1,7 +1,8 @@
 """The node check's compute probe runs once per agent: a spare measures it before it joins a
-running job, and the round that takes it in checks with the figures the nodes measured before
-(issue 41: the first agent SIGKILL of a soak was back in 0.64 s against 0.16-0.38 s, 0.35 s of
-it that round's check, every node probing again after the round formed).
+running job, or, a spare from the job's start, while it waits; the round that takes it in
+checks with the figures the nodes measured before (issue 41: the first agent SIGKILL of a soak
+was back in 0.64 s against 0.16-0.38 s, 0.35 s of it that round's check, every node probing
+again after the round formed; a spare from the start still probed in that round, 0.06-0.26 s).
 
 Real agents, a real c10d store and Gloo, each node on a host of its own: ``--nnodes 2:2``,
 node 2 a spare started once the job runs, node 1 SIGKILLed (agent, guardian, worker) so the
@@ -11,6 +12,9 @@ timing.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +77,51 @@ def test_a_spare_probes_before_it_joins_and_no_node_probes_again_when_it_is_take
     mine = {e["round"]: e for e in _kinds(spare, "node_check")}
     assert _figure(checks[1], checks[1]) == _figure(checks[0], checks[0]), checks
     assert _figure(checks[1], mine[1]) == probe["compute"], (checks[1], probe)
+
+
+def test_a_spare_from_the_start_probes_while_it_waits_and_not_in_the_round_that_takes_it(
+    hosts: object, nodes: list[Node], tmp_path: Path
+) -> None:
+    """Nodes 1 and 2 start together while node 0's agent (the store's host, in round 0
+    alone) is SIGSTOPped, and both reach its store once it is SIGCONTed: all three join at
+    the job's start (no "the job is running" wait), round 0 takes two, the third waits as
+    the spare. It probes once while it waits (``node_probe``, round null, after its
+    ``rdzv_start``), and not again in round 1, which takes it in when the other member is
+    SIGKILLed: round 1's check has no probe on any node, and the spare's figure there is
+    the one it measured while it waited."""
+    net = hosts(3)  # type: ignore[operator]
+    port = free_port()
+    args = [*c10d_args(net, port, "2:2"), "--max-restarts", "1",
+            worker("spare_round.py"), str(tmp_path)]  # fmt: skip
+    nodes.append(Node(net, 0, args, tmp_path, "n0"))
+    wait_for(lambda: list(nodes[0].logs.glob("*/events.jsonl")) and _kinds(
+        _events(nodes[0]), "rdzv_start"), 60, "node 0 to join")  # fmt: skip
+    os.kill(nodes[0].proc.pid, signal.SIGSTOP)  # (its store with it: the others wait for it)
+    try:
+        nodes += [Node(net, i, args, tmp_path, f"n{i}") for i in (1, 2)]
+        started = lambda: all(list(n.logs.glob("*/events.jsonl")) for n in nodes[1:])  # noqa: E731
+        wait_for(started, 60, "nodes 1 and 2 to start")
+        time.sleep(1)  # (both connect to the store: it answers them together)
+    finally:
+        os.kill(nodes[0].proc.pid, signal.SIGCONT)
+    wait_for(lambda: (tmp_path / "up.0").exists() and (tmp_path / "up.1").exists(), 90, "round 0")
+    formed = lambda n: _kinds(_events(n), "rdzv_done")  # noqa: E731
+    (spare,) = [n for n in nodes[1:] if not formed(n)]
+    (member,) = [n for n in nodes[1:] if n is not spare]
+    wait_for(lambda: _kinds(_events(spare), "node_probe"), 60, "the spare to probe as it waits")
+    member.kill()  # its whole session: agent, guardian, worker
+    assert [nodes[0].finish(), spare.finish()] == [0, 0], nodes[0].stderr + spare.stderr
+    assert "sum=3 world=2" in nodes[0].stdout + spare.stdout
+    assert "the job is running" not in spare.stderr, spare.stderr  # it joined at the start
+
+    first, mine = _events(nodes[0]), _events(spare)
+    assert [e["round"] for e in _kinds(first, "node_probe")] == [0], _kinds(first, "node_probe")
+    (probe,) = _kinds(mine, "node_probe")
+    (start, *_) = _kinds(mine, "rdzv_start")
+    (done,) = _kinds(mine, "rdzv_done")
+    assert probe["round"] is None and start["seq"] < probe["seq"] < done["seq"], mine
+    assert done["round"] == 1, done
+    checks = {e["round"]: e for e in _kinds(first, "node_check")}
+    (check,) = _kinds(mine, "node_check")
+    assert sorted(checks) == [0, 1] and check["round"] == 1, (checks, check)
+    assert _figure(checks[1], check) == probe["compute"], (checks[1], probe)

@@ -212,3 +212,16 @@ def test_torchruns_node_abbreviation_still_means_node_rank(prefix: str) -> None:
     assert parse_config(argv, {}).rendezvous.node_rank == 1
     with pytest.raises(UsageError, match="ambiguous option: --n could match"):
         expanded(["--n", "1", SCRIPT], {})
+
+
+def test_the_cpu_probe_asks_between_its_reps_and_gives_up_once_needed() -> None:
+    """A probe ahead (a spare's, while it waits) asks ``needed`` before each rep: unneeded it
+    measures all ``REPS``; once a round waits for the node it stops there, with no figure."""
+    from phalanx.nodecheck.probes import REPS, cpu_matmul_rate
+
+    asks: list[int] = []
+    assert (cpu_matmul_rate(lambda: bool(asks.append(1))) or 0) > 0
+    assert len(asks) == REPS
+    asks.clear()
+    assert cpu_matmul_rate(lambda: bool(asks.append(1)) or len(asks) == 2) is None
+    assert len(asks) == 2

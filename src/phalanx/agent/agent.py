@@ -109,10 +109,18 @@ class Agent:
         self._contain = contain
         self._checked = CheckedNodes()  # this agent's node check: whether, and its figure
 
-    def _probe_ahead(self, events: EventLog) -> Callable[[], None]:
+    def _probe_ahead(self, events: EventLog) -> Callable[[Callable[[], bool]], None]:
         """The node check's compute probe, for ``join_when_ready`` to run before this agent
-        joins a running job (``agent.checking.probe_ahead``)."""
-        return lambda: probe_ahead(self._config, self._checked, events)
+        joins a running job, and for its wait as a spare (``agent.checking.probe_ahead``)."""
+        return lambda needed: probe_ahead(self._config, self._checked, events, needed)
+
+    def _join(self, template: Template | None, peers: Peers | None, events: EventLog) -> None:
+        """``join_when_ready``, which probes ahead where this agent comes to a running job; a
+        spare there from the job's start probes while it waits (``Peers.while_spare``)."""
+        probe = self._probe_ahead(events)
+        if peers is not None:
+            peers.while_spare(probe)
+        join_when_ready(template, peers, lambda: probe(lambda: False))
 
     def run(self) -> int:
         """Run the job to the end; return 0 or raise ``JobFailed``/``Interrupted``/``RendezvousError``."""
@@ -206,7 +214,7 @@ class Agent:
                 template = open_warm(config.workers, self._base_env, run_dir)  # imports from now
                 with signals.raising():  # connecting may wait up to join_timeout
                     rendezvous = self._open_rendezvous()
-                    join_when_ready(template, rendezvous.peers(), self._probe_ahead(events))
+                    self._join(template, rendezvous.peers(), events)
                 supervisor = self._supervisor(
                     guardian, template, rendezvous.peers(), events, filters, wall_clock
                 )

@@ -52,12 +52,19 @@ class CheckedNodes:
     def __init__(self) -> None:
         self.round: int | None = None
         self._probed: LocalFacts | None = None
+        self.ahead = False  # probed ahead of a round (kept or not): not again ahead
 
     def remember(self, joined: RendezvousResult) -> None:
         if self.round is None:
             self.round = joined.round
 
-    def probe(self, nproc_per_node: int, events: EventLog, asked_by: int | None) -> LocalFacts:
+    def probe(
+        self,
+        nproc_per_node: int,
+        events: EventLog,
+        asked_by: int | None,
+        needed: Callable[[], bool] = lambda: False,
+    ) -> LocalFacts | None:
         """This node's compute figure for a check: the one measured before (ahead of its
         join, ``probe_ahead``, or at an earlier check), else measured now (``asked_by``: the
         round whose check asks; None: ahead). Why once: a round that takes in a node never
@@ -65,16 +72,20 @@ class CheckedNodes:
         of that check (0.15 s of a core on CPU, seconds on GPUs), after the round formed,
         with every rank waiting for it; the others' figures of their first check stand, as a
         restart among checked nodes trusts them (the module's docstring). A probe that found
-        a problem (a GPU that did not answer) is run again at the next check."""
+        a problem (a GPU that did not answer) is run again at the next check. ``needed``
+        (ahead only): True gives the probe up (None, no event): a round waits for this node."""
         if self._probed is None:
             from phalanx.nodecheck.probes import compute_probe
 
             began = time.monotonic()
-            facts = compute_probe(nproc_per_node)
+            facts = compute_probe(nproc_per_node, needed)
+            if facts is None:
+                return None
             events.emit(
                 "node_probe", round=asked_by, compute=facts.compute, device=facts.device,
                 problems=facts.problems, seconds=round(time.monotonic() - began, 3),
             )  # fmt: skip
+            self.ahead |= asked_by is None
             if facts.problems or facts.compute is None:
                 return facts
             self._probed = facts
@@ -82,14 +93,23 @@ class CheckedNodes:
         return replace(known, problems=list(known.problems))  # the check appends its own
 
 
-def probe_ahead(config: LaunchConfig, checked: CheckedNodes, events: EventLog) -> None:
-    """This node's compute probe, now: it comes to a running job that does not need it yet
-    (``agent.join_when_ready``), so the probe costs no round anything; the round that takes
-    it in checks with that figure instead of probing after it formed (issue 41: the first
-    agent SIGKILL of a soak was back in 0.64 s against 0.16-0.38 s, 0.35 s of it this
-    check). Nothing when the node check is off."""
-    if config.checks.node_check.action is not Action.OFF:
-        checked.probe(config.workers.nproc_per_node, events, None)
+def probe_ahead(
+    config: LaunchConfig,
+    checked: CheckedNodes,
+    events: EventLog,
+    needed: Callable[[], bool] = lambda: False,
+) -> None:
+    """This node's compute probe, now, once: it comes to a running job that does not need it
+    yet (``agent.join_when_ready``), or it waits as a spare beside a job that runs at MAX
+    (``Peers.while_spare``: there from the job's start), so the probe costs no round
+    anything; the round that takes it in checks with that figure instead of probing after it
+    formed (issue 41: the first agent SIGKILL of a soak was back in 0.64 s against 0.16-0.38
+    s, 0.35 s of it this check; a spare from the start still probed in the first restart that
+    took it in, 0.06-0.26 s). ``needed``: asked between the probe's steps; once a round waits
+    for this node the probe is given up, and that round's check probes. Nothing when the
+    node check is off."""
+    if config.checks.node_check.action is not Action.OFF and not checked.ahead:
+        checked.probe(config.workers.nproc_per_node, events, None, needed)
 
 
 def node_check(
@@ -139,6 +159,7 @@ def _check(
 ) -> Verdict | Skipped | None:
     """This node's part of the round's check (None: off, not repeated, or cut short: it says
     so in a line)."""
+    from phalanx.nodecheck.probes import LocalFacts
     from phalanx.nodecheck.round import OFF, READY, SAME, check_round
 
     try:
@@ -149,7 +170,7 @@ def _check(
         nproc = config.workers.nproc_per_node
         return check_round(
             exchange, joined, config.checks.node_check, run_dir, nproc, ready, stop,
-            lambda: checked.probe(nproc, events, joined.round),
+            lambda: checked.probe(nproc, events, joined.round) or LocalFacts(),
         )  # fmt: skip
     except OSError as exc:  # no port to listen on, say: the job must not end for the check
         log.warning("node check: could not run on this node: %s", exc)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ SIZE = 32
 REPS = 3
 MATMULS_PER_REP = 12
 GPU_TIMEOUT = 60.0  # the child's bound: importing torch and starting CUDA on a slow node
+NEEDED_EVERY = 0.25  # s: how often a probe that may be given up asks whether to give it up
 
 
 @dataclass
@@ -38,12 +40,15 @@ class LocalFacts:
     problems: list[str] = field(default_factory=list)
 
 
-def cpu_matmul_rate() -> float:
-    """Multiply-adds per second of the fixed matmul, the best of ``REPS`` reps."""
+def cpu_matmul_rate(needed: Callable[[], bool] = lambda: False) -> float | None:
+    """Multiply-adds per second of the fixed matmul, the best of ``REPS`` reps. ``needed``:
+    asked before each rep; True gives the probe up (None): the round waits for this node."""
     a = [[(i * SIZE + j) % 7 + 1 for j in range(SIZE)] for i in range(SIZE)]
     columns = [list(col) for col in zip(*a, strict=True)]
     best = float("inf")
     for _ in range(REPS):
+        if needed():
+            return None
         began = time.perf_counter()
         for _ in range(MATMULS_PER_REP):
             product = [
@@ -84,16 +89,22 @@ print(json.dumps({"count": count, "rates": rates, "problems": problems}))
 """
 
 
-def gpu_probe(nproc_per_node: int) -> LocalFacts:
+def gpu_probe(
+    nproc_per_node: int, needed: Callable[[], bool] = lambda: False
+) -> LocalFacts | None:
     """The GPU probe, in a child: the device count against ``--nproc-per-node``, a matmul
-    on each device; the slowest device's rate is the node's figure."""
+    on each device; the slowest device's rate is the node's figure. ``needed``: asked every
+    ``NEEDED_EVERY`` s; True kills the child and gives the probe up (None)."""
     facts = LocalFacts(device="cuda")
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", _GPU_CHILD], capture_output=True, text=True,
-            timeout=GPU_TIMEOUT,
-        )  # fmt: skip
-        data = json.loads(done.stdout.strip().splitlines()[-1])
+        with subprocess.Popen(
+            [sys.executable, "-c", _GPU_CHILD], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True,
+        ) as child:  # fmt: skip
+            out = _child_output(child, needed)
+        if out is None:
+            return None
+        data = json.loads(out.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
         facts.problems.append(f"the GPU probe failed: {type(exc).__name__}: {exc}"[:300])
         return facts
@@ -105,10 +116,32 @@ def gpu_probe(nproc_per_node: int) -> LocalFacts:
     return facts
 
 
-def compute_probe(nproc_per_node: int) -> LocalFacts:
+def _child_output(child: subprocess.Popen[str], needed: Callable[[], bool]) -> str | None:
+    """The GPU child's stdout once it ended (``GPU_TIMEOUT`` at most: then it is killed and
+    ``TimeoutExpired`` raised); None, the child killed, as soon as ``needed()``."""
+    deadline = time.monotonic() + GPU_TIMEOUT
+    while True:
+        try:
+            return child.communicate(timeout=min(NEEDED_EVERY, max(0.0, deadline - time.monotonic())))[0]
+        except subprocess.TimeoutExpired:
+            if time.monotonic() < deadline and not needed():
+                continue
+            child.kill()
+            child.communicate()
+            if time.monotonic() >= deadline:
+                raise
+            return None
+
+
+def compute_probe(
+    nproc_per_node: int, needed: Callable[[], bool] = lambda: False
+) -> LocalFacts | None:
+    """This node's compute figure; None when ``needed()`` said, in the middle, to give it up
+    (a spare that probes while it waits: ``agent.checking.probe_ahead``)."""
     if cuda_visible():
-        return gpu_probe(nproc_per_node)
-    return LocalFacts(compute=cpu_matmul_rate())
+        return gpu_probe(nproc_per_node, needed)
+    rate = cpu_matmul_rate(needed)
+    return None if rate is None else LocalFacts(compute=rate)
 
 
 def directory_problem(path: Path, what: str, min_free_mb: float) -> str | None:

@@ -87,7 +87,7 @@ def check_round(
         return Skipped(SKIPPED_BY[OFF])
     if len(readies) == len(ranks) and set(readies.values()) == {SAME}:
         return Skipped(SKIPPED_BY[SAME])
-    facts = probe() if probe is not None else compute_probe(nproc_per_node)
+    facts = probe() if probe is not None else compute_probe(nproc_per_node) or LocalFacts()
     limits = settings.thresholds
     for path, what in ((run_dir, "the run directory"), (settings.checkpoint_dir, "the checkpoint directory")):  # fmt: skip
         problem = _bounded_probe(path, what, limits.min_free_mb) if path else None

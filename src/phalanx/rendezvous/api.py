@@ -16,13 +16,11 @@ Crash loops are judged job-wide: after a round that ended in failure every node 
 round's root-cause failure, the one before it, whether any node progressed); the agent's
 policy turns that into "restart" or "crash loop" identically everywhere.
 
-Stacks on request (``phalanx stacks`` on any node) go through a ``StackExchange``, which a
-multi-node round's ``exchanges()`` gives out (``stacks``): the node asked posts ``request_stacks()``; every
-node's watch sees the number grow in ``stack_requests()`` (non-blocking), dumps its ranks and
-``post_stacks``; the requester's helper thread ``gather_stacks`` the answers. ``phalanx
-status`` goes the same way through a ``StatusExchange`` (``status``): each node
-answers with its status and its events (``phalanx.status``).
-"""
+Stacks on request (``phalanx stacks`` on any node) go through a ``StackExchange`` (a round's
+``exchanges().stacks``): the node asked posts ``request_stacks()``; every node's watch sees
+the number grow in ``stack_requests()``, dumps its ranks and ``post_stacks``; the requester's
+helper thread ``gather_stacks`` the answers. ``phalanx status`` goes the same way through a
+``StatusExchange``: each node answers with its status and events (``phalanx.status``)."""
 
 from __future__ import annotations
 
@@ -275,8 +273,7 @@ class Round(Protocol):
 
 
 class Peers(Protocol):
-    """The multi-node half of a rendezvous, per node (``RendezvousHandler.peers``): a single
-    node has none of it, so its handler implements none of it."""
+    """The multi-node half of a rendezvous, per node (``RendezvousHandler.peers``; none alone)."""
 
     def on_event(self, ring: Callable[[], None]) -> None:
         """Have ``ring`` called (from another thread) when ``poll`` has something new, so the
@@ -319,6 +316,10 @@ class Peers(Protocol):
         """Whether the job runs without this node, which may then join once its warm start is
         ready (``agent.join_when_ready``): False at the job's start, while a restart round waits
         for nodes, for the store's host or a fixed rank, and if the store cannot be read."""
+
+    def while_spare(self, work: Callable[[Callable[[], bool]], None]) -> None:
+        """Have ``work(needed)`` called on each turn of a wait as a spare (the job runs at MAX
+        without this node); ``needed()``: a round waits for it (``checking.probe_ahead``)."""
 
 
 @dataclass(frozen=True)

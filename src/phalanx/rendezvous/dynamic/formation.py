@@ -67,6 +67,7 @@ class RoundFormer:
         majority: bool = False,
         max_restarts: int = 0,
         back: Callable[[int], None] = lambda t: None,
+        idle: Callable[[Callable[[], bool]], None] = lambda needed: None,
     ) -> None:
         """``worker_port``: the workers' master port in every round (``phalanx.spawn``);
         None: node 0 picks a free port each round. ``where``: the store, as the waiting line
@@ -78,14 +79,17 @@ class RoundFormer:
         ``Fence.arrived``). ``majority``: the store may move (c10d): a restart round needs a
         quorum of the last round's members (``majority``). ``max_restarts``: the budget a
         waiting node spends when every member is gone (``abandoned``). ``back(t)``: called
-        while restart round t waits; raises to leave this store (``goback``)."""
+        while restart round t waits; raises to leave this store (``goback``). ``idle(needed)``:
+        on each turn of a wait as a spare (the job runs at MAX without this node), for work
+        that no round waits for (``Peers.while_spare``); ``needed()``: the round it waits for
+        opened (one read), to give that work up."""
         self._b, self._keys, self._s, self._clock = board, board.keys, settings, clock
         self._min, self._max = min_nodes, max_nodes
         self._worker_port = worker_port
         self._admit_mismatch = admit_mismatch
         self._arriving = arriving
         self._standing_by = standing_by
-        self._majority, self._back = majority, back
+        self._majority, self._back, self._idle = majority, back, idle
         self._line = WaitingLine(board, min_nodes, max_nodes, clock=clock, where=where)
         self._queue = QueuedNodes(board, settings, clock)
         self._abandoned = Abandoned(board, settings, max_restarts, clock)
@@ -232,6 +236,8 @@ class RoundFormer:
                 )
             self._line.check(t, deadline, queued=True, spare=spare, present=seen.joined)
             self._standing_by(t, True)  # (the round that runs, once its members are written)
+            if spare:
+                self._idle(lambda: self._b.is_open(t))
             self._b.store.wait([key], min(left, self._s.heartbeat_interval))
         # A spare that waited past the timeout gets the whole timeout for the round it joins.
         return self._clock() + self._s.join_timeout if waited_past else deadline

@@ -1,9 +1,8 @@
 """The multi-node ``RendezvousHandler`` over any ``KVStore`` (c10d, static and etcd use it).
 
 Elastic ``MIN:MAX``, stable node ranks, a job-wide restart count, failure reach: the join
-algorithm is in ``formation``, the heartbeat/event thread in ``liveness``, the key layout in
-``keys``. Static rendezvous is the same handler with ``min = max = nnodes`` and each node's
-``--node-rank`` fixed.
+algorithm is in ``formation``, the heartbeat/event thread in ``liveness``, the keys in ``keys``;
+static rendezvous is this handler with ``min = max = nnodes``, each ``--node-rank`` fixed.
 
 Liveness is by heartbeat counters, or by keys bound to the node's lease where the store has
 leases (etcd): see ``pulse``. Either way the node fences itself (``fence()``; see
@@ -102,6 +101,7 @@ class DynamicRendezvous:
         # A store this node hosts dies with its agent: nobody would hear the last word.
         self._reach = None if store.hosting else reach
         self._heard: Callable[[Word | None], None] | None = None  # ``on_last_word``'s
+        self._spare_work: Callable[[Callable[[], bool]], None] = lambda needed: None
         self._joined: JoinedRound | None = None  # the last round this node joined
         self._failover = None if successors is None else Failover(successors, self._settings)
         self._goback = None if self._failover is None else GoBack(self._failover, self._settings)
@@ -121,6 +121,7 @@ class DynamicRendezvous:
             where=where if self._failover is None else self._failover.waiting_at(where),
             admit_mismatch=admit_mismatch, arriving=self._arriving, max_restarts=max_restarts,
             standing_by=self._standing_by, majority=self._failover is not None,
+            idle=lambda needed: self._spare_work(needed),
         )  # fmt: skip
         self._liveness = liveness = Liveness(board, self._settings, fence=self._fence)
         if self._ring is not None:
@@ -128,9 +129,7 @@ class DynamicRendezvous:
         self._done: bool | None = None  # what report_done said
         self._junk = False  # the join failed on a malformed reply: nothing more to tell it
         self._wires = Wires(board, liveness, ExitBarrier(board, self._settings, self.poll))
-        self._departure = Departure(
-            board, self._store, liveness, self._settings, self._hostname, node_id, run_id
-        )
+        self._departure = Departure(board, self._store, liveness, self._settings, self._hostname, node_id, run_id)  # fmt: skip
         self._tell_last_word()
 
     def rejoin(self, failover_only: bool = False) -> bool:
@@ -303,6 +302,9 @@ class DynamicRendezvous:
         self._ring = ring  # kept: a rejoin wires new heartbeats, which ring it too
         self._liveness.on_event(ring)
 
+    def while_spare(self, work: Callable[[Callable[[], bool]], None]) -> None:
+        self._spare_work = work  # (``formation``'s ``idle``)
+
     def on_last_word(self, listener: Callable[[Word | None], None]) -> None:
         self._heard = listener
         self._tell_last_word()
@@ -364,9 +366,7 @@ class DynamicRendezvous:
             self._tell_last_word(withdrawn=True)
         elif joined is not None:
             return False
-        tell_left_while_joining(
-            self._board, placed, self._hostname, self._addr, self._stopped_by, self._preempted
-        )
+        tell_left_while_joining(self._board, placed, self._hostname, self._addr, self._stopped_by, self._preempted)  # fmt: skip
         return True
 
     def shutdown(self) -> None:
