@@ -9,11 +9,10 @@ leases (etcd): see ``pulse``. Either way the node fences itself (``fence()``; se
 ``phalanx.rendezvous.fencing``) when no write has proved it alive for ``fence_after``.
 
 Store trouble: ``next_round`` raises ``RendezvousError`` (a spare follows a lost store:
-``follow``); ``report_done`` and ``shutdown`` only log it; ``failures`` returns nothing once
-the store counts as lost. Its parts live beside it (``joined``, ``barrier``, ``nodefence``,
-``stopping``, ``exchange``, ``departure``, ``failover``); here is the handler's state: its
-last round, what ``report_done`` said, the wiring ``rejoin`` renews. Growth: ``sweep``; on
-etcd the last node to leave deletes every key of the run but ``stopped`` (the tombstone)."""
+``follow``); ``report_done`` and ``shutdown`` only log it; ``failures`` returns nothing once the
+store counts as lost. Its parts live beside it (``joined``, ``barrier``, ``nodefence``,
+``stopping``, ``exchange``, ``departure``, ``failover``; growth: ``sweep``); here is its state
+(its last round, what ``report_done`` said, the wiring ``rejoin`` renews)."""
 
 from __future__ import annotations
 
@@ -52,6 +51,8 @@ log = logging.getLogger("phalanx")
 class DynamicRendezvous:
     """One node's side of a multi-node rendezvous. Owns ``store`` (``shutdown`` closes it).
     Constructing it does no I/O; the heartbeat thread starts when the first round forms."""
+
+    _stopped_by: int | None  # the signal that stopped this node (report_done)
 
     def __init__(
         self,
@@ -94,8 +95,7 @@ class DynamicRendezvous:
         self._hostname = hostname or socket.gethostname()
         self._fixed_rank = fixed_rank
         self._fingerprint = dict(fingerprint or {})
-        self._stopped_by: int | None = None  # the signal that stopped this node (report_done)
-        self._preempted = False  # and whether it was a preemption
+        self._stopped_by, self._preempted = None, False  # and whether it was a preemption
         self._closed = self._joining = False  # ``_joining``: ``next_round`` began, not returned
         self._ring: Callable[[], None] | None = None  # ``on_event``'s
         # A store this node hosts dies with its agent: nobody would hear the last word.
