@@ -102,7 +102,7 @@ def test_a_hung_ranks_round_fails_at_the_watchs_deadline_not_at_the_next_tick(
     into the test's timeout, which only catches that."""
     go, logs = tmp_path / "go", tmp_path / "logs"
     args = ["--nproc-per-node", "2", "--max-restarts", "0", *PACE, "--log-dir", str(logs),
-            worker("steps_until_go.py"), str(go), "1"]  # fmt: skip
+            worker("steps_until_go_then_hang.py"), str(go), "1"]  # fmt: skip
     with launched(args) as agent:
         wait_for(lambda: any(logs.glob("*/attempt_0/rank_1")), 60, "the round's start")
         (run_dir,) = logs.iterdir()

@@ -1,24 +1,35 @@
-# usage: steps_until_go.py GO RANK -- every rank steps (an optimizer step, an all-reduce, 0.05 s)
-# until the file GO exists (rank 0 looks; the all-reduce carries its word, so every rank leaves
-# at the same step); then RANK sleeps (the hang) while the others wait for it in an all-reduce.
+# usage: steps_until_go.py DIR -- Gloo all-reduces and optimizer steps, each also reported
+# with phalanx.step(i); after step 3 writes DIR/stepping.<RANK> (its pid), and once DIR/go
+# exists (at most 120 s) takes 5 more steps and prints "rank R done at step N".
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+import phalanx
+
+folder, rank = Path(sys.argv[1]), os.environ["RANK"]
 dist.init_process_group("gloo")
-weight = torch.nn.Parameter(torch.ones(2))
-optimizer = torch.optim.SGD([weight], lr=0.1)
-go = torch.zeros(1)
-while go.item() == 0:
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+deadline, left, i = time.monotonic() + 120, None, 0
+while left != 0 and time.monotonic() < deadline:
     optimizer.zero_grad()
-    (weight**2).sum().backward()
+    model(torch.ones(2, 4)).sum().backward()
+    dist.all_reduce(model.weight.grad)
     optimizer.step()
-    go.fill_(1.0 if dist.get_rank() == 0 and os.path.exists(sys.argv[1]) else 0.0)
-    dist.all_reduce(go)
-    time.sleep(0.05)
-if dist.get_rank() == int(sys.argv[2]):
-    time.sleep(3600)  # the hang
-dist.all_reduce(torch.ones(1))
+    phalanx.step(i)
+    if i == 3:
+        (folder / f"stepping.{rank}").write_text(str(os.getpid()))
+    go = (folder / "go").exists()
+    dist.all_reduce(t := torch.tensor([float(go)]))  # both ranks see go at the same step
+    if left is None and t.item() == 2:
+        left = 5
+    elif left is not None:
+        left -= 1
+    i += 1
+    time.sleep(0.02)
+print(f"rank {rank} done at step {i - 1}", flush=True)
