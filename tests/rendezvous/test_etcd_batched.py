@@ -11,8 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,6 +19,7 @@ from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.stores.etcd.conf import etcd_options_from_conf, parse_endpoints, run_prefix
 from phalanx.rendezvous.stores.etcd.store import EtcdStore
+from support.etcd_requests import Requests
 from support.etcd_server import EtcdCluster
 from support.tools import needs_etcd
 
@@ -33,21 +33,6 @@ SHORT = 1.0  # a wait that must end at its timeout
 def cluster() -> Iterator[EtcdCluster]:
     with EtcdCluster(size=3) as started:
         yield started
-
-
-class Counted:
-    """The paths of the requests a store's client sends, in order."""
-
-    def __init__(self, store: EtcdStore) -> None:
-        self.paths: list[str] = []
-        client = store._client
-        real = client.call
-
-        def call(path: str, body: Any, decode: Callable[[Any], Any], **kw: Any) -> Any:
-            self.paths.append(path)
-            return real(path, body, decode, **kw)
-
-        client.call = call  # type: ignore[method-assign]
 
 
 @pytest.fixture
@@ -69,7 +54,7 @@ def test_a_wait_get_on_keys_already_there_reads_them_in_its_one_request(
     reader, writer = pair
     writer.set("r1/members", b"the members")
     writer.set("r1/master", b"the master")
-    counted = Counted(reader)
+    counted = Requests(reader)
     found, values = reader.wait_get(
         ["r1/members", "r1/master"], HANG, ["r1/master", "r1/absent", "r1/members"]
     )
@@ -119,7 +104,7 @@ def test_the_failure_log_is_read_in_two_requests_holes_and_swept_entries_left_ou
     writer.add(keys.failure_count, 1)  # a writer that died between its slot and its entry
     posting.add_failure({"round": 7, "what": "failure 7"})
     writer.set(keys.failures_from, b"3")  # entries 1 and 2 were swept
-    counted = Counted(reader)
+    counted = Requests(reader)
     found = Board(reader, keys, "reader").failures()
     assert [(f["seq"], f["what"]) for f in found] == [
         (3, "failure 3"),
@@ -133,6 +118,6 @@ def test_the_failure_log_is_read_in_two_requests_holes_and_swept_entries_left_ou
 
 def test_an_empty_failure_log_is_read_in_one_request(pair: tuple[EtcdStore, EtcdStore]) -> None:
     reader, _ = pair
-    counted = Counted(reader)
+    counted = Requests(reader)
     assert Board(reader, Keys("batched"), "reader").failures() == []
     assert counted.paths == ["kv/txn"]

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,6 +23,7 @@ from phalanx.rendezvous.registry import create_handler
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.rendezvous.stores.etcd.conf import etcd_options_from_conf, parse_endpoints, run_prefix
 from phalanx.rendezvous.stores.etcd.store import EtcdStore
+from support.etcd_requests import Requests
 from support.etcd_server import EtcdCluster
 from support.launch import wait_for
 from support.tools import needs_etcd
@@ -40,21 +40,6 @@ def cluster() -> Iterator[EtcdCluster]:
         yield started
 
 
-class Counted:
-    """The paths of the requests a store's client sends, per thread name, in order."""
-
-    def __init__(self, store: EtcdStore) -> None:
-        self.paths: dict[str, list[str]] = {}
-        client = store._client
-        real = client.call
-
-        def call(path: str, body: Any, decode: Callable[[Any], Any], **kw: Any) -> Any:
-            self.paths.setdefault(threading.current_thread().name, []).append(path)
-            return real(path, body, decode, **kw)
-
-        client.call = call  # type: ignore[method-assign]
-
-
 def _store(cluster: EtcdCluster, member: int, run_id: str) -> EtcdStore:
     options = etcd_options_from_conf({})
     return EtcdStore(parse_endpoints(cluster.endpoints[member]), run_prefix(run_id), options)
@@ -65,14 +50,14 @@ def test_a_place_settles_in_one_transaction_and_only_once(cluster: EtcdCluster) 
     first, last, reader = (_store(cluster, m, run_id) for m in range(3))
     keys = Keys(run_id)
     try:
-        counted = [Counted(first), Counted(last)]
+        counted = [Requests(first), Requests(last)]
         assert Board(first, keys, "a").settle(4, 0, 2, "rejoined")
         assert reader.get(keys.round(4, "all_settled")) is None  # one of two
         assert Board(last, keys, "b").settle(4, 1, 2, "left")
         # The first: one request (was a compare-and-set and an add). The last: its guess that
         # nothing was counted yet misses, the try with what that read found takes (was a
         # compare-and-set, an add to ``gone``, two to ``settled``, a put of ``all_settled``).
-        assert [c.paths.get("MainThread") for c in counted] == [["kv/txn"], ["kv/txn"] * 2]
+        assert [c.by_thread.get("MainThread") for c in counted] == [["kv/txn"], ["kv/txn"] * 2]
         values = reader.get_many(
             [keys.round(4, k) for k in ("settled", "gone", "lost", "all_settled")]
             + [keys.fate(4, 0), keys.fate(4, 1)]
@@ -120,7 +105,7 @@ def test_a_restart_round_agrees_and_sweeps_after_it_formed(cluster: EtcdCluster)
             joined[0].report_failure({"rank": 0, "exit_code": 3})
             assert [r.claim_restart(5) for r in joined] == [True, True]
             if joined[0].result.round == 1:  # count the round that sweeps round 0
-                counted = [Counted(h._store) for h in handlers]  # type: ignore[attr-defined]
+                counted = [Requests(h._store) for h in handlers]  # type: ignore[attr-defined]
             joined = _join(handlers)
         results = [r.result for r in joined]
         assert {r.round for r in results} == {2} and {r.restart_count for r in results} == {2}
@@ -129,13 +114,13 @@ def test_a_restart_round_agrees_and_sweeps_after_it_formed(cluster: EtcdCluster)
             (results[0].master_addr, results[0].master_port)
         }
         rank0 = [r.node_rank for r in results].index(0)
-        joins = [c.paths.get(f"join-{i}", []) for i, c in enumerate(counted)]
+        joins = [c.by_thread.get(f"join-{i}", []) for i, c in enumerate(counted)]
         assert "kv/deleterange" not in joins[rank0], joins  # (the sweep's range delete)
         # 13-16 each (who opens the round, whose guesses miss: it varies); node 0 made 22-25
         # before, the other 13-15.
         assert max(len(paths) for paths in joins) <= 18, joins
         wait_for(lambda: reader.get(keys.round(0, "members")) is None, HANG, "round 0's sweep")
-        assert "kv/deleterange" in counted[rank0].paths.get("phalanx-sweep", [])
+        assert "kv/deleterange" in counted[rank0].by_thread.get("phalanx-sweep", [])
         assert reader.get(keys.round(1, "members")) is not None  # (kept: read by round 2)
     finally:
         for h in handlers:
