@@ -74,8 +74,8 @@ def sweep(board: Board, current: Membership) -> None:
     newest = current.round - 2
     if newest < 0:
         return
-    # (Reads that go together are one request on etcd (``get_many``): the sweep runs on node
-    # rank 0 before its round is done, and each etcd request is 2-5 ms on a loaded machine.)
+    # (Reads that go together are one request on etcd (``get_many``): each etcd request is
+    # 2-5 ms on a loaded machine, and node rank 0's next round waits for this sweep to end.)
     sweep_from, before = board.get_many([board.keys.sweep_from, _key(board, current.round - 1)])
     first = count_in(board.keys.sweep_from, sweep_from)
     previous = _membership(board, current.round - 1, before)
