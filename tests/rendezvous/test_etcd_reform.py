@@ -10,13 +10,11 @@ etcd), per thread: the join's, apart from the heartbeat thread's and the sweep's
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from phalanx.rendezvous.api import RendezvousHandler, Round
 from phalanx.rendezvous.dynamic.board import Board
 from phalanx.rendezvous.dynamic.keys import Keys
 from phalanx.rendezvous.registry import create_handler
@@ -26,6 +24,7 @@ from phalanx.rendezvous.stores.etcd.store import EtcdStore
 from support.etcd_requests import Requests
 from support.etcd_server import EtcdCluster
 from support.launch import wait_for
+from support.memcluster import join_all
 from support.tools import needs_etcd
 
 pytestmark = needs_etcd
@@ -73,22 +72,6 @@ def test_a_place_settles_in_one_transaction_and_only_once(cluster: EtcdCluster) 
             store.close()
 
 
-def _join(handlers: list[RendezvousHandler]) -> list[Round]:
-    """Every handler joins the next round at once, each in a thread named ``join-<i>``."""
-    joined: dict[int, Round] = {}
-
-    def join(i: int) -> None:
-        joined[i] = handlers[i].next_round(1)
-
-    threads = [threading.Thread(target=join, args=(i,), name=f"join-{i}") for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(HANG)
-    assert len(joined) == len(handlers), "next_round hung or failed"
-    return [joined[i] for i in range(len(handlers))]
-
-
 def test_a_restart_round_agrees_and_sweeps_after_it_formed(cluster: EtcdCluster) -> None:
     """Round 2 (rank 0 sweeps round 0) after two restarts: both members agree on it; neither
     made more than 18 requests to join it (node 0 made 22-25 with the sweep); node 0's sweep ran after, in a thread of its own, and round 0's keys went."""
@@ -100,13 +83,13 @@ def test_a_restart_round_agrees_and_sweeps_after_it_formed(cluster: EtcdCluster)
     reader = _store(cluster, 2, run_id)
     keys = Keys(run_id)
     try:
-        joined = _join(handlers)
+        joined = join_all(handlers)
         for _ in range(2):
             joined[0].report_failure({"rank": 0, "exit_code": 3})
             assert [r.claim_restart(5) for r in joined] == [True, True]
             if joined[0].result.round == 1:  # count the round that sweeps round 0
                 counted = [Requests(h._store) for h in handlers]  # type: ignore[attr-defined]
-            joined = _join(handlers)
+            joined = join_all(handlers)
         results = [r.result for r in joined]
         assert {r.round for r in results} == {2} and {r.restart_count for r in results} == {2}
         assert results[0].nodes == results[1].nodes

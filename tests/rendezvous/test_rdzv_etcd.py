@@ -3,7 +3,6 @@ through the registry exactly as the launcher does: ``--rdzv-backend etcd`` / ``e
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -11,12 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from phalanx.errors import RendezvousError
-from phalanx.rendezvous.api import EventKind, Exchanges, RendezvousHandler, Round
+from phalanx.rendezvous.api import EventKind, Exchanges, Round
 from phalanx.rendezvous.registry import create_handler, spec_problems
 from phalanx.rendezvous.spec import RendezvousSpec
 from phalanx.status.exchange import ANSWER_LIMIT, encode_answer
 from support.etcd_server import EtcdCluster, revoke_all_leases
-from support.memcluster import wait_event
+from support.memcluster import join_all, wait_event
 from support.tools import needs_etcd
 
 HANG = 60.0
@@ -40,21 +39,6 @@ def spec(cluster: EtcdCluster, backend: str, run_id: str) -> RendezvousSpec:
     return RendezvousSpec(backend, run_id, 2, 2, cluster.endpoint_arg, CONF)
 
 
-def form(handlers: list[RendezvousHandler]) -> list[Round]:
-    results: dict[int, Round] = {}
-
-    def join(i: int) -> None:
-        results[i] = handlers[i].next_round(1)
-
-    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(handlers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(HANG)
-    assert len(results) == len(handlers), "next_round hung or failed"
-    return [results[i] for i in range(len(handlers))]
-
-
 def exchanges(joined: Round) -> Exchanges:
     found = joined.exchanges()
     assert found is not None  # a multi-node round
@@ -66,7 +50,7 @@ def test_round_failure_reach_and_restart_over_etcd(etcd: EtcdCluster, backend: s
     run_id = uuid.uuid4().hex
     handlers = [create_handler(spec(etcd, backend, run_id)) for _ in range(2)]
     try:
-        joined = form(handlers)
+        joined = join_all(handlers)
         first = [r.result for r in joined]
         assert first[0].nodes == first[1].nodes and first[0].master_port == first[1].master_port
         assert sorted(r.node_rank for r in first) == [0, 1]
@@ -77,7 +61,7 @@ def test_round_failure_reach_and_restart_over_etcd(etcd: EtcdCluster, backend: s
             time.sleep(0.05)
         assert event.kind is EventKind.PEER_FAILED and event.failure["exit_code"] == 4
         assert [r.claim_restart(1) for r in joined] == [True, True]
-        second = [r.result for r in form(handlers)]
+        second = [r.result for r in join_all(handlers)]
         assert [r.restart_count for r in second] == [1, 1]
         assert [r.node_rank for r in second] == [r.node_rank for r in first]
         for h in handlers:
@@ -93,7 +77,7 @@ def test_a_finished_run_id_is_not_reused_and_the_error_says_what_to_do(etcd: Etc
     run_id = uuid.uuid4().hex
     first = [create_handler(spec(etcd, "etcd", run_id)) for _ in range(2)]
     try:
-        form(first)
+        join_all(first)
         for h in first:
             h.report_done(True)
     finally:
@@ -113,7 +97,7 @@ def test_stacks_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> N
     run_id = uuid.uuid4().hex
     handlers = [create_handler(spec(etcd, "etcd", run_id)) for _ in range(2)]
     try:
-        joined = form(handlers)
+        joined = join_all(handlers)
         results = [r.result for r in joined]
         asker, other = sorted(range(2), key=lambda i: results[i].node_rank)
         ask, answer = exchanges(joined[asker]).stacks, exchanges(joined[other]).stacks
@@ -140,7 +124,7 @@ def test_status_request_and_a_full_size_answer_over_etcd(etcd: EtcdCluster) -> N
     run_id = uuid.uuid4().hex
     handlers = [create_handler(spec(etcd, "etcd", run_id)) for _ in range(2)]
     try:
-        joined = form(handlers)
+        joined = join_all(handlers)
         results = [r.result for r in joined]
         asker, other = sorted(range(2), key=lambda i: results[i].node_rank)
         ask, answer = exchanges(joined[asker]).status, exchanges(joined[other]).status
@@ -173,7 +157,7 @@ def test_node_whose_etcd_lease_is_revoked_leaves(etcd: EtcdCluster) -> None:
     run_id = uuid.uuid4().hex
     handlers = [create_handler(spec(etcd, "etcd", run_id)) for _ in range(2)]
     try:
-        form(handlers)
+        join_all(handlers)
         assert revoke_all_leases(etcd) >= 2
         for h in handlers:
             assert "lease" in wait_event(h, EventKind.STORE_LOST).detail

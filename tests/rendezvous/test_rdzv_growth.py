@@ -29,33 +29,18 @@ from phalanx.rendezvous.stores.agentstore import AgentKVStore, StoreServer, Toke
 from phalanx.rendezvous.stores.etcd.conf import run_prefix
 from phalanx.stragglers.watch import PHASE as RATES
 from support.etcd_server import EtcdCluster
-from support.memcluster import FAST, WAIT, Cluster, swept, wait_event
+from support.memcluster import FAST, WAIT, Cluster, join_all, swept, wait_event
 from support.tools import needs_etcd
 
 ROUNDS = 20
 
 
 def form_all(handlers: list[RendezvousHandler]) -> list[Round]:
-    """Every handler joins the next round at once: the rounds they joined, in order."""
-    errors: list[BaseException] = []
-    joined: dict[int, Round] = {}
-
-    def join(i: int, h: RendezvousHandler) -> None:
-        try:
-            joined[i] = h.next_round(1)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=join, args=(i, h)) for i, h in enumerate(handlers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
-    assert not any(t.is_alive() for t in threads), "next_round hung"
-    if errors:
-        raise errors[0]
-    swept()  # (node rank 0 sweeps the rounds before in the background)
-    return [joined[i] for i in range(len(handlers))]
+    """Every handler joins the next round at once: the rounds they joined, in order, once
+    node rank 0's sweep of the rounds before (in the background) ended."""
+    joined = join_all(handlers)
+    swept()
+    return joined
 
 
 def judge_all(joined: list[Round]) -> None:

@@ -8,8 +8,16 @@ node is one whose store handle is closed: it can neither heartbeat nor answer.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+from typing import cast
 
-from phalanx.rendezvous.api import EventKind, JobEvent, RendezvousHandler, RendezvousResult
+from phalanx.rendezvous.api import (
+    EventKind,
+    JobEvent,
+    RendezvousHandler,
+    RendezvousResult,
+    Round,
+)
 from phalanx.rendezvous.dynamic.handler import DynamicRendezvous
 from phalanx.rendezvous.dynamic.joined import JoinedRound
 from phalanx.rendezvous.settings import RendezvousSettings
@@ -63,16 +71,21 @@ class Cluster:
 
 
 class Join:
-    """``next_round`` in a thread; ``joined()`` waits for it (bounded) and re-raises;
-    ``result()`` is the joined round's facts."""
+    """``next_round`` in a thread (named ``name``, as a test that counts a thread's store
+    requests needs); ``joined()`` waits for it (bounded) and re-raises; ``result()`` is the
+    joined round's facts."""
 
-    def __init__(self, handler: DynamicRendezvous, local_world_size: int = 2) -> None:
-        self.value: JoinedRound | None = None
+    def __init__(
+        self, handler: RendezvousHandler, local_world_size: int = 2, name: str | None = None
+    ) -> None:
+        self.value: Round | None = None
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(handler, local_world_size))
+        self._thread = threading.Thread(
+            target=self._run, args=(handler, local_world_size), name=name
+        )
         self._thread.start()
 
-    def _run(self, handler: DynamicRendezvous, lws: int) -> None:
+    def _run(self, handler: RendezvousHandler, lws: int) -> None:
         try:
             self.value = handler.next_round(lws)
         except BaseException as exc:
@@ -81,7 +94,7 @@ class Join:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def joined(self) -> JoinedRound:
+    def joined(self) -> Round:
         self._thread.join(WAIT)
         assert not self._thread.is_alive(), "next_round hung"
         if self.error is not None:
@@ -96,6 +109,13 @@ class Join:
 def rounds(*handlers: DynamicRendezvous) -> list[JoinedRound]:
     """Every handler joins the next round at once: the rounds they joined, in order."""
     joins = [Join(h) for h in handlers]
+    return [cast(JoinedRound, j.joined()) for j in joins]
+
+
+def join_all(handlers: Sequence[RendezvousHandler], local_world_size: int = 1) -> list[Round]:
+    """Every handler (any backend's) joins the next round at once, handler ``i`` in a thread
+    named ``join-<i>``: the rounds they joined, in order."""
+    joins = [Join(h, local_world_size, f"join-{i}") for i, h in enumerate(handlers)]
     return [j.joined() for j in joins]
 
 
