@@ -6,8 +6,9 @@ again after the round formed; a spare from the start still probed in that round,
 
 Real agents, a real c10d store and Gloo, each node on a host of its own: ``--nnodes 2:2``,
 node 2 a spare started once the job runs, node 1 SIGKILLed (agent, guardian, worker) so the
-restart round takes the spare in. The order and count of ``node_probe`` events -- never a
-timing.
+restart round takes the spare in. Round 1's workers wait for the test's ``go`` until both
+nodes said round 1's check, which runs beside them (``agent.beside``). The order and count
+of ``node_probe`` events -- never a timing.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ def _kinds(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["kind"] == kind]
 
 
+def _go_once_checked(where: Path, survivors: tuple[Node, Node]) -> None:
+    """Once both ``survivors`` said round 1's verdict, let its workers (``spare_round_go``)
+    all-reduce and end."""
+    checked = lambda n: any(e["round"] == 1 for e in _kinds(_events(n), "node_check"))  # noqa: E731
+    wait_for(lambda: all(checked(n) for n in survivors), 90, "round 1's check on both nodes")
+    (where / "go").touch()
+
+
 def _figure(check: dict[str, Any], of: dict[str, Any]) -> float:
     """The compute figure ``check`` (a ``node_check`` event) has for the node whose own
     ``node_check`` event of that round is ``of`` (its node rank then)."""
@@ -51,7 +60,7 @@ def test_a_spare_probes_before_it_joins_and_no_node_probes_again_when_it_is_take
     net = hosts(3)  # type: ignore[operator]
     port = free_port()
     args = [*c10d_args(net, port, "2:2"), "--max-restarts", "1",
-            worker("spare_round.py"), str(tmp_path)]  # fmt: skip
+            worker("spare_round_go.py"), str(tmp_path)]  # fmt: skip
     nodes += [Node(net, i, args, tmp_path, f"n{i}") for i in (0, 1)]
     wait_for(lambda: (tmp_path / "up.0").exists() and (tmp_path / "up.1").exists(), 90, "round 0")
     nodes.append(Node(net, 2, args, tmp_path, "n2", env={"SPARE": "1"}))
@@ -60,6 +69,7 @@ def test_a_spare_probes_before_it_joins_and_no_node_probes_again_when_it_is_take
     )
     wait_for(joined, 90, "the spare to join")
     nodes[1].kill()  # its whole session: agent, guardian, worker
+    _go_once_checked(tmp_path, (nodes[0], nodes[2]))
     assert [nodes[0].finish(), nodes[2].finish()] == [0, 0], nodes[0].stderr + nodes[2].stderr
     assert "sum=3 world=2 spare" in nodes[2].stdout, nodes[2].stdout
 
@@ -92,7 +102,7 @@ def test_a_spare_from_the_start_probes_while_it_waits_and_not_in_the_round_that_
     net = hosts(3)  # type: ignore[operator]
     port = free_port()
     args = [*c10d_args(net, port, "2:2"), "--max-restarts", "1",
-            worker("spare_round.py"), str(tmp_path)]  # fmt: skip
+            worker("spare_round_go.py"), str(tmp_path)]  # fmt: skip
     nodes.append(Node(net, 0, args, tmp_path, "n0"))
     wait_for(lambda: list(nodes[0].logs.glob("*/events.jsonl")) and _kinds(
         _events(nodes[0]), "rdzv_start"), 60, "node 0 to join")  # fmt: skip
@@ -110,6 +120,7 @@ def test_a_spare_from_the_start_probes_while_it_waits_and_not_in_the_round_that_
     (member,) = [n for n in nodes[1:] if n is not spare]
     wait_for(lambda: _kinds(_events(spare), "node_probe"), 60, "the spare to probe as it waits")
     member.kill()  # its whole session: agent, guardian, worker
+    _go_once_checked(tmp_path, (nodes[0], spare))
     assert [nodes[0].finish(), spare.finish()] == [0, 0], nodes[0].stderr + spare.stderr
     assert "sum=3 world=2" in nodes[0].stdout + spare.stdout
     assert "the job is running" not in spare.stderr, spare.stderr  # it joined at the start

@@ -7,8 +7,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
+from phalanx.agent.beside import CheckBeside
 from phalanx.agent.between import Between
 from phalanx.agent.checking import (
     CheckedNodes,
@@ -22,6 +24,7 @@ from phalanx.agent.sofar import RunState
 from phalanx.config import LaunchConfig
 from phalanx.errors import Interrupted, RendezvousError, signal_name
 from phalanx.events.log import EventLog
+from phalanx.nodecheck.settings import Action
 from phalanx.rendezvous.api import RendezvousHandler, RendezvousResult, Round
 from phalanx.supervisor.signals import SignalWatcher
 
@@ -49,6 +52,7 @@ class Joining:
         self.between = between
         self.checked = checked  # whether this agent was checked: a restart skips it again
         self.said_args = SaidArgs()  # per-node script arguments: said once while they hold
+        self.beside = CheckBeside()  # a restart round's check under warn (``agent.beside``)
 
     def next_round(self, state: RunState) -> tuple[Round, RunState] | RunEnd:
         """Join the next round; a signal meanwhile ends the wait at once, and the other nodes
@@ -83,9 +87,11 @@ class Joining:
             seconds=round(time.monotonic() - began, 3),
         )
         check_same_code(self.config, self.rdzv, joined, self.events, self.said_args)
-        verdict = node_check(
-            self.config, at, self.run_dir, self.events, self.checked, self._stop_check
-        )
+        check = partial(node_check, self.config, at, self.run_dir, self.events, self.checked)
+        beside = joined.round > 0 and self.config.checks.node_check.action is Action.WARN
+        if beside and joined.num_nodes > 1:  # its workers need not wait for it: it only names
+            self.beside.start(check, joined.round)
+        verdict = None if beside else check(self._stop_check)
         if verdict is not None:  # the report's, the newest round's
             state = replace(state, checked=tuple(n.line for n in verdict.named))
             if excludes_others(self.config, verdict):  # they leave: form a round without them

@@ -111,6 +111,7 @@ class Rounds:
         while True:
             step = self._round(state)
             if isinstance(step, RunEnd):
+                self.joining.beside.close()
                 return step
             state = step
 
@@ -144,10 +145,11 @@ class Rounds:
             result = self._supervise(state, plan, poll, tick, preempt, watch.due)
         finally:
             watch.close()  # a naming's dump still under way: said before the round's end
+            self.joining.beside.over()  # a check beside its workers: moot now
         if isinstance(result, RunEnd):
             return result
         attempt.ended(result.exits)
-        state = replace(state, redo=attempt.peak)  # where the next attempt is "back"
+        state = replace(self.joining.beside.fold(state), redo=attempt.peak)  # "back": the peak
         slow.leave()  # named a straggler under --straggler-action exclude: leaves the job
         exits = [replace(e, node_rank=joined.node_rank) for e in result.exits]
         return self._ended(state, Played(at, plan, result, exits, watch, probe, mark, attempt))

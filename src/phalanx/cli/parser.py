@@ -310,8 +310,8 @@ def build_parser(environ: Mapping[str, str], given_only: bool = False) -> argpar
         "(latency, 4 MiB each way), the run and checkpoint directories writable and not "
         "full, on GPUs the device count. A node far below the round's median is named in one "
         "line (log, events, phalanx status, report.json). warn (the default): name it and "
-        "start; exclude: a named node leaves the job (exit 69); off: no check. Costs about "
-        '0.2-0.5 s per round it runs in (see docs/how-to/nodes.md, "Node check").',
+        "start (after the first round, beside the workers); exclude: a named node leaves the "
+        'job (exit 69); off: no check (see docs/how-to/nodes.md, "Node check").',
         choices=["off", "warn", "exclude"],
     )
     option(

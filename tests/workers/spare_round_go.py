@@ -1,0 +1,27 @@
+# usage: spare_round_go.py DIR -- spare_round.py's shape, but a later attempt waits (at most
+# 120 s) for DIR/go before its all-reduce: its round's workers stay up for as long as the
+# test needs (the node check beside them to end, say). The first attempt says its rank is up
+# (DIR/up.<rank>) and waits to be stopped; a later one prints the all-reduced sum (and
+# "spare" where the agent has SPARE set).
+import os
+import sys
+import time
+from pathlib import Path
+
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    (Path(sys.argv[1]) / f"up.{os.environ['RANK']}").touch()
+    time.sleep(300)
+    sys.exit(1)
+
+import torch
+import torch.distributed as dist
+
+deadline = time.monotonic() + 120
+while not (Path(sys.argv[1]) / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+dist.init_process_group("gloo")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+who = " spare" if os.environ.get("SPARE") else ""
+print(f"sum={int(value.item())} world={dist.get_world_size()}{who}", flush=True)
+dist.destroy_process_group()
