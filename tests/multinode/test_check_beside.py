@@ -57,7 +57,7 @@ def test_a_restart_round_checks_beside_its_workers_and_the_first_round_before_th
     # name its own nodes, so a report that holds the spare's got round 1's verdict.
     args = [*c10d_args(net, port, "2:2"), "--max-restarts", "1",
             "--node-check-thresholds", f"min_free_mb={FLOOR}",
-            worker("spare_round_go.py"), str(tmp_path)]  # fmt: skip
+            worker("spare_round.py"), str(tmp_path), "go"]  # fmt: skip
     nodes += [Node(net, i, args, tmp_path, f"n{i}") for i in (0, 1)]
     wait_for(lambda: (tmp_path / "up.0").exists() and (tmp_path / "up.1").exists(), 90, "round 0")
     rate_limit(spaces, 2, "1mbit")  # its link test: 4 MiB each way, cut off at 3 s

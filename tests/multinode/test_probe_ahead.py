@@ -36,7 +36,7 @@ def _kinds(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def _go_once_checked(where: Path, survivors: tuple[Node, Node]) -> None:
-    """Once both ``survivors`` said round 1's verdict, let its workers (``spare_round_go``)
+    """Once both ``survivors`` said round 1's verdict, let its workers (``spare_round.py ... go``)
     all-reduce and end."""
     checked = lambda n: any(e["round"] == 1 for e in _kinds(_events(n), "node_check"))  # noqa: E731
     wait_for(lambda: all(checked(n) for n in survivors), 90, "round 1's check on both nodes")
@@ -60,7 +60,7 @@ def test_a_spare_probes_before_it_joins_and_no_node_probes_again_when_it_is_take
     net = hosts(3)  # type: ignore[operator]
     port = free_port()
     args = [*c10d_args(net, port, "2:2"), "--max-restarts", "1",
-            worker("spare_round_go.py"), str(tmp_path)]  # fmt: skip
+            worker("spare_round.py"), str(tmp_path), "go"]  # fmt: skip
     nodes += [Node(net, i, args, tmp_path, f"n{i}") for i in (0, 1)]
     wait_for(lambda: (tmp_path / "up.0").exists() and (tmp_path / "up.1").exists(), 90, "round 0")
     nodes.append(Node(net, 2, args, tmp_path, "n2", env={"SPARE": "1"}))
@@ -102,7 +102,7 @@ def test_a_spare_from_the_start_probes_while_it_waits_and_not_in_the_round_that_
     net = hosts(3)  # type: ignore[operator]
     port = free_port()
     args = [*c10d_args(net, port, "2:2"), "--max-restarts", "1",
-            worker("spare_round_go.py"), str(tmp_path)]  # fmt: skip
+            worker("spare_round.py"), str(tmp_path), "go"]  # fmt: skip
     nodes.append(Node(net, 0, args, tmp_path, "n0"))
     wait_for(lambda: list(nodes[0].logs.glob("*/events.jsonl")) and _kinds(
         _events(nodes[0]), "rdzv_start"), 60, "node 0 to join")  # fmt: skip

@@ -1,6 +1,8 @@
-# usage: spare_round.py DIR -- the first attempt says its rank is up (DIR/up.<rank>) and waits
-# to be stopped (a member is lost meanwhile); later attempts all-reduce over Gloo (rank r
-# gives r+1) and print the sum, and "spare" where the agent has SPARE set.
+# usage: spare_round.py DIR [go] -- the first attempt says its rank is up (DIR/up.<rank>) and
+# waits to be stopped (a member is lost meanwhile); later attempts all-reduce over Gloo (rank
+# r gives r+1) and print the sum, and "spare" where the agent has SPARE set. With "go", a
+# later attempt first waits (at most 120 s) for DIR/go: its round's workers stay up for as
+# long as the test needs (the node check beside them to end, say).
 import os
 import sys
 import time
@@ -13,6 +15,12 @@ if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
 
 import torch
 import torch.distributed as dist
+
+deadline = time.monotonic() + 120
+while sys.argv[2:] == ["go"] and not (Path(sys.argv[1]) / "go").exists():
+    if time.monotonic() > deadline:
+        break
+    time.sleep(0.05)
 
 dist.init_process_group("gloo")
 value = torch.tensor([float(dist.get_rank() + 1)])
