@@ -4,8 +4,16 @@ loss with iptables' ``statistic`` match, a slow link with a ``tbf`` rate limit."
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
+from typing import Protocol
 
 from support.netns import NetNamespaces
+
+
+class Commands(Protocol):
+    """Hosts that run a command on node i (``NetNamespaces``, ``hosts.NamespaceHosts``)."""
+
+    def command(self, i: int, argv: Sequence[str]) -> list[str]: ...
 
 
 def lossy(spaces: NetNamespaces, i: int, share: float, *, on: bool) -> None:
@@ -33,3 +41,30 @@ def deaf_to_closes(spaces: NetNamespaces, i: int, peer: str, *, on: bool) -> Non
         match = ["-s", peer, "-p", "tcp", "--tcp-flags", flags, flags, "-j", "DROP"]
         argv = ["iptables", "-I" if on else "-D", "INPUT", "-i", "eth0", *match]
         subprocess.run(spaces.command(i, argv), check=True, capture_output=True)
+
+
+def refuse(hosts: Commands, i: int, port: int, peer: str, *, on: bool) -> None:
+    """Node i answers ``peer``'s connections to ``port`` with a reset (or again accepts
+    them, ``on=False``): the peer is told "refused" at once and tries again on its own
+    schedule, so a test can hold it back and let it through at a moment it chooses."""
+    match = ["-s", peer, "-p", "tcp", "--dport", str(port)]
+    argv = ["iptables", "-I" if on else "-D", "INPUT", *match, "-j", "REJECT",
+            "--reject-with", "tcp-reset"]  # fmt: skip
+    subprocess.run(hosts.command(i, argv), check=True, capture_output=True)
+
+
+def refused(hosts: Commands, i: int, port: int, peer: str) -> int:
+    """How many of ``peer``'s packets to ``port`` node i has refused (``refuse``'s rule)."""
+    argv = ["iptables", "-L", "INPUT", "-n", "-v", "-x"]
+    listed = subprocess.run(hosts.command(i, argv), check=True, capture_output=True, text=True)
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    return sum(int(row[0]) for row in rows if "REJECT" in row and peer in row
+               and f"dpt:{port}" in row)  # fmt: skip
+
+
+def connected(hosts: Commands, i: int, port: int, peer: str) -> bool:
+    """Whether ``peer`` holds an established connection to node i's ``port`` (the kernel
+    completes the handshake even while the listening process is stopped)."""
+    argv = ["ss", "-Htn", "state", "established", f"( sport = :{port} )"]
+    listed = subprocess.run(hosts.command(i, argv), check=True, capture_output=True, text=True)
+    return any(f"{peer}:" in line.split()[-1] for line in listed.stdout.splitlines())
