@@ -37,6 +37,11 @@ def _kinds(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["kind"] == kind]
 
 
+def _joined(node: Node) -> list[dict[str, Any]]:
+    """``node``'s ``rdzv_start`` events (none before its events file exists)."""
+    return _kinds(_events(node), "rdzv_start") if list(node.logs.glob("*/events.jsonl")) else []
+
+
 def _go_once_checked(where: Path, survivors: tuple[Node, Node]) -> None:
     """Once both ``survivors`` said round 1's verdict, let its workers (``spare_round.py ... go``)
     all-reduce and end."""
@@ -125,8 +130,7 @@ def _start_once(
             worker("spare_round.py"), str(where), "go"]  # fmt: skip
     host = Node(net, 0, args, where, "n0", wrap=_ahead)
     nodes.append(host)
-    joined = lambda n: list(n.logs.glob("*/events.jsonl")) and _kinds(_events(n), "rdzv_start")  # noqa: E731
-    wait_for(lambda: joined(host), 60, "node 0 to join")
+    wait_for(lambda: _joined(host), 60, "node 0 to join")
     both = _join_together(net, port, host, lambda i: Node(net, i, args, where, wrap=_ahead))
     nodes += both
     formed = lambda: (where / "up.0").exists() and (where / "up.1").exists()  # noqa: E731
@@ -135,10 +139,10 @@ def _start_once(
         return None
     (spare,) = [n for n in both if not _kinds(_events(n), "rdzv_done")]
     (member,) = [n for n in both if n is not spare]
-    wait_for(lambda: joined(spare), 60, "the spare to join")
+    wait_for(lambda: _joined(spare), 60, "the spare to join")
     wait_for(lambda: _kinds(_events(spare), "node_probe"), 60, "the spare to probe")
     (probe,) = _kinds(_events(spare), "node_probe")
-    return None if probe["seq"] < joined(spare)[0]["seq"] else (member, spare)  # (ahead: lost)
+    return None if probe["seq"] < _joined(spare)[0]["seq"] else (member, spare)  # (ahead: lost)
 
 
 def _ahead(command: list[str]) -> list[str]:
@@ -175,13 +179,14 @@ def test_a_spare_probes_before_it_joins_and_no_node_probes_again_when_it_is_take
     port = free_port()
     args = [*c10d_args(net, port, "2:2"), "--max-restarts", "1",
             worker("spare_round.py"), str(tmp_path), "go"]  # fmt: skip
-    nodes += [Node(net, i, args, tmp_path, f"n{i}") for i in (0, 1)]
+    # Node 0 first: on loopback every node is the endpoint's host, and whichever binds the
+    # port first hosts the store; node 1, killed below, must not be the one.
+    nodes.append(Node(net, 0, args, tmp_path, "n0"))
+    wait_for(lambda: _joined(nodes[0]), 60, "node 0 to join")
+    nodes.append(Node(net, 1, args, tmp_path, "n1"))
     wait_for(lambda: (tmp_path / "up.0").exists() and (tmp_path / "up.1").exists(), 90, "round 0")
     nodes.append(Node(net, 2, args, tmp_path, "n2", env={"SPARE": "1"}))
-    joined = lambda: list(nodes[2].logs.glob("*/events.jsonl")) and _kinds(  # noqa: E731
-        _events(nodes[2]), "rdzv_start"
-    )
-    wait_for(joined, 90, "the spare to join")
+    wait_for(lambda: _joined(nodes[2]), 90, "the spare to join")
     nodes[1].kill()  # its whole session: agent, guardian, worker
     _go_once_checked(tmp_path, (nodes[0], nodes[2]))
     assert [nodes[0].finish(), nodes[2].finish()] == [0, 0], nodes[0].stderr + nodes[2].stderr
