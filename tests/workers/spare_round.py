@@ -13,7 +13,7 @@ if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
     (Path(sys.argv[1]) / f"up.{os.environ['RANK']}").touch()
     time.sleep(300)
     sys.exit(1)
-if f"fail={os.environ['TORCHELASTIC_RESTART_COUNT']}" in sys.argv[3:] and os.environ["RANK"] == "0":
+if os.environ["RANK"] == "0" and f"fail={os.environ['TORCHELASTIC_RESTART_COUNT']}" in sys.argv:
     sys.exit(3)
 
 import torch
