@@ -621,7 +621,7 @@ def main() -> int:
                and ("seen_as" in f or f.get("replaced_by") is None)]  # fmt: skip
     report = {
         "seed": args.seed, "backend": args.backend, "minutes": args.minutes, "every": args.every,
-        "steps": args.steps, "job_failed": soak.failed, "faults": soak.faults, "kinds": sorted({f["kind"] for f in soak.faults}),
+        "default_timeouts": args.default_timeouts, "steps": args.steps, "job_failed": soak.failed, "faults": soak.faults, "kinds": sorted({f["kind"] for f in soak.faults}),
         "finished": clock["finished"] is not None, "wall_s": wall, "ettr_harness": harness_ettr,
         "ettr_job": job_ettr, "step_s": step, "lost_split": split, "ettr_events": ettr, "by_kind": rep.by_kind(soak.faults), "figures": figures, "bit_identical": same, "rerun": rerun, "checkpoints": count,
         "checkpoints_bad": bad, "leftovers": left, "store_keys": soak.keys,

@@ -59,3 +59,25 @@ def test_a_kind_the_run_never_drew_is_refused() -> None:
     cost, useful, rest = soak_odds.run_costs(report)
     with pytest.raises(SystemExit, match="etcd_member"):
         soak_odds.draw_ettr(1, report, cost, useful, rest)
+
+
+def test_the_ceiling_is_the_waits_alone_and_no_higher_reaction_keeps_the_share() -> None:
+    """The ceiling costs each kind what it waits out (a hang 10 s, a node fault its lease);
+    ``reaction_for`` finds the largest reaction per restart that keeps the share the run's
+    own costs give (each restarting kind at its wait plus the same reaction): at least that
+    reaction, less than where the next seed falls below the goal, and less for a larger
+    share."""
+    waits = soak.waits(False, "etcd")
+    bare = soak_odds.ceiling({"backend": "etcd"})
+    assert bare["worker_hang"] == waits["worker_hang"] == 10.0
+    assert bare["node_freeze"] == 4.0 and bare["worker_kill"] == 0.0
+    reaction = 0.3
+    costs = {kind: bare.get(kind, 0.0) + reaction for kind in COSTS}
+    report = _report(1, costs, rest=1.0)
+    cost, useful, rest = soak_odds.run_costs(report)
+    values = [soak_odds.draw_ettr(s, report, cost, useful, rest) for s in range(300)]
+    share = sum(v >= 0.93 for v in values) / len(values)
+    assert 0.0 < share < 1.0  # the test's costs sit where the goal depends on the draw
+    found = soak_odds.reaction_for(share, 0.93, report, cost, useful, rest, seeds=300)
+    assert reaction - 0.001 <= found < reaction + 0.1
+    assert soak_odds.reaction_for(0.95, 0.93, report, cost, useful, rest, seeds=300) < found
