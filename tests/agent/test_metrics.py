@@ -114,6 +114,33 @@ def test_the_metrics_are_on_a_registry_of_their_own() -> None:
         server.close()
 
 
+def test_a_ranks_rate_is_absent_from_a_new_rounds_forming_until_measured_in_it() -> None:
+    """A failed round's rates do not stand for ranks that are restarting: the series goes when
+    the next round forms and comes back with the rank's second sample in it (the events as
+    the agent writes them; the real job above scrapes the same listener)."""
+    server = MetricsServer("127.0.0.1", free_port())
+    rate = "phalanx_steps_per_second"
+    try:
+        value = lambda rank: server.registry.get_sample_value(rate, {"rank": rank})  # noqa: E731
+        server.record({"kind": "rdzv_done", "mono": 0.0, "seconds": 0.1})
+        for mono, step in ((1.0, 0), (3.0, 10)):
+            for rank in (0, 1):
+                server.record({"kind": "progress", "mono": mono, "rank": rank, "step": step})
+        assert (value("0"), value("1")) == (5.0, 5.0)
+        server.record({"kind": "restart", "mono": 4.0})
+        assert value("0") == 5.0  # the restart is spent; the round has not formed yet
+        server.record({"kind": "rdzv_done", "mono": 5.0, "seconds": 0.2})
+        assert (value("0"), value("1")) == (None, None)
+        server.record({"kind": "progress", "mono": 6.0, "rank": 0, "step": 10})
+        assert value("0") is None  # one sample of the new round: no rate yet
+        server.record({"kind": "progress", "mono": 8.0, "rank": 0, "step": 30})
+        assert (value("0"), value("1")) == (10.0, None)
+        server.record({"kind": "rdzv_done", "mono": 9.0, "seconds": 0.1})  # rank 1 never rated
+        assert value("0") is None
+    finally:
+        server.close()
+
+
 def test_a_port_in_use_stops_the_launch_before_anything_starts(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -14,5 +14,8 @@ if os.environ["RANK"] == "1":
     while time.monotonic() < deadline:
         sum(range(10_000))  # the slow peer, busy
 dist.init_process_group("gloo")
+# Rank 0 hosts the store and may return from init while rank 1 still reads it to connect:
+# it must not exit (taking the store down) before rank 1 is connected too.
+dist.barrier()
 print("met", flush=True)
 dist.destroy_process_group()

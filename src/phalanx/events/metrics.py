@@ -9,7 +9,8 @@ Served: ``phalanx_restarts_total``, ``phalanx_failures_total{kind}``,
 ``phalanx_rendezvous_seconds`` (a histogram of each round's wait),
 ``phalanx_time_to_first_step_seconds`` (the last round: from the round formed to a rank's
 first step), ``phalanx_steps_per_second{rank}`` and ``phalanx_step{rank}`` (between the last
-two progress samples of a rank, taken every 2 s), ``phalanx_straggler{rank}`` (1 while the
+two progress samples of a rank, taken every 2 s; a rank's rate is absent from a new round's
+forming until two of its samples in that round), ``phalanx_straggler{rank}`` (1 while the
 rank is named a straggler in the current round: ``stragglers.watch``).
 """
 
@@ -71,8 +72,9 @@ class MetricsServer:
             registry=r,
         )
         self._formed: float | None = None  # mono of the last rdzv_done, until a first step
-        self._last: dict[int, tuple[float, int]] = {}
-        self._stragglers: set[str] = set()  # rank -> (mono, step) last sample
+        self._last: dict[int, tuple[float, int]] = {}  # rank -> (mono, step) last sample
+        self._rated: set[str] = set()  # the ranks given a rate in this round
+        self._stragglers: set[str] = set()
         try:
             self._server, self._thread = prom.start_http_server(port, addr, registry=r)
         except OSError as exc:
@@ -95,7 +97,12 @@ class MetricsServer:
         elif kind == "rdzv_done":
             self.rendezvous.observe(float(event.get("seconds") or 0.0))
             self._formed = float(event["mono"])
-            self._last.clear()  # rates start again in the new round
+            # Rates start again in the new round: no old rate stands for a rank restarting.
+            # (Only the ranks given one: ``remove`` of an absent child raises before 0.22.)
+            for rank in self._rated:
+                self.steps_per_second.remove(rank)
+            self._rated.clear()
+            self._last.clear()
             for labels in list(self._stragglers):
                 self.straggler.labels(rank=labels).set(0)  # judged afresh in the new round
             self._stragglers.clear()
@@ -116,6 +123,7 @@ class MetricsServer:
             self.steps_per_second.labels(rank=str(rank)).set(
                 round((step - previous[1]) / (mono - previous[0]), 3)
             )
+            self._rated.add(str(rank))
         self._last[rank] = (mono, step)
 
     def close(self) -> None:
