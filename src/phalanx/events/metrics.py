@@ -73,7 +73,6 @@ class MetricsServer:
         )
         self._formed: float | None = None  # mono of the last rdzv_done, until a first step
         self._last: dict[int, tuple[float, int]] = {}  # rank -> (mono, step) last sample
-        self._rated: set[str] = set()  # the ranks given a rate in this round
         self._stragglers: set[str] = set()
         try:
             self._server, self._thread = prom.start_http_server(port, addr, registry=r)
@@ -98,10 +97,7 @@ class MetricsServer:
             self.rendezvous.observe(float(event.get("seconds") or 0.0))
             self._formed = float(event["mono"])
             # Rates start again in the new round: no old rate stands for a rank restarting.
-            # (Only the ranks given one: ``remove`` of an absent child raises before 0.22.)
-            for rank in self._rated:
-                self.steps_per_second.remove(rank)
-            self._rated.clear()
+            self.steps_per_second.clear()
             self._last.clear()
             for labels in list(self._stragglers):
                 self.straggler.labels(rank=labels).set(0)  # judged afresh in the new round
@@ -123,7 +119,6 @@ class MetricsServer:
             self.steps_per_second.labels(rank=str(rank)).set(
                 round((step - previous[1]) / (mono - previous[0]), 3)
             )
-            self._rated.add(str(rank))
         self._last[rank] = (mono, step)
 
     def close(self) -> None:
